@@ -1,0 +1,12 @@
+// lumen_core._C_cuda: the CUDA module. Registration only; areas bind in cuda/bind_<area>.cpp.
+#include <pybind11/pybind11.h>
+
+#include "lumen/cuda_device.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C_cuda, m) {
+  m.doc() = "lumen_core CUDA kernels";
+  m.def("device_count", &lumen::cuda_device_count,
+        "Number of usable CUDA devices (0 without a driver or device).");
+}

@@ -1,0 +1,154 @@
+"""Events the drivers (simulator, gateway) feed to the policy objects, and the decisions the
+policy objects return. Shared by ``sim/`` and ``gateway/`` so both speak one language.
+
+Times are seconds on the driver's clock (``time_s``), injected, never read from a wall clock.
+Sizes: tokens (``*_tokens``) for KV lengths, bytes (``*_bytes``) for host-memory budgets.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+# ---- events -------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WorkerJoined:
+    """A worker is serving (first start, or rejoining after its full model loaded)."""
+
+    time_s: float
+    worker_id: int
+    budget_bytes: int  # host DRAM it offers for checkpoints of other workers
+    domain: str = ""  # failure domain (rack); "" = its own domain
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """A worker died: its running requests are interrupted and the checkpoints it held lost."""
+
+    time_s: float
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class WorkerRecovering:
+    """A failed worker restarted and loaded its draft model; its full model is still loading."""
+
+    time_s: float
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """Aggregates a worker reports a few times per second (never per token)."""
+
+    time_s: float
+    worker_id: int
+    num_running: int
+    num_waiting: int
+
+
+@dataclass(frozen=True)
+class RequestAdmitted:
+    """The gateway routed a request to ``worker_id`` (new, or re-routed after a failure)."""
+
+    time_s: float
+    request_id: int
+    worker_id: int
+    prompt_tokens: int
+    expected_output_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestFinished:
+    time_s: float
+    request_id: int
+
+
+@dataclass(frozen=True)
+class CheckpointGrew:
+    """Aggregated durable length of a request's checkpoint on one holder."""
+
+    time_s: float
+    request_id: int
+    holder_id: int
+    durable_tokens: int
+
+
+@dataclass(frozen=True)
+class CheckpointReleased:
+    time_s: float
+    request_id: int
+
+
+@dataclass(frozen=True)
+class CheckpointEvicted:
+    """The holder dropped the checkpoint (budget pressure or expiry)."""
+
+    time_s: float
+    request_id: int
+    holder_id: int
+
+
+@dataclass(frozen=True)
+class CheckpointRefused:
+    """The holder refused the reservation placement made (it has the final word)."""
+
+    time_s: float
+    request_id: int
+    holder_id: int
+
+
+Event = (
+    WorkerJoined
+    | WorkerFailed
+    | WorkerRecovering
+    | Heartbeat
+    | RequestAdmitted
+    | RequestFinished
+    | CheckpointGrew
+    | CheckpointReleased
+    | CheckpointEvicted
+    | CheckpointRefused
+)
+
+
+# ---- decisions ----------------------------------------------------------------------------
+class RecoveryAction(enum.Enum):
+    RESTORE = "restore"  # resume on the holder from its host-DRAM checkpoint
+    REMOTE_RESTORE = "remote_restore"  # another worker pulls the checkpoint from the holder
+    REPREFILL = "reprefill"  # recompute the prefix on the target
+
+
+@dataclass(frozen=True)
+class PlacementDecision:
+    """Where a request's checkpoint goes. ``holder_ids`` empty means not checkpointed."""
+
+    request_id: int
+    serving_worker_id: int
+    holder_ids: tuple[int, ...]
+    reserved_bytes: int  # per holder
+    reason: str
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    """What happens to one interrupted request."""
+
+    request_id: int
+    target_worker_id: int
+    action: RecoveryAction
+    source_holder_id: int | None  # holder the KV comes from (restore, remote restore)
+    restorable_tokens: int  # 0 for re-prefill
+    reason: str
+
+
+@dataclass(frozen=True)
+class AssistDecision:
+    """Pairing of a recovering worker (drafting) with a survivor (verifying)."""
+
+    assistant_id: int
+    survivor_id: int | None  # None: no pairing (no gain, or no survivor free)
+    num_draft_tokens: int
+    predicted_gain: float  # tokens per verify step gained, net of the verify step's cost
+    reason: str
