@@ -446,8 +446,12 @@ ucs_status_t Client::handle(const WireHeader& h, void* data, bool rndv) {
       return UCS_OK;  // no op: a late answer to an operation that timed out
     case MessageKind::kError:
       if (op) {
-        fail(op, h.status, std::string("the server refused ") +
-                               (handshaking ? "the handshake" : "the operation"));
+        fail(op, h.status,
+             handshaking ? std::string("the server refused the handshake (wrong secret?)")
+                         : std::string(kind_name(op->kind)) + " of request " +
+                               std::to_string(h.request_id) + " shard " +
+                               std::to_string(h.shard) + " epoch " + std::to_string(h.epoch) +
+                               " refused by the server");
       }
       return UCS_OK;
     case MessageKind::kReadData:

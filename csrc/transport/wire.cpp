@@ -43,6 +43,22 @@ const char* status_name(Status status) {
   return "unknown";
 }
 
+const char* kind_name(MessageKind kind) {
+  switch (kind) {
+    case MessageKind::kChallenge: return "challenge";
+    case MessageKind::kAuth: return "auth";
+    case MessageKind::kAuthOk: return "auth-ok";
+    case MessageKind::kOpen: return "open";
+    case MessageKind::kAppend: return "append";
+    case MessageKind::kRelease: return "release";
+    case MessageKind::kRead: return "read";
+    case MessageKind::kAck: return "ack";
+    case MessageKind::kReadData: return "read-data";
+    case MessageKind::kError: return "error";
+  }
+  return "unknown";
+}
+
 bool append_payload_bytes(uint64_t* out, uint64_t num_tokens, uint64_t record_bytes) {
   uint64_t per_token = 0;
   uint64_t total = 0;

@@ -68,6 +68,7 @@ enum class Status : uint32_t {
   kAborted = 7,      // an earlier append of the same checkpoint failed; resend from durable
 };
 const char* status_name(Status status);
+const char* kind_name(MessageKind kind);
 
 struct WireHeader {
   uint16_t version = kWireVersion;
