@@ -5,8 +5,10 @@
         -> exits.
     python peer.py stream --port P --secret-file F --request-id R --num-appends K
                           --tokens-per-append N --record-bytes RB [--window W] [--tls T]
+                          [--interval-s S]
         opens R (shard 0, epoch 1) and appends make_append() data in order with W appends in
-        flight, printing {"durable": D} after each ack and {"done": true} at the end.
+        flight (pausing S seconds between appends), printing {"durable": D} after each ack and
+        {"done": true} at the end.
 
 make_append() is the deterministic content both sides agree on.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections import deque
 from pathlib import Path
 
@@ -83,6 +86,8 @@ def stream(args: argparse.Namespace) -> None:
                     capability)
         in_flight: deque[int] = deque()
         for i, (token_ids, crcs, records) in enumerate(appends):
+            if args.interval_s > 0:
+                time.sleep(args.interval_s)
             in_flight.append(
                 client.start_append(args.request_id, SHARD, EPOCH, i * args.tokens_per_append,
                                     token_ids, crcs, records, capability)
@@ -111,6 +116,7 @@ def main() -> None:
     p_stream.add_argument("--record-bytes", type=int, required=True)
     p_stream.add_argument("--window", type=int, default=4)
     p_stream.add_argument("--tls", default="tcp")
+    p_stream.add_argument("--interval-s", type=float, default=0.0)
     args = parser.parse_args()
     serve(args) if args.command == "serve" else stream(args)
 
