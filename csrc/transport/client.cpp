@@ -97,6 +97,25 @@ void Client::close() {
   worker_.stop();
 }
 
+std::vector<std::pair<std::string, std::string>> Client::transports() {
+  std::vector<std::pair<std::string, std::string>> out;
+  worker_.call([&] {
+    if (!ep_open_) throw TransportError(Status::kPeerGone, "the connection is closed");
+    ucp_transport_entry_t entries[32];
+    ucp_ep_attr_t attr{};
+    attr.field_mask = UCP_EP_ATTR_FIELD_TRANSPORTS;
+    attr.transports.entries = entries;
+    attr.transports.num_entries = 32;
+    attr.transports.entry_size = sizeof(ucp_transport_entry_t);
+    const ucs_status_t status = ucp_ep_query(ep_, &attr);
+    if (status != UCS_OK) throw_ucs("ucp_ep_query", status);
+    for (unsigned i = 0; i < attr.transports.num_entries; ++i) {
+      out.emplace_back(entries[i].transport_name, entries[i].device_name);
+    }
+  });
+  return out;
+}
+
 bool Client::connected() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return connected_;

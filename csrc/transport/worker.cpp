@@ -55,6 +55,13 @@ Worker::Worker(const WorkerOptions& options) {
       throw_ucs("UCX_TLS=" + options.tls, status);
     }
   }
+  // Shared-memory transports take part in endpoints with peer error handling only when
+  // their error handling is on; without it UCX silently falls back to tcp on one machine.
+  status = ucp_config_modify(config, "MM_ERROR_HANDLING", "y");
+  if (status != UCS_OK) {
+    ucp_config_release(config);
+    throw_ucs("UCX_MM_ERROR_HANDLING=y", status);
+  }
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;

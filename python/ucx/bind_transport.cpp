@@ -331,6 +331,11 @@ void bind_transport(py::module_& m) {
                                       std::vector<uint8_t>(p.begin(), p.end()), op_id, timeout_s);
           },
           py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"))
+      .def("transports",
+           [](PyClient& c) {
+             py::gil_scoped_release release;
+             return c.client->transports();
+           })
       .def_property_readonly("connected", [](PyClient& c) { return c.client->connected(); })
       .def("stats",
            [](PyClient& c) {

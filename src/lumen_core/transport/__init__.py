@@ -382,6 +382,10 @@ class Client:
             model_fingerprint=bytes(fingerprints[FINGERPRINT_BYTES:]),
         )
 
+    def transports(self) -> list[tuple[str, str]]:
+        """The (transport, device) pairs UCX chose for this connection, e.g. ("tcp", "lo")."""
+        return [(str(t), str(d)) for t, d in self._native.transports()]
+
     def stats(self) -> dict[str, int]:
         return dict(self._native.stats())
 

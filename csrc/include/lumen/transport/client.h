@@ -11,6 +11,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "lumen/transport/auth.h"
@@ -92,6 +93,9 @@ class Client {
   // (>= 2**63, or for the connection to fail): for tests of the server's validation.
   uint64_t send_raw(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,
                     uint64_t op_id, double timeout_s);
+
+  // The (transport, device) pairs UCX chose for this connection, e.g. ("tcp", "lo").
+  std::vector<std::pair<std::string, std::string>> transports();
 
   bool connected() const;
   ClientStats stats() const;
