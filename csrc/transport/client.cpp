@@ -1,10 +1,12 @@
 // Client: connect, authenticate, and run operations with deadlines (lumen/transport/client.h).
 #include "lumen/transport/client.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
 
+#include "lumen/checksum.h"
 #include "lumen/transport/error.h"
 
 namespace lumen::transport {
@@ -97,6 +99,56 @@ void Client::close() {
   worker_.stop();
 }
 
+double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t shard,
+                                 double timeout_s) {
+  check_timeout(timeout_s);
+  constexpr uint64_t kSelfTestRequest = ~uint64_t{0};
+  constexpr size_t kWindow = 4;
+  const uint64_t record_bytes = std::min<uint64_t>(message_bytes, 32768);
+  const uint64_t num_tokens = message_bytes / std::max<uint64_t>(record_bytes, 1);
+  uint64_t payload_bytes = 0;
+  if (count == 0 || num_tokens == 0 || num_tokens > options_.limits.max_tokens_per_message ||
+      !append_payload_bytes(&payload_bytes, num_tokens, record_bytes) ||
+      payload_bytes > options_.limits.max_payload_bytes) {
+    throw std::invalid_argument("message_bytes and count must give 1 to " +
+                                std::to_string(options_.limits.max_tokens_per_message) +
+                                " records per message and count >= 1, got " +
+                                std::to_string(message_bytes) + " bytes x " +
+                                std::to_string(count));
+  }
+  std::vector<uint8_t> records(num_tokens * record_bytes, 0);
+  std::vector<uint32_t> token_ids(num_tokens, 0);
+  std::vector<uint32_t> crcs(num_tokens, crc32c(records.data(), record_bytes));
+  const Mac capability = issue_capability(options_.secret, kSelfTestRequest, shard, 0);
+  const std::vector<uint8_t> fingerprints(2 * kFingerprintBytes, 0);
+  open(kSelfTestRequest, shard, 0, static_cast<uint32_t>(record_bytes), fingerprints.data(),
+       capability, timeout_s);
+  AppendArgs args;
+  args.request_id = kSelfTestRequest;
+  args.shard = shard;
+  args.num_tokens = static_cast<uint32_t>(num_tokens);
+  args.record_bytes = static_cast<uint32_t>(record_bytes);
+  args.token_ids = token_ids.data();
+  args.crcs = crcs.data();
+  args.records = records.data();
+  args.capability = capability;
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<uint64_t> in_flight;
+  for (uint32_t i = 0; i < count; ++i) {
+    args.start_pos = i * num_tokens;
+    in_flight.push_back(start_append(args));
+    if (in_flight.size() >= kWindow) {
+      wait(in_flight.front(), timeout_s);
+      in_flight.erase(in_flight.begin());
+    }
+  }
+  for (uint64_t op_id : in_flight) wait(op_id, timeout_s);
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  release(kSelfTestRequest, shard, 0, capability, timeout_s);
+  return static_cast<double>(payload_bytes) * count / elapsed;
+}
+
 std::vector<std::pair<std::string, std::string>> Client::transports() {
   std::vector<std::pair<std::string, std::string>> out;
   worker_.call([&] {
@@ -151,7 +203,7 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
     header = op->owned_header;
   }
   for (size_t i = 0; i < iov_count; ++i) op->iov[i] = iov[i];
-  worker_.post([this, op, header = std::move(header), iov_count] {
+  const bool posted = worker_.post([this, op, header = std::move(header), iov_count] {
     if (!ep_open_) {
       fail(op, Status::kPeerGone, "the connection is closed");
       return;
@@ -177,6 +229,14 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
            std::string("send failed: ") + ucs_status_string(UCS_PTR_STATUS(request)));
     }
   });
+  if (!posted) {  // closing: the op never reaches the progress thread, so finish it here
+    std::lock_guard<std::mutex> lock(mutex_);
+    op->status = Status::kPeerGone;
+    op->message = "the client is closed";
+    op->finished = true;
+    stats_.ops_failed++;
+    finished_cv_.notify_all();
+  }
 }
 
 void Client::on_send_done(void* request, ucs_status_t status, void* user_data) {
@@ -261,6 +321,8 @@ uint64_t Client::await(const OpPtr& op, double timeout_s) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!finished_cv_.wait_for(lock, to_duration(timeout_s), [&] { return op->finished; })) {
     lock.unlock();
+    // If the client is closing this is not posted, but its shutdown fails every operation,
+    // so the wait below ends either way.
     worker_.post([this, op, timeout_s] {
       {
         std::lock_guard<std::mutex> guard(mutex_);

@@ -88,7 +88,7 @@ void Server::close() { worker_.stop(); }
 
 ServerStats Server::stats() const {
   ServerStats copy;
-  const_cast<Worker&>(worker_).call([&] { copy = stats_; });
+  worker_.call([&] { copy = stats_; });
   return copy;
 }
 

@@ -102,12 +102,14 @@ Worker::~Worker() {
   ucp_cleanup(context_);
 }
 
-void Worker::post(std::function<void()> fn) {
+bool Worker::post(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stopping_.load()) return false;
     posted_.push_back(std::move(fn));
   }
   ucp_worker_signal(worker_);  // thread-safe by UCX's contract
+  return true;
 }
 
 void Worker::call(const std::function<void()>& fn) {
@@ -119,7 +121,7 @@ void Worker::call(const std::function<void()>& fn) {
   std::condition_variable done_cv;
   bool done = false;
   std::exception_ptr error;
-  post([&] {
+  const bool posted = post([&] {
     try {
       fn();
     } catch (...) {
@@ -129,6 +131,7 @@ void Worker::call(const std::function<void()>& fn) {
     done = true;
     done_cv.notify_all();
   });
+  if (!posted) throw std::runtime_error("the UCX worker is stopped");
   std::unique_lock<std::mutex> lock(done_mutex);
   done_cv.wait(lock, [&] { return done; });
   if (error) std::rethrow_exception(error);
@@ -140,8 +143,11 @@ void Worker::start(std::function<void()> on_stop) {
 }
 
 void Worker::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_.store(true);
+  }
   if (!thread_.joinable()) return;
-  stopping_.store(true);
   ucp_worker_signal(worker_);
   thread_.join();
 }

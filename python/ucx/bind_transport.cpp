@@ -331,6 +331,13 @@ void bind_transport(py::module_& m) {
                                       std::vector<uint8_t>(p.begin(), p.end()), op_id, timeout_s);
           },
           py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"))
+      .def("measure_bandwidth",
+           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t shard,
+              double timeout_s) {
+             py::gil_scoped_release release;
+             return c.client->measure_bandwidth(message_bytes, count, shard, timeout_s);
+           },
+           py::arg("message_bytes"), py::arg("count"), py::arg("shard"), py::arg("timeout_s"))
       .def("transports",
            [](PyClient& c) {
              py::gil_scoped_release release;

@@ -185,3 +185,17 @@ def test_unknown_checkpoint_is_rejected(client, secret) -> None:
         client.append(99, 0, 1, 0, ids, ids, np.zeros((1, 8), np.uint8), cap)
     with pytest.raises(tp.Rejected):
         client.release(99, 0, 1, cap)
+
+
+def test_self_test_reports_transports_and_bandwidth(client, server) -> None:
+    result = client.self_test(message_bytes=1 << 20, count=8, expected_gb_per_s=0.0)
+    assert ("tcp", "lo") in result.transports or ("tcp", "") in result.transports
+    assert result.gb_per_s > 0.0
+    with pytest.warns(RuntimeWarning, match="transport self-test: .* expected at least"):
+        client.self_test(message_bytes=1 << 16, count=2, expected_gb_per_s=1e6)
+    stats = server.ask("stats")
+    assert stats["appends_committed"] == 10 and stats["releases"] == 2
+    with pytest.raises(ValueError, match=r"count must be in \[1, "):
+        client.self_test(count=0)
+    with pytest.raises(TypeError, match="expected_gb_per_s must be a number, got str"):
+        client.self_test(expected_gb_per_s="fast")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ __all__ = [
     "PeerGone",
     "ReadResult",
     "Rejected",
+    "SelfTest",
     "Server",
     "StaleEpoch",
     "Timeout",
@@ -72,6 +74,15 @@ class WireLimits:
             "max_record_bytes": self.max_record_bytes,
             "max_payload_bytes": self.max_payload_bytes,
         }
+
+
+@dataclass(frozen=True)
+class SelfTest:
+    """What ``Client.self_test`` measured: the (transport, device) pairs UCX chose for the
+    connection and the append bandwidth in payload GB/s."""
+
+    transports: tuple[tuple[str, str], ...]
+    gb_per_s: float
 
 
 @dataclass(frozen=True)
@@ -381,6 +392,39 @@ class Client:
             layout_fingerprint=bytes(fingerprints[:FINGERPRINT_BYTES]),
             model_fingerprint=bytes(fingerprints[FINGERPRINT_BYTES:]),
         )
+
+    def self_test(
+        self,
+        *,
+        message_bytes: int = 8 << 20,
+        count: int = 16,
+        expected_gb_per_s: float = 1.0,
+        timeout_s: float = 30.0,
+    ) -> SelfTest:
+        """Start-up self-test: which transports UCX picked, and the bandwidth of ``count``
+        appends of ``message_bytes`` to a scratch checkpoint on the server (released after).
+        Warns (RuntimeWarning) when the bandwidth is below ``expected_gb_per_s``."""
+        _check_int("message_bytes", message_bytes, 1, self.limits.max_payload_bytes)
+        _check_int("count", count, 1, 1 << 20)
+        if isinstance(expected_gb_per_s, bool) or not isinstance(expected_gb_per_s, (int, float)):
+            raise TypeError(
+                f"expected_gb_per_s must be a number, got {type(expected_gb_per_s).__name__}"
+            )
+        transports = tuple(self.transports())
+        shard = int.from_bytes(os.urandom(4), "little")  # scratch key: no clash with others
+        bytes_per_s = self._native.measure_bandwidth(
+            message_bytes, count, shard, _check_timeout(timeout_s)
+        )
+        result = SelfTest(transports=transports, gb_per_s=bytes_per_s / 1e9)
+        if result.gb_per_s < expected_gb_per_s:
+            warnings.warn(
+                f"transport self-test: {result.gb_per_s:.2f} GB/s over "
+                f"{', '.join(t + '/' + d if d else t for t, d in transports)}, expected at "
+                f"least {expected_gb_per_s:.2f} GB/s",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return result
 
     def transports(self) -> list[tuple[str, str]]:
         """The (transport, device) pairs UCX chose for this connection, e.g. ("tcp", "lo")."""

@@ -101,7 +101,7 @@ class Server {
 
   ServerOptions options_;
   std::shared_ptr<RecordSink> sink_;
-  Worker worker_;
+  mutable Worker worker_;  // stats() hands a copy job to its thread
   ucp_listener_h listener_ = nullptr;
   uint16_t port_ = 0;
   uint64_t next_conn_id_ = 1;

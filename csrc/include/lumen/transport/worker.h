@@ -26,8 +26,9 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   ucp_worker_h handle() const { return worker_; }
-  // Runs fn on the progress thread (soon; in post order).
-  void post(std::function<void()> fn);
+  // Runs fn on the progress thread (soon; in post order); false, without running it, once
+  // stop() was asked.
+  bool post(std::function<void()> fn);
   // Runs fn on the progress thread and waits for it; rethrows what fn threw.
   void call(const std::function<void()>& fn);
   // Starts the progress thread; on_stop runs on it once stop() is asked, before it exits,
@@ -49,7 +50,7 @@ class Worker {
   int epoll_fd_ = -1;
   std::thread thread_;
   std::function<void()> on_stop_;
-  std::atomic<bool> stopping_{false};
+  std::atomic<bool> stopping_{false};  // set under mutex_, so no post() slips past the end
   std::mutex mutex_;
   std::vector<std::function<void()>> posted_;
 };
