@@ -43,12 +43,15 @@ from lumen_core.policy.events import (
 )
 
 SERVING = "serving"
+_NOTHING: frozenset[int] = frozenset()
 RECOVERING = "recovering"
 FAILED = "failed"
 
 
 def check_id(name: str, value: object) -> int:
     """Return ``value`` as an int id; raise TypeError unless it is a (numpy) integer."""
+    if value.__class__ is int:  # the common case, checked first: this runs on every event
+        return value  # type: ignore[return-value]
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return int(value)
@@ -167,6 +170,7 @@ class LoadMonitor:
         # per-slot numpy vectors (capacity >= _n)
         self._ids = np.zeros(0, dtype=np.int64)
         self._load = np.zeros(0, dtype=np.float64)
+        self._avail = np.zeros(0, dtype=np.float64)  # L where serving, inf elsewhere
         self._free = np.zeros(0, dtype=np.int64)
         self._live = np.zeros(0, dtype=bool)
         self._domain = np.zeros(0, dtype=np.int64)
@@ -246,6 +250,7 @@ class LoadMonitor:
             self._live_ids.remove(worker_id)
         self._state[slot] = FAILED
         self._live[slot] = False
+        self._avail[slot] = np.inf
         affected = self._affected_ids.setdefault(worker_id, set())
         affected.update(self._running_ids[worker_id])
         for request_id in list(self._held_ids[worker_id]):
@@ -308,8 +313,7 @@ class LoadMonitor:
         slot = self._slot[holder_id]
         durable_bytes = durable_tokens * self.config.kv_bytes_per_token
         if durable_bytes > copy.reserved_bytes:
-            self._reserved[slot] += durable_bytes - copy.reserved_bytes
-            self._free[slot] -= durable_bytes - copy.reserved_bytes
+            self._add_reserved(slot, durable_bytes - copy.reserved_bytes)
             copy.reserved_bytes = durable_bytes
         if durable_tokens > copy.counted_tokens:
             self._held[slot] += durable_tokens - copy.counted_tokens
@@ -347,6 +351,10 @@ class LoadMonitor:
         """Ids of every worker the monitor knows, in any state, sorted."""
         return [int(w) for w in self._ids[: self._n]]
 
+    def state(self, worker_id: int) -> str:
+        """"serving", "recovering" or "failed"."""
+        return self._state[self._slot_of(check_id("worker_id", worker_id))]
+
     def worker(self, worker_id: int) -> WorkerView:
         slot = self._slot_of(check_id("worker_id", worker_id))
         return WorkerView(
@@ -369,6 +377,16 @@ class LoadMonitor:
             expected_output_tokens=request.expected_output_tokens,
             holder_ids=tuple(request.copies),
             durable_tokens=tuple((h, c.durable_tokens) for h, c in request.copies.items()),
+        )
+
+    def request_footprint(self, request_id: int) -> tuple[int, int, tuple[int, ...]]:
+        """(serving worker id, expected tokens = prompt + expected output, holder ids): what
+        placement needs, without building a RequestView."""
+        request = self._request_of(check_id("request_id", request_id))
+        return (
+            request.worker_id,
+            request.prompt_tokens + request.expected_output_tokens,
+            tuple(request.copies),
         )
 
     def has_request(self, request_id: int) -> bool:
@@ -396,7 +414,8 @@ class LoadMonitor:
 
     def refused_by(self, request_id: int) -> frozenset[int]:
         """Holders that refused this request's checkpoint (placement avoids them)."""
-        return frozenset(self._request_of(check_id("request_id", request_id)).refused_ids)
+        refused_ids = self._request_of(check_id("request_id", request_id)).refused_ids
+        return frozenset(refused_ids) if refused_ids else _NOTHING
 
     def mean_load(self) -> float:
         """Mean ``L`` over the serving workers (0.0 when none)."""
@@ -418,7 +437,8 @@ class LoadMonitor:
 
     def free_bytes(self, worker_id: int) -> int:
         """Budget minus reservations of the worker (may be negative after accepted growth)."""
-        return int(self._free[self._slot_of(check_id("worker_id", worker_id))])
+        slot = self._slot_of(check_id("worker_id", worker_id))
+        return self._budget[slot] - self._reserved[slot]
 
     def shares_domain(self, worker_id: int, other_id: int) -> bool:
         """Whether two distinct workers are in one failure domain ("" is a domain of its own)."""
@@ -443,20 +463,29 @@ class LoadMonitor:
         n = self._n
         if n == 0:
             return None
-        if min_free_bytes > 0:
-            eligible = self._live[:n] & (self._free[:n] >= min_free_bytes)
-        else:
-            eligible = self._live[:n]
-        masked = np.where(eligible, self._load[:n], np.inf)
-        for worker_id in exclude:
-            slot = self._slot.get(worker_id)
-            if slot is not None:
-                masked[slot] = np.inf
         shared_codes = [
             code
             for code in {int(self._domain[self._slot[w]]) for w in avoid_domains_of if w in self._slot}
             if self._domain_size[code] > 1
-        ]
+        ] if avoid_domains_of else []
+        # Fast path: the unfiltered argmin (lowest id among ties) usually qualifies.
+        slot = int(self._avail[:n].argmin())
+        worker_id = int(self._ids[slot])
+        if (
+            self._avail[slot] != np.inf
+            and worker_id not in exclude
+            and self._budget[slot] - self._reserved[slot] >= min_free_bytes
+            and int(self._domain[slot]) not in shared_codes
+        ):
+            return worker_id
+        if min_free_bytes > 0:
+            masked = np.where(self._free[:n] >= min_free_bytes, self._avail[:n], np.inf)
+        else:
+            masked = self._avail[:n].copy()
+        for worker_id in exclude:
+            slot = self._slot.get(worker_id)
+            if slot is not None:
+                masked[slot] = np.inf
         if shared_codes:
             domains = self._domain[:n]
             conflict = domains == shared_codes[0]
@@ -516,7 +545,7 @@ class LoadMonitor:
         if not isinstance(holder_ids, (tuple, list)):
             raise TypeError(f"holder_ids must be a tuple or list, got {type(holder_ids).__name__}")
         holders = [check_id("holder_ids", h) for h in holder_ids]
-        if len(set(holders)) != len(holders):
+        if len(holders) > 1 and len(set(holders)) != len(holders):
             raise ValueError(f"holder_ids must be distinct, got {holders}")
         slots = []
         for holder_id in holders:
@@ -528,18 +557,18 @@ class LoadMonitor:
                 )
             if holder_id in request.copies:
                 raise ValueError(f"holder_ids must be new holders, got {holder_id} (already holds)")
-            if self._free[slot] < reserved_bytes:
+            free_bytes = self._budget[slot] - self._reserved[slot]
+            if free_bytes < reserved_bytes:
                 raise ValueError(
                     f"reserved_bytes must fit the holder's free budget, got {reserved_bytes} "
-                    f"> {int(self._free[slot])} free on worker {holder_id}"
+                    f"> {free_bytes} free on worker {holder_id}"
                 )
             slots.append(slot)
         counted = request.prompt_tokens
         for holder_id, slot in zip(holders, slots):
             request.copies[holder_id] = _Copy(reserved_bytes, counted)
             self._held_ids[holder_id].add(request_id)
-            self._reserved[slot] += reserved_bytes
-            self._free[slot] -= reserved_bytes
+            self._add_reserved(slot, reserved_bytes)
             self._held[slot] += counted
             self._touch(slot)
 
@@ -553,17 +582,20 @@ class LoadMonitor:
     # ---- internals -----------------------------------------------------------------------
     def _touch(self, slot: int) -> None:
         # Recomputed from integers every time, so L never drifts and ties stay exact.
-        self._load[slot] = (
-            self._held_weight * self._held[slot]
-            + self._beta * (self._running[slot] + self._waiting[slot])
-        )
+        load = self._held_weight * self._held[slot] + self._beta * (self._running[slot] + self._waiting[slot])
+        self._load[slot] = load
+        self._avail[slot] = load if self._state[slot] == SERVING else np.inf
+
+    def _add_reserved(self, slot: int, delta_bytes: int) -> None:
+        reserved = self._reserved[slot] + delta_bytes
+        self._reserved[slot] = reserved
+        self._free[slot] = self._budget[slot] - reserved
 
     def _drop_copy(self, request: _Request, request_id: int, holder_id: int) -> None:
         copy = request.copies.pop(holder_id)
         slot = self._slot[holder_id]
         self._held_ids[holder_id].discard(request_id)
-        self._reserved[slot] -= copy.reserved_bytes
-        self._free[slot] += copy.reserved_bytes
+        self._add_reserved(slot, -copy.reserved_bytes)
         self._held[slot] -= copy.counted_tokens
         self._touch(slot)
 
@@ -601,12 +633,12 @@ class LoadMonitor:
         position = int(np.searchsorted(self._ids[:n], worker_id))
         if len(self._ids) == n:
             capacity = max(8, 2 * n)
-            for name in ("_ids", "_load", "_free", "_live", "_domain"):
+            for name in ("_ids", "_load", "_avail", "_free", "_live", "_domain"):
                 old = getattr(self, name)
                 grown = np.zeros(capacity, dtype=old.dtype)
                 grown[:n] = old[:n]
                 setattr(self, name, grown)
-        for name in ("_ids", "_load", "_free", "_live", "_domain"):
+        for name in ("_ids", "_load", "_avail", "_free", "_live", "_domain"):
             array = getattr(self, name)
             array[position + 1 : n + 1] = array[position:n].copy()
         self._ids[position] = worker_id

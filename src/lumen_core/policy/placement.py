@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from lumen_core.policy.events import PlacementDecision
-from lumen_core.policy.load import LoadMonitor, RequestView, check_id
+from lumen_core.policy.load import LoadMonitor, check_id
 
 
 @dataclass(frozen=True)
@@ -65,14 +65,15 @@ class Placement(ABC):
     def place(self, monitor: LoadMonitor, request_id: int) -> PlacementDecision:
         """Choose and reserve holders for an admitted request (up to ``replicas`` in all)."""
         monitor = _check_monitor(monitor)
-        request = monitor.request(check_id("request_id", request_id))
-        state = monitor.worker(request.worker_id).state
+        request_id = check_id("request_id", request_id)
+        serving_id, expected_tokens, holder_ids = monitor.request_footprint(request_id)
+        state = monitor.state(serving_id)
         if state != "serving":
             raise ValueError(
-                f"request_id must be a request on a serving worker, got {request.request_id} "
-                f"on worker {request.worker_id} ({state})"
+                f"request_id must be a request on a serving worker, got {request_id} "
+                f"on worker {serving_id} ({state})"
             )
-        return self._place(monitor, request)
+        return self._place(monitor, request_id, serving_id, expected_tokens, holder_ids)
 
     def replace(self, monitor: LoadMonitor, lost_holder_id: int) -> list[PlacementDecision]:
         """Re-place the checkpoints lost with a failed worker, in request id order.
@@ -84,41 +85,44 @@ class Placement(ABC):
         """
         monitor = _check_monitor(monitor)
         lost_holder_id = check_id("lost_holder_id", lost_holder_id)
-        state = monitor.worker(lost_holder_id).state
+        state = monitor.state(lost_holder_id)
         if state == "serving":
             raise ValueError(f"lost_holder_id must be a failed worker, got {lost_holder_id} (serving)")
         decisions = []
         for request_id in monitor.affected_by(lost_holder_id):
             if not monitor.has_request(request_id):
                 continue
-            request = monitor.request(request_id)
-            if len(request.holder_ids) >= self.config.replicas:
+            serving_id, expected_tokens, holder_ids = monitor.request_footprint(request_id)
+            if len(holder_ids) >= self.config.replicas or monitor.state(serving_id) != "serving":
                 continue
-            if monitor.worker(request.worker_id).state != "serving":
-                continue
-            decisions.append(self._place(monitor, request))
+            decisions.append(self._place(monitor, request_id, serving_id, expected_tokens, holder_ids))
         return decisions
 
-    def _place(self, monitor: LoadMonitor, request: RequestView) -> PlacementDecision:
-        needed = self.config.replicas - len(request.holder_ids)
-        size_bytes = (
-            request.prompt_tokens + request.expected_output_tokens
-        ) * monitor.config.kv_bytes_per_token
+    def _place(
+        self,
+        monitor: LoadMonitor,
+        request_id: int,
+        serving_id: int,
+        expected_tokens: int,
+        holder_ids: tuple[int, ...],
+    ) -> PlacementDecision:
+        needed = self.config.replicas - len(holder_ids)
         if needed <= 0:
             return PlacementDecision(
-                request.request_id,
-                request.worker_id,
-                request.holder_ids,
+                request_id,
+                serving_id,
+                holder_ids,
                 0,
-                f"{self.name}: already has {len(request.holder_ids)} of {self.config.replicas} holders",
+                f"{self.name}: already has {len(holder_ids)} of {self.config.replicas} holders",
             )
-        chosen, reason = self._choose(monitor, request, needed, size_bytes)
+        size_bytes = expected_tokens * monitor.config.kv_bytes_per_token
+        chosen, reason = self._choose(monitor, request_id, serving_id, holder_ids, needed, size_bytes)
         if chosen:
-            monitor.reserve(request.request_id, chosen, size_bytes)
+            monitor.reserve(request_id, chosen, size_bytes)
         return PlacementDecision(
-            request.request_id,
-            request.worker_id,
-            request.holder_ids + tuple(chosen),
+            request_id,
+            serving_id,
+            holder_ids + tuple(chosen),
             size_bytes if chosen else 0,
             f"{self.name}: {reason}",
             tuple(chosen),
@@ -126,14 +130,20 @@ class Placement(ABC):
 
     @abstractmethod
     def _choose(
-        self, monitor: LoadMonitor, request: RequestView, needed: int, size_bytes: int
+        self,
+        monitor: LoadMonitor,
+        request_id: int,
+        serving_id: int,
+        holder_ids: tuple[int, ...],
+        needed: int,
+        size_bytes: int,
     ) -> tuple[list[int], str]:
         """Return up to ``needed`` new holders (each with ``size_bytes`` free) and the reason."""
 
-    def _domain_note(self, monitor: LoadMonitor, request: RequestView, holder_id: int) -> str:
-        if self.config.respect_domains and monitor.shares_domain(holder_id, request.worker_id):
+    def _domain_note(self, monitor: LoadMonitor, serving_id: int, holder_id: int) -> str:
+        if self.config.respect_domains and monitor.shares_domain(holder_id, serving_id):
             domain = monitor.worker(holder_id).domain
-            return f" (shares domain {domain!r} with serving worker {request.worker_id}: no other candidate fits)"
+            return f" (shares domain {domain!r} with serving worker {serving_id}: no other candidate fits)"
         return ""
 
 
@@ -143,7 +153,13 @@ class NoCheckpoint(Placement):
     name = "S&R"
 
     def _choose(
-        self, monitor: LoadMonitor, request: RequestView, needed: int, size_bytes: int
+        self,
+        monitor: LoadMonitor,
+        request_id: int,
+        serving_id: int,
+        holder_ids: tuple[int, ...],
+        needed: int,
+        size_bytes: int,
     ) -> tuple[list[int], str]:
         return [], "not checkpointed (stop-and-restart keeps no checkpoints)"
 
@@ -165,10 +181,15 @@ class FixedNeighbour(Placement):
     name = "FC"
 
     def _choose(
-        self, monitor: LoadMonitor, request: RequestView, needed: int, size_bytes: int
+        self,
+        monitor: LoadMonitor,
+        request_id: int,
+        serving_id: int,
+        holder_ids: tuple[int, ...],
+        needed: int,
+        size_bytes: int,
     ) -> tuple[list[int], str]:
-        serving_id = request.worker_id
-        skip = set(request.holder_ids) | monitor.refused_by(request.request_id) | {serving_id}
+        skip = {serving_id, *holder_ids, *monitor.refused_by(request_id)}
         live_ids = monitor.live_worker_ids()
         start = next((i for i, w in enumerate(live_ids) if w > serving_id), 0)
         outside: list[int] = []
@@ -188,7 +209,7 @@ class FixedNeighbour(Placement):
         chosen = [w for w in neighbours if monitor.free_bytes(w) >= size_bytes]
         full = [w for w in neighbours if w not in chosen]
         parts = [
-            f"neighbour {w} of worker {serving_id}{self._domain_note(monitor, request, w)}"
+            f"neighbour {w} of worker {serving_id}{self._domain_note(monitor, serving_id, w)}"
             for w in chosen
         ]
         parts += [
@@ -211,10 +232,15 @@ class LoadAware(Placement):
     name = "LUMEN"
 
     def _choose(
-        self, monitor: LoadMonitor, request: RequestView, needed: int, size_bytes: int
+        self,
+        monitor: LoadMonitor,
+        request_id: int,
+        serving_id: int,
+        holder_ids: tuple[int, ...],
+        needed: int,
+        size_bytes: int,
     ) -> tuple[list[int], str]:
-        serving_id = request.worker_id
-        exclude = {serving_id, *request.holder_ids, *monitor.refused_by(request.request_id)}
+        exclude = {serving_id, *holder_ids, *monitor.refused_by(request_id)}
         avoid = (serving_id,) if self.config.respect_domains else ()
         chosen: list[int] = []
         parts = []
@@ -227,12 +253,12 @@ class LoadAware(Placement):
                 parts.append(
                     f"no live worker outside {sorted(exclude)} has {size_bytes} bytes free "
                     f"(largest free: {largest}); "
-                    + ("copy not kept" if chosen or request.holder_ids else "not checkpointed, re-prefill on failure")
+                    + ("copy not kept" if chosen or holder_ids else "not checkpointed, re-prefill on failure")
                 )
                 break
             parts.append(
                 f"least-loaded worker {holder_id} (L={monitor.load(holder_id):.3f})"
-                f"{self._domain_note(monitor, request, holder_id)}"
+                f"{self._domain_note(monitor, serving_id, holder_id)}"
             )
             chosen.append(holder_id)
             exclude.add(holder_id)

@@ -64,7 +64,7 @@ def usable_copies(monitor: LoadMonitor, request: RequestView) -> tuple[list[tupl
     usable = []
     dead = []
     for holder_id, durable_tokens in request.durable_tokens:
-        if monitor.worker(holder_id).state != "serving":
+        if monitor.state(holder_id) != "serving":
             dead.append(holder_id)
         elif durable_tokens > 0:
             usable.append((holder_id, durable_tokens))
@@ -91,7 +91,7 @@ class Router(ABC):
         if not isinstance(monitor, LoadMonitor):
             raise TypeError(f"monitor must be a LoadMonitor, got {type(monitor).__name__}")
         failed_worker_id = check_id("failed_worker_id", failed_worker_id)
-        state = monitor.worker(failed_worker_id).state
+        state = monitor.state(failed_worker_id)
         if state == "serving":
             raise ValueError(
                 f"failed_worker_id must be a failed worker, got {failed_worker_id} (serving)"
