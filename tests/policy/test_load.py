@@ -80,6 +80,8 @@ def test_request_view_and_release(make_cluster):
     assert view.worker_id == 0 and view.holder_ids == (1, 2)
     assert view.durable_tokens == ((1, 0), (2, 40))
     assert monitor.held_by(1) == [5] and monitor.running_on(0) == [5]
+    assert monitor.request_footprint(5) == (0, 50, (1, 2))
+    assert monitor.state(1) == "serving" and monitor.has_request(5) and monitor.request_ids() == [5]
     assert monitor.worker(1).reserved_bytes == 50 and monitor.free_bytes(1) == 10**9 - 50
     monitor.apply(CheckpointReleased(0.1, 5))
     assert monitor.request(5).holder_ids == ()

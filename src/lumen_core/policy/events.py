@@ -70,7 +70,9 @@ class CheckpointReserved:
     """Placement reserved ``reserved_bytes`` on each holder for the request's checkpoint.
 
     Placement objects reserve through the monitor directly; this event lets a driver replay a
-    reservation from an event log (the gateway's, for instance) into another monitor.
+    reservation from an event log (the gateway's, for instance) into another monitor. Do not
+    also apply it to the monitor the placement reserved in: the holder would be reserved twice
+    (ValueError).
     """
 
     time_s: float
