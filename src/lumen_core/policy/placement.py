@@ -12,6 +12,7 @@ dead holder held.
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -191,7 +192,7 @@ class FixedNeighbour(Placement):
     ) -> tuple[list[int], str]:
         skip = {serving_id, *holder_ids, *monitor.refused_by(request_id)}
         live_ids = monitor.live_worker_ids()
-        start = next((i for i, w in enumerate(live_ids) if w > serving_id), 0)
+        start = bisect.bisect_right(live_ids, serving_id)
         outside: list[int] = []
         inside: list[int] = []  # same domain as the serving worker: used only to fill up
         for w in live_ids[start:] + live_ids[:start]:
