@@ -220,3 +220,12 @@ def test_validation(make_cluster):
     monitor.apply(WorkerFailed(0.0, 0))
     with pytest.raises(ValueError, match=r"request_id must be a request on a serving worker, got 1 on worker 0 \(failed\)"):
         LoadAware().place(monitor, 1)
+
+
+def test_two_replicas_both_outside_the_serving_rack(make_cluster):
+    monitor = make_cluster(5, domains=["a", "a", "b", "b", "c"])
+    set_queues(monitor, [0, 0, 3, 1, 2])
+    admit(monitor, 1, 0)
+    decision = LoadAware(PlacementConfig(replicas=2)).place(monitor, 1)
+    assert decision.holder_ids == (3, 4)  # worker 1 is idle but in rack "a"
+    assert "shares domain" not in decision.reason
