@@ -208,12 +208,14 @@ def test_least_loaded_filters(make_cluster):
     assert monitor.least_loaded(exclude=[0]) == 1
     assert monitor.least_loaded(exclude=[0], avoid_domains_of=[0]) == 2
     assert monitor.least_loaded(exclude=[2, 3], avoid_domains_of=[0]) == 0  # fallback
+    assert monitor.least_loaded(exclude=[0], avoid_domains_of=[0, 3]) == 1  # every rack avoided
     admit(monitor, 1, 3)
     monitor.reserve(1, (2,), 10**9)
     assert monitor.least_loaded(exclude=[0, 1], min_free_bytes=1) == 3
     assert monitor.least_loaded(exclude=[0, 1, 3], min_free_bytes=1) is None
     assert monitor.max_free_bytes(exclude=[0, 1, 3]) == 0
     assert LoadMonitor().least_loaded() is None
+    assert LoadMonitor().mean_load() == 0.0
 
 
 def test_ties_break_by_lowest_id(make_cluster):

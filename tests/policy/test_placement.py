@@ -14,6 +14,7 @@ from lumen_core.policy import (
     NoCheckpoint,
     PlacementConfig,
     RequestAdmitted,
+    RequestFinished,
     WorkerFailed,
     WorkerRecovering,
 )
@@ -139,6 +140,11 @@ def test_replace_after_holder_loss(make_cluster):
     decisions = placement.replace(monitor, 1)
     assert [(d.request_id, d.holder_ids) for d in decisions] == [(1, (3,)), (2, (3,))]
     assert placement.replace(monitor, 1) == []  # already re-placed
+    monitor.apply(WorkerFailed(2.0, 3))  # the new holder dies too
+    monitor.apply(RequestFinished(2.1, 1))
+    decisions = placement.replace(monitor, 3)  # 1 finished: only 2 needs a holder
+    assert [(d.request_id, d.new_holder_ids) for d in decisions] == [(2, (2,))]
+    assert monitor.request(2).lost_holder_ids == (1, 3)
 
 
 def test_fixed_neighbour_ring(make_cluster):

@@ -120,9 +120,11 @@ def test_holder_also_dead_missing_empty_and_evicted(make_cluster):
         replay.apply(WorkerFailed(1.0, 0))
         decisions = router.route(replay, 0)
         assert all(d.action is REPREFILL and d.restorable_tokens == 0 for d in decisions)
-        assert "no checkpoint" in decisions[0].reason  # its copy was lost with holder 1
+        assert "no checkpoint: holders [1] died with it" in decisions[0].reason
+        assert "no checkpoint (not placed, released, evicted or refused)" in decisions[1].reason
         assert "checkpoint empty" in decisions[2].reason
-        assert "no checkpoint" in decisions[3].reason
+        assert "no checkpoint (not placed" in decisions[3].reason  # evicted; later report stale
+        assert replay.request(1).lost_holder_ids == (1,)
 
 
 def test_recovering_holder_is_not_usable(make_cluster):
@@ -224,3 +226,17 @@ def test_no_requests_and_validation(make_cluster):
         RouterConfig(pull_bytes_per_s=-1.0)
     with pytest.raises(TypeError, match="config must be a RouterConfig, got NoneType"):
         LocalityAware(None)
+
+
+def test_remote_restore_needs_a_worker_that_is_not_a_holder(make_cluster):
+    config = RouterConfig(
+        theta_multiple=0.5, remote_restore=True, pull_bytes_per_s=1000.0, reprefill_tokens_per_s=100.0
+    )
+    monitor = make_cluster(3)
+    set_queues(monitor, [0, 8, 9])
+    admit(monitor, 1, 0, holders=(1, 2), durable=600)
+    assert [monitor.load(w) for w in range(3)] == [1.0, 14.0, 15.0]  # theta = 0.5 * 10 = 5
+    monitor.apply(WorkerFailed(1.0, 0))
+    decision = LocalityAware(config).route(monitor, 0)[0]
+    assert summary([decision]) == [(1, 1, RESTORE, 1, 600)]  # every survivor holds a copy
+    assert "L=14.000 > theta=5.000" in decision.reason

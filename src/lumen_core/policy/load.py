@@ -117,6 +117,7 @@ class RequestView:
     expected_output_tokens: int
     holder_ids: tuple[int, ...]
     durable_tokens: tuple[tuple[int, int], ...]  # (holder_id, durable tokens), holder order
+    lost_holder_ids: tuple[int, ...] = ()  # holders that died holding a copy
 
 
 class _Copy:
@@ -131,7 +132,7 @@ class _Copy:
 
 
 class _Request:
-    __slots__ = ("worker_id", "prompt_tokens", "expected_output_tokens", "copies", "refused_ids")
+    __slots__ = ("worker_id", "prompt_tokens", "expected_output_tokens", "copies", "refused_ids", "lost_ids")
 
     def __init__(self, worker_id: int, prompt_tokens: int, expected_output_tokens: int) -> None:
         self.worker_id = worker_id
@@ -139,6 +140,7 @@ class _Request:
         self.expected_output_tokens = expected_output_tokens
         self.copies: dict[int, _Copy] = {}
         self.refused_ids: set[int] = set()
+        self.lost_ids: list[int] = []  # holders that died holding a copy, in order
 
 
 class LoadMonitor:
@@ -254,7 +256,9 @@ class LoadMonitor:
         affected = self._affected_ids.setdefault(worker_id, set())
         affected.update(self._running_ids[worker_id])
         for request_id in list(self._held_ids[worker_id]):
-            self._drop_copy(self._requests[request_id], request_id, worker_id)
+            request = self._requests[request_id]
+            self._drop_copy(request, request_id, worker_id)
+            request.lost_ids.append(worker_id)
             affected.add(request_id)
 
     def _on_worker_recovering(self, event: WorkerRecovering) -> None:
@@ -377,6 +381,7 @@ class LoadMonitor:
             expected_output_tokens=request.expected_output_tokens,
             holder_ids=tuple(request.copies),
             durable_tokens=tuple((h, c.durable_tokens) for h, c in request.copies.items()),
+            lost_holder_ids=tuple(request.lost_ids),
         )
 
     def request_footprint(self, request_id: int) -> tuple[int, int, tuple[int, ...]]:
@@ -463,11 +468,7 @@ class LoadMonitor:
         n = self._n
         if n == 0:
             return None
-        shared_codes = [
-            code
-            for code in {int(self._domain[self._slot[w]]) for w in avoid_domains_of if w in self._slot}
-            if self._domain_size[code] > 1
-        ] if avoid_domains_of else []
+        shared_codes = self._shared_domain_codes(avoid_domains_of) if avoid_domains_of else []
         # Fast path: the unfiltered argmin (lowest id among ties) usually qualifies.
         slot = int(self._avail[:n].argmin())
         worker_id = int(self._ids[slot])
@@ -499,6 +500,11 @@ class LoadMonitor:
         if masked[slot] == np.inf:
             return None
         return int(self._ids[slot])
+
+    def _shared_domain_codes(self, worker_ids: Collection[int]) -> list[int]:
+        """Domain codes of these workers that some other worker shares."""
+        codes = {int(self._domain[self._slot[w]]) for w in worker_ids if w in self._slot}
+        return [code for code in codes if self._domain_size[code] > 1]
 
     def max_free_bytes(self, *, exclude: Collection[int] = ()) -> int:
         """Largest free budget over serving workers outside ``exclude`` (0 when none)."""

@@ -52,27 +52,22 @@ class RouterConfig:
                 raise ValueError(f"{name} must be a number > 0, got {rate!r}")
 
 
-def usable_copies(monitor: LoadMonitor, request: RequestView) -> tuple[list[tuple[int, int]], str]:
+def usable_copies(request: RequestView) -> tuple[list[tuple[int, int]], str]:
     """(holder_id, durable_tokens) of the request's copies a restore can use, and, when there
-    is none, why: no checkpoint, all holders dead, or all copies empty.
+    is none, why: its holders died, it has no checkpoint, or its copies are empty.
 
-    Copies on a failed holder were already dropped by the monitor; a recovering holder's host
-    memory was lost with it, and an empty copy restores nothing.
+    The monitor keeps copies only on serving holders (a failed holder's copies are dropped
+    with it, and reports about a copy it no longer records, stale ones, are ignored), so
+    every recorded copy with durable tokens is usable.
     """
-    if not request.durable_tokens:
-        return [], "no checkpoint (not placed, released, evicted, refused or lost with its holder)"
-    usable = []
-    dead = []
-    for holder_id, durable_tokens in request.durable_tokens:
-        if monitor.state(holder_id) != "serving":
-            dead.append(holder_id)
-        elif durable_tokens > 0:
-            usable.append((holder_id, durable_tokens))
+    usable = [(h, d) for h, d in request.durable_tokens if d > 0]
     if usable:
         return usable, ""
-    if len(dead) == len(request.durable_tokens):
-        return [], f"holders {dead} are not serving"
-    return [], "checkpoint empty (no durable tokens yet)"
+    if request.durable_tokens:
+        return [], "checkpoint empty (no durable tokens yet)"
+    if request.lost_holder_ids:
+        return [], f"no checkpoint: holders {list(request.lost_holder_ids)} died with it"
+    return [], "no checkpoint (not placed, released, evicted or refused)"
 
 
 class Router(ABC):
@@ -151,7 +146,7 @@ class AllToHolder(Router):
     name = "FC"
 
     def _decide(self, monitor: LoadMonitor, request: RequestView) -> RouteDecision:
-        usable, why = usable_copies(monitor, request)
+        usable, why = usable_copies(request)
         if not usable:
             return self._reprefill(monitor, request, why)
         holder_id, durable_tokens = min(usable, key=lambda c: (-c[1], c[0]))
@@ -188,7 +183,7 @@ class LocalityAware(Router):
         self._theta = self.config.theta_multiple * monitor.mean_load_before_failure(failed_worker_id)
 
     def _decide(self, monitor: LoadMonitor, request: RequestView) -> RouteDecision:
-        usable, why = usable_copies(monitor, request)
+        usable, why = usable_copies(request)
         if not usable:
             return self._reprefill(monitor, request, why)
         theta = self._theta
