@@ -6,7 +6,8 @@ Batches: ``decode`` (1 new token of each of 256 requests, scattered slots) and `
 copy of the same payload with the same thread count (the memcpy ceiling), the best torch idiom
 (``torch.index_select(..., out=)`` / ``index_copy_`` over flattened rows per plane) and the naive
 idiom (per-layer advanced indexing, then ``torch.stack``). GB/s counts payload bytes (the
-records' size). Correctness is checked once before timing.
+records' size); each figure is the best of ``--reps`` runs after a warm-up. Correctness is
+checked once before timing.
 
     python bench/gather_bw.py [--json PATH] [--device cpu|cuda] [--quick]
 
