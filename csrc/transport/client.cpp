@@ -80,7 +80,7 @@ Client::Client(const ClientOptions& options) : options_(options), worker_(Worker
   handshake->id = kHandshakeOp;
   handshake->kind = MessageKind::kAuth;
   ops_[kHandshakeOp] = handshake;
-  worker_.start([this] { shutdown(); });
+  worker_.start([this] { shutdown(); }, [this] { return !ops_.empty(); });
   try {
     await(handshake, options_.connect_timeout_s);
   } catch (...) {

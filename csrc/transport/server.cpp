@@ -79,7 +79,7 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
   port_ = attr.sockaddr.ss_family == AF_INET6
               ? ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port)
               : ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  worker_.start([this] { shutdown(); });
+  worker_.start([this] { shutdown(); }, [this] { return !appends_.empty(); });
 }
 
 Server::~Server() { close(); }

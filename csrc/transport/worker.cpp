@@ -3,6 +3,7 @@
 
 #include <netdb.h>
 #include <sys/epoll.h>
+#include <sched.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -137,8 +138,9 @@ void Worker::call(const std::function<void()>& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-void Worker::start(std::function<void()> on_stop) {
+void Worker::start(std::function<void()> on_stop, std::function<bool()> busy) {
   on_stop_ = std::move(on_stop);
+  busy_ = std::move(busy);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -179,6 +181,13 @@ void Worker::loop() {
     const auto now = Clock::now();
     if (active) {
       last_activity = now;
+      continue;
+    }
+    if (busy_()) {
+      // Transfers are outstanding: keep polling, but give way to the threads that feed us
+      // (the caller, the peer) when they are runnable on the same cores.
+      last_activity = now;
+      sched_yield();
       continue;
     }
     if (now - last_activity < kSpinAfterActivity) continue;

@@ -1,6 +1,7 @@
 // One UCP context and worker driven by its own progress thread. Every UCX call of a server or
 // client runs on that thread; other threads hand it work with post(), which wakes it through
-// ucp_worker_signal. The thread spins while there is traffic and sleeps in epoll otherwise.
+// ucp_worker_signal. The thread polls while transfers are outstanding (or briefly after the
+// last event) and sleeps in epoll otherwise.
 #pragma once
 #include <sys/socket.h>
 #include <ucp/api/ucp.h>
@@ -32,8 +33,9 @@ class Worker {
   // Runs fn on the progress thread and waits for it; rethrows what fn threw.
   void call(const std::function<void()>& fn);
   // Starts the progress thread; on_stop runs on it once stop() is asked, before it exits,
-  // and must leave no UCX request outstanding (it may progress the worker itself).
-  void start(std::function<void()> on_stop);
+  // and must leave no UCX request outstanding (it may progress the worker itself). While
+  // busy() (called on the thread) holds, the thread polls instead of sleeping.
+  void start(std::function<void()> on_stop, std::function<bool()> busy);
   // Stops and joins the progress thread (idempotent).
   void stop();
   bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
@@ -50,6 +52,7 @@ class Worker {
   int epoll_fd_ = -1;
   std::thread thread_;
   std::function<void()> on_stop_;
+  std::function<bool()> busy_;
   std::atomic<bool> stopping_{false};  // set under mutex_, so no post() slips past the end
   std::mutex mutex_;
   std::vector<std::function<void()>> posted_;
