@@ -6,6 +6,23 @@
 
 namespace lumen::transport {
 
+std::unique_ptr<uint8_t[]> MemorySink::take_buffer(uint64_t bytes) {
+  auto it = spare_.find(bytes);
+  if (it == spare_.end() || it->second.empty()) {
+    return std::unique_ptr<uint8_t[]>(new uint8_t[bytes]);  // uninitialised: received over
+  }
+  std::unique_ptr<uint8_t[]> buffer = std::move(it->second.back());
+  it->second.pop_back();
+  spare_bytes_ -= bytes;
+  return buffer;
+}
+
+void MemorySink::give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer) {
+  if (spare_bytes_ + bytes > kMaxSpareBytes) return;  // freed here
+  spare_bytes_ += bytes;
+  spare_[bytes].push_back(std::move(buffer));
+}
+
 Status MemorySink::open(const WireHeader& h, const uint8_t* fingerprints,
                         uint64_t* durable_tokens) {
   const Key key{h.request_id, h.shard};
@@ -44,8 +61,8 @@ Status MemorySink::begin_append(const WireHeader& h, AppendTarget* target) {
   pending.ticket = next_ticket_++;
   pending.chunk.start_pos = h.start_pos;
   pending.chunk.num_tokens = h.num_tokens;
-  // Uninitialised on purpose: the payload is received over it.
-  pending.chunk.payload.reset(new uint8_t[h.payload_bytes]);
+  pending.chunk.payload_bytes = h.payload_bytes;
+  pending.chunk.payload = take_buffer(h.payload_bytes);
   target->ticket = pending.ticket;
   target->token_ids = pending.chunk.token_ids();
   target->crcs = pending.chunk.crcs();
@@ -88,6 +105,7 @@ Status MemorySink::commit(Checkpoint* checkpoint, Chunk* chunk) {
       std::memcpy(tail.get() + 8 * keep, chunk->records() + skip * record_bytes,
                   keep * record_bytes);
       chunk->payload = std::move(tail);
+      chunk->payload_bytes = keep * (8 + record_bytes);
       chunk->start_pos = checkpoint->durable_tokens;
       chunk->num_tokens = static_cast<uint32_t>(keep);
     }
@@ -137,6 +155,7 @@ Status MemorySink::release(const WireHeader& h, std::vector<AppendOutcome>* outc
   if (h.epoch < it->second.epoch) return Status::kStaleEpoch;
   if (h.epoch > it->second.epoch) return Status::kRejected;
   abort_pending(&it->second, outcomes);
+  for (Chunk& chunk : it->second.chunks) give_buffer(chunk.payload_bytes, std::move(chunk.payload));
   checkpoints_.erase(it);
   return Status::kOk;
 }

@@ -125,7 +125,10 @@ void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Server::on_ep_error;
   params.err_handler.arg = self;
-  if (ucp_ep_create(self->worker_.handle(), &params, &conn->ep) != UCS_OK) return;
+  if (ucp_ep_create(self->worker_.handle(), &params, &conn->ep) != UCS_OK) {
+    ucp_listener_reject(self->listener_, request);
+    return;
+  }
   self->stats_.connections_accepted++;
   self->stats_.connections_active++;
   conn->nonce = random_nonce();
@@ -212,8 +215,10 @@ ucs_status_t Server::on_message(void* arg, const void* header, size_t header_len
   auto* self = static_cast<Server*>(arg);
   Conn* conn = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? self->find(param->reply_ep)
                                                                       : nullptr;
-  if (conn == nullptr) {  // not from one of our connections, or already dropped
-    self->stats_.malformed++;
+  if (conn == nullptr) {
+    // Still in flight from a connection already dropped (and counted), or sent without a
+    // reply endpoint, which no client of ours does: drop it.
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) self->stats_.malformed++;
     return UCS_OK;
   }
   WireHeader h;
