@@ -17,7 +17,7 @@ import pytest
 from lumen_core import _native
 
 PEER_PATH = Path(__file__).with_name("peer.py")
-TLS = os.environ.get("LUMEN_TEST_UCX_TLS", "tcp")
+TLS = "tcp"  # the server's UCX_TLS; the tests' clients use the same
 
 
 def _load_peer() -> ModuleType:

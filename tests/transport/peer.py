@@ -118,7 +118,10 @@ def main() -> None:
     p_stream.add_argument("--tls", default="tcp")
     p_stream.add_argument("--interval-s", type=float, default=0.0)
     args = parser.parse_args()
-    serve(args) if args.command == "serve" else stream(args)
+    if args.command == "serve":
+        serve(args)
+    else:
+        stream(args)
 
 
 if __name__ == "__main__":
