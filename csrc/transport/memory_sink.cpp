@@ -23,8 +23,18 @@ void MemorySink::give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer) 
   spare_[bytes].push_back(std::move(buffer));
 }
 
+bool MemorySink::advance_epoch(Checkpoint* checkpoint, uint32_t epoch,
+                               std::vector<AppendOutcome>* outcomes) {
+  if (epoch < checkpoint->epoch) return false;
+  if (epoch > checkpoint->epoch) {
+    abort_pending(checkpoint, Status::kStaleEpoch, outcomes);
+    checkpoint->epoch = epoch;
+  }
+  return true;
+}
+
 Status MemorySink::open(const WireHeader& h, const uint8_t* fingerprints,
-                        uint64_t* durable_tokens) {
+                        uint64_t* durable_tokens, std::vector<AppendOutcome>* outcomes) {
   const Key key{h.request_id, h.shard};
   auto it = checkpoints_.find(key);
   if (it == checkpoints_.end()) {
@@ -42,7 +52,7 @@ Status MemorySink::open(const WireHeader& h, const uint8_t* fingerprints,
       std::memcmp(fingerprints, checkpoint.fingerprints.data(), 2 * kFingerprintBytes) != 0) {
     return Status::kConflict;
   }
-  checkpoint.epoch = h.epoch;
+  advance_epoch(&checkpoint, h.epoch, outcomes);
   *durable_tokens = checkpoint.durable_tokens;
   return Status::kOk;
 }
@@ -135,15 +145,16 @@ void MemorySink::finish_append(uint64_t ticket, bool received_ok,
     Status status = pending.ok ? commit(&checkpoint, &pending.chunk) : Status::kAborted;
     outcomes->push_back({pending.ticket, status, checkpoint.durable_tokens});
     // Later appends of this checkpoint were sent after the failed one: they cannot land.
-    if (status != Status::kOk) abort_pending(&checkpoint, outcomes);
+    if (status != Status::kOk) abort_pending(&checkpoint, Status::kAborted, outcomes);
   }
 }
 
-void MemorySink::abort_pending(Checkpoint* checkpoint, std::vector<AppendOutcome>* outcomes) {
+void MemorySink::abort_pending(Checkpoint* checkpoint, Status status,
+                               std::vector<AppendOutcome>* outcomes) {
   for (Pending& pending : checkpoint->pending) {
     ticket_keys_.erase(pending.ticket);
     if (!pending.received) orphans_.emplace(pending.ticket, std::move(pending.chunk.payload));
-    outcomes->push_back({pending.ticket, Status::kAborted, checkpoint->durable_tokens});
+    outcomes->push_back({pending.ticket, status, checkpoint->durable_tokens});
   }
   checkpoint->pending.clear();
   checkpoint->next_pos = checkpoint->durable_tokens;
@@ -154,18 +165,18 @@ Status MemorySink::release(const WireHeader& h, std::vector<AppendOutcome>* outc
   if (it == checkpoints_.end()) return Status::kRejected;
   if (h.epoch < it->second.epoch) return Status::kStaleEpoch;
   if (h.epoch > it->second.epoch) return Status::kRejected;
-  abort_pending(&it->second, outcomes);
+  abort_pending(&it->second, Status::kAborted, outcomes);
   for (Chunk& chunk : it->second.chunks) give_buffer(chunk.payload_bytes, std::move(chunk.payload));
   checkpoints_.erase(it);
   return Status::kOk;
 }
 
-Status MemorySink::read(const WireHeader& h, ReadResult* result) {
+Status MemorySink::read(const WireHeader& h, ReadResult* result,
+                        std::vector<AppendOutcome>* outcomes) {
   auto it = checkpoints_.find({h.request_id, h.shard});
   if (it == checkpoints_.end()) return Status::kRejected;
   Checkpoint& checkpoint = it->second;
-  if (h.epoch < checkpoint.epoch) return Status::kStaleEpoch;
-  checkpoint.epoch = h.epoch;
+  if (!advance_epoch(&checkpoint, h.epoch, outcomes)) return Status::kStaleEpoch;
   const uint64_t start = std::min(h.start_pos, checkpoint.durable_tokens);
   const uint64_t n = std::min<uint64_t>(h.num_tokens, checkpoint.durable_tokens - start);
   const uint64_t record_bytes = checkpoint.record_bytes;

@@ -259,7 +259,9 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
   switch (h.kind) {
     case MessageKind::kOpen: {
       uint64_t durable = 0;
-      const Status status = sink_->open(h, static_cast<const uint8_t*>(data), &durable);
+      std::vector<AppendOutcome> fenced;
+      const Status status = sink_->open(h, static_cast<const uint8_t*>(data), &durable, &fenced);
+      settle(fenced);
       if (status == Status::kOk) {
         stats_.opens++;
         reply(conn, h, MessageKind::kAck, status, durable);
@@ -285,7 +287,9 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
     }
     case MessageKind::kRead: {
       ReadResult result;
-      const Status status = sink_->read(h, &result);
+      std::vector<AppendOutcome> fenced;
+      const Status status = sink_->read(h, &result, &fenced);
+      settle(fenced);
       if (status != Status::kOk) {
         count_refusal(status);
         reply(conn, h, MessageKind::kError, status, 0);

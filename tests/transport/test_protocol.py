@@ -199,3 +199,24 @@ def test_self_test_reports_transports_and_bandwidth(client, server) -> None:
         client.self_test(count=0)
     with pytest.raises(TypeError, match="expected_gb_per_s must be a number, got str"):
         client.self_test(expected_gb_per_s="fast")
+
+
+def test_newer_epoch_fences_an_append_in_flight(server, peer, secret) -> None:
+    request_id, n, record_bytes = 12, 1024, 49152  # one 48 MiB append
+    token_ids, crcs, records = peer.make_append(request_id, 0, n, record_bytes)
+    with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old, tp.Client(
+        "127.0.0.1", server.port, secret, tls=TLS
+    ) as new:
+        cap1 = _open(old, peer, secret, request_id, record_bytes, epoch=1)
+        op = old.start_append(request_id, 0, 1, 0, token_ids, crcs, records, cap1)
+        cap2 = tp.issue_capability(secret, request_id, 0, 2)
+        durable_at_open = new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP,
+                                   cap2)
+        try:
+            landed = old.wait(op, timeout_s=30.0) == n
+        except tp.StaleEpoch:
+            landed = False
+        # Whatever the timing, nothing of epoch 1 becomes durable after epoch 2 was opened.
+        got = new.read(request_id, 0, 2, 0, 1, record_bytes, cap2)
+        assert got.durable_tokens == durable_at_open == (n if landed else 0)
+        assert old.connected and new.connected

@@ -43,10 +43,11 @@ class RecordSink {
  public:
   virtual ~RecordSink() = default;
   // Opens or re-opens (request_id, shard) at header.epoch: an older epoch than recorded is
-  // kStaleEpoch, a newer one fences the old writer; other fingerprints or record_bytes than
-  // recorded are kConflict. fingerprints: 2 * kFingerprintBytes.
+  // kStaleEpoch; a newer one fences the old writer, whose appends still pending are settled
+  // as kStaleEpoch into *outcomes; other fingerprints or record_bytes than recorded are
+  // kConflict. fingerprints: 2 * kFingerprintBytes.
   virtual Status open(const WireHeader& header, const uint8_t* fingerprints,
-                      uint64_t* durable_tokens) = 0;
+                      uint64_t* durable_tokens, std::vector<AppendOutcome>* outcomes) = 0;
   // Checks the append's epoch (older: kStaleEpoch; not opened at it: kRejected), order (a gap
   // after what is durable or pending: kRejected) and record_bytes, and reserves its buffers.
   virtual Status begin_append(const WireHeader& header, AppendTarget* target) = 0;
@@ -60,8 +61,10 @@ class RecordSink {
   // settled as kAborted into *outcomes.
   virtual Status release(const WireHeader& header, std::vector<AppendOutcome>* outcomes) = 0;
   // Up to header.num_tokens durable tokens from header.start_pos; an older epoch is
-  // kStaleEpoch, a newer one fences the old writer. Unknown checkpoint: kRejected.
-  virtual Status read(const WireHeader& header, ReadResult* result) = 0;
+  // kStaleEpoch, a newer one fences the old writer as open does. Unknown checkpoint:
+  // kRejected.
+  virtual Status read(const WireHeader& header, ReadResult* result,
+                      std::vector<AppendOutcome>* outcomes) = 0;
 };
 
 // Keeps each append's payload as one chunk in host memory, without a budget. Buffers of
@@ -69,13 +72,14 @@ class RecordSink {
 // fault per 4 KiB on the progress thread while it is being received into.
 class MemorySink final : public RecordSink {
  public:
-  Status open(const WireHeader& header, const uint8_t* fingerprints,
-              uint64_t* durable_tokens) override;
+  Status open(const WireHeader& header, const uint8_t* fingerprints, uint64_t* durable_tokens,
+              std::vector<AppendOutcome>* outcomes) override;
   Status begin_append(const WireHeader& header, AppendTarget* target) override;
   void finish_append(uint64_t ticket, bool received_ok,
                      std::vector<AppendOutcome>* outcomes) override;
   Status release(const WireHeader& header, std::vector<AppendOutcome>* outcomes) override;
-  Status read(const WireHeader& header, ReadResult* result) override;
+  Status read(const WireHeader& header, ReadResult* result,
+              std::vector<AppendOutcome>* outcomes) override;
 
  private:
   struct Chunk {
@@ -114,9 +118,11 @@ class MemorySink final : public RecordSink {
   };
 
   Status commit(Checkpoint* checkpoint, Chunk* chunk);
-  // Settles every pending append of checkpoint as kAborted; buffers still being received
-  // are kept in orphans_ until their finish_append.
-  void abort_pending(Checkpoint* checkpoint, std::vector<AppendOutcome>* outcomes);
+  // Settles every pending append of checkpoint as status; buffers still being received are
+  // kept in orphans_ until their finish_append.
+  void abort_pending(Checkpoint* checkpoint, Status status, std::vector<AppendOutcome>* outcomes);
+  // Records a newer epoch (fencing the writers of older ones); false if epoch is older.
+  bool advance_epoch(Checkpoint* checkpoint, uint32_t epoch, std::vector<AppendOutcome>* outcomes);
   const Chunk* chunk_at(const Checkpoint& checkpoint, uint64_t pos) const;
   std::unique_ptr<uint8_t[]> take_buffer(uint64_t bytes);
   void give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer);
