@@ -80,6 +80,13 @@ class Workload:
             self.arrival_s[:num_requests], self.prompt_tokens[:num_requests], self.output_tokens[:num_requests]
         )
 
+    def thinned(self, step: int) -> Workload:
+        """Every ``step``-th request (from the first): the trace's profile over time, at
+        ``1 / step`` of its rate."""
+        if step < 1:
+            raise ValueError(f"`step` must be >= 1, got {step}")
+        return Workload(self.arrival_s[::step], self.prompt_tokens[::step], self.output_tokens[::step])
+
     def until(self, end_s: float) -> Workload:
         """The requests that arrive before ``end_s``."""
         n = int(np.searchsorted(self.arrival_s, end_s, side="left"))
