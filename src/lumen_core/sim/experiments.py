@@ -210,9 +210,11 @@ def compare_policies(
     policies: dict[str, PolicyFactory],
     options: Options,
     setting: str = "",
+    baseline: SimResult | None = None,
 ) -> tuple[list[Row], dict[str, SimResult], SimResult]:
-    """Runs the failure-free baseline once, then each policy with the failures."""
-    baseline = run_one(scenario, preset("S&R"), with_failures=False)
+    """Runs the failure-free baseline once (unless given), then each policy with the failures."""
+    if baseline is None:
+        baseline = run_one(scenario, preset("S&R"), with_failures=False)
     workers = scenario.config.num_workers
     failure_s = scenario.failures[0].time_s
     ff = window_means(baseline.records, failure_s, scenario.eval_s)
@@ -365,6 +367,8 @@ SWEEPS: dict[str, list[float]] = {
 def sensitivity(options: Options) -> Outcome:
     """LUMEN on proto4 with one parameter swept at a time (the others at their defaults)."""
     base = proto_scenario(4, options)
+    # None of the swept parameters changes a failure-free run: one baseline serves them all.
+    baseline = run_one(base, preset("S&R"), with_failures=False)
     outcome = Outcome("sensitivity")
     curves: dict[str, dict[str, list[float]]] = {}
     for parameter, values in SWEEPS.items():
@@ -389,6 +393,7 @@ def sensitivity(options: Options) -> Outcome:
             rows, _, _ = compare_policies(
                 "sensitivity", scenario, {"LUMEN": factory}, dataclasses.replace(options, event_log_path=None),
                 setting=f"{parameter}={value:g}",
+                baseline=baseline,
             )
             outcome.rows += [r for r in rows if r.policy == "LUMEN"]
             curve["x"].append(value)
