@@ -132,7 +132,9 @@ def recovery_time_s(
     ``window_s / 5``) such that the ``num_windows`` consecutive windows ``[t + i W, t + (i+1) W)``
     all have mean TTFT and mean TPOT within ``tolerance`` of ``baseline`` (the failure-free run
     of the same workload) in the same windows. A window without requests in either run counts
-    as within. NaN if that never happens before ``failure_s + horizon_s``."""
+    as within, but all ``num_windows`` windows must end before the last arrival of either
+    run (a run that is over shows no recovery). NaN if that never happens before
+    ``failure_s + horizon_s``."""
     if tolerance <= 0:
         raise ValueError(f"`tolerance` must be > 0, got {tolerance}")
     if num_windows < 1:
@@ -153,8 +155,9 @@ def recovery_time_s(
 
     ok = within(ttft, base_ttft) & within(tpot, base_tpot)
     per_window = int(round(window_s / step_s))
+    observed_until = min(float(np.max(records.arrival_s, initial=-np.inf)), float(np.max(baseline.arrival_s, initial=-np.inf)))
     for i, start in enumerate(starts):
-        if start - failure_s > horizon_s:
+        if start - failure_s > horizon_s or start + num_windows * window_s > observed_until:
             break
         indices = [i + j * per_window for j in range(num_windows)]
         if indices[-1] < len(ok) and all(ok[j] for j in indices):

@@ -70,6 +70,9 @@ def test_rolling_means_and_recovery():
     assert recovery_time_s(base, base, failure_s=50.0, window_s=5.0, horizon_s=40.0) == 0.0
     never = records(arrival, arrival + np.where(arrival >= 50.0, 3.0, 1.0), arrival + 5.0, n_out)
     assert math.isnan(recovery_time_s(never, base, failure_s=50.0, window_s=5.0, horizon_s=20.0))
+    # Windows past the last arrival do not count as recovered.
+    assert math.isnan(recovery_time_s(never, base, failure_s=50.0, window_s=5.0, horizon_s=200.0))
+    assert math.isnan(recovery_time_s(hit, base, failure_s=50.0, window_s=16.0, horizon_s=40.0))
 
 
 def test_coverage_balance_acceptance():
