@@ -650,6 +650,7 @@ class ClusterSim:
         now = self._now
         contexts: list[int] = []
         durables: list[int] = []
+        detected: list[_Worker] = []
         for wid in failure.worker_ids:
             worker = self.workers[wid]
             if worker.state == _FAILED:
@@ -698,7 +699,9 @@ class ClusterSim:
                 released = self.planner.release_survivor(wid)
                 if self.log is not None:
                     self.log.decision("release_survivor", {"survivor_id": wid}, released)
-            self._push(now + self.config.detect_s, _DETECT, worker)
+            detected.append(worker)
+        if detected:
+            self._push(now + self.config.detect_s, _DETECT, detected)
         if contexts:
             self._coverage.append(checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS))
         if math.isnan(self._balance):
@@ -711,15 +714,33 @@ class ClusterSim:
             return []
         return [r for r in self.reqs if r.phase == _MOVING and r.worker == worker.wid]
 
-    def _on_detect(self, worker: _Worker, _: Any) -> None:
+    def _on_detect(self, workers: list[_Worker], _: Any) -> None:
+        """Leases of ``workers`` (failed together) expired: the coordinator learns the durable
+        prefixes from the holders, marks every one failed, then routes each one's requests and
+        re-places the checkpoints each one held (DESIGN.md: apply, route, replace)."""
         now = self._now
-        worker.believed_serving = False
-        for req in worker.lost:
-            for holder_id in req.holders:
-                if self.workers[holder_id].state == _SERVING and req.durable_at_failure > 0:
-                    # The recovery coordinator asks the holders for their durable prefixes.
-                    self._apply(CheckpointGrew(now, req.rid, holder_id, req.durable_at_failure))
-        self._apply(WorkerFailed(now, worker.wid))
+        for worker in workers:
+            worker.believed_serving = False
+            for req in worker.lost:
+                for holder_id in req.holders:
+                    if self.workers[holder_id].state == _SERVING and req.durable_at_failure > 0:
+                        self._apply(CheckpointGrew(now, req.rid, holder_id, req.durable_at_failure))
+        for worker in workers:
+            self._apply(WorkerFailed(now, worker.wid))
+        for worker in workers:
+            self._route(worker)
+        for worker in workers:
+            self._replace(worker)
+        for holder in self.workers:
+            if holder.state == _SERVING:
+                self._kick(holder)
+        for worker in workers:
+            if self.planner is not None:
+                self._push(now + self.draft_load_s, _DRAFT_READY, worker, worker.epoch)
+            self._push(now + self.reload_s, _MODEL_READY, worker, worker.epoch)
+
+    def _route(self, worker: _Worker) -> None:
+        now = self._now
         decisions = self.policy.router.route(self.monitor, worker.wid)
         if self.log is not None:
             self.log.decision("route", {"failed_worker_id": worker.wid}, decisions)
@@ -727,13 +748,13 @@ class ClusterSim:
         worker.lost = []
         for decision in decisions:
             req = lost.pop(decision.request_id)
-            self._actions[decision.action.value] += 1
             target = self.workers[decision.target_worker_id]
             req.worker = target.wid
             if target.state != _SERVING:
-                # Dead too but not yet detected (a correlated failure): lost again with it.
+                # Dead too but not yet detected (a later failure): lost again with it.
                 target.lost.append(req)
                 continue
+            self._actions[decision.action.value] += 1
             tokens = 0
             delay = 0.0
             if decision.action is not RecoveryAction.REPREFILL:
@@ -759,6 +780,9 @@ class ClusterSim:
             self._push(now + delay, _ARRIVE_AT, req, req.move)
         if lost:
             raise RuntimeError(f"router left interrupted requests unrouted: {sorted(lost)}")
+
+    def _replace(self, worker: _Worker) -> None:
+        now = self._now
         replaced = self.policy.placement.replace(self.monitor, worker.wid)
         if self.log is not None:
             self.log.decision("replace", {"lost_holder_id": worker.wid}, replaced)
@@ -777,13 +801,6 @@ class ClusterSim:
             req.stream_seq = serving.seq
             serving.produced += self._context(serving, req) * self._kv_bytes * len(req.holders)
             serving.history.append((serving.produced, serving.seq, serving.progress))
-        for holder in self.workers:
-            if holder.state == _SERVING:
-                self._kick(holder)
-        restart = now
-        if self.planner is not None:
-            self._push(restart + self.draft_load_s, _DRAFT_READY, worker, worker.epoch)
-        self._push(restart + self.reload_s, _MODEL_READY, worker, worker.epoch)
 
     def _on_arrive_at(self, req: _Req, move: int) -> None:
         if move != req.move or req.phase != _MOVING:

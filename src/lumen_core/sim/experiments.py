@@ -407,9 +407,11 @@ def sensitivity(options: Options) -> Outcome:
 def holder_failure(options: Options) -> Outcome:
     """Worker 0 fails together with worker 1 (FC's fixed holder of worker 0's checkpoints)."""
     base = proto_scenario(4, options)
-    scenario = dataclasses.replace(base, failures=(Failure(300.0, (0, 1)),))
+    scenario = dataclasses.replace(base, failures=(Failure(base.failures[0].time_s, (0, 1)),))
     rows, _, _ = compare_policies("holder_failure", scenario, _presets(), options)
-    return Outcome("holder_failure", rows, notes=["workers 0 and 1 fail together at 300 s (proto4 cluster)"])
+    return Outcome(
+        "holder_failure", rows, notes=[f"workers 0 and 1 fail together at {base.failures[0].time_s:g} s (proto4 cluster)"]
+    )
 
 
 def rack(options: Options) -> Outcome:
