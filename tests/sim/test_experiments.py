@@ -114,3 +114,20 @@ def test_cli_rejects_bad_arguments():
         main(["sim", "--experiment", "scale", "--rate", "0"])
     with pytest.raises(ValueError, match="`experiment` must be one of"):
         run_experiment("nope", Options())
+
+
+def test_long_context_coverage_grows_with_the_holder_budget():
+    outcome = run_experiment("long_context", Options())
+    for prompt in (32768, 65536):
+        small = value(outcome, "LUMEN", "checkpoint_coverage", f"prompt={prompt}; budget=16GB")
+        large = value(outcome, "LUMEN", "checkpoint_coverage", f"prompt={prompt}; budget=256GB")
+        assert small < large
+    # a 128K-token Qwen3-32B checkpoint (34 GB) never fits a 16 GB budget
+    assert value(outcome, "LUMEN", "checkpoint_coverage", "prompt=131072; budget=16GB") == 0.0
+
+
+def test_rack_failure_domain_aware_placement_restores_more():
+    outcome = run_experiment("rack", Options())
+    aware = value(outcome, "LUMEN", "restored_fraction")
+    assert aware > value(outcome, "LUMEN (domain-blind)", "restored_fraction")
+    assert value(outcome, "LUMEN", "mean_ttft_s") <= value(outcome, "LUMEN (domain-blind)", "mean_ttft_s")

@@ -667,7 +667,7 @@ class ClusterSim:
                     durables.append(durable)
                 req.durable_at_failure = durable
                 lost.append(req)
-            for req in self.reqs_moving_to(worker):
+            for req in self._reqs_moving_to(worker):
                 req.durable_at_failure = req.prefilled
                 lost.append(req)
             for req in lost:
@@ -693,6 +693,8 @@ class ClusterSim:
             worker.kv_used = 0
             worker.num_moving = 0
             worker.history.clear()
+            worker.sent = worker.produced  # its stream backlog died with it
+            worker.sent_t = now
             if worker.assistant is not None and self.planner is not None:
                 # Its assistant keeps loading its model and may pair again at a heartbeat.
                 worker.assistant = None
@@ -708,7 +710,7 @@ class ClusterSim:
             held = [self.monitor.worker(w).held_tokens for w in self.monitor.live_worker_ids()]
             self._balance = holder_balance_ratio(np.array(held))
 
-    def reqs_moving_to(self, worker: _Worker) -> list[_Req]:
+    def _reqs_moving_to(self, worker: _Worker) -> list[_Req]:
         """Requests in transit (restore in progress) to ``worker``."""
         if not worker.num_moving:
             return []
