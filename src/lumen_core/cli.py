@@ -59,8 +59,11 @@ def _sim(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps([row.as_json() for row in outcome.rows], indent=1) + "\n")
     if args.plot:
-        for path in plot_outcome(outcome, args.plot):
+        paths = plot_outcome(outcome, args.plot)
+        for path in paths:
             print(f"plot: {path}")
+        if not paths:
+            print(f"plot: {args.experiment} has no figure (proto4, proto8, ablation, sensitivity, long_context do)")
     return 0
 
 

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumen_core.policy.events import PlacementDecision, RequestAdmitted, RouteDecision
+from lumen_core.policy.events import PlacementDecision, RecoveryAction, RequestAdmitted, RouteDecision
 from lumen_core.policy.presets import POLICY_NAMES
 from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, combination, preset
 from lumen_core.sim.eventlog import EventLog, read_event_log, replay_event_log
@@ -180,3 +180,21 @@ def test_whole_trace_runs_at_64_workers_without_loss():
     result = ClusterSim(config, trace, preset("LUMEN"), (Failure(15.0, tuple(range(0, 64, 4))),)).run()
     assert_conserved(result, len(trace))
     assert result.num_interrupted > 500
+
+
+def test_event_log_validation(tmp_path):
+    import io
+
+    from lumen_core.sim.eventlog import from_json, to_json
+
+    decision = RouteDecision(3, 1, RecoveryAction.RESTORE, 2, 100, "r")
+    assert from_json(to_json(decision)) == decision
+    with pytest.raises(ValueError, match="`type` must be one of"):
+        from_json({"type": "Nope"})
+    log = EventLog(io.StringIO())
+    with pytest.raises(ValueError, match="`op` must be one of"):
+        log.decision("evict", {}, None)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"op": "teleport"}\n')
+    with pytest.raises(ValueError, match="record `op` must be"):
+        list(read_event_log(bad))

@@ -73,3 +73,14 @@ def test_validation():
         Workload(np.array([1.0, 0.0]), np.array([1, 1]), np.array([1, 1]))
     with pytest.raises(ValueError, match="must be >= 1"):
         Workload(np.array([0.0]), np.array([0]), one)
+
+
+def test_missing_trace_is_reported(monkeypatch, tmp_path):
+    from lumen_core.sim import workload
+
+    monkeypatch.setattr(workload, "TRACE_NAME", "absent.csv")
+    monkeypatch.setenv("LUMEN_TRACE_DIR", str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="set LUMEN_TRACE_DIR or pass --trace"):
+        workload.default_trace_path()
+    (tmp_path / "absent.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,5\n")
+    assert workload.default_trace_path() == tmp_path / "absent.csv"
