@@ -42,11 +42,8 @@ def test_calibration_finds_the_rate_again():
 
 
 def test_proto4_lumen_no_worse_than_fc_and_sr(tmp_path):
-    pytest.importorskip("matplotlib")
     out = tmp_path / "proto4.json"
-    assert main(["sim", "--experiment", "proto4", "--json", str(out), "--plot", str(tmp_path / "p4.png"),
-                 "--no-progress"]) == 0
-    assert (tmp_path / "p4.png").stat().st_size > 10_000
+    assert main(["sim", "--experiment", "proto4", "--json", str(out), "--no-progress"]) == 0
     rows = json.loads(out.read_text())
 
     def value(policy, metric, setting):
@@ -87,13 +84,12 @@ def test_failed_workers_is_a_seeded_quarter():
     assert len(failed_workers(4, 0.25, 0)) == 1
 
 
-def test_cli_writes_json_plot_and_event_log(tmp_path, capsys):
-    pytest.importorskip("matplotlib")
+def test_cli_writes_json_and_event_log(tmp_path, capsys):
     out = tmp_path / "rows.json"
     log = tmp_path / "events.jsonl"
     code = main(
         ["sim", "--experiment", "scale", "--workers", "8", "--policy", "FC", "--json", str(out),
-         "--event-log", str(log), "--plot", str(tmp_path / "fig.png"), "--no-progress"]
+         "--event-log", str(log), "--no-progress"]
     )
     assert code == 0
     rows = json.loads(out.read_text())
@@ -103,6 +99,30 @@ def test_cli_writes_json_plot_and_event_log(tmp_path, capsys):
     assert log.stat().st_size > 0
     printed = capsys.readouterr().out
     assert "== scale ==" in printed and "recovery_s" in printed
+
+
+def test_cli_plots(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert main(["sim", "--experiment", "long_context", "--plot", str(tmp_path / "lc.png"), "--no-progress"]) == 0
+    assert (tmp_path / "lc.png").stat().st_size > 10_000
+    assert main(["sim", "--experiment", "scale", "--workers", "4", "--plot", str(tmp_path / "s.png"),
+                 "--no-progress"]) == 0
+    assert "scale has no figure" in capsys.readouterr().out
+
+
+def test_plot_series_of_proto_ablation_and_sensitivity(tmp_path):
+    pytest.importorskip("matplotlib")
+    from lumen_core.sim.experiments import Outcome
+    from lumen_core.sim.plots import plot_outcome
+
+    t = [0.0, 1.0, 2.0]
+    outcome = Outcome("proto4", series={
+        "rolling": {"t_s": t, "failure_s": 150.0, "S&R": {"ttft_s": [1.0, 2.0, 1.0], "tpot_s": [0.1, 0.2, 0.1]}},
+        "bars": {"FC": {"mean_ttft_s": 1.0, "mean_tpot_s": 0.1, "recovery_s": 20.0}},
+        "curves": {"theta_multiple": {"x": [1.0, 2.0], "mean_ttft_s": [1.0, 0.9], "recovery_s": [20.0, 18.0]}},
+    })
+    paths = plot_outcome(outcome, tmp_path / "all.png")
+    assert len(paths) == 3 and len(set(paths)) == 3 and all(p.stat().st_size > 5_000 for p in paths)
 
 
 def test_cli_rejects_bad_arguments():

@@ -25,17 +25,11 @@ def _path(base: str | Path, suffix: str) -> Path:
 
 
 def plot_outcome(outcome: Outcome, path: str | Path) -> list[Path]:
-    """Draw what the experiment has series for; returns the files written (maybe none)."""
-    written: list[Path] = []
-    if "rolling" in outcome.series:
-        written.append(_plot_rolling(outcome, _path(path, "")))
-    if "bars" in outcome.series:
-        written.append(_plot_bars(outcome, _path(path, "")))
-    if "curves" in outcome.series:
-        written.append(_plot_curves(outcome, _path(path, "")))
-    if "coverage" in outcome.series:
-        written.append(_plot_coverage(outcome, _path(path, "")))
-    return written
+    """Draw what the experiment has series for: one figure goes to ``path``, several to
+    ``<path>-<series>.png``. Returns the files written (maybe none)."""
+    drawers = {"rolling": _plot_rolling, "bars": _plot_bars, "curves": _plot_curves, "coverage": _plot_coverage}
+    present = [name for name in drawers if name in outcome.series]
+    return [drawers[name](outcome, _path(path, name if len(present) > 1 else "")) for name in present]
 
 
 def _plot_rolling(outcome: Outcome, path: Path) -> Path:
