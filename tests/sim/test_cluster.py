@@ -198,3 +198,9 @@ def test_event_log_validation(tmp_path):
     bad.write_text('{"op": "teleport"}\n')
     with pytest.raises(ValueError, match="record `op` must be"):
         list(read_event_log(bad))
+
+
+def test_progress_bar_goes_to_stderr(capsys):
+    ClusterSim(SMALL, small_workload(num_requests=100), preset("S&R"), progress=True).run()
+    captured = capsys.readouterr()
+    assert "100.0%" in captured.err and captured.out == ""
