@@ -117,6 +117,14 @@ class ClusterConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"`{name}` must be >= 0, got {getattr(self, name)}")
 
+    def cost_model(self) -> CostModel:
+        return CostModel(self.model, self.gpu, self.tp, self.draft_model, self.cost)
+
+    @property
+    def reload_time_s(self) -> float:
+        """From detection to full model loaded (``reload_s``, else the cost model's figure)."""
+        return self.cost_model().model_load_time_s if self.reload_s is None else self.reload_s
+
     def domain_of(self, worker_id: int) -> str:
         return f"rack{worker_id // self.rack_size}" if self.rack_size else ""
 
@@ -309,7 +317,7 @@ class ClusterSim:
             if bad:
                 raise IndexError(f"failure worker ids {bad} out of range [0, {config.num_workers})")
         self.config = config
-        self.cost = CostModel(config.model, config.gpu, config.tp, config.draft_model, config.cost)
+        self.cost = config.cost_model()
         need = workload.prompt_tokens + workload.output_tokens
         if len(workload) and int(need.max()) > self.cost.kv_capacity_tokens:
             raise ValueError(
@@ -332,7 +340,7 @@ class ClusterSim:
         if not isinstance(self.policy, PolicySet):
             raise TypeError(f"`policy` must build a PolicySet, got {type(self.policy).__name__}")
         self.planner = self.policy.planner
-        self.reload_s = self.cost.model_load_time_s if config.reload_s is None else config.reload_s
+        self.reload_s = config.reload_time_s
         self.draft_load_s = self.cost.draft_load_time_s if config.draft_load_s is None else config.draft_load_s
         self.workers = [_Worker(w) for w in range(config.num_workers)]
         self.reqs = [

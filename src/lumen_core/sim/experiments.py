@@ -282,7 +282,7 @@ def proto(experiment: str, num_workers: int, options: Options) -> Outcome:
             outcome.series["rolling"] = _rolling_series(scenario, results, baseline)
         options = dataclasses.replace(options, event_log_path=None)  # one log: the primary run
     config = proto_config(num_workers)
-    reload_s = ClusterSim(config, load_trace(options.trace_path).head(1), preset("S&R")).reload_s
+    reload_s = config.reload_time_s
     outcome.notes.append(
         f"{config.model} on {config.tp}x {config.gpu} per worker, {options.rate_per_worker:.2f} req/s per "
         f"worker, worker 0 fails, T_eval 60 s, W 10 s, detection {config.detect_s:g} s, reload {reload_s:.1f} s"
@@ -448,8 +448,8 @@ def long_context(options: Options) -> Outcome:
         coverage = []
         for prompt in LONG_CONTEXT_PROMPTS:
             config = ClusterConfig(num_workers=4, holder_budget_bytes=budget_gb * 10**9)
-            probe = ClusterSim(config, poisson_workload(1.0, 1, (prompt, prompt), (256, 256), 0), preset("S&R"))
-            service_s = probe.cost.prefill_time_s(prompt) + 256 * probe.cost.decode_step_time_s(6, 6 * prompt)
+            cost = config.cost_model()
+            service_s = cost.prefill_time_s(prompt) + 256 * cost.decode_step_time_s(6, 6 * prompt)
             rate = 4 * 6 / service_s
             workload = poisson_workload(rate, 120, (prompt, prompt), (256, 256), options.seed)
             failure_s = float(workload.arrival_s[80])
