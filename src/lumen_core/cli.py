@@ -58,6 +58,11 @@ def _sim(args: argparse.Namespace) -> int:
     print(f"wall time {wall_s:.2f} s")
     if args.json:
         Path(args.json).write_text(json.dumps([row.as_json() for row in outcome.rows], indent=1) + "\n")
+    if args.event_log:
+        if Path(args.event_log).is_file():
+            print(f"event log: {args.event_log}")
+        else:
+            print(f"event log: {args.experiment} writes none (it does not compare policies on one scenario)")
     if args.plot:
         paths = plot_outcome(outcome, args.plot)
         for path in paths:
@@ -84,7 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
     sim.add_argument("--plot", default=None, metavar="PATH", help="write PNG figure(s) (PATH, PATH-<name>.png)")
-    sim.add_argument("--event-log", default=None, metavar="PATH", help="JSON lines of the --policy run's policy calls")
+    sim.add_argument(
+        "--event-log",
+        default=None,
+        metavar="PATH",
+        help="JSON lines of the policy calls of the --policy run (else the experiment's first policy)",
+    )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim.set_defaults(func=_sim)
     return parser

@@ -225,8 +225,9 @@ def compare_policies(
         Row(experiment, "failure-free", workers, "window_tpot_s", ff["mean_tpot_s"], None, setting),
     ]
     results = {}
+    logged = options.policy if options.policy in policies else next(iter(policies))
     for name, factory in policies.items():
-        log_path = options.event_log_path if name == options.policy else None
+        log_path = options.event_log_path if name == logged else None
         result = run_one(scenario, factory, progress=options.progress, event_log_path=log_path)
         results[name] = result
         rows += _rows(experiment, name, workers, summarize(scenario, result, baseline), setting)
