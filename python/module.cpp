@@ -3,6 +3,8 @@
 
 namespace py = pybind11;
 
+void bind_verify(py::module_& m);
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lumen_core CPU kernels";
   py::dict info;
@@ -13,4 +15,5 @@ PYBIND11_MODULE(_C, m) {
   info["cuda_version"] = LUMEN_BUILD_CUDA_VERSION;
 #endif
   m.attr("BUILD_INFO") = info;
+  bind_verify(m);
 }

@@ -6,7 +6,8 @@ tokens for the busiest survivor while its model reloads. See README.md and DESIG
 """
 
 from lumen_core._native import BUILD_INFO, HAS_CUDA, HAS_UCX
+from lumen_core.ops import VerifyResult, verify_draft
 
 __version__ = "0.1.0"
 
-__all__ = ["BUILD_INFO", "HAS_CUDA", "HAS_UCX", "__version__"]
+__all__ = ["BUILD_INFO", "HAS_CUDA", "HAS_UCX", "VerifyResult", "__version__", "verify_draft"]
