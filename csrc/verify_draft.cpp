@@ -155,9 +155,11 @@ class RequestVerifier {
     const bool greedy = a_.temperature != nullptr && a_.temperature[b] == 0.0;
     for (int64_t i = 0; i < k; ++i) {
       const int64_t d = a_.draft_token_ids[a_.draft_start[b] + i];
+      // -1 means accepted: a rejection may resample the draft itself (q(d) = 0, or the
+      // fallback to p), so token != d cannot tell the two apart.
       const int64_t token = greedy ? verify_greedy(b, i, d) : verify_sampled(b, i, d);
-      out[i] = token;
-      if (token != d) {
+      out[i] = token < 0 ? d : token;
+      if (token >= 0) {
         a_.num_accepted[b] = i;
         a_.num_emitted[b] = i + 1;
         return;
@@ -233,9 +235,10 @@ class RequestVerifier {
     return 0.0;
   }
 
+  // -1 when draft d is accepted at position i, else the token emitted in its place.
   int64_t verify_greedy(int64_t b, int64_t i, int64_t d) const {
     const int64_t best = argmax_lowest(row(b, i), vocab_);
-    return best == d ? d : best;
+    return best == d ? -1 : best;
   }
 
   // p of row i as float64 into s_.p (logits: softmax with the chunk-rule normaliser).
@@ -259,13 +262,14 @@ class RequestVerifier {
     return sample_chunked(w, vocab_, s_.sums.data(), num_chunks, total, u);
   }
 
+  // -1 when draft d is accepted at position i, else the token sampled in its place.
   int64_t verify_sampled(int64_t b, int64_t i, int64_t d) {
     const int64_t j = a_.draft_start[b] + i;
     const bool logits = a_.target_kind == TargetKind::kLogits;
     if (logits) load_p(b, i);
     const double p_d = logits ? s_.p[d] : static_cast<double>(row(b, i)[d]);
     const double q_d = q_of(j, d);
-    if (q_d > 0.0 && uniform(b, i, 0) * q_d < p_d) return d;
+    if (q_d > 0.0 && uniform(b, i, 0) * q_d < p_d) return -1;
     if (!logits) load_p(b, i);
     const double* p = s_.p.data();
     double* w = s_.w.data();

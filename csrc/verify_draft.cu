@@ -316,8 +316,10 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
     const int64_t j = a.draft_start[b] + i;
     const int64_t d = a.draft_token_ids[j];
     int64_t token = d;
+    bool accepted = true;
     if (greedy) {
       token = block_argmax(row(i), V, sh);
+      accepted = token == d;
     } else {
       const TargetP<T> p = target_p(i);
       Residual<T> r{p, a.draft_kind, d, nullptr, nullptr, a.topk};
@@ -328,6 +330,8 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
       }
       const double q_d = r.q_at(d);
       if (!(q_d > 0.0 && uniform(i, 0) * q_d < p(d))) {
+        // A rejection may resample d itself (q(d) = 0, or the fallback to p).
+        accepted = false;
         const double u = uniform(i, 1);
         const double mass = block_chunk_total(r, V, sums, sh);
         if (mass > kResidualMinMass) {
@@ -339,7 +343,7 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
       }
     }
     if (threadIdx.x == 0) out[i] = token;
-    if (token != d) return finish(0, i, i + 1);
+    if (!accepted) return finish(0, i, i + 1);
   }
   int64_t bonus;
   if (greedy) {

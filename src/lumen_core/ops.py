@@ -152,6 +152,11 @@ def _verify_temperature(temperature: object, num_requests: int) -> torch.Tensor 
     return temps
 
 
+def _check_device(x: torch.Tensor, name: str, device: torch.device) -> None:
+    if x.device != device:
+        raise ValueError(f"`{name}` must be on {device} like `target`, got {x.device}")
+
+
 def _check_tensor(x: object, name: str) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
@@ -219,12 +224,13 @@ def verify_draft(
     draft_token_ids = _check_tensor(draft_token_ids, "draft_token_ids")
     if target.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"`target` must be float16, bfloat16, float32 or float64, got {target.dtype}")
-    device = target.device
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"`target` must be on the CPU or a CUDA device, got {device}")
     vocab_size = target.shape[-1] if target.dim() else 0
     if not 1 <= vocab_size <= VERIFY_MAX_VOCAB_SIZE:
         raise ValueError(f"`target` must have a vocabulary size in [1, {VERIFY_MAX_VOCAB_SIZE}], got {vocab_size}")
+    device = target.device
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"`target` must be on the CPU or a CUDA device, got {device}")
+    _check_device(draft_token_ids, "draft_token_ids", device)
     layout = _verify_layout(target, draft_token_ids, num_draft_tokens)
     num_requests = layout.num_draft_tokens.numel()
     mask = _used_draft_mask(layout, draft_token_ids.shape)
@@ -239,12 +245,15 @@ def verify_draft(
             raise ValueError(f"`draft_probs` must have shape {want}, got {tuple(draft_probs.shape)}")
         if draft_probs.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"`draft_probs` must be a float tensor, got {draft_probs.dtype}")
+        _check_device(draft_probs, "draft_probs", device)
         dense_q = draft_probs
     elif isinstance(draft_probs, tuple):
         if len(draft_probs) != 2 or not all(isinstance(x, torch.Tensor) for x in draft_probs):
             raise TypeError("`draft_probs` must be None, a tensor or a tuple (ids, probs) of tensors")
         draft_kind = _DRAFT_SPARSE
         topk_ids, topk_probs = draft_probs
+        _check_device(topk_ids, "draft_probs ids", device)
+        _check_device(topk_probs, "draft_probs probs", device)
         lead = tuple(draft_token_ids.shape)
         if (
             topk_ids.dim() != len(lead) + 1
@@ -271,31 +280,31 @@ def verify_draft(
         raise ValueError("`uniforms` must be None when `seeds`/`positions` are given, got both")
     if uniforms is not None:
         uniforms = _check_tensor(uniforms, "uniforms")
+        _check_device(uniforms, "uniforms", device)
         want = tuple(target.shape[:-1]) + (2,)
         if uniforms.dtype != torch.float64 or tuple(uniforms.shape) != want:
             raise ValueError(f"`uniforms` must be float64 of shape {want}, got {uniforms.dtype} {tuple(uniforms.shape)}")
         if uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
             raise ValueError("`uniforms` must be in [0, 1), got a value outside")
     elif seeds is None and positions is None and all_greedy:
-        seeds = torch.zeros(num_requests, dtype=torch.int64)
-        positions = torch.zeros(num_requests, dtype=torch.int64)
+        seeds = torch.zeros(num_requests, dtype=torch.int64, device=device)
+        positions = torch.zeros(num_requests, dtype=torch.int64, device=device)
     elif seeds is None or positions is None:
         raise ValueError("`seeds` and `positions` must both be given when `uniforms` is None, got a None")
     if uniforms is None:
         seeds = _check_tensor(seeds, "seeds")
         positions = _check_tensor(positions, "positions")
         for name, x in (("seeds", seeds), ("positions", positions)):
+            _check_device(x, name, device)
             if x.dtype not in _ID_DTYPES or tuple(x.shape) != (num_requests,):
                 raise ValueError(f"`{name}` must be int32/int64 of shape ({num_requests},), got {x.dtype} {tuple(x.shape)}")
-        if positions.numel() and int(positions.min()) < 0:
-            raise ValueError(f"`positions` must be >= 0, got {int(positions.min())}")
+        if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols:
+            raise ValueError(
+                f"`positions` must be in [0, 2**63 - {layout.out_cols}), got [{int(positions.min())}, {int(positions.max())}]"
+            )
 
-    for name, x in (("draft_token_ids", draft_token_ids), ("draft_probs", dense_q), ("draft_probs ids", topk_ids),
-                    ("draft_probs probs", topk_probs), ("uniforms", uniforms), ("seeds", seeds),
-                    ("positions", positions)):
-        if x is not None and x.device != device:
-            raise ValueError(f"`{name}` must be on {device} like `target`, got {x.device}")
-
+    if draft_token_ids.numel() == 0:
+        draft_kind, dense_q, topk_ids, topk_probs = _DRAFT_ONE_HOT, None, None, None  # no q is read
     out_cols = layout.out_cols
     if num_requests == 0:
         empty = torch.empty(0, dtype=torch.int64, device=device)

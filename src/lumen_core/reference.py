@@ -135,16 +135,18 @@ def verify_draft_reference(
         for i, d in enumerate(drafts_b):
             if temp == 0.0:
                 token = int(torch.argmax(rows_b[i].to(torch.float64)))
+                accepted = token == d
             else:
                 p, q = target_p(rows_b[i], temp), q_row(i)
-                if float(q[d]) > 0.0 and uniform(i, 0) * float(q[d]) < float(p[d]):
+                accepted = float(q[d]) > 0.0 and uniform(i, 0) * float(q[d]) < float(p[d])
+                if accepted:
                     token = d
                 else:
                     residual = torch.clamp(p - q, min=0.0)
                     mass = float(chunk_prefix(residual)[2][-1])
                     token = sample_chunked(residual if mass > RESIDUAL_MIN_MASS else p, uniform(i, 1))
             emitted.append(token)
-            if token != d:
+            if not accepted:  # a rejection may resample d itself (q(d) = 0 or the fallback to p)
                 break
         else:
             if temp == 0.0:
