@@ -225,8 +225,10 @@ def test_batch_invariance_under_philox():
 # ---- Philox -----------------------------------------------------------------------------------
 def test_native_philox_matches_numpy_reference_bit_for_bit():
     gen = np.random.default_rng(0)
-    seeds = np.concatenate([[0, 1, 2**32 - 1, 2**32, 2**64 - 1], gen.integers(0, 2**63, 200)]).astype(np.uint64)
-    positions = np.concatenate([[0, 1, 2**32 - 1, 2**32, 2**62], gen.integers(0, 2**40, 200)]).astype(np.int64)
+    edge_seeds = np.array([0, 1, 2**32 - 1, 2**32, 2**64 - 1], dtype=np.uint64)
+    seeds = np.concatenate([edge_seeds, gen.integers(0, 2**64 - 1, 200, dtype=np.uint64)])
+    edge_positions = np.array([0, 1, 2**32 - 1, 2**32, 2**62], dtype=np.int64)
+    positions = np.concatenate([edge_positions, gen.integers(0, 2**40, 200, dtype=np.int64)])
     for index in (0, 1, 7, 2**32 - 1):
         got = _native.C.philox_uniforms(seeds, positions, index)
         assert np.array_equal(got, rng.uniforms(seeds, positions, index))
