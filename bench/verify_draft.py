@@ -9,7 +9,9 @@ mask by a cumulative product, computes the residual max(p - q, 0) normalised for
 position and draws the recovered and bonus tokens with torch.multinomial. Correctness is
 checked once before timing: the accepted counts and accepted tokens of both implementations
 agree on the same uniforms (acceptance depends only on u0), and two requests match the loop
-reference bit for bit. JSON rows: vocab, draft, impl, device, threads, ms, ratio_vs_torch.
+reference bit for bit. A second baseline, `torch_cdf`, replaces torch.multinomial by an
+inverse CDF (cumsum + searchsorted) on the given uniforms, the strongest torch idiom found.
+JSON rows: vocab, draft, impl, device, threads, ms, ratio_vs_torch, ratio_vs_torch_cdf.
 """
 
 import argparse
@@ -57,6 +59,36 @@ def torch_verify(
     return out, num_accepted
 
 
+def torch_verify_cdf(
+    target: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, uniforms: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same, sampling by inverse CDF (cumsum + searchsorted) with the given uniforms
+    instead of torch.multinomial: the strongest torch idiom found for this op."""
+    num_requests, rows, vocab_size = target.shape
+    k = rows - 1
+    ids = draft_token_ids.unsqueeze(-1)
+    p_d = target[:, :k].gather(-1, ids).squeeze(-1).double()
+    if draft_probs is None:
+        q_d = torch.ones_like(p_d)
+        residual = target[:, :k].clone()
+        residual.scatter_(-1, ids, 0.0)
+    else:
+        q_d = draft_probs.gather(-1, ids).squeeze(-1).double()
+        residual = (target[:, :k] - draft_probs).clamp_min_(0.0)
+    accept = (q_d > 0) & (uniforms[:, :k, 0] * q_d < p_d)
+    num_accepted = accept.int().cumprod(dim=1).sum(dim=1)
+    mass = residual.sum(-1, keepdim=True)
+    weights = torch.cat([torch.where(mass > 1e-12, residual, target[:, :k]), target[:, k:]], dim=1)
+    cdf = weights.cumsum(-1)
+    x = (uniforms[:, :, 1] * cdf[..., -1].double()).to(cdf.dtype).unsqueeze(-1)
+    candidates = torch.searchsorted(cdf, x, right=True).squeeze(-1).clamp_max_(vocab_size - 1)
+    columns = torch.arange(k + 1, device=target.device).unsqueeze(0)
+    accepted_part = torch.cat([draft_token_ids, torch.zeros_like(draft_token_ids[:, :1])], dim=1)
+    out = torch.where(columns < num_accepted.unsqueeze(1), accepted_part, -1)
+    out = torch.where(columns == num_accepted.unsqueeze(1), candidates, out)
+    return out, num_accepted
+
+
 def make_inputs(vocab_size: int, device: str, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(NUM_REQUESTS, NUM_DRAFTS + 1, vocab_size, generator=gen) * 4
@@ -85,10 +117,11 @@ def timed_ms(fn, repeat: int, device: str) -> float:
 
 def check(target, ids, draft_probs, uniforms, threads: int) -> None:
     ours = verify_draft(target, ids, draft_probs, uniforms=uniforms, num_threads=threads)
-    out, num_accepted = torch_verify(target, ids, draft_probs, uniforms)
-    assert torch.equal(ours.num_accepted, num_accepted.to(torch.int64)), "accepted counts differ"
-    accepted = torch.arange(NUM_DRAFTS + 1, device=target.device).unsqueeze(0) < num_accepted.unsqueeze(1)
-    assert torch.equal(ours.output_token_ids[accepted], out[accepted]), "accepted tokens differ"
+    for baseline in (torch_verify, torch_verify_cdf):
+        out, num_accepted = baseline(target, ids, draft_probs, uniforms)
+        assert torch.equal(ours.num_accepted, num_accepted.to(torch.int64)), "accepted counts differ"
+        accepted = torch.arange(NUM_DRAFTS + 1, device=target.device).unsqueeze(0) < num_accepted.unsqueeze(1)
+        assert torch.equal(ours.output_token_ids[accepted], out[accepted]), "accepted tokens differ"
     cpu = [x[:2].cpu() if x is not None else None for x in (target, ids, draft_probs, uniforms)]
     ref = verify_draft_reference(cpu[0], cpu[1], cpu[2], uniforms=cpu[3])
     assert torch.equal(ours.output_token_ids[:2].cpu(), ref.output_token_ids), "reference differs"
@@ -108,18 +141,20 @@ def main() -> None:
         for draft, (ids, draft_probs) in drafts.items():
             check(target, ids, draft_probs, uniforms, args.threads)
             ms_torch = timed_ms(lambda: torch_verify(target, ids, draft_probs, uniforms), args.repeat, args.device)
+            ms_cdf = timed_ms(lambda: torch_verify_cdf(target, ids, draft_probs, uniforms), args.repeat, args.device)
             ms_ours = timed_ms(
                 lambda: verify_draft(target, ids, draft_probs, uniforms=uniforms, num_threads=args.threads),
                 args.repeat,
                 args.device,
             )
             impl = "native_cuda" if args.device == "cuda" else "native_cpu"
-            for name, ms in ((impl, ms_ours), ("torch", ms_torch)):
+            for name, ms in ((impl, ms_ours), ("torch", ms_torch), ("torch_cdf", ms_cdf)):
                 rows.append(
                     {"vocab": vocab_size, "draft": draft, "impl": name, "device": args.device,
-                     "threads": args.threads, "ms": round(ms, 3), "ratio_vs_torch": round(ms_torch / ms, 2)}
+                     "threads": args.threads, "ms": round(ms, 3), "ratio_vs_torch": round(ms_torch / ms, 2),
+                     "ratio_vs_torch_cdf": round(ms_cdf / ms, 2)}
                 )
-                print(f"{vocab_size:>7} {draft:>8} {name:>12} {ms:9.3f} ms  {ms_torch / ms:6.2f}x torch")
+                print(f"{vocab_size:>7} {draft:>8} {name:>12} {ms:9.3f} ms  {ms_torch / ms:6.2f}x torch  {ms_cdf / ms:6.2f}x torch_cdf")
         del target, drafts, uniforms
     if args.json_path:
         with open(args.json_path, "w") as f:
