@@ -3,6 +3,9 @@
 
 namespace py = pybind11;
 
+void bind_checksum(py::module_& m);
+void bind_gather(py::module_& m);
+void bind_staging(py::module_& m);
 void bind_verify(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
@@ -15,5 +18,8 @@ PYBIND11_MODULE(_C, m) {
   info["cuda_version"] = LUMEN_BUILD_CUDA_VERSION;
 #endif
   m.attr("BUILD_INFO") = info;
+  bind_checksum(m);
+  bind_gather(m);
+  bind_staging(m);
   bind_verify(m);
 }
