@@ -501,7 +501,8 @@ def verify_draft(
         if topk_probs.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"`draft_probs` sparse probs must be a float tensor, got {topk_probs.dtype}")
         _check_ids(topk_ids, "draft_probs ids", vocab_size, mask)
-        sorted_ids = topk_ids.detach().cpu().sort(dim=-1).values
+        used_ids = topk_ids.detach().cpu()
+        sorted_ids = (used_ids if mask is None else used_ids[mask]).sort(dim=-1).values
         if bool((sorted_ids[..., 1:] == sorted_ids[..., :-1]).any()):
             raise ValueError("`draft_probs` ids must be distinct within each draft row, got a duplicate")
     elif draft_probs is not None:

@@ -112,6 +112,21 @@ def test_packed_layout_with_zero_drafts_matches_padded():
     assert int(got.num_emitted[1]) == 1 and int(got.num_accepted[1]) == 0
 
 
+def test_padded_slots_beyond_num_draft_tokens_are_never_read():
+    p, q, drafts, u = make_problem(12, 3, 3, 20)
+    ks = torch.tensor([1, 3, 0])
+    ids, probs = sparse_of(q, drafts, 4)
+    want = verify_draft(p, drafts, (ids, probs), num_draft_tokens=ks, uniforms=u)
+    garbage = torch.arange(3).unsqueeze(0) >= ks.unsqueeze(1)  # [b, i]: i >= k_b
+    drafts, ids, probs = drafts.clone(), ids.clone(), probs.clone()
+    drafts[garbage] = -7
+    ids[garbage] = 99  # duplicated and out of range, but unused
+    probs[garbage] = float("nan")
+    got = verify_draft(p, drafts, (ids, probs), num_draft_tokens=ks, uniforms=u)
+    assert_same(got, want)
+    assert got.num_emitted.tolist()[2] == 1
+
+
 def test_noncontiguous_inputs_and_int32_ids():
     p, q, drafts, u = make_problem(6, 5, 2, 33)
     p_nc = p.transpose(0, 1).contiguous().transpose(0, 1)
