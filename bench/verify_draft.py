@@ -15,10 +15,12 @@ JSON rows: vocab, draft, impl, device, threads, ms, ratio_vs_torch, ratio_vs_tor
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -31,7 +33,10 @@ VOCAB_SIZES = (32_000, 151_936)
 
 
 def torch_verify(
-    target: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, uniforms: torch.Tensor
+    target: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Vectorised chain verification: every position's residual is formed, one is used."""
     num_requests, rows, vocab_size = target.shape
@@ -60,7 +65,10 @@ def torch_verify(
 
 
 def torch_verify_cdf(
-    target: torch.Tensor, draft_token_ids: torch.Tensor, draft_probs: torch.Tensor | None, uniforms: torch.Tensor
+    target: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    uniforms: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same, sampling by inverse CDF (cumsum + searchsorted) with the given uniforms
     instead of torch.multinomial: the strongest torch idiom found for this op."""
@@ -89,7 +97,9 @@ def torch_verify_cdf(
     return out, num_accepted
 
 
-def make_inputs(vocab_size: int, device: str, seed: int = 0):
+def make_inputs(
+    vocab_size: int, device: str, seed: int = 0
+) -> tuple[torch.Tensor, dict[str, tuple[torch.Tensor, torch.Tensor | None]], torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(NUM_REQUESTS, NUM_DRAFTS + 1, vocab_size, generator=gen) * 4
     target = torch.softmax(logits, -1)
@@ -98,11 +108,14 @@ def make_inputs(vocab_size: int, device: str, seed: int = 0):
     dense_ids = torch.multinomial(dense.view(-1, vocab_size), 1, generator=gen).view(NUM_REQUESTS, NUM_DRAFTS)
     greedy_ids = draft_logits.argmax(-1)
     uniforms = torch.rand(NUM_REQUESTS, NUM_DRAFTS + 1, 2, generator=gen, dtype=torch.float64)
-    move = (lambda x: x.to(device))
-    return move(target), {"dense": (move(dense_ids), move(dense)), "one_hot": (move(greedy_ids), None)}, move(uniforms)
+    return (
+        target.to(device),
+        {"dense": (dense_ids.to(device), dense.to(device)), "one_hot": (greedy_ids.to(device), None)},
+        uniforms.to(device),
+    )
 
 
-def timed_ms(fn, repeat: int, device: str) -> float:
+def timed_ms(fn: Callable[[], object], repeat: int, device: str) -> float:
     samples = []
     for _ in range(repeat + 1):  # the first call warms up
         if device == "cuda":
@@ -140,22 +153,31 @@ def main() -> None:
         target, drafts, uniforms = make_inputs(vocab_size, args.device)
         for draft, (ids, draft_probs) in drafts.items():
             check(target, ids, draft_probs, uniforms, args.threads)
-            ms_torch = timed_ms(lambda: torch_verify(target, ids, draft_probs, uniforms), args.repeat, args.device)
-            ms_cdf = timed_ms(lambda: torch_verify_cdf(target, ids, draft_probs, uniforms), args.repeat, args.device)
-            ms_ours = timed_ms(
-                lambda: verify_draft(target, ids, draft_probs, uniforms=uniforms, num_threads=args.threads),
-                args.repeat,
-                args.device,
+            inputs = (target, ids, draft_probs, uniforms)
+            ms_torch = timed_ms(functools.partial(torch_verify, *inputs), args.repeat, args.device)
+            ms_cdf = timed_ms(functools.partial(torch_verify_cdf, *inputs), args.repeat, args.device)
+            ours = functools.partial(
+                verify_draft, target, ids, draft_probs, uniforms=uniforms, num_threads=args.threads
             )
+            ms_ours = timed_ms(ours, args.repeat, args.device)
             impl = "native_cuda" if args.device == "cuda" else "native_cpu"
             for name, ms in ((impl, ms_ours), ("torch", ms_torch), ("torch_cdf", ms_cdf)):
                 rows.append(
-                    {"vocab": vocab_size, "draft": draft, "impl": name, "device": args.device,
-                     "threads": args.threads, "ms": round(ms, 3), "ratio_vs_torch": round(ms_torch / ms, 2),
-                     "ratio_vs_torch_cdf": round(ms_cdf / ms, 2)}
+                    {
+                        "vocab": vocab_size,
+                        "draft": draft,
+                        "impl": name,
+                        "device": args.device,
+                        "threads": args.threads,
+                        "ms": round(ms, 3),
+                        "ratio_vs_torch": round(ms_torch / ms, 2),
+                        "ratio_vs_torch_cdf": round(ms_cdf / ms, 2),
+                    }
                 )
-                print(f"{vocab_size:>7} {draft:>8} {name:>12} {ms:9.3f} ms  {ms_torch / ms:6.2f}x torch  {ms_cdf / ms:6.2f}x torch_cdf")
-        del target, drafts, uniforms
+                print(
+                    f"{vocab_size:>7} {draft:>8} {name:>12} {ms:9.3f} ms  "
+                    f"{ms_torch / ms:6.2f}x torch  {ms_cdf / ms:6.2f}x torch_cdf"
+                )
     if args.json_path:
         with open(args.json_path, "w") as f:
             json.dump(rows, f, indent=1)

@@ -7,8 +7,9 @@ checked here before a pointer reaches native code; the native side re-checks che
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence, Union
+from typing import Literal
 
 import torch
 
@@ -256,7 +257,7 @@ _ID_DTYPES = (torch.int32, torch.int64)
 _TARGET_PROBS, _TARGET_LOGITS = 0, 1
 _DRAFT_ONE_HOT, _DRAFT_DENSE, _DRAFT_SPARSE = 0, 1, 2
 
-DraftProbs = Union[torch.Tensor, tuple[torch.Tensor, torch.Tensor], None]
+DraftProbs = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
 
 
 @dataclass(frozen=True)
@@ -291,7 +292,9 @@ def _verify_layout(
         num_requests, rows_per_request, _ = target.shape
         max_k = rows_per_request - 1
         if rows_per_request < 1:
-            raise ValueError(f"`target` must have k + 1 >= 1 rows per request, got shape {tuple(target.shape)}")
+            raise ValueError(
+                f"`target` must have k + 1 >= 1 rows per request, got shape {tuple(target.shape)}"
+            )
         if tuple(draft_token_ids.shape) != (num_requests, max_k):
             raise ValueError(
                 f"`draft_token_ids` must have shape {(num_requests, max_k)} for a padded target, "
@@ -310,7 +313,8 @@ def _verify_layout(
             raise ValueError("`num_draft_tokens` must be given for a packed 2-D target, got None")
         if draft_token_ids.dim() != 1:
             raise ValueError(
-                f"`draft_token_ids` must be 1-D [sum(k)] for a packed target, got shape {tuple(draft_token_ids.shape)}"
+                "`draft_token_ids` must be 1-D [sum(k)] for a packed target, "
+                f"got shape {tuple(draft_token_ids.shape)}"
             )
         ks = _as_counts(num_draft_tokens, None)
         num_rows = int(ks.sum()) + ks.numel()
@@ -318,7 +322,8 @@ def _verify_layout(
             raise ValueError(f"`target` must have sum(k + 1) = {num_rows} rows, got {target.shape[0]}")
         if draft_token_ids.shape[0] != num_rows - ks.numel():
             raise ValueError(
-                f"`draft_token_ids` must have sum(k) = {num_rows - ks.numel()} entries, got {draft_token_ids.shape[0]}"
+                f"`draft_token_ids` must have sum(k) = {num_rows - ks.numel()} entries, "
+                f"got {draft_token_ids.shape[0]}"
             )
         row_start = torch.cumsum(ks + 1, 0) - (ks + 1)
         draft_start = torch.cumsum(ks, 0) - ks
@@ -337,7 +342,10 @@ def _as_counts(num_draft_tokens: object, num_requests: int | None) -> torch.Tens
     ):
         ks = torch.tensor(list(num_draft_tokens), dtype=torch.int64)
     else:
-        raise TypeError(f"`num_draft_tokens` must be a tensor or a sequence of ints, got {type(num_draft_tokens).__name__}")
+        raise TypeError(
+            "`num_draft_tokens` must be a tensor or a sequence of ints, "
+            f"got {type(num_draft_tokens).__name__}"
+        )
     if ks.dim() != 1 or (num_requests is not None and ks.numel() != num_requests):
         want = f"[{num_requests}]" if num_requests is not None else "1-D"
         raise ValueError(f"`num_draft_tokens` must have shape {want}, got {tuple(ks.shape)}")
@@ -376,7 +384,9 @@ def _verify_temperature(temperature: object, num_requests: int) -> torch.Tensor 
         if not temperature.is_floating_point():
             raise ValueError(f"`temperature` must be a floating tensor, got {temperature.dtype}")
         if tuple(temperature.shape) != (num_requests,):
-            raise ValueError(f"`temperature` must have shape ({num_requests},), got {tuple(temperature.shape)}")
+            raise ValueError(
+                f"`temperature` must have shape ({num_requests},), got {tuple(temperature.shape)}"
+            )
         temps = temperature.detach().to("cpu", torch.float64)
     else:
         raise TypeError(f"`temperature` must be a float, a tensor or None, got {type(temperature).__name__}")
@@ -459,7 +469,9 @@ def verify_draft(
         raise ValueError(f"`target` must be float16, bfloat16, float32 or float64, got {target.dtype}")
     vocab_size = target.shape[-1] if target.dim() else 0
     if not 1 <= vocab_size <= VERIFY_MAX_VOCAB_SIZE:
-        raise ValueError(f"`target` must have a vocabulary size in [1, {VERIFY_MAX_VOCAB_SIZE}], got {vocab_size}")
+        raise ValueError(
+            f"`target` must have a vocabulary size in [1, {VERIFY_MAX_VOCAB_SIZE}], got {vocab_size}"
+        )
     device = target.device
     if device.type not in ("cpu", "cuda"):
         raise ValueError(f"`target` must be on the CPU or a CUDA device, got {device}")
@@ -506,7 +518,9 @@ def verify_draft(
         if bool((sorted_ids[..., 1:] == sorted_ids[..., :-1]).any()):
             raise ValueError("`draft_probs` ids must be distinct within each draft row, got a duplicate")
     elif draft_probs is not None:
-        raise TypeError(f"`draft_probs` must be None, a tensor or a tuple (ids, probs), got {type(draft_probs).__name__}")
+        raise TypeError(
+            f"`draft_probs` must be None, a tensor or a tuple (ids, probs), got {type(draft_probs).__name__}"
+        )
 
     temps = _verify_temperature(temperature, num_requests)
     all_greedy = temps is not None and bool((temps == 0).all())
@@ -517,7 +531,9 @@ def verify_draft(
         _check_device(uniforms, "uniforms", device)
         want = tuple(target.shape[:-1]) + (2,)
         if uniforms.dtype != torch.float64 or tuple(uniforms.shape) != want:
-            raise ValueError(f"`uniforms` must be float64 of shape {want}, got {uniforms.dtype} {tuple(uniforms.shape)}")
+            raise ValueError(
+                f"`uniforms` must be float64 of shape {want}, got {uniforms.dtype} {tuple(uniforms.shape)}"
+            )
         if uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
             raise ValueError("`uniforms` must be in [0, 1), got a value outside")
     elif seeds is None and positions is None and all_greedy:
@@ -531,10 +547,16 @@ def verify_draft(
         for name, x in (("seeds", seeds), ("positions", positions)):
             _check_device(x, name, device)
             if x.dtype not in _ID_DTYPES or tuple(x.shape) != (num_requests,):
-                raise ValueError(f"`{name}` must be int32/int64 of shape ({num_requests},), got {x.dtype} {tuple(x.shape)}")
-        if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols:
+                raise ValueError(
+                    f"`{name}` must be int32/int64 of shape ({num_requests},), got {x.dtype} {tuple(x.shape)}"
+                )
+        if (
+            positions.numel()
+            and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols
+        ):
             raise ValueError(
-                f"`positions` must be in [0, 2**63 - {layout.out_cols}), got [{int(positions.min())}, {int(positions.max())}]"
+                f"`positions` must be in [0, 2**63 - {layout.out_cols}), "
+                f"got [{int(positions.min())}, {int(positions.max())}]"
             )
 
     if draft_token_ids.numel() == 0:
@@ -564,9 +586,7 @@ def verify_draft(
     num_accepted = torch.empty(num_requests, dtype=torch.int64, device=device)
     num_emitted = torch.empty(num_requests, dtype=torch.int64, device=device)
     status = torch.empty(num_requests, dtype=torch.int64, device=device)
-    buffers: dict[str, int | float] = {
-        name: (0 if x is None else x.data_ptr()) for name, x in keep.items()
-    }
+    buffers: dict[str, int | float] = {name: (0 if x is None else x.data_ptr()) for name, x in keep.items()}
     buffers.update(
         output_token_ids=output_token_ids.data_ptr(),
         num_accepted=num_accepted.data_ptr(),
@@ -609,12 +629,16 @@ def _raise_on_status(status: torch.Tensor) -> None:
             f"{VERIFY_SUM_TOLERANCE}), got a bad row at {where}"
         )
     if code == 2:
-        raise ValueError(f"`target` logits must have no NaN or +inf and a finite entry, got a bad row at {where}")
+        raise ValueError(
+            f"`target` logits must have no NaN or +inf and a finite entry, got a bad row at {where}"
+        )
     if code == 3:
         raise ValueError(
             f"`draft_probs` rows must be probabilities (>= 0, no NaN, summing to 1 within "
             f"{VERIFY_SUM_TOLERANCE}), got a bad row at {where}"
         )
     if code in (4, 5):
-        raise IndexError(f"`draft_token_ids` and `draft_probs` ids must be in [0, V), got one outside at {where}")
+        raise IndexError(
+            f"`draft_token_ids` and `draft_probs` ids must be in [0, V), got one outside at {where}"
+        )
     raise ValueError(f"`temperature` must be finite and >= 0, got a bad one at {where}")

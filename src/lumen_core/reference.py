@@ -117,8 +117,37 @@ def target_p(row: torch.Tensor, temperature: float | None) -> torch.Tensor:
     return w / float(chunk_prefix(w)[2][-1])
 
 
-def _per_request(x: torch.Tensor | None, starts: list[int], counts: list[int]) -> list:
-    return [None if x is None else x[s : s + n] for s, n in zip(starts, counts)]
+def _request_uniforms(
+    uniforms: torch.Tensor | None,
+    seeds: torch.Tensor | None,
+    positions: torch.Tensor | None,
+    b: int,
+    row_start: int,
+    k: int,
+) -> list[tuple[float, float]]:
+    """(u0, u1) of rows 0..k of request b: explicit, or Philox (numpy reference)."""
+    if uniforms is not None:
+        return [(float(uniforms[row_start + i, 0]), float(uniforms[row_start + i, 1])) for i in range(k + 1)]
+    seed = np.uint64(int(seeds[b]) & 0xFFFFFFFFFFFFFFFF)
+    first = int(positions[b])
+    return [
+        (float(rng.uniforms(seed, first + i, 0)), float(rng.uniforms(seed, first + i, 1))) for i in range(k + 1)
+    ]
+
+
+def _draft_q(
+    vocab_size: int, d: int, j: int, q_ids: torch.Tensor | None, q_probs: torch.Tensor | None
+) -> torch.Tensor:
+    """Dense float64 q of draft slot j (draft token d): one-hot, dense row or sparse top-K."""
+    if q_probs is None:
+        q = torch.zeros(vocab_size, dtype=torch.float64)
+        q[d] = 1.0
+        return q
+    if q_ids is None:
+        return q_probs[j].to(torch.float64)
+    q = torch.zeros(vocab_size, dtype=torch.float64)
+    q[q_ids[j]] = q_probs[j].to(torch.float64)
+    return q
 
 
 def verify_draft_reference(
@@ -170,47 +199,32 @@ def verify_draft_reference(
         k, temp = ks[b], temps[b]
         rows_b = target[row_starts[b] : row_starts[b] + k + 1]
         drafts_b = [int(d) for d in draft_token_ids[draft_starts[b] : draft_starts[b] + k]]
-
-        def uniform(i: int, index: int) -> float:
-            if uniforms is not None:
-                return float(uniforms[row_starts[b] + i, index])
-            seed = np.uint64(int(seeds[b]) & 0xFFFFFFFFFFFFFFFF)
-            return float(rng.uniforms(seed, int(positions[b]) + i, index))
-
-        def q_row(i: int) -> torch.Tensor:
-            d = drafts_b[i]
-            q = torch.zeros(target.shape[-1], dtype=torch.float64)
-            j = draft_starts[b] + i
-            if q_probs is None:
-                q[d] = 1.0
-            elif sparse:
-                q[q_ids[j]] = q_probs[j].to(torch.float64)
-            else:
-                q = q_probs[j].to(torch.float64)
-            return q
+        greedy = temp == 0.0  # needs no uniforms
+        u = [] if greedy else _request_uniforms(uniforms, seeds, positions, b, row_starts[b], k)
 
         emitted: list[int] = []
         for i, d in enumerate(drafts_b):
-            if temp == 0.0:
+            if greedy:
                 token = int(torch.argmax(rows_b[i].to(torch.float64)))
                 accepted = token == d
             else:
-                p, q = target_p(rows_b[i], temp), q_row(i)
-                accepted = float(q[d]) > 0.0 and uniform(i, 0) * float(q[d]) < float(p[d])
+                p = target_p(rows_b[i], temp)
+                q = _draft_q(target.shape[-1], d, draft_starts[b] + i, q_ids, q_probs)
+                accepted = float(q[d]) > 0.0 and u[i][0] * float(q[d]) < float(p[d])
                 if accepted:
                     token = d
                 else:
                     residual = torch.clamp(p - q, min=0.0)
                     mass = float(chunk_prefix(residual)[2][-1])
-                    token = sample_chunked(residual if mass > RESIDUAL_MIN_MASS else p, uniform(i, 1))
+                    token = sample_chunked(residual if mass > RESIDUAL_MIN_MASS else p, u[i][1])
             emitted.append(token)
             if not accepted:  # a rejection may resample d itself (q(d) = 0 or the fallback to p)
                 break
         else:
-            if temp == 0.0:
+            if greedy:
                 emitted.append(int(torch.argmax(rows_b[k].to(torch.float64))))
             else:
-                emitted.append(sample_chunked(target_p(rows_b[k], temp), uniform(k, 1)))
+                emitted.append(sample_chunked(target_p(rows_b[k], temp), u[k][1]))
         out[b, : len(emitted)] = torch.tensor(emitted, dtype=torch.int64)
         num_emitted[b] = len(emitted)
         num_accepted[b] = len(emitted) - 1

@@ -52,7 +52,9 @@ def assert_same(a: VerifyResult, b: VerifyResult) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_matches_reference_on_probabilities(vocab_size, draft, dtype):
     p, q, drafts, u = make_problem(vocab_size, 6, 3, vocab_size)
-    draft_probs = {"one_hot": None, "dense": q.to(dtype), "sparse": sparse_of(q, drafts, min(4, vocab_size))}[draft]
+    draft_probs = {"one_hot": None, "dense": q.to(dtype), "sparse": sparse_of(q, drafts, min(4, vocab_size))}[
+        draft
+    ]
     got = verify_draft(p.to(dtype), drafts, draft_probs, uniforms=u)
     want = verify_draft_reference(p.to(dtype), drafts, draft_probs, uniforms=u)
     assert_same(got, want)
@@ -108,7 +110,12 @@ def test_packed_layout_with_zero_drafts_matches_padded():
     got = verify_draft(packed_target, packed_drafts, packed_q, num_draft_tokens=ks, uniforms=packed_u)
     padded = verify_draft(p, drafts, q, num_draft_tokens=torch.tensor(ks), uniforms=u)
     assert_same(got, padded)
-    assert_same(got, verify_draft_reference(packed_target, packed_drafts, packed_q, num_draft_tokens=ks, uniforms=packed_u))
+    assert_same(
+        got,
+        verify_draft_reference(
+            packed_target, packed_drafts, packed_q, num_draft_tokens=ks, uniforms=packed_u
+        ),
+    )
     assert int(got.num_emitted[1]) == 1 and int(got.num_accepted[1]) == 0
 
 
@@ -136,7 +143,11 @@ def test_noncontiguous_inputs_and_int32_ids():
 
 
 def test_empty_batch_is_a_no_op():
-    res = verify_draft(torch.empty(0, 3, 10), torch.empty(0, 2, dtype=torch.int64), uniforms=torch.empty(0, 3, 2, dtype=torch.float64))
+    res = verify_draft(
+        torch.empty(0, 3, 10),
+        torch.empty(0, 2, dtype=torch.int64),
+        uniforms=torch.empty(0, 3, 2, dtype=torch.float64),
+    )
     assert res.output_token_ids.shape == (0, 3) and res.num_accepted.numel() == 0
 
 
@@ -152,7 +163,11 @@ def test_empty_batch_is_a_no_op():
 )
 def test_matches_reference_property(num_requests, k, vocab_size, closeness, seed, draft, threads):
     p, q, drafts, u = make_problem(seed, num_requests, k, vocab_size, closeness=closeness)
-    draft_probs = {"one_hot": None, "dense": q, "sparse": sparse_of(q, drafts, min(3, vocab_size)) if k else None}[draft]
+    draft_probs = {
+        "one_hot": None,
+        "dense": q,
+        "sparse": sparse_of(q, drafts, min(3, vocab_size)) if k else None,
+    }[draft]
     got = verify_draft(p, drafts, draft_probs, uniforms=u, num_threads=threads)
     assert_same(got, verify_draft_reference(p, drafts, draft_probs, uniforms=u))
 
@@ -216,10 +231,18 @@ def test_batch_invariance_under_philox():
     seeds, positions = torch.arange(100, 107), torch.arange(7) * 13
     full = verify_draft(p, drafts, q, seeds=seeds, positions=positions, num_threads=2)
     for b in range(7):
-        alone = verify_draft(p[b : b + 1], drafts[b : b + 1], q[b : b + 1], seeds=seeds[b : b + 1], positions=positions[b : b + 1])
+        alone = verify_draft(
+            p[b : b + 1],
+            drafts[b : b + 1],
+            q[b : b + 1],
+            seeds=seeds[b : b + 1],
+            positions=positions[b : b + 1],
+        )
         assert torch.equal(alone.output_token_ids[0], full.output_token_ids[b])
     order = torch.tensor([6, 2, 0, 5, 1, 3, 4])
-    shuffled = verify_draft(p[order], drafts[order], q[order], seeds=seeds[order], positions=positions[order], num_threads=1)
+    shuffled = verify_draft(
+        p[order], drafts[order], q[order], seeds=seeds[order], positions=positions[order], num_threads=1
+    )
     assert torch.equal(shuffled.output_token_ids, full.output_token_ids[order])
     ks = [3, 1, 0, 2, 3, 3, 1]
     packed = verify_draft(
@@ -232,7 +255,13 @@ def test_batch_invariance_under_philox():
     )
     for b in range(7):
         k = ks[b]
-        alone = verify_draft(p[b : b + 1, : k + 1], drafts[b : b + 1, :k], q[b : b + 1, :k], seeds=seeds[b : b + 1], positions=positions[b : b + 1])
+        alone = verify_draft(
+            p[b : b + 1, : k + 1],
+            drafts[b : b + 1, :k],
+            q[b : b + 1, :k],
+            seeds=seeds[b : b + 1],
+            positions=positions[b : b + 1],
+        )
         assert torch.equal(alone.output_token_ids[0], packed.output_token_ids[b, : k + 1])
         assert (packed.output_token_ids[b, k + 1 :] == -1).all()
 
@@ -276,55 +305,177 @@ BAD_INPUTS = [
     (TypeError, "`target` must be a torch.Tensor", {"target": [[0.5]]}),
     (TypeError, "`draft_token_ids` must be a torch.Tensor", {"draft_token_ids": [[1, 2]]}),
     (ValueError, "`target` must be float16, bfloat16", {"target": torch.ones(2, 3, 8, dtype=torch.int64)}),
-    (ValueError, "`target` must be on the CPU or a CUDA device", {"target": torch.ones(2, 3, 8, device="meta")}),
+    (
+        ValueError,
+        "`target` must be on the CPU or a CUDA device",
+        {"target": torch.ones(2, 3, 8, device="meta")},
+    ),
     (ValueError, "vocabulary size in", {"target": torch.ones(2, 3, 0)}),
     (ValueError, "vocabulary size in", {"target": torch.ones(1, 1, 2**21 + 1)}),
-    (ValueError, "`draft_token_ids` must be on cpu", {"draft_token_ids": torch.zeros(2, 2, dtype=torch.int64, device="meta")}),
+    (
+        ValueError,
+        "`draft_token_ids` must be on cpu",
+        {"draft_token_ids": torch.zeros(2, 2, dtype=torch.int64, device="meta")},
+    ),
     (ValueError, "k \\+ 1 >= 1 rows", {"target": torch.ones(2, 0, 8)}),
-    (ValueError, "`draft_token_ids` must have shape \\(2, 2\\)", {"draft_token_ids": torch.zeros(2, 3, dtype=torch.int64)}),
+    (
+        ValueError,
+        "`draft_token_ids` must have shape \\(2, 2\\)",
+        {"draft_token_ids": torch.zeros(2, 3, dtype=torch.int64)},
+    ),
     (ValueError, "`num_draft_tokens` must be <= 2", {"num_draft_tokens": [3, 1]}),
     (ValueError, "`num_draft_tokens` must be given for a packed", {"target": torch.ones(6, 8) / 8}),
-    (ValueError, "`draft_token_ids` must be 1-D", {"target": torch.ones(6, 8) / 8, "num_draft_tokens": [2, 2]}),
-    (ValueError, "`target` must have sum\\(k \\+ 1\\) = 5 rows", {"target": torch.ones(6, 8) / 8, "draft_token_ids": torch.zeros(3, dtype=torch.int64), "num_draft_tokens": [2, 1], "uniforms": None}),
-    (ValueError, "`draft_token_ids` must have sum\\(k\\) = 4", {"target": torch.ones(6, 8) / 8, "draft_token_ids": torch.zeros(3, dtype=torch.int64), "num_draft_tokens": [2, 2], "uniforms": None}),
+    (
+        ValueError,
+        "`draft_token_ids` must be 1-D",
+        {"target": torch.ones(6, 8) / 8, "num_draft_tokens": [2, 2]},
+    ),
+    (
+        ValueError,
+        "`target` must have sum\\(k \\+ 1\\) = 5 rows",
+        {
+            "target": torch.ones(6, 8) / 8,
+            "draft_token_ids": torch.zeros(3, dtype=torch.int64),
+            "num_draft_tokens": [2, 1],
+            "uniforms": None,
+        },
+    ),
+    (
+        ValueError,
+        "`draft_token_ids` must have sum\\(k\\) = 4",
+        {
+            "target": torch.ones(6, 8) / 8,
+            "draft_token_ids": torch.zeros(3, dtype=torch.int64),
+            "num_draft_tokens": [2, 2],
+            "uniforms": None,
+        },
+    ),
     (ValueError, "`target` must be 3-D", {"target": torch.ones(8)}),
     (ValueError, "`num_draft_tokens` must be int32 or int64", {"num_draft_tokens": torch.ones(2)}),
     (TypeError, "`num_draft_tokens` must be a tensor or a sequence of ints", {"num_draft_tokens": "22"}),
     (ValueError, "`num_draft_tokens` must have shape \\[2\\]", {"num_draft_tokens": [1, 1, 1]}),
     (ValueError, "`num_draft_tokens` must be >= 0", {"num_draft_tokens": [-1, 1]}),
     (ValueError, "`draft_token_ids` must be int32 or int64", {"draft_token_ids": torch.zeros(2, 2)}),
-    (IndexError, "`draft_token_ids` must be in \\[0, 8\\), got 8", {"draft_token_ids": torch.tensor([[0, 8], [1, 1]])}),
-    (IndexError, "`draft_token_ids` must be in \\[0, 8\\), got -1", {"draft_token_ids": torch.tensor([[0, 1], [-1, 1]])}),
+    (
+        IndexError,
+        "`draft_token_ids` must be in \\[0, 8\\), got 8",
+        {"draft_token_ids": torch.tensor([[0, 8], [1, 1]])},
+    ),
+    (
+        IndexError,
+        "`draft_token_ids` must be in \\[0, 8\\), got -1",
+        {"draft_token_ids": torch.tensor([[0, 1], [-1, 1]])},
+    ),
     (ValueError, "`draft_probs` must be on cpu", {"draft_probs": torch.ones(2, 2, 8, device="meta")}),
     (ValueError, "`draft_probs` must have shape \\(2, 2, 8\\)", {"draft_probs": torch.ones(2, 2, 7)}),
-    (ValueError, "`draft_probs` must be a float tensor", {"draft_probs": torch.ones(2, 2, 8, dtype=torch.int64)}),
+    (
+        ValueError,
+        "`draft_probs` must be a float tensor",
+        {"draft_probs": torch.ones(2, 2, 8, dtype=torch.int64)},
+    ),
     (TypeError, "a tuple \\(ids, probs\\) of tensors", {"draft_probs": (torch.zeros(2, 2, 1),)}),
-    (ValueError, "must both have shape", {"draft_probs": (torch.zeros(2, 2, 2, dtype=torch.int64), torch.ones(2, 2, 3))}),
-    (ValueError, "sparse probs must be a float tensor", {"draft_probs": (torch.zeros(2, 2, 1, dtype=torch.int64), torch.ones(2, 2, 1, dtype=torch.int64))}),
-    (ValueError, "`draft_probs ids` must be on cpu", {"draft_probs": (torch.zeros(2, 2, 1, dtype=torch.int64, device="meta"), torch.ones(2, 2, 1))}),
-    (ValueError, "`draft_probs probs` must be on cpu", {"draft_probs": (torch.zeros(2, 2, 1, dtype=torch.int64), torch.ones(2, 2, 1, device="meta"))}),
-    (IndexError, "`draft_probs ids` must be in \\[0, 8\\), got 9", {"draft_probs": (torch.full((2, 2, 1), 9), torch.ones(2, 2, 1))}),
-    (ValueError, "ids must be distinct", {"draft_probs": (torch.zeros(2, 2, 2, dtype=torch.int64), torch.full((2, 2, 2), 0.5))}),
+    (
+        ValueError,
+        "must both have shape",
+        {"draft_probs": (torch.zeros(2, 2, 2, dtype=torch.int64), torch.ones(2, 2, 3))},
+    ),
+    (
+        ValueError,
+        "sparse probs must be a float tensor",
+        {"draft_probs": (torch.zeros(2, 2, 1, dtype=torch.int64), torch.ones(2, 2, 1, dtype=torch.int64))},
+    ),
+    (
+        ValueError,
+        "`draft_probs ids` must be on cpu",
+        {"draft_probs": (torch.zeros(2, 2, 1, dtype=torch.int64, device="meta"), torch.ones(2, 2, 1))},
+    ),
+    (
+        ValueError,
+        "`draft_probs probs` must be on cpu",
+        {"draft_probs": (torch.zeros(2, 2, 1, dtype=torch.int64), torch.ones(2, 2, 1, device="meta"))},
+    ),
+    (
+        IndexError,
+        "`draft_probs ids` must be in \\[0, 8\\), got 9",
+        {"draft_probs": (torch.full((2, 2, 1), 9), torch.ones(2, 2, 1))},
+    ),
+    (
+        ValueError,
+        "ids must be distinct",
+        {"draft_probs": (torch.zeros(2, 2, 2, dtype=torch.int64), torch.full((2, 2, 2), 0.5))},
+    ),
     (TypeError, "`draft_probs` must be None, a tensor or a tuple", {"draft_probs": [0.5]}),
     (TypeError, "`temperature` must be a float, a tensor or None", {"temperature": "hot"}),
-    (ValueError, "`temperature` must be a floating tensor", {"temperature": torch.ones(2, dtype=torch.int64)}),
+    (
+        ValueError,
+        "`temperature` must be a floating tensor",
+        {"temperature": torch.ones(2, dtype=torch.int64)},
+    ),
     (ValueError, "`temperature` must have shape \\(2,\\)", {"temperature": torch.ones(3)}),
     (ValueError, "`temperature` must be finite and >= 0", {"temperature": -1.0}),
     (ValueError, "`temperature` must be finite and >= 0", {"temperature": torch.tensor([1.0, float("nan")])}),
     (ValueError, "`uniforms` must be None when", {"seeds": torch.zeros(2, dtype=torch.int64)}),
     (TypeError, "`uniforms` must be a torch.Tensor", {"uniforms": 0.5}),
-    (ValueError, "`uniforms` must be on cpu", {"uniforms": torch.zeros(2, 3, 2, dtype=torch.float64, device="meta")}),
+    (
+        ValueError,
+        "`uniforms` must be on cpu",
+        {"uniforms": torch.zeros(2, 3, 2, dtype=torch.float64, device="meta")},
+    ),
     (ValueError, "`uniforms` must be float64 of shape \\(2, 3, 2\\)", {"uniforms": torch.zeros(2, 3, 2)}),
-    (ValueError, "`uniforms` must be float64 of shape \\(2, 3, 2\\)", {"uniforms": torch.zeros(2, 3, 1, dtype=torch.float64)}),
+    (
+        ValueError,
+        "`uniforms` must be float64 of shape \\(2, 3, 2\\)",
+        {"uniforms": torch.zeros(2, 3, 1, dtype=torch.float64)},
+    ),
     (ValueError, "`uniforms` must be in \\[0, 1\\)", {"uniforms": torch.ones(2, 3, 2, dtype=torch.float64)}),
-    (ValueError, "`uniforms` must be in \\[0, 1\\)", {"uniforms": torch.full((2, 3, 2), float("nan"), dtype=torch.float64)}),
+    (
+        ValueError,
+        "`uniforms` must be in \\[0, 1\\)",
+        {"uniforms": torch.full((2, 3, 2), float("nan"), dtype=torch.float64)},
+    ),
     (ValueError, "`seeds` and `positions` must both be given", {"uniforms": None}),
-    (ValueError, "`seeds` and `positions` must both be given", {"uniforms": None, "seeds": torch.zeros(2, dtype=torch.int64)}),
-    (TypeError, "`seeds` must be a torch.Tensor", {"uniforms": None, "seeds": [1, 2], "positions": torch.zeros(2, dtype=torch.int64)}),
-    (ValueError, "`seeds` must be on cpu", {"uniforms": None, "seeds": torch.zeros(2, dtype=torch.int64, device="meta"), "positions": torch.zeros(2, dtype=torch.int64)}),
-    (ValueError, "`positions` must be int32/int64 of shape \\(2,\\)", {"uniforms": None, "seeds": torch.zeros(2, dtype=torch.int64), "positions": torch.zeros(3, dtype=torch.int64)}),
-    (ValueError, "`positions` must be in \\[0, 2\\*\\*63 - 3\\)", {"uniforms": None, "seeds": torch.zeros(2, dtype=torch.int64), "positions": torch.tensor([0, -4])}),
-    (ValueError, "`positions` must be in \\[0, 2\\*\\*63 - 3\\)", {"uniforms": None, "seeds": torch.zeros(2, dtype=torch.int64), "positions": torch.tensor([0, 2**63 - 2])}),
+    (
+        ValueError,
+        "`seeds` and `positions` must both be given",
+        {"uniforms": None, "seeds": torch.zeros(2, dtype=torch.int64)},
+    ),
+    (
+        TypeError,
+        "`seeds` must be a torch.Tensor",
+        {"uniforms": None, "seeds": [1, 2], "positions": torch.zeros(2, dtype=torch.int64)},
+    ),
+    (
+        ValueError,
+        "`seeds` must be on cpu",
+        {
+            "uniforms": None,
+            "seeds": torch.zeros(2, dtype=torch.int64, device="meta"),
+            "positions": torch.zeros(2, dtype=torch.int64),
+        },
+    ),
+    (
+        ValueError,
+        "`positions` must be int32/int64 of shape \\(2,\\)",
+        {
+            "uniforms": None,
+            "seeds": torch.zeros(2, dtype=torch.int64),
+            "positions": torch.zeros(3, dtype=torch.int64),
+        },
+    ),
+    (
+        ValueError,
+        "`positions` must be in \\[0, 2\\*\\*63 - 3\\)",
+        {"uniforms": None, "seeds": torch.zeros(2, dtype=torch.int64), "positions": torch.tensor([0, -4])},
+    ),
+    (
+        ValueError,
+        "`positions` must be in \\[0, 2\\*\\*63 - 3\\)",
+        {
+            "uniforms": None,
+            "seeds": torch.zeros(2, dtype=torch.int64),
+            "positions": torch.tensor([0, 2**63 - 2]),
+        },
+    ),
     (ValueError, "`num_threads` must be an int >= 1", {"num_threads": 0}),
 ]
 
@@ -346,15 +497,36 @@ def test_bad_values_raise_from_the_native_check():
     p = args["target"]
     q = torch.full((2, 2, 8), 1 / 8)
     cases = [
-        (_ok(target=_bad_value(p, (1, 2, 3), float("nan"))), "`target` rows must be probabilities.*request 1 position 2"),
-        (_ok(target=_bad_value(p, (0, 0, 0), -0.01)), "`target` rows must be probabilities.*request 0 position 0"),
+        (
+            _ok(target=_bad_value(p, (1, 2, 3), float("nan"))),
+            "`target` rows must be probabilities.*request 1 position 2",
+        ),
+        (
+            _ok(target=_bad_value(p, (0, 0, 0), -0.01)),
+            "`target` rows must be probabilities.*request 0 position 0",
+        ),
         (_ok(target=p * 1.01), "`target` rows must be probabilities.*request 0 position 0"),
-        (_ok(target=_bad_value(p, (1, 1, 1), float("nan")), temperature=1.0), "`target` logits must have no NaN"),
-        (_ok(target=_bad_value(p, (1, 1, 1), float("inf")), temperature=1.0), "`target` logits must have no NaN.*request 1 position 1"),
-        (_ok(target=torch.full((2, 3, 8), -float("inf")), temperature=1.0), "`target` logits must have no NaN"),
-        (_ok(draft_probs=_bad_value(q, (0, 1, 0), float("nan"))), "`draft_probs` rows must be probabilities.*request 0 position 1"),
+        (
+            _ok(target=_bad_value(p, (1, 1, 1), float("nan")), temperature=1.0),
+            "`target` logits must have no NaN",
+        ),
+        (
+            _ok(target=_bad_value(p, (1, 1, 1), float("inf")), temperature=1.0),
+            "`target` logits must have no NaN.*request 1 position 1",
+        ),
+        (
+            _ok(target=torch.full((2, 3, 8), -float("inf")), temperature=1.0),
+            "`target` logits must have no NaN",
+        ),
+        (
+            _ok(draft_probs=_bad_value(q, (0, 1, 0), float("nan"))),
+            "`draft_probs` rows must be probabilities.*request 0 position 1",
+        ),
         (_ok(draft_probs=q * 0.9), "`draft_probs` rows must be probabilities"),
-        (_ok(draft_probs=(torch.tensor([[[0, 1]] * 2] * 2), torch.full((2, 2, 2), 0.4))), "`draft_probs` rows must be probabilities"),
+        (
+            _ok(draft_probs=(torch.tensor([[[0, 1]] * 2] * 2), torch.full((2, 2, 2), 0.4))),
+            "`draft_probs` rows must be probabilities",
+        ),
     ]
     for args, match in cases:
         with pytest.raises(ValueError, match=match):
@@ -369,7 +541,9 @@ def test_native_guards_catch_what_python_would_have(monkeypatch):
         _call(_ok(draft_token_ids=torch.tensor([[0, 1], [1000, 1]])))
     with pytest.raises(IndexError, match="ids must be in \\[0, V\\).*request 0 position 1"):
         _call(_ok(draft_probs=(torch.tensor([[[0], [-5]], [[0], [1]]]), torch.ones(2, 2, 1))))
-    monkeypatch.setattr(ops, "_verify_temperature", lambda *args: torch.tensor([1.0, -2.0], dtype=torch.float64))
+    monkeypatch.setattr(
+        ops, "_verify_temperature", lambda *args: torch.tensor([1.0, -2.0], dtype=torch.float64)
+    )
     with pytest.raises(ValueError, match="`temperature` must be finite and >= 0.*request 1"):
         _call(_ok())
 
@@ -381,13 +555,29 @@ def test_binding_rechecks_cheap_invariants():
     counts = [torch.empty(1, dtype=torch.int64) for _ in range(3)]
     meta = torch.tensor([1, 0, 0], dtype=torch.int64)
     buffers = {
-        "output_token_ids": out.data_ptr(), "num_accepted": counts[0].data_ptr(),
-        "num_emitted": counts[1].data_ptr(), "status": counts[2].data_ptr(), "out_cols": 2,
-        "target": p.data_ptr(), "dtype": 0, "target_kind": 0, "draft_kind": 0, "num_requests": 1,
-        "vocab_size": 4, "num_draft_tokens": meta[0:].data_ptr(), "target_row_start": meta[1:].data_ptr(),
-        "draft_start": meta[2:].data_ptr(), "draft_token_ids": drafts.data_ptr(), "draft_probs": 0,
-        "draft_topk_ids": 0, "topk": 0, "temperature": 0, "uniforms": u.data_ptr(), "seeds": 0,
-        "positions": 0, "sum_tolerance": 1e-3,
+        "output_token_ids": out.data_ptr(),
+        "num_accepted": counts[0].data_ptr(),
+        "num_emitted": counts[1].data_ptr(),
+        "status": counts[2].data_ptr(),
+        "out_cols": 2,
+        "target": p.data_ptr(),
+        "dtype": 0,
+        "target_kind": 0,
+        "draft_kind": 0,
+        "num_requests": 1,
+        "vocab_size": 4,
+        "num_draft_tokens": meta[0:].data_ptr(),
+        "target_row_start": meta[1:].data_ptr(),
+        "draft_start": meta[2:].data_ptr(),
+        "draft_token_ids": drafts.data_ptr(),
+        "draft_probs": 0,
+        "draft_topk_ids": 0,
+        "topk": 0,
+        "temperature": 0,
+        "uniforms": u.data_ptr(),
+        "seeds": 0,
+        "positions": 0,
+        "sum_tolerance": 1e-3,
     }
     _native.C.verify_draft(buffers, 1)
     assert int(counts[2][0]) == 0
@@ -419,8 +609,12 @@ def test_cuda_matches_cpu_bit_exact_on_probabilities(draft, vocab_size):
     draft_probs = {"one_hot": None, "dense": q, "sparse": sparse_of(q, drafts, min(8, vocab_size))}[draft]
     cpu = verify_draft(p, drafts, draft_probs, uniforms=u)
     on_gpu = (lambda x: x.cuda()) if draft != "sparse" else (lambda x: tuple(t.cuda() for t in x))
-    gpu = verify_draft(p.cuda(), drafts.cuda(), None if draft_probs is None else on_gpu(draft_probs), uniforms=u.cuda())
-    assert_same(cpu, VerifyResult(*(t.cpu() for t in (gpu.output_token_ids, gpu.num_accepted, gpu.num_emitted))))
+    gpu = verify_draft(
+        p.cuda(), drafts.cuda(), None if draft_probs is None else on_gpu(draft_probs), uniforms=u.cuda()
+    )
+    assert_same(
+        cpu, VerifyResult(*(t.cpu() for t in (gpu.output_token_ids, gpu.num_accepted, gpu.num_emitted)))
+    )
 
 
 @pytest.mark.cuda
@@ -432,8 +626,17 @@ def test_cuda_matches_cpu_on_logits_greedy_packed_and_philox():
     drafts = torch.randint(0, 32000, (sum(ks),), generator=gen)
     temps = torch.tensor([1.0, 0.7, 0.0, 1.3, 0.0], dtype=torch.float64)
     seeds, positions = torch.arange(5), torch.arange(5) * 100
-    cpu = verify_draft(logits, drafts, num_draft_tokens=ks, temperature=temps, seeds=seeds, positions=positions)
-    gpu = verify_draft(logits.cuda(), drafts.cuda(), num_draft_tokens=ks, temperature=temps.cuda(), seeds=seeds.cuda(), positions=positions.cuda())
+    cpu = verify_draft(
+        logits, drafts, num_draft_tokens=ks, temperature=temps, seeds=seeds, positions=positions
+    )
+    gpu = verify_draft(
+        logits.cuda(),
+        drafts.cuda(),
+        num_draft_tokens=ks,
+        temperature=temps.cuda(),
+        seeds=seeds.cuda(),
+        positions=positions.cuda(),
+    )
     # Logits: CUDA's exp may differ from the C library's in the last bit, so outputs agree
     # except when a uniform falls within ~1e-15 of a CDF boundary (never on these seeds).
     assert torch.equal(cpu.output_token_ids, gpu.output_token_ids.cpu())

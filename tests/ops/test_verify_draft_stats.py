@@ -76,8 +76,11 @@ def native_verify(p, q, drafts, u=None, seeds=None, *, draft_probs="dense", temp
     target = torch.from_numpy(p if target is None else target).expand(num_requests, k + 1, -1)
     if draft_probs == "dense":
         draft_probs = torch.from_numpy(q).expand(num_requests, k, -1)
-    kwargs = {"uniforms": torch.from_numpy(u)} if u is not None else {
-        "seeds": torch.from_numpy(seeds), "positions": torch.zeros(num_requests, dtype=torch.int64)}
+    kwargs = (
+        {"uniforms": torch.from_numpy(u)}
+        if u is not None
+        else {"seeds": torch.from_numpy(seeds), "positions": torch.zeros(num_requests, dtype=torch.int64)}
+    )
     res = verify_draft(target, torch.from_numpy(drafts), draft_probs, temperature=temperature, **kwargs)
     return res.output_token_ids.numpy(), res.num_emitted.numpy()
 
@@ -114,7 +117,9 @@ def emitted_pvalue(out: np.ndarray, num_emitted: np.ndarray, p: np.ndarray) -> f
             observed = np.append(observed[~small], observed[small].sum())
             expected = np.append(expected[~small], expected[small].sum())
         with np.errstate(divide="ignore", invalid="ignore"):
-            terms = np.where(expected > 0, (observed - expected) ** 2 / expected, np.where(observed > 0, np.inf, 0.0))
+            terms = np.where(
+                expected > 0, (observed - expected) ** 2 / expected, np.where(observed > 0, np.inf, 0.0)
+            )
         stat += float(terms.sum())
         dof += observed.size - 1
     return float(stats.chi2.sf(stat, dof))
@@ -179,7 +184,9 @@ def test_emitted_tokens_fit_the_target(seed, k):
     p, q, gen = random_case(seed, k, 6)
     num_requests = 40_000
     drafts = sample_drafts(q, num_requests, gen)
-    out, num_emitted = native_verify(p, q, drafts, seeds=np.arange(num_requests, dtype=np.int64) + seed * 10**6)
+    out, num_emitted = native_verify(
+        p, q, drafts, seeds=np.arange(num_requests, dtype=np.int64) + seed * 10**6
+    )
     assert emitted_pvalue(out, num_emitted, p) >= ACCEPT_P
     assert (num_emitted == k + 1).mean() > 0.05  # the bonus position is exercised
 
@@ -199,7 +206,10 @@ def test_one_hot_and_sparse_drafts_fit_the_target():
     truncated = np.zeros_like(q)
     np.put_along_axis(truncated, ids, top, 1)
     drafts = sample_drafts(truncated, num_requests, gen)
-    sparse = (torch.from_numpy(ids).expand(num_requests, 3, 3), torch.from_numpy(top).expand(num_requests, 3, 3))
+    sparse = (
+        torch.from_numpy(ids).expand(num_requests, 3, 3),
+        torch.from_numpy(top).expand(num_requests, 3, 3),
+    )
     out, num_emitted = native_verify(p, q, drafts, seeds=seeds + 10**6, draft_probs=sparse)
     assert emitted_pvalue(out, num_emitted, p) >= ACCEPT_P
 
@@ -236,7 +246,9 @@ def test_chi_square_catches_broken_variants(bug, seed, k):
 
 
 # ---- 3. accepted lengths ----------------------------------------------------------------------
-def acceptance_fit(out: np.ndarray, num_emitted: np.ndarray, accept_rate: float, k: int) -> tuple[float, float]:
+def acceptance_fit(
+    out: np.ndarray, num_emitted: np.ndarray, accept_rate: float, k: int
+) -> tuple[float, float]:
     """(chi-square p-value of the accepted-length counts against the truncated geometric law,
     z-score of the mean emitted count against (1 - a^(k+1)) / (1 - a))."""
     accepted = num_emitted - 1
@@ -276,7 +288,9 @@ def test_accepted_lengths_catch_a_wrong_accept_rule():
     # The other variants change what is emitted, not how much is accepted: the grid and the
     # chi-square catch them.
     p, q, drafts, accept_rate = geometric_case(10_000, 8)
-    out, num_emitted = spec_verify(p, q, drafts, philox_uniforms(np.arange(10_000), GEO_K), bug="accept_ignores_q")
+    out, num_emitted = spec_verify(
+        p, q, drafts, philox_uniforms(np.arange(10_000), GEO_K), bug="accept_ignores_q"
+    )
     pvalue, z = acceptance_fit(out, num_emitted, accept_rate, GEO_K)
     assert pvalue < REJECT_P and abs(z) > 5
 
