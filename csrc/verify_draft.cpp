@@ -175,11 +175,11 @@ __attribute__((target("avx2"))) void min_sum_avx2(const T* row, int64_t n, doubl
 #endif
 
 template <typename T>
-bool probability_row_ok(const T* row, int64_t n, double tolerance) {
+bool row_ok(const T* row, int64_t n, double tolerance, SimdPath path) {
   double m = 0.0, s = 0.0;
 #if defined(__x86_64__) && defined(__GNUC__)
   static const bool has_avx2 = __builtin_cpu_supports("avx2");
-  if (has_avx2) {
+  if (has_avx2 && path == SimdPath::kAuto) {
     min_sum_avx2(row, n, &m, &s);
   } else {
     min_sum_portable(row, n, &m, &s);
@@ -258,7 +258,7 @@ class RequestVerifier {
     s_.row_max.assign(static_cast<size_t>(k + 1), 0.0);
     for (int64_t i = 0; i <= k; ++i) {
       if (a_.target_kind == TargetKind::kProbs) {
-        if (!probability_row_ok(row(b, i), vocab_, a_.sum_tolerance)) {
+        if (!probability_row_ok(row(b, i), vocab_, a_.sum_tolerance, SimdPath::kAuto)) {
           return make_status(VerifyStatus::kBadTargetRow, i);
         }
       } else {
@@ -271,7 +271,7 @@ class RequestVerifier {
       const int64_t d = a_.draft_token_ids[j];
       if (d < 0 || d >= vocab_) return make_status(VerifyStatus::kDraftIdRange, i);
       if (a_.draft_kind == DraftKind::kDense) {
-        if (!probability_row_ok(dense_q(j), vocab_, a_.sum_tolerance)) {
+        if (!probability_row_ok(dense_q(j), vocab_, a_.sum_tolerance, SimdPath::kAuto)) {
           return make_status(VerifyStatus::kBadDraftRow, i);
         }
       } else if (a_.draft_kind == DraftKind::kSparse) {
@@ -279,7 +279,7 @@ class RequestVerifier {
           const int64_t id = a_.draft_topk_ids[j * a_.topk + r];
           if (id < 0 || id >= vocab_) return make_status(VerifyStatus::kTopkIdRange, i);
         }
-        if (!probability_row_ok(sparse_q(j), a_.topk, a_.sum_tolerance)) {
+        if (!probability_row_ok(sparse_q(j), a_.topk, a_.sum_tolerance, SimdPath::kAuto)) {
           return make_status(VerifyStatus::kBadDraftRow, i);
         }
       }
@@ -413,6 +413,14 @@ void run_all(const VerifyDraftArgs& args, int num_threads) {
 }
 
 }  // namespace
+
+bool probability_row_ok(const float* row, int64_t n, double tolerance, SimdPath path) {
+  return row_ok(row, n, tolerance, path);
+}
+
+bool probability_row_ok(const double* row, int64_t n, double tolerance, SimdPath path) {
+  return row_ok(row, n, tolerance, path);
+}
 
 void verify_draft_cpu(const VerifyDraftArgs& args, int num_threads) {
   if (args.num_requests == 0) return;

@@ -25,6 +25,22 @@ void bind_verify(py::module_& m) {
       "Chain speculative verification on the CPU; `buffers` maps the VerifyDraftArgs field "
       "names (lumen/verify_draft.h) to addresses and sizes validated by ops.verify_draft.");
   m.def(
+      "probability_row_ok",
+      [](py::buffer row, double tolerance, bool portable) {
+        const py::buffer_info info = row.request();
+        if (info.ndim != 1 || (info.format != "f" && info.format != "d") ||
+            info.strides[0] != info.itemsize) {
+          throw std::invalid_argument("probability_row_ok: row must be a contiguous 1-D float32/float64 buffer");
+        }
+        const lumen::SimdPath path = portable ? lumen::SimdPath::kPortable : lumen::SimdPath::kAuto;
+        if (info.format == "f") {
+          return lumen::probability_row_ok(static_cast<const float*>(info.ptr), info.shape[0], tolerance, path);
+        }
+        return lumen::probability_row_ok(static_cast<const double*>(info.ptr), info.shape[0], tolerance, path);
+      },
+      py::arg("row"), py::arg("tolerance"), py::kw_only(), py::arg("portable") = false,
+      "The native probability-row check of verify_draft; portable=True forces the non-SIMD loop.");
+  m.def(
       "philox_uniforms",
       [](py::array_t<uint64_t, py::array::c_style | py::array::forcecast> seeds,
          py::array_t<int64_t, py::array::c_style | py::array::forcecast> positions, int64_t index) {

@@ -266,6 +266,32 @@ def test_batch_invariance_under_philox():
         assert (packed.output_token_ids[b, k + 1 :] == -1).all()
 
 
+# ---- the native row check, both SIMD paths ----------------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, 7, 8, 17, 257, 5003])
+def test_row_check_paths_agree(dtype, n):
+    gen = np.random.default_rng(n)
+    good = gen.random(n).astype(dtype)
+    good /= good.sum(dtype=np.float64)
+    cases = [(good, True), (good * 1.01, False), (np.zeros(n, dtype), False)]
+    for index, value in [(0, np.nan), (n - 1, -1e-6), (n // 2, np.inf), (n // 3, -np.inf)]:
+        bad = good.copy()
+        bad[index] = value
+        cases.append((bad, False))
+    for row, want in cases:
+        for portable in (False, True):
+            assert _native.C.probability_row_ok(row, 1e-3, portable=portable) is want
+
+
+def test_row_check_rejects_bad_buffers():
+    with pytest.raises(ValueError, match="contiguous 1-D float32/float64"):
+        _native.C.probability_row_ok(np.ones((2, 2), np.float32), 1e-3)
+    with pytest.raises(ValueError, match="contiguous 1-D float32/float64"):
+        _native.C.probability_row_ok(np.ones(4, np.int32), 1e-3)
+    with pytest.raises(ValueError, match="contiguous 1-D float32/float64"):
+        _native.C.probability_row_ok(np.ones(8, np.float32)[::2], 1e-3)
+
+
 # ---- Philox -----------------------------------------------------------------------------------
 def test_native_philox_matches_numpy_reference_bit_for_bit():
     gen = np.random.default_rng(0)

@@ -83,6 +83,12 @@ struct VerifyDraftArgs {
   double sum_tolerance;
 };
 
+// The CPU row check (every entry >= 0, |sum - 1| <= tolerance; NaN and +inf fail). kAuto uses
+// AVX2 where the CPU has it; kPortable forces the plain loop (so tests cover both paths).
+enum class SimdPath : int { kAuto = 0, kPortable = 1 };
+bool probability_row_ok(const float* row, int64_t n, double tolerance, SimdPath path);
+bool probability_row_ok(const double* row, int64_t n, double tolerance, SimdPath path);
+
 // CPU: threads over requests (dynamic assignment; results do not depend on num_threads).
 void verify_draft_cpu(const VerifyDraftArgs& args, int num_threads);
 
