@@ -397,6 +397,7 @@ void run_all(const VerifyDraftArgs& args, int num_threads) {
     s.p.resize(static_cast<size_t>(args.vocab_size));
     s.w.resize(static_cast<size_t>(args.vocab_size));
     s.sums.resize(static_cast<size_t>(num_chunks));
+    s.row_max.reserve(static_cast<size_t>(args.out_cols));  // k + 1 <= out_cols: no allocation in threads
   }
   std::atomic<int64_t> cursor{0};
   auto work = [&](int64_t worker) {
