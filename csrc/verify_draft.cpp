@@ -219,6 +219,10 @@ class RequestVerifier {
     std::fill(out, out + a_.out_cols, int64_t{-1});
     a_.num_accepted[b] = 0;
     a_.num_emitted[b] = 0;
+    if (k < 0 || k + 1 > a_.out_cols) {
+      a_.status[b] = make_status(VerifyStatus::kBadDraftCount, 0);
+      return;
+    }
     const int64_t status = validate(b, k);
     a_.status[b] = status;
     if (status != 0) return;

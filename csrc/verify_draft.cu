@@ -271,6 +271,7 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
       a.num_emitted[b] = emitted;
     }
   };
+  if (k < 0 || k + 1 > a.out_cols) return finish(make_status(VerifyStatus::kBadDraftCount, 0), 0, 0);
   const bool logits = a.target_kind == TargetKind::kLogits;
   const double temp = logits ? a.temperature[b] : 1.0;
   if (!(temp >= 0.0) || !isfinite(temp)) return finish(make_status(VerifyStatus::kBadTemperature, 0), 0, 0);

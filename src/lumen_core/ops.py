@@ -641,4 +641,6 @@ def _raise_on_status(status: torch.Tensor) -> None:
         raise IndexError(
             f"`draft_token_ids` and `draft_probs` ids must be in [0, V), got one outside at {where}"
         )
+    if code == 7:
+        raise ValueError(f"`num_draft_tokens` must be in [0, out_cols - 1], got a bad one at {where}")
     raise ValueError(f"`temperature` must be finite and >= 0, got a bad one at {where}")

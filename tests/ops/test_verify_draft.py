@@ -572,6 +572,16 @@ def test_native_guards_catch_what_python_would_have(monkeypatch):
     )
     with pytest.raises(ValueError, match="`temperature` must be finite and >= 0.*request 1"):
         _call(_ok())
+    monkeypatch.undo()
+    real_layout = ops._verify_layout
+
+    def too_many_drafts(*args):
+        layout = real_layout(*args)
+        return ops._VerifyLayout(layout.num_draft_tokens + 1, layout.target_row_start, layout.draft_start, 3)
+
+    monkeypatch.setattr(ops, "_verify_layout", too_many_drafts)
+    with pytest.raises(ValueError, match="`num_draft_tokens` must be in \\[0, out_cols - 1\\].*request 0"):
+        _call(_ok())
 
 
 def test_binding_rechecks_cheap_invariants():

@@ -49,6 +49,7 @@ enum class VerifyStatus : int64_t {
   kDraftIdRange = 4,   // draft token id outside [0, V)
   kTopkIdRange = 5,    // sparse draft id outside [0, V)
   kBadTemperature = 6, // negative or non-finite temperature
+  kBadDraftCount = 7,  // num_draft_tokens[b] < 0 or + 1 > out_cols
 };
 
 LUMEN_VD_HOST_DEVICE inline int64_t make_status(VerifyStatus code, int64_t position) {
