@@ -73,10 +73,12 @@ class KVConnector(ABC):
 @dataclass(frozen=True)
 class Checkpoint:
     """A request's checkpoint: the token records ``[n, record_bytes]`` uint8 of its first
-    ``n`` tokens, their token ids, and the fingerprint of the layout they came from."""
+    ``n`` tokens, their token ids, the CRC-32C of each record (``[n]`` uint32) and the
+    fingerprint of the layout they came from."""
 
     token_ids: tuple[int, ...]
     records: torch.Tensor
+    crcs: torch.Tensor
     layout_fingerprint: str
 
     def __post_init__(self) -> None:
@@ -85,26 +87,49 @@ class Checkpoint:
                 f"`records` must be a 2-d uint8 tensor, got {self.records.dtype} "
                 f"{tuple(self.records.shape)}"
             )
-        if self.records.shape[0] != len(self.token_ids):
+        n = len(self.token_ids)
+        if self.records.shape[0] != n or tuple(self.crcs.shape) != (n,):
             raise ValueError(
-                f"`records` must have one row per token id ({len(self.token_ids)}), "
-                f"got {self.records.shape[0]}"
+                f"`records` and `crcs` must have one row per token id ({n}), "
+                f"got {self.records.shape[0]} and {tuple(self.crcs.shape)}"
             )
 
 
-class HostCheckpointConnector(KVConnector):
-    """Keeps each request's checkpoint in this process's memory (``gather_tokens`` on save,
-    ``scatter_tokens`` on load): the local holder for tests and single-process demos, and
-    the restore entry point: ``put`` a checkpoint received from a holder, then
-    ``Engine.add_request`` with the same request id re-admits it from that prefix.
+class _Held:
+    """The growing checkpoint of one request: chunks of records and crcs, concatenated lazily."""
 
-    Saves are synchronous, so ``wait_for_save`` has nothing to wait for.
+    def __init__(self, token_ids: list[int], records: torch.Tensor, crcs: torch.Tensor) -> None:
+        self.token_ids = token_ids
+        self.records = [records]
+        self.crcs = [crcs]
+
+    def compact(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self.records) > 1:
+            self.records = [torch.cat(self.records)]
+            self.crcs = [torch.cat(self.crcs)]
+        return self.records[0], self.crcs[0]
+
+    def truncate(self, num_tokens: int) -> None:
+        records, crcs = self.compact()
+        self.records, self.crcs = [records[:num_tokens]], [crcs[:num_tokens]]
+        del self.token_ids[num_tokens:]
+
+
+class HostCheckpointConnector(KVConnector):
+    """Keeps each request's checkpoint in this process's memory: ``gather_tokens`` and
+    ``checksum`` on save, ``scatter_tokens`` on load, where records whose CRC no longer
+    matches are reported as load errors of their blocks (so those tokens are recomputed).
+
+    It is the local holder for tests and single-process demos, and the restore entry point:
+    ``put`` a checkpoint received from a holder, then ``Engine.add_request`` with the same
+    request id and known outputs re-admits it from that prefix. Saves are synchronous, so
+    ``wait_for_save`` has nothing to wait for.
     """
 
     def __init__(self) -> None:
         self._layout: KVLayout | None = None
-        self._token_ids: dict[str, list[int]] = {}
-        self._records: dict[str, list[torch.Tensor]] = {}
+        self._held: dict[str, _Held] = {}
+        self._load_errors: set[int] = set()
 
     @property
     def layout(self) -> KVLayout:
@@ -117,67 +142,81 @@ class HostCheckpointConnector(KVConnector):
 
     def checkpoint(self, request_id: str) -> Checkpoint:
         """The checkpoint held for ``request_id`` (KeyError if none)."""
-        records = torch.cat(self._records[request_id]) if self._records[request_id] else None
-        if records is None:
-            records = torch.empty(0, self.layout.record_bytes, dtype=torch.uint8)
-        self._records[request_id] = [records]
-        return Checkpoint(tuple(self._token_ids[request_id]), records, self.layout.fingerprint())
+        held = self._held[request_id]
+        records, crcs = held.compact()
+        return Checkpoint(tuple(held.token_ids), records, crcs, self.layout.fingerprint())
 
     def put(self, request_id: str, checkpoint: Checkpoint) -> None:
-        """Hold ``checkpoint`` for ``request_id`` (replacing any), to be loaded on admission."""
+        """Hold ``checkpoint`` for ``request_id`` (replacing any), to be loaded on admission.
+
+        Raises ValueError when it came from another record format.
+        """
         if checkpoint.layout_fingerprint != self.layout.fingerprint():
             raise ValueError(
                 f"`checkpoint` layout must be {self.layout.fingerprint()}, "
                 f"got {checkpoint.layout_fingerprint}"
             )
-        self._token_ids[request_id] = list(checkpoint.token_ids)
-        self._records[request_id] = [checkpoint.records]
+        self._held[request_id] = _Held(
+            list(checkpoint.token_ids), checkpoint.records, checkpoint.crcs
+        )
 
     def get_num_new_matched_tokens(self, request: Request) -> int:
-        held = self._token_ids.get(request.request_id, [])
+        held = self._held.get(request.request_id)
+        if held is None:
+            return 0
         n = 0
-        for a, b in zip(held, request.token_ids, strict=False):
+        for a, b in zip(held.token_ids, request.token_ids, strict=False):
             if a != b:
                 break
             n += 1
         return n
 
     def start_load_kv(self, request: Request, slot_ids: Sequence[int]) -> None:
-        from lumen_core.ops import scatter_tokens
+        from lumen_core.ops import checksum, scatter_tokens
 
-        records = self.checkpoint(request.request_id).records[: len(slot_ids)]
+        n = len(slot_ids)
+        records, crcs = self._held[request.request_id].compact()
+        records, crcs = records[:n].contiguous(), crcs[:n]
         scatter_tokens(self.layout, torch.tensor(slot_ids, dtype=torch.long), records)
+        bad = (checksum(records) != crcs).nonzero().flatten().tolist()
+        block_size = self.layout.block_size
+        self._load_errors.update(slot_ids[i] // block_size for i in bad)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
 
     def save_kv(self, saves: Sequence[SavedTokens]) -> None:
-        from lumen_core.ops import gather_tokens
+        from lumen_core.ops import checksum, gather_tokens
 
         saves = [s for s in saves if s.slot_ids]
         if not saves:
             return
         slot_ids = torch.tensor([x for s in saves for x in s.slot_ids], dtype=torch.long)
         records = gather_tokens(self.layout, slot_ids)
+        crcs = checksum(records)
         start = 0
         for s in saves:
-            held = self._token_ids.setdefault(s.request_id, [])
-            chunks = self._records.setdefault(s.request_id, [])
-            if s.start_position > len(held):
+            n = len(s.slot_ids)
+            held = self._held.get(s.request_id)
+            if held is None:
+                held = _Held([], records[:0], crcs[:0])
+                self._held[s.request_id] = held
+            if s.start_position > len(held.token_ids):
                 raise RuntimeError(
                     f"save of {s.request_id!r} at position {s.start_position} leaves a gap "
-                    f"after its {len(held)} held tokens"
+                    f"after its {len(held.token_ids)} held tokens"
                 )
-            if s.start_position < len(held):
-                # A recompute after preemption (or a restore) rewrites from an earlier position.
-                kept = self.checkpoint(s.request_id).records[: s.start_position]
-                chunks[:] = [kept]
-                del held[s.start_position :]
-            n = len(s.slot_ids)
-            chunks.append(records[start : start + n])
-            held.extend(s.token_ids)
+            if s.start_position < len(held.token_ids):
+                # A recompute after preemption or a restore rewrites from an earlier position.
+                held.truncate(s.start_position)
+            held.records.append(records[start : start + n])
+            held.crcs.append(crcs[start : start + n])
+            held.token_ids.extend(s.token_ids)
             start += n
 
     def wait_for_save(self, request_id: str) -> None:
         return None
 
     def request_finished(self, request_id: str) -> None:
-        self._token_ids.pop(request_id, None)
-        self._records.pop(request_id, None)
+        self._held.pop(request_id, None)
