@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import lumen_core.engine.runner as runner_module
 from lumen_core.engine import CacheConfig, Llama, forward_contiguous
 from lumen_core.engine.block_manager import BlockManager
 from lumen_core.engine.cache import PagedKVCache
@@ -76,7 +77,7 @@ def test_chunked_prefill_equals_one_shot(model64: Llama, chunk_sizes: list[int])
         torch.testing.assert_close(a, b, atol=1e-12, rtol=0)
 
 
-def test_a_wrong_causal_mask_would_fail(model64: Llama) -> None:
+def test_a_wrong_causal_mask_would_fail(model64: Llama, monkeypatch: pytest.MonkeyPatch) -> None:
     """A top-left aligned mask (what is_causal=True gives for a multi-token append) differs."""
     seq = torch.randint(0, 256, (12,), generator=torch.Generator().manual_seed(3)).tolist()
     runner, manager = make_runner(model64, 16, 4)
@@ -84,19 +85,14 @@ def test_a_wrong_causal_mask_would_fail(model64: Llama) -> None:
     runner, manager = make_runner(model64, 16, 4)
     original = torch.nn.functional.scaled_dot_product_attention
 
-    def top_left(q, k, v, attn_mask=None):
-        if attn_mask is None:
-            return original(q, k, v)
-        n, ctx = attn_mask.shape
-        return original(q, k, v, attn_mask=torch.ones(n, ctx, dtype=torch.bool).tril())
+    def top_left(q, k, v, attn_mask, **kwargs):
+        n, length = attn_mask.shape[-2:]
+        mask = torch.ones(n, length, dtype=torch.bool).tril() & attn_mask
+        return original(q, k, v, attn_mask=mask, **kwargs)
 
-    import lumen_core.engine.runner as runner_module
-
-    runner_module.F.scaled_dot_product_attention = top_left
-    try:
-        bad = run_chunks(runner, manager, [seq], [4])[0]
-    finally:
-        runner_module.F.scaled_dot_product_attention = original
+    monkeypatch.setattr(runner_module.F, "scaled_dot_product_attention", top_left)
+    bad = run_chunks(runner, manager, [seq], [4])[0]
+    assert torch.equal(good[:4], bad[:4])  # the first chunk starts at 0: both masks agree
     assert (good[4:] - bad[4:]).abs().max() > 1e-3
 
 

@@ -53,10 +53,11 @@ class PagedKVCache:
         flat[1].index_copy_(0, slot_ids, v)
 
     def read(
-        self, layer_id: int, block_ids: torch.Tensor, num_tokens: int
+        self, layer_id: int, block_ids: torch.Tensor, num_tokens: int | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V ``[num_tokens, H, D]`` of the first ``num_tokens`` tokens held by the pages
-        ``block_ids`` (a block table row), gathered into contiguous tensors."""
+        """K and V ``[num_tokens, H, D]`` of the first ``num_tokens`` tokens (all if None) held
+        by the pages ``block_ids`` (a block table row, or several rows flattened), gathered
+        into new contiguous tensors."""
         kv = self.kv_caches[layer_id]
         pages = kv.index_select(1, block_ids)
         pages = pages.view(2, -1, kv.shape[3], kv.shape[4])[:, :num_tokens]

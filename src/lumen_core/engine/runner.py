@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -32,12 +33,12 @@ class Chunk:
 class PagedAttention:
     """Attention over the paged cache for a batch of chunks (the CPU path).
 
-    For each layer: write the new K and V into their slots, then per chunk gather the
-    context through its block table and run scaled-dot-product attention with the
-    bottom-right causal mask (query ``i`` of a chunk starting at position ``s`` sees keys
-    ``0 .. s + i``), which is what a multi-token append (a prefill chunk or ``k + 1`` verify
-    tokens) needs. Each request's attention is computed on its own, so its result does not
-    depend on what else is in the batch.
+    For each layer: write the new K and V into their slots, then read each request's context
+    through its block table. Chunks with the same number of new tokens (all decodes; all
+    ``k + 1``-token verifies) run as one batched scaled-dot-product attention over their
+    block tables padded to the longest, with the bottom-right causal mask: query ``i`` of a
+    chunk starting at position ``s`` sees keys ``0 .. s + i`` (which also hides the padding).
+    A request reads only its own pages, so its result does not depend on the rest of the batch.
     """
 
     def __init__(self, cache: PagedKVCache, chunks: Sequence[Chunk], device: torch.device) -> None:
@@ -45,33 +46,38 @@ class PagedAttention:
         self.slot_ids = torch.tensor(
             [s for c in chunks for s in c.slot_ids], dtype=torch.long, device=device
         )
-        self.spans: list[tuple[int, int, int, torch.Tensor, torch.Tensor | None]] = []
-        start = 0
-        for c in chunks:
-            n = len(c.token_ids)
-            context = c.start_position + n
-            block_ids = torch.tensor(c.block_ids, dtype=torch.long, device=device)
-            mask = None
-            if n > 1:
-                mask = torch.ones(n, context, dtype=torch.bool, device=device).tril(
-                    diagonal=c.start_position
-                )
-            self.spans.append((start, n, context, block_ids, mask))
-            start += n
+        starts = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
+        groups: dict[int, list[int]] = {}
+        for i, c in enumerate(chunks):
+            groups.setdefault(len(c.token_ids), []).append(i)
+        # Per group: query rows [G * n], flattened padded block table, mask [G, 1, n, L].
+        self.groups: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        for n, members in groups.items():
+            width = max(len(chunks[i].block_ids) for i in members)
+            table = [list(chunks[i].block_ids) + [0] * (width - len(chunks[i].block_ids)) for i in members]
+            rows = torch.tensor(
+                [starts[i] + j for i in members for j in range(n)], dtype=torch.long, device=device
+            )
+            last_key = torch.tensor([chunks[i].start_position for i in members], device=device)
+            last_key = last_key[:, None] + torch.arange(n, device=device)[None, :]
+            keys = torch.arange(width * cache.block_size, device=device)
+            mask = (keys[None, None, :] <= last_key[:, :, None])[:, None]
+            pages = torch.tensor(table, dtype=torch.long, device=device).flatten()
+            self.groups.append((n, rows, pages, mask))
 
     def __call__(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.cache.write(layer_id, self.slot_ids, k, v)
-        group = q.shape[1] // k.shape[1]
         out = torch.empty_like(q)
-        for start, n, context, block_ids, mask in self.spans:
-            k_ctx, v_ctx = self.cache.read(layer_id, block_ids, context)
-            qs = q[start : start + n].transpose(0, 1)
-            ks = k_ctx.repeat_interleave(group, dim=1).transpose(0, 1)
-            vs = v_ctx.repeat_interleave(group, dim=1).transpose(0, 1)
-            attn = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask)
-            out[start : start + n] = attn.transpose(0, 1)
+        for n, rows, pages, mask in self.groups:
+            g = mask.shape[0]
+            k_ctx, v_ctx = self.cache.read(layer_id, pages, None)
+            k_ctx = k_ctx.view(g, -1, *k_ctx.shape[1:]).transpose(1, 2)
+            v_ctx = v_ctx.view(g, -1, *v_ctx.shape[1:]).transpose(1, 2)
+            qs = q[rows].view(g, n, *q.shape[1:]).transpose(1, 2)
+            attn = F.scaled_dot_product_attention(qs, k_ctx, v_ctx, attn_mask=mask, enable_gqa=True)
+            out[rows] = attn.transpose(1, 2).reshape(g * n, *q.shape[1:])
         return out
 
 
