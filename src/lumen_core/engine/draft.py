@@ -134,16 +134,26 @@ class DraftProposer:
 
 @dataclass
 class SpecStats:
-    """Counts over a speculative run; ``acceptance_rate`` is accepted / proposed drafts."""
+    """Counts over a speculative run (per request and verify step)."""
 
     num_verify_steps: int = 0
     num_draft_tokens: int = 0
     num_accepted: int = 0
+    num_rejected: int = 0
     num_emitted: int = 0
 
     @property
     def acceptance_rate(self) -> float:
+        """Accepted / proposed drafts (DESIGN.md section 8). Drafts after a rejection count
+        as not accepted although they were never tested."""
         return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def chain_acceptance_rate(self) -> float:
+        """Accepted / tested drafts: the per-position acceptance probability ``a`` that
+        ``expected_tokens_per_step`` assumes (a chain stops at its first rejection)."""
+        tested = self.num_accepted + self.num_rejected
+        return self.num_accepted / tested if tested else 0.0
 
     @property
     def tokens_per_verify_step(self) -> float:
@@ -188,6 +198,7 @@ class SpeculativeDecoder:
             self.stats.num_verify_steps += 1
             self.stats.num_draft_tokens += k
             self.stats.num_accepted += out.num_accepted[request_id]
+            self.stats.num_rejected += int(out.num_accepted[request_id] < k)
             self.stats.num_emitted += out.num_accepted[request_id] + 1
         for request_id in out.finished:
             self.proposer.release(request_id)
