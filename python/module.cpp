@@ -3,6 +3,10 @@
 
 namespace py = pybind11;
 
+void bind_checksum(py::module_& m);
+void bind_gather(py::module_& m);
+void bind_staging(py::module_& m);
+
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lumen_core CPU kernels";
   py::dict info;
@@ -13,4 +17,7 @@ PYBIND11_MODULE(_C, m) {
   info["cuda_version"] = LUMEN_BUILD_CUDA_VERSION;
 #endif
   m.attr("BUILD_INFO") = info;
+  bind_checksum(m);
+  bind_gather(m);
+  bind_staging(m);
 }

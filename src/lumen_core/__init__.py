@@ -6,7 +6,29 @@ tokens for the busiest survivor while its model reloads. See README.md and DESIG
 """
 
 from lumen_core._native import BUILD_INFO, HAS_CUDA, HAS_UCX
+from lumen_core.policy import (
+    AllToHolder,
+    FixedNeighbour,
+    LoadAware,
+    LoadMonitor,
+    LocalityAware,
+    NoCheckpoint,
+    Rebalance,
+    SpecAssistPlanner,
+    make_policy,
+)
 
 __version__ = "0.1.0"
 
 __all__ = ["BUILD_INFO", "HAS_CUDA", "HAS_UCX", "__version__"]
+__all__ += [
+    "AllToHolder",
+    "FixedNeighbour",
+    "LoadAware",
+    "LoadMonitor",
+    "LocalityAware",
+    "NoCheckpoint",
+    "Rebalance",
+    "SpecAssistPlanner",
+    "make_policy",
+]

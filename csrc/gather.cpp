@@ -1,0 +1,189 @@
+// CPU token-record gather/scatter.
+//
+// Work is the flat list of (token, plane) units in token-major order; each thread takes one
+// contiguous range, so a gather writes one contiguous stretch of records per thread. Rows of
+// at least kStreamMinBytes are copied with non-temporal (streaming) stores: small copies
+// otherwise pay a read-for-ownership of every destination line, which halves the bandwidth
+// (PERF_NOTES.md). The SIMD routine is picked at run time from the CPU's features.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "lumen/gather.h"
+#include "lumen/thread_pool.h"
+
+namespace lumen {
+namespace {
+
+constexpr size_t kStreamMinBytes = 256;
+// Units ahead whose source rows are prefetched (scattered slots miss the hardware prefetcher).
+constexpr int64_t kPrefetchUnits = 2;
+
+using CopyFn = void (*)(uint8_t* dst, const uint8_t* src, size_t num_bytes);
+
+void copy_plain(uint8_t* dst, const uint8_t* src, size_t num_bytes) {
+  std::memcpy(dst, src, num_bytes);
+}
+
+__attribute__((target("avx2"))) void copy_stream_avx2(uint8_t* dst, const uint8_t* src,
+                                                      size_t num_bytes) {
+  if (num_bytes < kStreamMinBytes) {
+    std::memcpy(dst, src, num_bytes);
+    return;
+  }
+  size_t head = (32 - (reinterpret_cast<uintptr_t>(dst) & 31)) & 31;
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  num_bytes -= head;
+  for (; num_bytes >= 128; num_bytes -= 128, dst += 128, src += 128) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 32));
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 64));
+    __m256i d = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + 96), d);
+  }
+  for (; num_bytes >= 32; num_bytes -= 32, dst += 32, src += 32) {
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(dst),
+                        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)));
+  }
+  std::memcpy(dst, src, num_bytes);
+}
+
+__attribute__((target("avx512f"))) void copy_stream_avx512(uint8_t* dst, const uint8_t* src,
+                                                           size_t num_bytes) {
+  if (num_bytes < kStreamMinBytes) {
+    std::memcpy(dst, src, num_bytes);
+    return;
+  }
+  size_t head = (64 - (reinterpret_cast<uintptr_t>(dst) & 63)) & 63;
+  std::memcpy(dst, src, head);
+  dst += head;
+  src += head;
+  num_bytes -= head;
+  for (; num_bytes >= 256; num_bytes -= 256, dst += 256, src += 256) {
+    __m512i a = _mm512_loadu_si512(src);
+    __m512i b = _mm512_loadu_si512(src + 64);
+    __m512i c = _mm512_loadu_si512(src + 128);
+    __m512i d = _mm512_loadu_si512(src + 192);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), a);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 64), b);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 128), c);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + 192), d);
+  }
+  for (; num_bytes >= 64; num_bytes -= 64, dst += 64, src += 64) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst), _mm512_loadu_si512(src));
+  }
+  std::memcpy(dst, src, num_bytes);
+}
+
+struct CopyRoutine {
+  CopyFn fn;
+  const char* kind;
+};
+
+CopyRoutine pick_copy() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) return {copy_stream_avx512, "avx512"};
+  if (__builtin_cpu_supports("avx2")) return {copy_stream_avx2, "avx2"};
+  return {copy_plain, "memcpy"};
+}
+
+const CopyRoutine& copy_routine() {
+  static const CopyRoutine routine = pick_copy();
+  return routine;
+}
+
+// Orders this thread's streaming stores before the pool reports the job done.
+inline void store_fence() { _mm_sfence(); }
+
+inline void prefetch_row(const PlaneDesc& plane, int64_t slot) {
+  const char* row = reinterpret_cast<const char*>(plane.base_address + slot_row_offset(plane, slot));
+  int64_t row_bytes = plane.num_pieces == 1 ? plane.piece_bytes : 64;
+  for (int64_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(row + b, 0, 0);
+}
+
+int workers_for(int64_t num_bytes, int64_t num_units, int num_threads) {
+  // Below ~256 KiB per thread waking the pool costs more than it gains.
+  int64_t useful = std::max<int64_t>(1, num_bytes / (256 << 10));
+  return static_cast<int>(std::min<int64_t>({std::max(1, num_threads), num_units, useful}));
+}
+
+enum class Direction { kGather, kScatter };
+
+template <Direction kDirection>
+void move_tokens(uint8_t* records, const PlaneDesc* planes, int num_planes,
+                 int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
+                 int num_threads) {
+  if (num_tokens < 0) throw std::invalid_argument("num_tokens must be >= 0");
+  if (num_tokens == 0) return;
+  if (records == nullptr || slot_ids == nullptr) throw std::invalid_argument("null pointer");
+  validate_planes(planes, num_planes, record_bytes);
+  validate_slots(planes, num_planes, slot_ids, num_tokens);
+  CopyFn copy = copy_routine().fn;
+  int64_t num_units = num_tokens * num_planes;
+  int workers = workers_for(num_tokens * record_bytes, num_units, num_threads);
+  ThreadPool::instance().run(workers, [&](int worker, int count) {
+    int64_t begin, end;
+    split_range(num_units, worker, count, &begin, &end);
+    for (int64_t unit = begin; unit < end; ++unit) {
+      int64_t token = unit / num_planes;
+      const PlaneDesc& plane = planes[unit - token * num_planes];
+      int64_t ahead = unit + kPrefetchUnits;
+      if (ahead < end) {
+        int64_t ahead_token = ahead / num_planes;
+        const PlaneDesc& ahead_plane = planes[ahead - ahead_token * num_planes];
+        if (kDirection == Direction::kGather) prefetch_row(ahead_plane, slot_ids[ahead_token]);
+      }
+      uint8_t* row = reinterpret_cast<uint8_t*>(plane.base_address) +
+                     slot_row_offset(plane, slot_ids[token]);
+      uint8_t* record = records + token * record_bytes + plane.record_offset;
+      for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
+        uint8_t* cache_piece = row + piece * plane.piece_stride;
+        uint8_t* record_piece = record + piece * plane.piece_bytes;
+        if (kDirection == Direction::kGather) {
+          copy(record_piece, cache_piece, static_cast<size_t>(plane.piece_bytes));
+        } else {
+          copy(cache_piece, record_piece, static_cast<size_t>(plane.piece_bytes));
+        }
+      }
+    }
+    store_fence();
+  });
+}
+
+}  // namespace
+
+void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes,
+                       int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
+                       int num_threads) {
+  move_tokens<Direction::kGather>(records, planes, num_planes, record_bytes, slot_ids,
+                                  num_tokens, num_threads);
+}
+
+void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num_planes,
+                        int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
+                        int num_threads) {
+  // Scatter only reads the records.
+  move_tokens<Direction::kScatter>(const_cast<uint8_t*>(records), planes, num_planes,
+                                   record_bytes, slot_ids, num_tokens, num_threads);
+}
+
+void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num_threads) {
+  if (num_bytes < 0) throw std::invalid_argument("num_bytes must be >= 0");
+  if (num_bytes == 0) return;
+  if (dst == nullptr || src == nullptr) throw std::invalid_argument("null pointer");
+  int workers = workers_for(num_bytes, num_bytes, num_threads);
+  ThreadPool::instance().run(workers, [&](int worker, int count) {
+    int64_t begin, end;
+    split_range(num_bytes, worker, count, &begin, &end);
+    std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin));
+  });
+}
+
+const char* cpu_copy_kind() { return copy_routine().kind; }
+
+}  // namespace lumen
