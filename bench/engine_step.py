@@ -178,7 +178,33 @@ def check_correctness(late_layer_scale: float) -> None:
         raise SystemExit("correctness check failed: engine, baseline and speculative outputs differ")
 
 
-def run(steps: int, batches: Sequence[int], late_layer_scale: float) -> dict[str, object]:
+@dataclass(frozen=True)
+class AcceptanceRow:
+    draft_num_layers: int
+    late_layer_scale: float
+    k: int
+    acceptance_rate: float
+    chain_acceptance_rate: float
+    tokens_per_verify_step: float
+
+
+def acceptance_sweep(
+    num_tokens: int, layer_counts: Sequence[int], scales: Sequence[float]
+) -> list[AcceptanceRow]:
+    """Greedy acceptance of draft settings: 32 prompts of 32 tokens, ``num_tokens`` outputs."""
+    rows = []
+    ps = prompts(32, ModelConfig().vocab_size)
+    for layers in layer_counts:
+        for scale in scales:
+            target, draft = build_draft_pair(ModelConfig(), seed=0, draft_num_layers=layers, late_layer_scale=scale)
+            for k in DRAFT_KS:
+                _, spec, _ = spec_decode(target, draft, ps, k, num_tokens)
+                s = spec.stats
+                rows.append(AcceptanceRow(layers, scale, k, s.acceptance_rate, s.chain_acceptance_rate, s.tokens_per_verify_step))
+    return rows
+
+
+def run(steps: int, batches: Sequence[int], late_layer_scale: float, *, quick: bool = False) -> dict[str, object]:
     check_correctness(late_layer_scale)
     target, draft = build_draft_pair(ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=late_layer_scale)
     decode_rows, spec_rows = [], []
@@ -210,6 +236,14 @@ def run(steps: int, batches: Sequence[int], late_layer_scale: float) -> dict[str
         "draft": {"num_layers": 2, "late_layer_scale": late_layer_scale},
         "decode": [asdict(r) for r in decode_rows],
         "speculative": [asdict(r) for r in spec_rows],
+        "acceptance": [
+            asdict(r)
+            for r in (
+                acceptance_sweep(steps, (2,), (0.2, 1.0))
+                if quick
+                else acceptance_sweep(steps, (1, 2, 3), (0.1, 0.2, 0.5, 1.0))
+            )
+        ],
     }
 
 
@@ -227,6 +261,12 @@ def print_tables(result: dict[str, object]) -> None:
         print(f"| {r['batch']} | {r['k']} | {r['acceptance_rate']:.3f} | {r['chain_acceptance_rate']:.3f} | {r['tokens_per_verify_step']:.2f} | "
               f"{r['expected_tokens_per_verify_step']:.2f} | {r['step_ms']:.2f} | {r['tokens_per_s']:.0f} | "
               f"{r['ratio_vs_plain_decode']:.2f} |")
+    print()
+    print("| draft layers (of 4) | late_layer_scale | k | accepted/proposed | a = accepted/tested | tokens/verify |")
+    print("|---|---|---|---|---|---|")
+    for r in result["acceptance"]:  # type: ignore[union-attr]
+        print(f"| {r['draft_num_layers']} | {r['late_layer_scale']} | {r['k']} | {r['acceptance_rate']:.3f} | "
+              f"{r['chain_acceptance_rate']:.3f} | {r['tokens_per_verify_step']:.2f} |")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -235,12 +275,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=64, help="decode steps per measurement")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--late-layer-scale", type=float, default=0.2, help="draft/target divergence")
-    parser.add_argument("--quick", action="store_true", help="8 steps, batches 1 and 16")
+    parser.add_argument("--quick", action="store_true", help="8 steps, batches 1 and 16, a short sweep")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     steps = 8 if args.quick else args.steps
     batches = (1, 16) if args.quick else BATCHES
-    result = run(steps, batches, args.late_layer_scale)
+    result = run(steps, batches, args.late_layer_scale, quick=args.quick)
     print_tables(result)
     if args.json:
         with open(args.json, "w") as f:
