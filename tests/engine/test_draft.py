@@ -101,6 +101,20 @@ def test_target_distribution_at_temperature() -> None:
         assert stats.chisquare(counts, bad / bad.sum() * n).pvalue < 1e-6
 
 
+def test_sampled_speculative_decoding_is_seeded_per_request() -> None:
+    """At temperature > 0 the output depends on the seed only, not on the batch (float64),
+    including seeds that do not fit a signed 64-bit integer."""
+    target, draft = build_draft_pair(ModelConfig(), seed=8, draft_num_layers=2, late_layer_scale=0.3, dtype="float64")
+    params = [SamplingParams(temperature=0.9, seed=s, max_tokens=12) for s in (2**64 - 1, 2**63, 5, 6)]
+    together = SpeculativeDecoder(Engine(target), DraftProposer(draft), 3).generate(PROMPTS, params)
+    alone = [
+        SpeculativeDecoder(Engine(target), DraftProposer(draft), 3).generate([p], [q])[0]
+        for p, q in zip(PROMPTS, params, strict=True)
+    ]
+    assert together == alone
+    assert all(len(o) == 12 for o in together)
+
+
 def test_proposer_rolls_back_rejected_drafts() -> None:
     target, draft = build_draft_pair(ModelConfig(), seed=5, draft_num_layers=2, late_layer_scale=0.5, dtype="float64")
     proposer = DraftProposer(draft, CacheConfig(32, 4))

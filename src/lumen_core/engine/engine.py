@@ -293,7 +293,11 @@ class Engine:
             draft_probs,
             num_draft_tokens=torch.tensor(ks, dtype=torch.long),
             temperature=torch.tensor([r.params.temperature for r in requests], dtype=torch.float64),
-            seeds=torch.tensor([r.params.seed for r in requests], dtype=torch.long),
+            # verify_draft reads int64 seeds as uint64 bits: pass seeds >= 2**63 wrapped.
+            seeds=torch.tensor(
+                [r.params.seed - (r.params.seed >= 2**63) * 2**64 for r in requests],
+                dtype=torch.long,
+            ),
             positions=torch.tensor([r.num_tokens for r in requests], dtype=torch.long),
         )
         emitted = result.output_token_ids.tolist()
