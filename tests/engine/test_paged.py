@@ -107,3 +107,31 @@ def test_cache_write_read_roundtrip(model64: Llama) -> None:
     assert torch.equal(k_out, k) and torch.equal(v_out, v)
     assert torch.equal(cache.kv_caches[1][0, 5, 3], k[3])
     assert cache.kv_caches[0].abs().sum() == 0
+
+
+def test_flash_attn_is_not_used_where_it_cannot_read_the_cache(model32: Llama) -> None:
+    cache = PagedKVCache(model32.config, CacheConfig(4, 256), dtype=torch.float32)
+    assert runner_module.find_flash_attn(cache) is None  # CPU, float32
+    assert ModelRunner(model32, cache).flash is None
+
+
+@pytest.mark.cuda
+def test_flash_attn_path_equals_the_sdpa_path() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    pytest.importorskip("flash_attn")
+    from lumen_core.engine import ModelConfig, random_weights
+
+    model = random_weights(ModelConfig(), seed=0, dtype="bfloat16").to("cuda")
+    seqs = [torch.randint(0, 256, (n,)).tolist() for n in (5, 300, 513)]
+    results = []
+    for use_flash in (True, False):
+        cache = PagedKVCache(model.config, CacheConfig(16, 256), dtype=torch.bfloat16, device="cuda")
+        runner = ModelRunner(model, cache)
+        assert runner.flash is not None
+        if not use_flash:
+            runner.flash = None
+        manager = BlockManager(16, 256)
+        results.append(run_chunks(runner, manager, seqs, [200, 1, 3]))
+    for a, b in zip(*results, strict=True):
+        torch.testing.assert_close(a.float(), b.float(), atol=5e-2, rtol=0)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +30,28 @@ class Chunk:
     num_logits: int
 
 
+# flash-attn 2 reads a paged cache only when its pages hold a multiple of 256 tokens, and
+# only in half precision; anything else takes the gather + SDPA path, which runs anywhere.
+FLASH_BLOCK_SIZE_MULTIPLE = 256
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def find_flash_attn(cache: PagedKVCache) -> Callable[..., torch.Tensor] | None:
+    """``flash_attn_with_kvcache`` when it is installed and can read ``cache``, else None."""
+    kv = cache.kv_caches[0]
+    if kv.device.type != "cuda" or kv.dtype not in FLASH_DTYPES:
+        return None
+    if cache.block_size % FLASH_BLOCK_SIZE_MULTIPLE != 0:
+        return None
+    try:
+        from flash_attn import flash_attn_with_kvcache
+    except ImportError:
+        return None
+    return flash_attn_with_kvcache
+
+
 class PagedAttention:
-    """Attention over the paged cache for a batch of chunks (the CPU path).
+    """Attention over the paged cache for a batch of chunks.
 
     For each layer: write the new K and V into their slots, then read each request's context
     through its block table. Chunks with the same number of new tokens (all decodes; all
@@ -39,10 +59,21 @@ class PagedAttention:
     block tables padded to the longest, with the bottom-right causal mask: query ``i`` of a
     chunk starting at position ``s`` sees keys ``0 .. s + i`` (which also hides the padding).
     A request reads only its own pages, so its result does not depend on the rest of the batch.
+
+    With ``flash`` (``flash_attn_with_kvcache``, see ``find_flash_attn``) each group instead
+    runs one flash-attention call that reads the pages through the block table in place
+    (its ``causal=True`` is bottom-right aligned for ``n`` new tokens against a longer cache).
     """
 
-    def __init__(self, cache: PagedKVCache, chunks: Sequence[Chunk], device: torch.device) -> None:
+    def __init__(
+        self,
+        cache: PagedKVCache,
+        chunks: Sequence[Chunk],
+        device: torch.device,
+        flash: Callable[..., torch.Tensor] | None = None,
+    ) -> None:
         self.cache = cache
+        self.flash = flash
         self.slot_ids = torch.tensor(
             [s for c in chunks for s in c.slot_ids], dtype=torch.long, device=device
         )
@@ -50,8 +81,10 @@ class PagedAttention:
         groups: dict[int, list[int]] = {}
         for i, c in enumerate(chunks):
             groups.setdefault(len(c.token_ids), []).append(i)
-        # Per group: query rows [G * n], flattened padded block table, mask [G, 1, n, L].
+        # Per group: query rows [G * n], flattened padded block table, mask [G, 1, n, L],
+        # and for flash-attn the block table [G, width] and context lengths [G] as int32.
         self.groups: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.flash_args: list[tuple[torch.Tensor, torch.Tensor]] = []
         for n, members in groups.items():
             width = max(len(chunks[i].block_ids) for i in members)
             table = [list(chunks[i].block_ids) + [0] * (width - len(chunks[i].block_ids)) for i in members]
@@ -64,12 +97,26 @@ class PagedAttention:
             mask = (keys[None, None, :] <= last_key[:, :, None])[:, None]
             pages = torch.tensor(table, dtype=torch.long, device=device).flatten()
             self.groups.append((n, rows, pages, mask))
+            if flash is not None:
+                seqlens = torch.tensor(
+                    [chunks[i].start_position + n for i in members], dtype=torch.int32, device=device
+                )
+                self.flash_args.append((pages.view(len(members), width).to(torch.int32), seqlens))
 
     def __call__(
         self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         self.cache.write(layer_id, self.slot_ids, k, v)
         out = torch.empty_like(q)
+        if self.flash is not None:
+            kv = self.cache.kv_caches[layer_id]
+            for (n, rows, _, _), (table, seqlens) in zip(self.groups, self.flash_args, strict=True):
+                qs = q[rows].view(-1, n, *q.shape[1:])
+                attn = self.flash(
+                    qs, kv[0], kv[1], cache_seqlens=seqlens, block_table=table, causal=True
+                )
+                out[rows] = attn.reshape(-1, *q.shape[1:])
+            return out
         for n, rows, pages, mask in self.groups:
             g = mask.shape[0]
             k_ctx, v_ctx = self.cache.read(layer_id, pages, None)
@@ -82,12 +129,14 @@ class PagedAttention:
 
 
 class ModelRunner:
-    """Runs the model on a batch of chunks against a paged KV cache."""
+    """Runs the model on a batch of chunks against a paged KV cache (with flash-attn when
+    ``find_flash_attn`` finds it usable, else gather + SDPA)."""
 
     def __init__(self, model: Llama, cache: PagedKVCache) -> None:
         self.model = model
         self.cache = cache
         self.device = model.device
+        self.flash = find_flash_attn(cache)
 
     def execute(self, chunks: Sequence[Chunk]) -> list[torch.Tensor]:
         """Logits ``[c.num_logits, vocab_size]`` (model dtype) for each chunk, in order.
@@ -107,7 +156,7 @@ class ModelRunner:
         for c in chunks:
             end += len(c.token_ids)
             rows.extend(range(end - c.num_logits, end))
-        attention = PagedAttention(self.cache, chunks, self.device)
+        attention = PagedAttention(self.cache, chunks, self.device, self.flash)
         logits = self.model(
             input_ids, positions, attention, torch.tensor(rows, dtype=torch.long, device=self.device)
         )
