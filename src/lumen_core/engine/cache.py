@@ -2,14 +2,10 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from lumen_core.engine.config import CacheConfig, ModelConfig
-
-if TYPE_CHECKING:
-    from lumen_core.layouts import KVLayout
+from lumen_core.layouts import KVLayout
 
 
 class PagedKVCache:
@@ -65,6 +61,4 @@ class PagedKVCache:
 
     def layout(self) -> KVLayout:
         """The ``KVLayout`` of these tensors (vLLM flash NHD), for gather/scatter of records."""
-        from lumen_core.layouts import KVLayout
-
         return KVLayout.vllm_flash(self.kv_caches)

@@ -14,14 +14,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
 from lumen_core.engine.request import Request
-
-if TYPE_CHECKING:
-    from lumen_core.layouts import KVLayout
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import checksum, gather_tokens, scatter_tokens
 
 
 @dataclass(frozen=True)
@@ -172,12 +170,12 @@ class HostCheckpointConnector(KVConnector):
         return n
 
     def start_load_kv(self, request: Request, slot_ids: Sequence[int]) -> None:
-        from lumen_core.ops import checksum, scatter_tokens
-
         n = len(slot_ids)
         records, crcs = self._held[request.request_id].compact()
         records, crcs = records[:n].contiguous(), crcs[:n]
-        scatter_tokens(self.layout, torch.tensor(slot_ids, dtype=torch.long), records)
+        scatter_tokens(
+            self.layout, torch.tensor(slot_ids, dtype=torch.long), records.to(self.layout.device)
+        )
         bad = (checksum(records) != crcs).nonzero().flatten().tolist()
         block_size = self.layout.block_size
         self._load_errors.update(slot_ids[i] // block_size for i in bad)
@@ -187,13 +185,12 @@ class HostCheckpointConnector(KVConnector):
         return errors
 
     def save_kv(self, saves: Sequence[SavedTokens]) -> None:
-        from lumen_core.ops import checksum, gather_tokens
-
         saves = [s for s in saves if s.slot_ids]
         if not saves:
             return
         slot_ids = torch.tensor([x for s in saves for x in s.slot_ids], dtype=torch.long)
-        records = gather_tokens(self.layout, slot_ids)
+        # Host memory: a CUDA layout gathers on the device, then one copy brings them over.
+        records = gather_tokens(self.layout, slot_ids).cpu()
         crcs = checksum(records)
         start = 0
         for s in saves:
