@@ -145,3 +145,46 @@ def test_checkpoint_shape_checks() -> None:
 def test_connector_before_registration_raises() -> None:
     with pytest.raises(RuntimeError, match="register_kv_caches has not been called"):
         HostCheckpointConnector().layout
+
+
+def test_a_batch_restored_into_a_busy_survivor_continues_identically(model64: Llama) -> None:
+    """Four requests decode together; the worker dies; all four resume on a survivor that is
+    already serving its own requests, and every request's tokens equal an undisturbed run."""
+    prompts = [PROMPT[i : i + 9 + 5 * i] for i in range(4)]
+    own = [[200 + i, 3, 5] for i in range(3)]
+    params = [SamplingParams(temperature=0.7 * (i % 2), seed=i, max_tokens=18) for i in range(4)]
+    expected = Engine(model64).generate(prompts, params)
+    expected_own = Engine(model64).generate(own, SamplingParams(max_tokens=18))
+
+    saver = HostCheckpointConnector()
+    worker = Engine(model64, CacheConfig(64, 4), connector=saver)
+    for i, (p, q) in enumerate(zip(prompts, params, strict=True)):
+        worker.add_request(f"r{i}", p, q)
+    before: dict[str, list[int]] = {f"r{i}": [] for i in range(4)}
+    for _ in range(7):
+        for rid, tokens in worker.step().new_token_ids.items():
+            before[rid].extend(tokens)
+    checkpoints = {rid: saver.checkpoint(rid) for rid in before}
+    del worker
+
+    holder = HostCheckpointConnector()
+    survivor = Engine(model64, CacheConfig(128, 16), connector=holder)
+    after: dict[str, list[int]] = {f"own{i}": [] for i in range(3)}
+    for i, p in enumerate(own):
+        survivor.add_request(f"own{i}", p, SamplingParams(max_tokens=18))
+    for _ in range(3):
+        for rid, tokens in survivor.step().new_token_ids.items():
+            after[rid].extend(tokens)
+    for i, rid in enumerate(before):
+        holder.put(rid, checkpoints[rid])
+        survivor.add_request(rid, prompts[i], params[i], output_token_ids=before[rid])
+        after[rid] = []
+    for rid, tokens in survivor.step().new_token_ids.items():
+        after[rid].extend(tokens)
+    for rid in before:  # restored, not re-prefilled
+        assert survivor.requests[rid].num_loaded_tokens == len(checkpoints[rid].token_ids) > 0
+    while survivor.has_unfinished():
+        for rid, tokens in survivor.step().new_token_ids.items():
+            after[rid].extend(tokens)
+    assert [before[f"r{i}"] + after[f"r{i}"] for i in range(4)] == expected
+    assert [after[f"own{i}"] for i in range(3)] == expected_own
