@@ -87,7 +87,9 @@ class DenseBatchAttention:
         self.v = [torch.zeros(shape, dtype=model.dtype) for _ in range(c.num_layers)]
         self.batch, self.length, self.num_new = batch, 0, 0
 
-    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         b, n = self.batch, self.num_new
         end = self.length + n
         self.k[layer_id][:, :, self.length : end] = k.view(b, n, *k.shape[1:]).transpose(1, 2)
@@ -101,7 +103,9 @@ class DenseBatchAttention:
         return out.transpose(1, 2).reshape(b * n, *q.shape[1:])
 
 
-def baseline_decode(model: Llama, ps: Sequence[Sequence[int]], steps: int) -> tuple[list[list[int]], list[float]]:
+def baseline_decode(
+    model: Llama, ps: Sequence[Sequence[int]], steps: int
+) -> tuple[list[list[int]], list[float]]:
     """Greedy decode with the dense baseline; returns tokens and per-step seconds."""
     b = len(ps)
     attention = DenseBatchAttention(model, b, PROMPT_TOKENS + steps + 1)
@@ -124,12 +128,19 @@ def baseline_decode(model: Llama, ps: Sequence[Sequence[int]], steps: int) -> tu
     return out, times
 
 
-def engine_decode(model: Llama, ps: Sequence[Sequence[int]], steps: int) -> tuple[list[list[int]], list[float]]:
+def engine_decode(
+    model: Llama, ps: Sequence[Sequence[int]], steps: int
+) -> tuple[list[list[int]], list[float]]:
     """Greedy decode with the engine: prefill, then ``steps`` timed decode steps."""
     engine = Engine(
         model,
-        CacheConfig(num_blocks=len(ps) * ((PROMPT_TOKENS + steps + BLOCK_SIZE) // BLOCK_SIZE + 1), block_size=BLOCK_SIZE),
-        SchedulerConfig(max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps)),
+        CacheConfig(
+            num_blocks=len(ps) * ((PROMPT_TOKENS + steps + BLOCK_SIZE) // BLOCK_SIZE + 1),
+            block_size=BLOCK_SIZE,
+        ),
+        SchedulerConfig(
+            max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps)
+        ),
     )
     for i, p in enumerate(ps):
         engine.add_request(str(i), p, SamplingParams(max_tokens=steps + 1))
@@ -147,10 +158,18 @@ def engine_decode(model: Llama, ps: Sequence[Sequence[int]], steps: int) -> tupl
     return [out[str(i)] for i in range(len(ps))], times
 
 
-def spec_decode(target: Llama, draft: Llama, ps: Sequence[Sequence[int]], k: int, max_tokens: int) -> tuple[list[list[int]], SpeculativeDecoder, list[float]]:
+def spec_decode(
+    target: Llama, draft: Llama, ps: Sequence[Sequence[int]], k: int, max_tokens: int
+) -> tuple[list[list[int]], SpeculativeDecoder, list[float]]:
     blocks = len(ps) * ((PROMPT_TOKENS + max_tokens + k + BLOCK_SIZE) // BLOCK_SIZE + 1)
     spec = SpeculativeDecoder(
-        Engine(target, CacheConfig(blocks, BLOCK_SIZE), SchedulerConfig(max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps))),
+        Engine(
+            target,
+            CacheConfig(blocks, BLOCK_SIZE),
+            SchedulerConfig(
+                max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps)
+            ),
+        ),
         DraftProposer(draft, CacheConfig(blocks, BLOCK_SIZE)),
         k,
     )
@@ -169,13 +188,21 @@ def spec_decode(target: Llama, draft: Llama, ps: Sequence[Sequence[int]], k: int
 
 
 def check_correctness(late_layer_scale: float) -> None:
-    target64, draft64 = build_draft_pair(ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=late_layer_scale, dtype="float64")
+    target64, draft64 = build_draft_pair(
+        ModelConfig(),
+        seed=0,
+        draft_num_layers=2,
+        late_layer_scale=late_layer_scale,
+        dtype="float64",
+    )
     ps = prompts(4, target64.config.vocab_size)
     engine_out, _ = engine_decode(target64, ps, 8)
     baseline_out, _ = baseline_decode(target64, ps, 8)
     spec_out, _, _ = spec_decode(target64, draft64, ps, 3, 9)
     if not engine_out == baseline_out == spec_out:
-        raise SystemExit("correctness check failed: engine, baseline and speculative outputs differ")
+        raise SystemExit(
+            "correctness check failed: engine, baseline and speculative outputs differ"
+        )
 
 
 @dataclass(frozen=True)
@@ -196,24 +223,41 @@ def acceptance_sweep(
     ps = prompts(32, ModelConfig().vocab_size)
     for layers in layer_counts:
         for scale in scales:
-            target, draft = build_draft_pair(ModelConfig(), seed=0, draft_num_layers=layers, late_layer_scale=scale)
+            target, draft = build_draft_pair(
+                ModelConfig(), seed=0, draft_num_layers=layers, late_layer_scale=scale
+            )
             for k in DRAFT_KS:
                 _, spec, _ = spec_decode(target, draft, ps, k, num_tokens)
                 s = spec.stats
-                rows.append(AcceptanceRow(layers, scale, k, s.acceptance_rate, s.chain_acceptance_rate, s.tokens_per_verify_step))
+                rows.append(
+                    AcceptanceRow(
+                        layers,
+                        scale,
+                        k,
+                        s.acceptance_rate,
+                        s.chain_acceptance_rate,
+                        s.tokens_per_verify_step,
+                    )
+                )
     return rows
 
 
-def run(steps: int, batches: Sequence[int], late_layer_scale: float, *, quick: bool = False) -> dict[str, object]:
+def run(
+    steps: int, batches: Sequence[int], late_layer_scale: float, *, quick: bool = False
+) -> dict[str, object]:
     check_correctness(late_layer_scale)
-    target, draft = build_draft_pair(ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=late_layer_scale)
+    target, draft = build_draft_pair(
+        ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=late_layer_scale
+    )
     decode_rows, spec_rows = [], []
     for b in batches:
         ps = prompts(b, target.config.vocab_size)
         _, engine_times = engine_decode(target, ps, steps)
         _, base_times = baseline_decode(target, ps, steps)
         e_ms, b_ms = statistics.median(engine_times) * 1e3, statistics.median(base_times) * 1e3
-        decode_rows.append(DecodeRow(b, e_ms, b / e_ms * 1e3, b_ms, b / b_ms * 1e3, (b / e_ms) / (b / b_ms)))
+        decode_rows.append(
+            DecodeRow(b, e_ms, b / e_ms * 1e3, b_ms, b / b_ms * 1e3, (b / e_ms) / (b / b_ms))
+        )
         for k in DRAFT_KS:
             _, spec, times = spec_decode(target, draft, ps, k, steps + 1)
             s = spec.stats
@@ -221,8 +265,14 @@ def run(steps: int, batches: Sequence[int], late_layer_scale: float, *, quick: b
             tokens_per_s = s.num_emitted / sum(times)
             spec_rows.append(
                 SpecRow(
-                    b, k, s.acceptance_rate, s.chain_acceptance_rate, s.tokens_per_verify_step,
-                    expected_tokens_per_step(s.chain_acceptance_rate, k), step_ms, tokens_per_s,
+                    b,
+                    k,
+                    s.acceptance_rate,
+                    s.chain_acceptance_rate,
+                    s.tokens_per_verify_step,
+                    expected_tokens_per_step(s.chain_acceptance_rate, k),
+                    step_ms,
+                    tokens_per_s,
                     tokens_per_s / decode_rows[-1].engine_tokens_per_s,
                 )
             )
@@ -247,26 +297,61 @@ def run(steps: int, batches: Sequence[int], late_layer_scale: float, *, quick: b
     }
 
 
-def print_tables(result: dict[str, object]) -> None:
-    print(f"threads={result['threads']} steps={result['steps']} prompt={result['prompt_tokens']} dtype={result['dtype']}")
-    print("| batch | engine step ms | engine tok/s | baseline step ms | baseline tok/s | ratio |")
-    print("|---|---|---|---|---|---|")
-    for r in result["decode"]:  # type: ignore[union-attr]
-        print(f"| {r['batch']} | {r['engine_step_ms']:.2f} | {r['engine_tokens_per_s']:.0f} | "
-              f"{r['baseline_step_ms']:.2f} | {r['baseline_tokens_per_s']:.0f} | {r['ratio_vs_baseline']:.2f} |")
-    print()
-    print("| batch | k | accepted/proposed | a = accepted/tested | tokens/verify | (1-a^(k+1))/(1-a) | verify step ms | tok/s | vs plain decode |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in result["speculative"]:  # type: ignore[union-attr]
-        print(f"| {r['batch']} | {r['k']} | {r['acceptance_rate']:.3f} | {r['chain_acceptance_rate']:.3f} | {r['tokens_per_verify_step']:.2f} | "
-              f"{r['expected_tokens_per_verify_step']:.2f} | {r['step_ms']:.2f} | {r['tokens_per_s']:.0f} | "
-              f"{r['ratio_vs_plain_decode']:.2f} |")
-    print()
-    print("| draft layers (of 4) | late_layer_scale | k | accepted/proposed | a = accepted/tested | tokens/verify |")
-    print("|---|---|---|---|---|---|")
-    for r in result["acceptance"]:  # type: ignore[union-attr]
-        print(f"| {r['draft_num_layers']} | {r['late_layer_scale']} | {r['k']} | {r['acceptance_rate']:.3f} | "
-              f"{r['chain_acceptance_rate']:.3f} | {r['tokens_per_verify_step']:.2f} |")
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(x) for x in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def print_tables(result: dict) -> None:  # type: ignore[type-arg]
+    print(
+        f"threads={result['threads']} steps={result['steps']} "
+        f"prompt={result['prompt_tokens']} dtype={result['dtype']}"
+    )
+    headers = ["batch", "engine step ms", "engine tok/s", "baseline step ms", "baseline tok/s"]
+    rows = [
+        [
+            r["batch"],
+            f"{r['engine_step_ms']:.2f}",
+            f"{r['engine_tokens_per_s']:.0f}",
+            f"{r['baseline_step_ms']:.2f}",
+            f"{r['baseline_tokens_per_s']:.0f}",
+            f"{r['ratio_vs_baseline']:.2f}",
+        ]
+        for r in result["decode"]
+    ]
+    print(markdown_table([*headers, "ratio"], rows), end="\n\n")
+    headers = ["batch", "k", "accepted/proposed", "a = accepted/tested", "tokens/verify"]
+    headers += ["(1-a^(k+1))/(1-a)", "verify step ms", "tok/s", "vs plain decode"]
+    rows = [
+        [
+            r["batch"],
+            r["k"],
+            f"{r['acceptance_rate']:.3f}",
+            f"{r['chain_acceptance_rate']:.3f}",
+            f"{r['tokens_per_verify_step']:.2f}",
+            f"{r['expected_tokens_per_verify_step']:.2f}",
+            f"{r['step_ms']:.2f}",
+            f"{r['tokens_per_s']:.0f}",
+            f"{r['ratio_vs_plain_decode']:.2f}",
+        ]
+        for r in result["speculative"]
+    ]
+    print(markdown_table(headers, rows), end="\n\n")
+    headers = ["draft layers (of 4)", "late_layer_scale", "k", "accepted/proposed"]
+    headers += ["a = accepted/tested", "tokens/verify"]
+    rows = [
+        [
+            r["draft_num_layers"],
+            r["late_layer_scale"],
+            r["k"],
+            f"{r['acceptance_rate']:.3f}",
+            f"{r['chain_acceptance_rate']:.3f}",
+            f"{r['tokens_per_verify_step']:.2f}",
+        ]
+        for r in result["acceptance"]
+    ]
+    print(markdown_table(headers, rows))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -274,8 +359,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results as JSON to this path")
     parser.add_argument("--steps", type=int, default=64, help="decode steps per measurement")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument("--late-layer-scale", type=float, default=0.2, help="draft/target divergence")
-    parser.add_argument("--quick", action="store_true", help="8 steps, batches 1 and 16, a short sweep")
+    parser.add_argument(
+        "--late-layer-scale", type=float, default=0.2, help="draft/target divergence"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="8 steps, batches 1 and 16, a short sweep"
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     steps = 8 if args.quick else args.steps

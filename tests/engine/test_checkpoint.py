@@ -43,7 +43,9 @@ def test_restore_continues_with_the_same_tokens(
     expected = Engine(model64).generate([PROMPT], params)[0]
 
     saver = HostCheckpointConnector()
-    worker = Engine(model64, CacheConfig(64, 4), SchedulerConfig(max_num_batched_tokens=16), connector=saver)
+    worker = Engine(
+        model64, CacheConfig(64, 4), SchedulerConfig(max_num_batched_tokens=16), connector=saver
+    )
     worker.add_request("r", PROMPT, params)
     before = run_until(worker, "r", 12)
     checkpoint = saver.checkpoint("r")
@@ -77,7 +79,9 @@ def test_corrupt_record_is_a_load_error_and_its_block_is_recomputed(model64: Lla
     checkpoint = saver.checkpoint("r")
     records = checkpoint.records.clone()
     records[21, 5] ^= 0x10  # a flipped bit in token 21's record
-    corrupt = Checkpoint(checkpoint.token_ids, records, checkpoint.crcs, checkpoint.layout_fingerprint)
+    corrupt = Checkpoint(
+        checkpoint.token_ids, records, checkpoint.crcs, checkpoint.layout_fingerprint
+    )
 
     holder = HostCheckpointConnector()
     survivor = Engine(model64, CacheConfig(64, 8), connector=holder)
@@ -109,7 +113,9 @@ def test_checkpoint_follows_preemption_and_finish(model64: Llama) -> None:
     saver = HostCheckpointConnector()
     engine = Engine(model64, CacheConfig(16, 4), connector=saver)
     for i in range(3):
-        engine.add_request(f"r{i}", PROMPT[: 10 + i], SamplingParams(max_tokens=14, temperature=1.0, seed=i))
+        engine.add_request(
+            f"r{i}", PROMPT[: 10 + i], SamplingParams(max_tokens=14, temperature=1.0, seed=i)
+        )
     preempted = 0
     while engine.has_unfinished():
         step = engine.step()
@@ -138,13 +144,17 @@ def test_put_rejects_another_record_format(model64: Llama, model32: Llama) -> No
 def test_checkpoint_shape_checks() -> None:
     with pytest.raises(ValueError, match="`records` must be a 2-d uint8 tensor"):
         Checkpoint((1,), torch.zeros(1, 4), torch.zeros(1, dtype=torch.uint32), "x")
-    with pytest.raises(ValueError, match=r"`records` and `crcs` must have one row per token id \(2\)"):
-        Checkpoint((1, 2), torch.zeros(1, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint32), "x")
+    with pytest.raises(
+        ValueError, match=r"`records` and `crcs` must have one row per token id \(2\)"
+    ):
+        Checkpoint(
+            (1, 2), torch.zeros(1, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint32), "x"
+        )
 
 
 def test_connector_before_registration_raises() -> None:
     with pytest.raises(RuntimeError, match="register_kv_caches has not been called"):
-        HostCheckpointConnector().layout
+        _ = HostCheckpointConnector().layout
 
 
 def test_a_batch_restored_into_a_busy_survivor_continues_identically(model64: Llama) -> None:

@@ -28,7 +28,11 @@ PROMPTS = [[(5 * i + j) % 256 for i in range(n)] for j, n in enumerate((3, 11, 2
 @pytest.mark.parametrize(("late_layer_scale", "k"), [(0.3, 1), (0.3, 3), (1.0, 4)])
 def test_greedy_speculative_output_is_identical(late_layer_scale: float, k: int) -> None:
     target, draft = build_draft_pair(
-        ModelConfig(), seed=1, draft_num_layers=2, late_layer_scale=late_layer_scale, dtype="float64"
+        ModelConfig(),
+        seed=1,
+        draft_num_layers=2,
+        late_layer_scale=late_layer_scale,
+        dtype="float64",
     )
     params = SamplingParams(max_tokens=24)
     expected = Engine(target).generate(PROMPTS, params)
@@ -71,22 +75,35 @@ def test_target_distribution_at_temperature() -> None:
     """The tokens emitted by a verify step follow the target's distribution (chi-square at a
     16-token vocabulary), not the draft's."""
     config = ModelConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_layers=3)
-    target, draft = build_draft_pair(config, seed=4, draft_num_layers=1, late_layer_scale=1.0, dtype="float64")
+    target, draft = build_draft_pair(
+        config, seed=4, draft_num_layers=1, late_layer_scale=1.0, dtype="float64"
+    )
     temperature, n, prompt = 1.0, 3000, [3, 1, 4, 1]
     engine = Engine(
-        target, CacheConfig(num_blocks=n + 8, block_size=8), SchedulerConfig(max_num_batched_tokens=8 * n, max_num_seqs=n)
+        target,
+        CacheConfig(num_blocks=n + 8, block_size=8),
+        SchedulerConfig(max_num_batched_tokens=8 * n, max_num_seqs=n),
     )
-    spec = SpeculativeDecoder(engine, DraftProposer(draft, CacheConfig(num_blocks=n + 8, block_size=8)), 2)
-    outputs = spec.generate([prompt] * n, [SamplingParams(temperature=temperature, seed=s, max_tokens=3) for s in range(n)])
+    spec = SpeculativeDecoder(
+        engine, DraftProposer(draft, CacheConfig(num_blocks=n + 8, block_size=8)), 2
+    )
+    outputs = spec.generate(
+        [prompt] * n,
+        [SamplingParams(temperature=temperature, seed=s, max_tokens=3) for s in range(n)],
+    )
     assert spec.stats.num_verify_steps == n
     samples = np.array(outputs)  # [n, 3]: token 0 sampled after prefill, 1 and 2 verified
 
     def marginals(model) -> tuple[np.ndarray, np.ndarray]:
         p1 = torch.softmax(forward_contiguous(model, [prompt])[0][-1] / temperature, -1)
         seqs2 = [prompt + [a] for a in range(16)]
-        p2 = torch.stack([torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs2)])
+        p2 = torch.stack(
+            [torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs2)]
+        )
         seqs3 = [prompt + [a, b] for a in range(16) for b in range(16)]
-        p3 = torch.stack([torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs3)])
+        p3 = torch.stack(
+            [torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs3)]
+        )
         joint12 = p1[:, None] * p2  # [a, b]
         m2 = joint12.sum(0)
         m3 = (joint12.reshape(-1, 1) * p3).sum(0)
@@ -104,8 +121,12 @@ def test_target_distribution_at_temperature() -> None:
 def test_sampled_speculative_decoding_is_seeded_per_request() -> None:
     """At temperature > 0 the output depends on the seed only, not on the batch (float64),
     including seeds that do not fit a signed 64-bit integer."""
-    target, draft = build_draft_pair(ModelConfig(), seed=8, draft_num_layers=2, late_layer_scale=0.3, dtype="float64")
-    params = [SamplingParams(temperature=0.9, seed=s, max_tokens=12) for s in (2**64 - 1, 2**63, 5, 6)]
+    target, draft = build_draft_pair(
+        ModelConfig(), seed=8, draft_num_layers=2, late_layer_scale=0.3, dtype="float64"
+    )
+    params = [
+        SamplingParams(temperature=0.9, seed=s, max_tokens=12) for s in (2**64 - 1, 2**63, 5, 6)
+    ]
     together = SpeculativeDecoder(Engine(target), DraftProposer(draft), 3).generate(PROMPTS, params)
     alone = [
         SpeculativeDecoder(Engine(target), DraftProposer(draft), 3).generate([p], [q])[0]
@@ -116,7 +137,9 @@ def test_sampled_speculative_decoding_is_seeded_per_request() -> None:
 
 
 def test_proposer_rolls_back_rejected_drafts() -> None:
-    target, draft = build_draft_pair(ModelConfig(), seed=5, draft_num_layers=2, late_layer_scale=0.5, dtype="float64")
+    target, draft = build_draft_pair(
+        ModelConfig(), seed=5, draft_num_layers=2, late_layer_scale=0.5, dtype="float64"
+    )
     proposer = DraftProposer(draft, CacheConfig(32, 4))
     tokens = [1, 2, 3, 4, 5]
     first = proposer.propose({"r": tokens}, 3)["r"]
@@ -139,9 +162,13 @@ def test_proposer_without_room_gives_shorter_drafts() -> None:
 
 
 def test_truncated_draft_shares_the_first_layers() -> None:
-    target, draft = build_draft_pair(ModelConfig(), seed=7, draft_num_layers=2, late_layer_scale=0.0)
+    target, draft = build_draft_pair(
+        ModelConfig(), seed=7, draft_num_layers=2, late_layer_scale=0.0
+    )
     seq = [list(range(20))]
-    torch.testing.assert_close(forward_contiguous(draft, seq)[0], forward_contiguous(target, seq)[0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        forward_contiguous(draft, seq)[0], forward_contiguous(target, seq)[0], atol=1e-5, rtol=0
+    )
     assert truncated_draft(target, 4).config.num_layers == 4
 
 
@@ -156,15 +183,22 @@ def test_expected_tokens_per_step() -> None:
     [
         (lambda t: truncated_draft(t, 0), r"`num_layers` must be in \[1, 4\], got 0"),
         (
-            lambda t: build_draft_pair(ModelConfig(), seed=0, draft_num_layers=4, late_layer_scale=0.5),
+            lambda t: build_draft_pair(
+                ModelConfig(), seed=0, draft_num_layers=4, late_layer_scale=0.5
+            ),
             r"`draft_num_layers` must be in \[1, 3\], got 4",
         ),
         (
-            lambda t: build_draft_pair(ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=-1.0),
+            lambda t: build_draft_pair(
+                ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=-1.0
+            ),
             "`late_layer_scale` must be >= 0, got -1.0",
         ),
         (lambda t: DraftProposer(t).propose({}, -1), "`num_draft_tokens` must be >= 0, got -1"),
-        (lambda t: SpeculativeDecoder(Engine(t), DraftProposer(t), 0), "`num_draft_tokens` must be >= 1, got 0"),
+        (
+            lambda t: SpeculativeDecoder(Engine(t), DraftProposer(t), 0),
+            "`num_draft_tokens` must be >= 1, got 0",
+        ),
     ],
 )
 def test_draft_argument_checks(model32, call, match: str) -> None:

@@ -29,9 +29,18 @@ def test_a_row_does_not_depend_on_the_other_rows() -> None:
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(6, 50, generator=generator)
     logits[5] = logits[0]
-    temps, seeds, positions = [1.0, 0.0, 0.5, 2.0, 1.0, 1.0], [5, 6, 7, 8, 9, 5], [10, 11, 12, 13, 14, 10]
+    temps, seeds, positions = (
+        [1.0, 0.0, 0.5, 2.0, 1.0, 1.0],
+        [5, 6, 7, 8, 9, 5],
+        [10, 11, 12, 13, 14, 10],
+    )
     together = sample_tokens(logits, temps, seeds, positions)
-    alone = [sample_tokens(logits[i : i + 1], temps[i : i + 1], seeds[i : i + 1], positions[i : i + 1])[0] for i in range(6)]
+    alone = [
+        sample_tokens(logits[i : i + 1], temps[i : i + 1], seeds[i : i + 1], positions[i : i + 1])[
+            0
+        ]
+        for i in range(6)
+    ]
     assert together == alone
     assert together[0] == together[5]  # same row, seed and position: same token
 
@@ -49,5 +58,7 @@ def test_sampled_tokens_follow_softmax_over_temperature() -> None:
 
 
 def test_length_mismatch_raises() -> None:
-    with pytest.raises(ValueError, match="`temperatures`, `seeds` and `positions` must have 2 entries"):
+    with pytest.raises(
+        ValueError, match="`temperatures`, `seeds` and `positions` must have 2 entries"
+    ):
         sample_tokens(torch.zeros(2, 4), [0.0], [1, 2], [0, 0])

@@ -2,17 +2,28 @@
 batching, chunked prefill, draft verification and LUMEN checkpoint hooks (DESIGN.md section 6)."""
 
 from lumen_core.engine.config import CacheConfig, ModelConfig, SamplingParams, SchedulerConfig
-from lumen_core.engine.connector import Checkpoint, HostCheckpointConnector, KVConnector, SavedTokens
+from lumen_core.engine.connector import (
+    Checkpoint,
+    HostCheckpointConnector,
+    KVConnector,
+    SavedTokens,
+)
 from lumen_core.engine.draft import (
     DraftProposer,
-    SpeculativeDecoder,
     SpecStats,
+    SpeculativeDecoder,
     build_draft_pair,
     expected_tokens_per_step,
     truncated_draft,
 )
 from lumen_core.engine.engine import Engine, StepOutput
-from lumen_core.engine.model import Llama, forward_contiguous, load_model, random_weights, save_model
+from lumen_core.engine.model import (
+    Llama,
+    forward_contiguous,
+    load_model,
+    random_weights,
+    save_model,
+)
 
 __all__ = [
     "CacheConfig",

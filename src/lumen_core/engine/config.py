@@ -81,10 +81,6 @@ class CacheConfig:
         _check_positive("num_blocks", self.num_blocks)
         _check_positive("block_size", self.block_size)
 
-    @property
-    def num_slots(self) -> int:
-        return self.num_blocks * self.block_size
-
 
 @dataclass(frozen=True)
 class SchedulerConfig:
@@ -116,9 +112,7 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or isinstance(self.temperature, bool):
-            raise TypeError(
-                f"`temperature` must be a float, got {type(self.temperature).__name__}"
-            )
+            raise TypeError(f"`temperature` must be a float, got {type(self.temperature).__name__}")
         if not self.temperature >= 0.0:
             raise ValueError(f"`temperature` must be >= 0, got {self.temperature}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:

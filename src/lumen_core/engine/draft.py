@@ -73,7 +73,9 @@ class DraftProposer:
         self.cache = PagedKVCache(
             model.config, self.cache_config, dtype=model.dtype, device=model.device
         )
-        self.block_manager = BlockManager(self.cache_config.num_blocks, self.cache_config.block_size)
+        self.block_manager = BlockManager(
+            self.cache_config.num_blocks, self.cache_config.block_size
+        )
         self.runner = ModelRunner(model, self.cache)
         self._requests: dict[str, Request] = {}
 

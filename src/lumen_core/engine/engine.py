@@ -79,7 +79,9 @@ class Engine:
         self.cache = PagedKVCache(
             model.config, self.cache_config, dtype=model.dtype, device=model.device
         )
-        self.block_manager = BlockManager(self.cache_config.num_blocks, self.cache_config.block_size)
+        self.block_manager = BlockManager(
+            self.cache_config.num_blocks, self.cache_config.block_size
+        )
         self.runner = ModelRunner(model, self.cache)
         self.connector = connector
         loader = None
@@ -149,7 +151,11 @@ class Engine:
         if draft_probs is not None:
             expected = (len(drafts), self.model.config.vocab_size)
             if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != expected:
-                got = tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else draft_probs
+                got = (
+                    tuple(draft_probs.shape)
+                    if isinstance(draft_probs, torch.Tensor)
+                    else draft_probs
+                )
                 raise ValueError(f"`draft_probs` must have shape {expected}, got {got}")
         request.draft_token_ids = drafts
         request.draft_probs = draft_probs
@@ -283,7 +289,11 @@ class Engine:
             rows = []
             for r, k in zip(requests, ks, strict=True):
                 if r.draft_probs is None:
-                    rows.append(torch.nn.functional.one_hot(draft_ids.new_tensor(r.draft_token_ids[:k]), vocab))
+                    rows.append(
+                        torch.nn.functional.one_hot(
+                            draft_ids.new_tensor(r.draft_token_ids[:k]), vocab
+                        )
+                    )
                 else:
                     rows.append(r.draft_probs[:k])
             draft_probs = torch.cat([row.to(torch.float64) for row in rows])

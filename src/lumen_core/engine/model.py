@@ -252,7 +252,9 @@ def random_weights(
                 std = 2.5 / math.sqrt(config.hidden_size)
             else:
                 std = 1.0 / math.sqrt(param.shape[1])
-            if layer_output_scales is not None and name.endswith(("o_proj.weight", "down_proj.weight")):
+            if layer_output_scales is not None and name.endswith(
+                ("o_proj.weight", "down_proj.weight")
+            ):
                 std *= layer_output_scales[int(name.split(".")[2])]
             param.copy_(values * std)
     return model.to(torch_dtype)

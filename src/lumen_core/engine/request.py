@@ -43,7 +43,6 @@ class Request:
         self.block_ids: list[int] = []
         self.draft_token_ids: list[int] = []
         self.draft_probs: torch.Tensor | None = None
-        self.num_preemptions = 0
         self.num_loaded_tokens = 0
 
     @property

@@ -87,7 +87,10 @@ class PagedAttention:
         self.flash_args: list[tuple[torch.Tensor, torch.Tensor]] = []
         for n, members in groups.items():
             width = max(len(chunks[i].block_ids) for i in members)
-            table = [list(chunks[i].block_ids) + [0] * (width - len(chunks[i].block_ids)) for i in members]
+            table = [
+                list(chunks[i].block_ids) + [0] * (width - len(chunks[i].block_ids))
+                for i in members
+            ]
             rows = torch.tensor(
                 [starts[i] + j for i in members for j in range(n)], dtype=torch.long, device=device
             )
@@ -99,7 +102,9 @@ class PagedAttention:
             self.groups.append((n, rows, pages, mask))
             if flash is not None:
                 seqlens = torch.tensor(
-                    [chunks[i].start_position + n for i in members], dtype=torch.int32, device=device
+                    [chunks[i].start_position + n for i in members],
+                    dtype=torch.int32,
+                    device=device,
                 )
                 self.flash_args.append((pages.view(len(members), width).to(torch.int32), seqlens))
 
@@ -158,6 +163,9 @@ class ModelRunner:
             rows.extend(range(end - c.num_logits, end))
         attention = PagedAttention(self.cache, chunks, self.device, self.flash)
         logits = self.model(
-            input_ids, positions, attention, torch.tensor(rows, dtype=torch.long, device=self.device)
+            input_ids,
+            positions,
+            attention,
+            torch.tensor(rows, dtype=torch.long, device=self.device),
         )
         return list(logits.split([c.num_logits for c in chunks]))

@@ -151,7 +151,6 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.draft_token_ids = []
         request.draft_probs = None
-        request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         self.waiting.appendleft(request)
 
