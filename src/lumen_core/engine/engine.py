@@ -17,6 +17,7 @@ from lumen_core.engine.request import Request
 from lumen_core.engine.runner import Chunk, ModelRunner
 from lumen_core.engine.sampler import sample_tokens
 from lumen_core.engine.scheduler import ScheduledRequest, Scheduler
+from lumen_core.ops import verify_draft
 
 
 @dataclass(frozen=True)
@@ -274,8 +275,6 @@ class Engine:
     def _verify(
         self, scheduled: list[ScheduledRequest], indices: list[int], logits: list[torch.Tensor]
     ) -> dict[int, list[int]]:
-        from lumen_core.ops import verify_draft
-
         requests = [s.request for s in scheduled]
         ks = [s.num_draft_tokens for s in scheduled]
         target = torch.cat([logits[i] for i in indices]).to("cpu", torch.float64)
