@@ -153,9 +153,15 @@ class ModelRunner:
         input_ids = torch.tensor(
             [t for c in chunks for t in c.token_ids], dtype=torch.long, device=self.device
         )
-        positions = torch.cat(
-            [torch.arange(c.start_position, c.start_position + len(c.token_ids)) for c in chunks]
-        ).to(self.device)
+        positions = torch.tensor(
+            [
+                p
+                for c in chunks
+                for p in range(c.start_position, c.start_position + len(c.token_ids))
+            ],
+            dtype=torch.long,
+            device=self.device,
+        )
         rows: list[int] = []
         end = 0
         for c in chunks:
