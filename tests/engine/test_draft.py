@@ -12,6 +12,7 @@ from lumen_core.engine import (
     CacheConfig,
     DraftProposer,
     Engine,
+    HostCheckpointConnector,
     ModelConfig,
     SamplingParams,
     SchedulerConfig,
@@ -204,3 +205,35 @@ def test_expected_tokens_per_step() -> None:
 def test_draft_argument_checks(model32, call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call(model32)
+
+
+def test_speculative_saves_only_accepted_tokens_and_restores() -> None:
+    """With drafts, each step checkpoints the fed token and the accepted drafts only; a
+    checkpoint taken mid-run restores on a plain engine and continues with the same tokens."""
+    target, draft = build_draft_pair(
+        ModelConfig(), seed=9, draft_num_layers=2, late_layer_scale=0.5, dtype="float64"
+    )
+    params = SamplingParams(max_tokens=30)
+    prompt = PROMPTS[2]
+    expected = Engine(target).generate([prompt], params)[0]
+    saver = HostCheckpointConnector()
+    spec = SpeculativeDecoder(Engine(target, connector=saver), DraftProposer(draft), 4)
+    spec.engine.add_request("r", prompt, params)
+    outputs: list[int] = []
+    rejected_any = False
+    while len(outputs) < 15:
+        step = spec.step()
+        outputs.extend(step.new_token_ids.get("r", []))
+        rejected_any |= step.num_accepted.get("r", 4) < step.num_draft_tokens.get("r", 0)
+        request = spec.engine.requests["r"]
+        held = saver.checkpoint("r")
+        assert list(held.token_ids) == request.token_ids[: request.num_computed_tokens]
+        assert request.num_computed_tokens == request.num_tokens - 1
+    assert rejected_any
+    holder = HostCheckpointConnector()
+    survivor = Engine(target, connector=holder)
+    holder.put("r", saver.checkpoint("r"))
+    survivor.add_request("r", prompt, params, output_token_ids=outputs)
+    while survivor.has_unfinished():
+        outputs.extend(survivor.step().new_token_ids.get("r", []))
+    assert outputs == expected
