@@ -14,6 +14,8 @@ from lumen_core.engine import (
     Llama,
     SamplingParams,
     SchedulerConfig,
+    model_fingerprint,
+    random_weights,
 )
 from lumen_core.ops import gather_tokens
 
@@ -42,7 +44,7 @@ def test_restore_continues_with_the_same_tokens(
     params = SamplingParams(temperature=temperature, seed=42, max_tokens=30)
     expected = Engine(model64).generate([PROMPT], params)[0]
 
-    saver = HostCheckpointConnector()
+    saver = HostCheckpointConnector(model_fingerprint(model64))
     worker = Engine(
         model64, CacheConfig(64, 4), SchedulerConfig(max_num_batched_tokens=16), connector=saver
     )
@@ -53,7 +55,7 @@ def test_restore_continues_with_the_same_tokens(
     assert list(checkpoint.token_ids) == PROMPT + before[:-1]
     del worker  # the worker dies with its KV cache
 
-    holder = HostCheckpointConnector()
+    holder = HostCheckpointConnector(model_fingerprint(model64))
     survivor = Engine(model64, CacheConfig(256, restore_block_size), connector=holder)
     holder.put("r", checkpoint)
     survivor.add_request("r", PROMPT, params, output_token_ids=before)
@@ -72,7 +74,7 @@ def test_restore_continues_with_the_same_tokens(
 def test_corrupt_record_is_a_load_error_and_its_block_is_recomputed(model64: Llama) -> None:
     params = SamplingParams(max_tokens=20)
     expected = Engine(model64).generate([PROMPT], params)[0]
-    saver = HostCheckpointConnector()
+    saver = HostCheckpointConnector(model_fingerprint(model64))
     worker = Engine(model64, CacheConfig(64, 4), connector=saver)
     worker.add_request("r", PROMPT, params)
     before = run_until(worker, "r", 6)
@@ -80,10 +82,14 @@ def test_corrupt_record_is_a_load_error_and_its_block_is_recomputed(model64: Lla
     records = checkpoint.records.clone()
     records[21, 5] ^= 0x10  # a flipped bit in token 21's record
     corrupt = Checkpoint(
-        checkpoint.token_ids, records, checkpoint.crcs, checkpoint.layout_fingerprint
+        checkpoint.token_ids,
+        records,
+        checkpoint.crcs,
+        checkpoint.layout_fingerprint,
+        checkpoint.model_fingerprint,
     )
 
-    holder = HostCheckpointConnector()
+    holder = HostCheckpointConnector(model_fingerprint(model64))
     survivor = Engine(model64, CacheConfig(64, 8), connector=holder)
     holder.put("r", corrupt)
     survivor.add_request("r", PROMPT, params, output_token_ids=before)
@@ -96,11 +102,11 @@ def test_corrupt_record_is_a_load_error_and_its_block_is_recomputed(model64: Lla
 
 def test_only_the_matching_prefix_is_restored(model64: Llama) -> None:
     params = SamplingParams(max_tokens=10)
-    saver = HostCheckpointConnector()
+    saver = HostCheckpointConnector(model_fingerprint(model64))
     worker = Engine(model64, connector=saver)
     worker.add_request("r", PROMPT, params)
     before = run_until(worker, "r", 4)
-    holder = HostCheckpointConnector()
+    holder = HostCheckpointConnector(model_fingerprint(model64))
     survivor = Engine(model64, connector=holder)
     holder.put("r", saver.checkpoint("r"))
     other_prompt = PROMPT[:30] + [1] * 7
@@ -110,7 +116,7 @@ def test_only_the_matching_prefix_is_restored(model64: Llama) -> None:
 
 
 def test_checkpoint_follows_preemption_and_finish(model64: Llama) -> None:
-    saver = HostCheckpointConnector()
+    saver = HostCheckpointConnector(model_fingerprint(model64))
     engine = Engine(model64, CacheConfig(16, 4), connector=saver)
     for i in range(3):
         engine.add_request(
@@ -130,31 +136,46 @@ def test_checkpoint_follows_preemption_and_finish(model64: Llama) -> None:
         saver.checkpoint("r0")  # released when the request finished
 
 
-def test_put_rejects_another_record_format(model64: Llama, model32: Llama) -> None:
-    saver = HostCheckpointConnector()
+def test_put_rejects_another_record_format_or_model(model64: Llama, model32: Llama) -> None:
+    saver = HostCheckpointConnector(model_fingerprint(model32))
     worker = Engine(model32, connector=saver)
     worker.add_request("r", PROMPT, SamplingParams(max_tokens=3))
     run_until(worker, "r", 2)
-    holder = HostCheckpointConnector()
+    holder = HostCheckpointConnector(model_fingerprint(model64))
     Engine(model64, connector=holder)
     with pytest.raises(ValueError, match="`checkpoint` layout must be"):
         holder.put("r", saver.checkpoint("r"))
+    # Same shapes and dtype (so the same record format), other weights: refused too.
+    other = random_weights(model64.config, seed=1, dtype="float64")
+    assert model_fingerprint(other) != model_fingerprint(model64)
+    stranger = HostCheckpointConnector(model_fingerprint(other))
+    other_worker = Engine(other, connector=stranger)
+    other_worker.add_request("r", PROMPT, SamplingParams(max_tokens=3))
+    run_until(other_worker, "r", 2)
+    with pytest.raises(ValueError, match="`checkpoint` model must be"):
+        holder.put("r", stranger.checkpoint("r"))
 
 
 def test_checkpoint_shape_checks() -> None:
     with pytest.raises(ValueError, match="`records` must be a 2-d uint8 tensor"):
-        Checkpoint((1,), torch.zeros(1, 4), torch.zeros(1, dtype=torch.uint32), "x")
+        Checkpoint((1,), torch.zeros(1, 4), torch.zeros(1, dtype=torch.uint32), "x", "m")
     with pytest.raises(
         ValueError, match=r"`records` and `crcs` must have one row per token id \(2\)"
     ):
         Checkpoint(
-            (1, 2), torch.zeros(1, 4, dtype=torch.uint8), torch.zeros(1, dtype=torch.uint32), "x"
+            (1, 2),
+            torch.zeros(1, 4, dtype=torch.uint8),
+            torch.zeros(1, dtype=torch.uint32),
+            "x",
+            "m",
         )
 
 
-def test_connector_before_registration_raises() -> None:
+def test_connector_checks(model64: Llama) -> None:
     with pytest.raises(RuntimeError, match="register_kv_caches has not been called"):
-        _ = HostCheckpointConnector().layout
+        _ = HostCheckpointConnector(model_fingerprint(model64)).layout
+    with pytest.raises(TypeError, match="`model_fingerprint` must be a non-empty str, got ''"):
+        HostCheckpointConnector("")
 
 
 def test_a_batch_restored_into_a_busy_survivor_continues_identically(model64: Llama) -> None:
@@ -166,7 +187,7 @@ def test_a_batch_restored_into_a_busy_survivor_continues_identically(model64: Ll
     expected = Engine(model64).generate(prompts, params)
     expected_own = Engine(model64).generate(own, SamplingParams(max_tokens=18))
 
-    saver = HostCheckpointConnector()
+    saver = HostCheckpointConnector(model_fingerprint(model64))
     worker = Engine(model64, CacheConfig(64, 4), connector=saver)
     for i, (p, q) in enumerate(zip(prompts, params, strict=True)):
         worker.add_request(f"r{i}", p, q)
@@ -177,7 +198,7 @@ def test_a_batch_restored_into_a_busy_survivor_continues_identically(model64: Ll
     checkpoints = {rid: saver.checkpoint(rid) for rid in before}
     del worker
 
-    holder = HostCheckpointConnector()
+    holder = HostCheckpointConnector(model_fingerprint(model64))
     survivor = Engine(model64, CacheConfig(128, 16), connector=holder)
     after: dict[str, list[int]] = {f"own{i}": [] for i in range(3)}
     for i, p in enumerate(own):

@@ -20,6 +20,7 @@ from lumen_core.engine import (
     build_draft_pair,
     expected_tokens_per_step,
     forward_contiguous,
+    model_fingerprint,
     truncated_draft,
 )
 
@@ -216,7 +217,7 @@ def test_speculative_saves_only_accepted_tokens_and_restores() -> None:
     params = SamplingParams(max_tokens=30)
     prompt = PROMPTS[2]
     expected = Engine(target).generate([prompt], params)[0]
-    saver = HostCheckpointConnector()
+    saver = HostCheckpointConnector(model_fingerprint(target))
     spec = SpeculativeDecoder(Engine(target, connector=saver), DraftProposer(draft), 4)
     spec.engine.add_request("r", prompt, params)
     outputs: list[int] = []
@@ -230,7 +231,7 @@ def test_speculative_saves_only_accepted_tokens_and_restores() -> None:
         assert list(held.token_ids) == request.token_ids[: request.num_computed_tokens]
         assert request.num_computed_tokens == request.num_tokens - 1
     assert rejected_any
-    holder = HostCheckpointConnector()
+    holder = HostCheckpointConnector(model_fingerprint(target))
     survivor = Engine(target, connector=holder)
     holder.put("r", saver.checkpoint("r"))
     survivor.add_request("r", prompt, params, output_token_ids=outputs)

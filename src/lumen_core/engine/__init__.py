@@ -21,6 +21,7 @@ from lumen_core.engine.model import (
     Llama,
     forward_contiguous,
     load_model,
+    model_fingerprint,
     random_weights,
     save_model,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "expected_tokens_per_step",
     "forward_contiguous",
     "load_model",
+    "model_fingerprint",
     "random_weights",
     "save_model",
     "truncated_draft",

@@ -72,12 +72,13 @@ class KVConnector(ABC):
 class Checkpoint:
     """A request's checkpoint: the token records ``[n, record_bytes]`` uint8 of its first
     ``n`` tokens, their token ids, the CRC-32C of each record (``[n]`` uint32) and the
-    fingerprint of the layout they came from."""
+    fingerprints of the layout and the model they came from."""
 
     token_ids: tuple[int, ...]
     records: torch.Tensor
     crcs: torch.Tensor
     layout_fingerprint: str
+    model_fingerprint: str
 
     def __post_init__(self) -> None:
         if self.records.dtype != torch.uint8 or self.records.dim() != 2:
@@ -121,10 +122,16 @@ class HostCheckpointConnector(KVConnector):
     It is the local holder for tests and single-process demos, and the restore entry point:
     ``put`` a checkpoint received from a holder, then ``Engine.add_request`` with the same
     request id and known outputs re-admits it from that prefix. Saves are synchronous, so
-    ``wait_for_save`` has nothing to wait for.
+    ``wait_for_save`` has nothing to wait for. ``model_fingerprint`` (``model_fingerprint(model)``)
+    names the engine's model; ``put`` refuses a checkpoint of another model or record format.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, model_fingerprint: str) -> None:
+        if not isinstance(model_fingerprint, str) or not model_fingerprint:
+            raise TypeError(
+                f"`model_fingerprint` must be a non-empty str, got {model_fingerprint!r}"
+            )
+        self.model_fingerprint = model_fingerprint
         self._layout: KVLayout | None = None
         self._held: dict[str, _Held] = {}
         self._load_errors: set[int] = set()
@@ -142,17 +149,28 @@ class HostCheckpointConnector(KVConnector):
         """The checkpoint held for ``request_id`` (KeyError if none)."""
         held = self._held[request_id]
         records, crcs = held.compact()
-        return Checkpoint(tuple(held.token_ids), records, crcs, self.layout.fingerprint())
+        return Checkpoint(
+            tuple(held.token_ids),
+            records,
+            crcs,
+            self.layout.fingerprint(),
+            self.model_fingerprint,
+        )
 
     def put(self, request_id: str, checkpoint: Checkpoint) -> None:
         """Hold ``checkpoint`` for ``request_id`` (replacing any), to be loaded on admission.
 
-        Raises ValueError when it came from another record format.
+        Raises ValueError when it came from another model or record format.
         """
         if checkpoint.layout_fingerprint != self.layout.fingerprint():
             raise ValueError(
                 f"`checkpoint` layout must be {self.layout.fingerprint()}, "
                 f"got {checkpoint.layout_fingerprint}"
+            )
+        if checkpoint.model_fingerprint != self.model_fingerprint:
+            raise ValueError(
+                f"`checkpoint` model must be {self.model_fingerprint}, "
+                f"got {checkpoint.model_fingerprint}"
             )
         self._held[request_id] = _Held(
             list(checkpoint.token_ids), checkpoint.records, checkpoint.crcs

@@ -9,6 +9,8 @@ restarted worker really reloads them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 from collections.abc import Sequence
@@ -258,6 +260,16 @@ def random_weights(
                 std *= layer_output_scales[int(name.split(".")[2])]
             param.copy_(values * std)
     return model.to(torch_dtype)
+
+
+def model_fingerprint(model: Llama) -> str:
+    """Hex digest of the config and every weight's dtype, shape and bytes: a checkpoint made
+    with one model is only restored into the same model."""
+    digest = hashlib.sha256(json.dumps(asdict(model.config), sort_keys=True).encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:32]
 
 
 def save_model(model: Llama, path: str | os.PathLike[str]) -> None:
