@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lumen_core.engine import (
     CacheConfig,
@@ -210,3 +212,35 @@ def test_duplicate_request_and_bad_draft_probs(model32: Llama) -> None:
         engine.add_request("a", [1])
     with pytest.raises(ValueError, match=r"`draft_probs` must have shape \(2, 256\), got \(2, 3\)"):
         engine.set_drafts("a", [1, 2], torch.zeros(2, 3))
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 30), min_size=1, max_size=6),
+    max_tokens=st.integers(1, 12),
+    block_size=st.sampled_from([1, 4, 16]),
+    budget=st.integers(1, 64),
+    max_num_seqs=st.integers(1, 6),
+)
+def test_scheduling_never_changes_outputs_or_leaks_pages(
+    model64: Llama,
+    lengths: list[int],
+    max_tokens: int,
+    block_size: int,
+    budget: int,
+    max_num_seqs: int,
+) -> None:
+    """Any budget, page size, batch cap and a cache barely larger than one request (so
+    requests wait and get preempted): every request's tokens equal its solo run, and every
+    page comes back."""
+    ps = [[(13 * i + 7 * n) % 256 for i in range(n)] for n in lengths]
+    params = [SamplingParams(temperature=1.0, seed=n, max_tokens=max_tokens) for n in lengths]
+    alone = [Engine(model64).generate([p], [q])[0] for p, q in zip(ps, params, strict=True)]
+    num_blocks = -(-(max(lengths) + max_tokens) // block_size) + 1
+    engine = Engine(
+        model64,
+        CacheConfig(num_blocks, block_size),
+        SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=max_num_seqs),
+    )
+    assert engine.generate(ps, params) == alone
+    assert engine.block_manager.num_free_blocks == num_blocks
