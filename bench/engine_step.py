@@ -387,13 +387,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def test_engine_decode_step(benchmark) -> None:  # type: ignore[no-untyped-def]
+    """One batch-16 decode step of the default tiny model (200 rounds, one torch thread)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     target, _ = build_draft_pair(ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=0.2)
-    ps = prompts(16, target.config.vocab_size)
-    engine = Engine(target, CacheConfig(128, BLOCK_SIZE))
-    for i, p in enumerate(ps):
-        engine.add_request(str(i), p, SamplingParams(max_tokens=10_000))
+    engine = Engine(target, CacheConfig(16 * 17, BLOCK_SIZE))
+    for i, p in enumerate(prompts(16, target.config.vocab_size)):
+        engine.add_request(str(i), p, SamplingParams(max_tokens=230))
     engine.step()
-    benchmark(engine.step)
+    benchmark.pedantic(engine.step, rounds=200, iterations=1)
+    torch.set_num_threads(threads)
+    assert engine.has_unfinished()
 
 
 if __name__ == "__main__":
