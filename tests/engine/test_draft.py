@@ -13,6 +13,7 @@ from lumen_core.engine import (
     DraftProposer,
     Engine,
     HostCheckpointConnector,
+    Llama,
     ModelConfig,
     SamplingParams,
     SchedulerConfig,
@@ -203,7 +204,7 @@ def test_expected_tokens_per_step() -> None:
         ),
     ],
 )
-def test_draft_argument_checks(model32, call, match: str) -> None:
+def test_draft_argument_checks(model32: Llama, call, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         call(model32)
 
@@ -238,3 +239,31 @@ def test_speculative_saves_only_accepted_tokens_and_restores() -> None:
     while survivor.has_unfinished():
         outputs.extend(survivor.step().new_token_ids.get("r", []))
     assert outputs == expected
+
+
+def test_drafts_with_probabilities_equal_to_the_target_are_all_accepted(model64: Llama) -> None:
+    """``set_drafts`` with draft probabilities: where q equals the target's p at every draft
+    position, ``u * q(d) < p(d)`` always holds, so all k drafts are accepted; a request in the
+    same step with a one-hot draft is verified alongside."""
+    temperature, k = 0.8, 3
+    prompts = [[4, 8, 15, 16], [23, 42]]
+    engine = Engine(model64)
+    for i, p in enumerate(prompts):
+        engine.add_request(
+            f"r{i}", p, SamplingParams(temperature=temperature, seed=i, max_tokens=9)
+        )
+    engine.step()  # prefill: one sampled token each
+    seq = engine.requests["r0"].token_ids
+    drafts: list[int] = []
+    rows = []
+    for _ in range(k):
+        probs = torch.softmax(forward_contiguous(model64, [seq + drafts])[0][-1] / temperature, -1)
+        rows.append(probs)
+        drafts.append(int(probs.argmin()))  # even the least likely token is accepted when q = p
+    engine.set_drafts("r0", drafts, torch.stack(rows))
+    engine.set_drafts("r1", [0, 1])
+    out = engine.step()
+    assert out.num_draft_tokens == {"r0": k, "r1": 2}
+    assert out.num_accepted["r0"] == k
+    assert out.new_token_ids["r0"][:k] == drafts
+    assert len(out.new_token_ids["r1"]) == out.num_accepted["r1"] + 1
