@@ -172,7 +172,8 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
 
 
 class Server:
-    """A listener keeping appended checkpoints in host memory (minimal store; no budget).
+    """A listener keeping appended checkpoints in ``store``, a ``lumen_core.stream.HolderStore``
+    (budgeted host memory; a new unbudgeted one when not given).
 
     Runs its own UCX progress thread; ``stats()`` returns the counters of every refusal.
     ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice).
@@ -187,6 +188,7 @@ class Server:
         tls: str = "",
         limits: WireLimits = WireLimits(),
         verify_records: bool = True,
+        store: Any = None,
     ) -> None:
         key = _check_secret(secret)
         if not isinstance(address, str):
@@ -196,7 +198,14 @@ class Server:
             raise TypeError(f"tls must be a str, got {type(tls).__name__}")
         if not isinstance(limits, WireLimits):
             raise TypeError(f"limits must be a WireLimits, got {type(limits).__name__}")
-        self._native = _native.require_ucx().Server(
+        from lumen_core.stream.holder import HolderStore
+
+        if store is None:
+            store = HolderStore()
+        elif not isinstance(store, HolderStore):
+            raise TypeError(f"store must be a HolderStore, got {type(store).__name__}")
+        self._native = _native.require_ucx().serve_holder_store(
+            store._native,
             secret=key,
             address=address,
             port=port,
@@ -205,6 +214,7 @@ class Server:
             **limits._kwargs(),
         )
         self.address = address
+        self.store = store
 
     @property
     def port(self) -> int:
