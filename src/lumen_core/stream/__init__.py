@@ -12,6 +12,7 @@ from lumen_core.stream.holder import (
     restorable_tokens,
 )
 from lumen_core.stream.streamer import CheckpointStreamer, ReplicaStats, StreamStats
+from lumen_core.stream.connector import StreamingConnector
 
 __all__ = [
     "CheckpointInfo",
@@ -22,6 +23,7 @@ __all__ = [
     "RestoreResult",
     "RestoreStatus",
     "StreamStats",
+    "StreamingConnector",
     "fingerprint_bytes",
     "remote_restore",
     "request_key",

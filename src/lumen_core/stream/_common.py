@@ -65,11 +65,16 @@ def as_array(name: str, value: object, dtype: type) -> np.ndarray:
         value = value.numpy()
     if isinstance(value, (str, bytes)) or not hasattr(value, "__len__"):
         raise TypeError(f"{name} must be a sequence of ints, got {type(value).__name__}")
-    array = np.asarray(value)
+    if isinstance(value, np.ndarray):
+        array = value
+        if array.size and not np.issubdtype(array.dtype, np.integer):
+            raise TypeError(f"{name} must hold ints, got dtype {array.dtype}")
+    else:
+        array = np.asarray(value, dtype=object)
+        if any(isinstance(v, bool) or not isinstance(v, (int, np.integer)) for v in array.flat):
+            raise TypeError(f"{name} must hold ints, got {value!r}")
     if array.ndim != 1:
         raise ValueError(f"{name} must have 1 dimension, got {array.ndim}")
-    if array.size and not np.issubdtype(array.dtype, np.integer):
-        raise TypeError(f"{name} must hold ints, got dtype {array.dtype}")
     info = np.iinfo(dtype)
     if array.size and (int(array.min()) < info.min or int(array.max()) > info.max):
         raise ValueError(f"{name} must be in [{info.min}, {info.max}], got values outside")
