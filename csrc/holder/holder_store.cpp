@@ -7,6 +7,7 @@
 
 #include "lumen/checksum.h"
 #include "lumen/gather.h"
+#include "lumen/holder/verify_scatter.h"
 
 namespace lumen::holder {
 
@@ -406,29 +407,41 @@ RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
   const uint64_t record_bytes = checkpoint.record_bytes;
   const uint64_t n = std::min({checkpoint.durable_tokens, num_expected, num_slots});
   report.status = RestoreStatus::kComplete;
-  // Verify a few records, then scatter them while they are still in cache.
-  constexpr uint64_t kChunk = 8;
+  const uint8_t* records = checkpoint.records.get();
+  const std::vector<int> order =
+      fused_plane_order(planes, num_planes, static_cast<int64_t>(record_bytes));
   uint64_t done = 0;
   while (done < n && report.status == RestoreStatus::kComplete) {
-    const uint64_t chunk_end = std::min(n, done + kChunk);
-    uint64_t good = done;
-    for (; good < chunk_end; ++good) {
-      if (checkpoint.token_ids[good] != expected_token_ids[good]) {
+    // A group of up to three tokens whose ids match; their slots are written while their
+    // crcs are computed, and the restored prefix ends before the first that fails.
+    uint64_t end = std::min(n, done + 3);
+    for (uint64_t i = done; i < end; ++i) {
+      if (checkpoint.token_ids[i] != expected_token_ids[i]) {
         report.status = RestoreStatus::kTokenMismatch;
-        break;
+        end = i;
       }
-      if (crc32c(checkpoint.records.get() + good * record_bytes, record_bytes) !=
-          checkpoint.crcs[good]) {
+    }
+    const int count = static_cast<int>(end - done);
+    if (count == 0) break;
+    uint32_t crcs[3];
+    if (!order.empty()) {
+      const uint8_t* group[3] = {};
+      for (int t = 0; t < count; ++t) group[t] = records + (done + t) * record_bytes;
+      scatter_with_crc(group, slot_ids + done, count, planes, order, crcs);
+    } else {
+      for (int t = 0; t < count; ++t) {
+        crcs[t] = crc32c(records + (done + t) * record_bytes, record_bytes);
+      }
+      scatter_tokens_cpu(records + done * record_bytes, planes, num_planes,
+                         static_cast<int64_t>(record_bytes), slot_ids + done, count, 1);
+    }
+    for (int t = 0; t < count; ++t) {
+      if (crcs[t] != checkpoint.crcs[done]) {
         report.status = RestoreStatus::kCrcMismatch;
         break;
       }
+      ++done;
     }
-    if (good > done) {
-      scatter_tokens_cpu(checkpoint.records.get() + done * record_bytes, planes, num_planes,
-                         static_cast<int64_t>(record_bytes), slot_ids + done,
-                         static_cast<int64_t>(good - done), 1);
-    }
-    done = good;
   }
   report.restored_tokens = done;
   return report;

@@ -186,7 +186,7 @@ def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: byt
         rig.append(1, 0, 20)
         records = gather_tokens(rig.layout, rig.slots(1, 40)[20:]).clone()
         crcs = checksum(records).numpy()
-        records[7, 3] ^= 0x40  # position 27 no longer matches its crc
+        records[8, 3] ^= 0x40  # position 28 no longer matches its crc
         rig.client.append(1, SHARD, EPOCH, 20, rig.tokens(1, 40)[20:], crcs, records.numpy(), rig.cap(1))
         target = small_cache(seed=5)
         slots = torch.arange(40, dtype=torch.int64)
@@ -194,8 +194,8 @@ def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: byt
 
         result = rig.store.restore(1, target, slots, token_ids=tokens, model_fingerprint=MODEL)
         assert result.status is RestoreStatus.CRC_MISMATCH
-        assert (result.restored_tokens, result.reprefill_tokens) == (27, 13)
-        assert_kv_equal(rig.layout, rig.slots(1, 27), target, slots[:27])
+        assert (result.restored_tokens, result.reprefill_tokens) == (28, 12)
+        assert_kv_equal(rig.layout, rig.slots(1, 28), target, slots[:28])
 
         other = rig.store.restore(1, target, slots, token_ids=tokens, model_fingerprint="other")
         assert other.status is RestoreStatus.FINGERPRINT_MISMATCH and other.restored_tokens == 0
@@ -210,7 +210,7 @@ def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: byt
             rig.client, 1, target, slots, token_ids=tokens, model_fingerprint=MODEL,
             capability=rig.cap(1), chunk_tokens=8,
         )
-        assert remote.status is RestoreStatus.CRC_MISMATCH and remote.restored_tokens == 27
+        assert remote.status is RestoreStatus.CRC_MISMATCH and remote.restored_tokens == 28
         missing = rig.store.restore(77, target, slots, token_ids=tokens, model_fingerprint=MODEL)
         assert missing.status is RestoreStatus.MISSING and missing.reprefill_tokens == 40
     finally:
@@ -264,3 +264,27 @@ def test_store_arguments_are_checked(rig: Rig) -> None:
         rig.store.restore(1, target, [3], token_ids=[1], model_fingerprint="")
     with pytest.raises(TypeError, match="token_ids must hold ints"):
         rig.store.restore(1, target, [3], token_ids=[1.5], model_fingerprint=MODEL)
+
+
+@pytest.mark.parametrize(
+    "kind", ["vllm_flash_hnd", "vllm_flashinfer", "sglang", "mla", "vllm_flash_fp8_scales"]
+)
+def test_restore_is_bit_exact_for_every_layout(secret: bytes, kind: str) -> None:
+    def layout(seed: int) -> KVLayout:
+        return make_paged_cache(kind, num_layers=2, num_blocks=16, block_size=8,
+                                num_kv_heads=2, head_dim=16, seed=seed)
+
+    source, target = layout(0), layout(1)
+    store = HolderStore()
+    fp = fingerprint_bytes(source, MODEL)
+    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    slots = torch.arange(5, 42, dtype=torch.int64)
+    records = gather_tokens(source, slots)
+    tokens = np.arange(37, dtype=np.uint32)
+    with store.serve(secret, tls=TLS) as server, Client("127.0.0.1", server.port, secret, tls=TLS) as c:
+        c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
+        c.append(1, SHARD, EPOCH, 0, tokens, checksum(records).numpy(), records.numpy(), cap)
+    into = torch.arange(60, 97, dtype=torch.int64).flip(0)
+    result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
+    assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, 37)
+    assert_kv_equal(source, slots, target, into)

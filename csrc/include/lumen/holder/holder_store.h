@@ -101,7 +101,9 @@ class HolderStore final : public transport::RecordSink {
   // (2 * kFingerprintBytes), then walks the durable prefix in position order, stopping at the
   // first token whose id differs from expected_token_ids[i] or whose record no longer matches
   // its crc (or after num_expected / num_slots tokens), and scatters the verified prefix into
-  // slot_ids. planes: the cache (lumen/slot_index.h), already validated by the caller.
+  // slot_ids (records are verified while they are written: up to two slots after the prefix
+  // may have been written too; the caller re-prefills them). planes: the cache
+  // (lumen/slot_index.h), already validated by the caller.
   RestoreReport restore_into(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
                              const uint32_t* expected_token_ids, uint64_t num_expected,
                              const PlaneDesc* planes, int num_planes, const int64_t* slot_ids,
