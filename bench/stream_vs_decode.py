@@ -106,10 +106,17 @@ class Decode:
         return max(1, round(low + (step_ms / 1000 - t_low) / per_rep))
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process pid, all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, secret: bytes,
-        port: int) -> tuple[list[float], list[float], float, int]:
+        port: int, holder_pid: int) -> tuple[list[float], list[float], float, int, float]:
     """Wall-clock and decode-thread CPU latencies (s) of decode.steps steps; with a streamer
-    also the seconds until every append was acknowledged and the bytes acknowledged."""
+    also the seconds until every append was acknowledged, the bytes acknowledged and the CPU
+    seconds of the data plane (this process's other threads and the holder process)."""
     rids = np.arange(request_base, request_base + decode.num_requests, dtype=np.uint64)
     if streamer is not None:
         for rid in rids:
@@ -119,6 +126,7 @@ def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, 
     latencies = []
     cpu = []
     start = time.perf_counter()
+    cpu_start = process_cpu_s(os.getpid()) + process_cpu_s(holder_pid) - time.thread_time()
     for position in range(decode.steps):
         t0, c0 = time.perf_counter(), time.thread_time()
         slots = decode.step(position)
@@ -128,16 +136,17 @@ def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, 
         latencies.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     if streamer is None:
-        return latencies, cpu, 0.0, 0
+        return latencies, cpu, 0.0, 0, 0.0
     streamer.flush(timeout_s=60)
     elapsed = time.perf_counter() - start
+    data_plane_cpu = process_cpu_s(os.getpid()) + process_cpu_s(holder_pid) - time.thread_time() - cpu_start
     stats = streamer.stats()
     acked = stats.counters["bytes_acked"] - acked_before
     for rid in rids:
         streamer.wait_for_save(int(rid))
         streamer.release(int(rid))
     streamer.flush(timeout_s=60)
-    return latencies, cpu, elapsed, acked
+    return latencies, cpu, elapsed, acked, data_plane_cpu
 
 
 def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> None:
@@ -253,15 +262,17 @@ def main() -> int:
                 on_cpu: list[float] = []
                 elapsed = 0.0
                 acked = 0
+                data_cpu = 0.0
                 for r in range(args.repeats):
-                    lat, cpu, _, _ = run(decode, None, 0, secret, port)
+                    lat, cpu, _, _, _ = run(decode, None, 0, secret, port, holder.pid)
                     off += lat
                     off_cpu += cpu
-                    lat, cpu, el, ac = run(decode, streamer, (r + 1) << 32, secret, port)
+                    lat, cpu, el, ac, dc = run(decode, streamer, (r + 1) << 32, secret, port, holder.pid)
                     on += lat
                     on_cpu += cpu
                     elapsed += el
                     acked += ac
+                    data_cpu += dc
                 counters = streamer.stats().counters
                 streamer.close()
                 if CORES:
@@ -285,7 +296,8 @@ def main() -> int:
                       f"p99 {p99[0]*1e3:.1f} ms | p50 ratio {p50[0]/p50[1]:.3f} p99 ratio {p99[0]/p99[1]:.3f} | "
                       f"stream {gbps:.2f} GB/s acked (produced {demand:.2f} GB/s) | dropped steps "
                       f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']} | decode-thread "
-                      f"CPU p50 ratio {cpu50[0]/cpu50[1]:.3f} p99 ratio {cpu99[0]/cpu99[1]:.3f}", flush=True)
+                      f"CPU p50 ratio {cpu50[0]/cpu50[1]:.3f} p99 ratio {cpu99[0]/cpu99[1]:.3f} | data plane "
+                      f"{data_cpu / elapsed:.0%} of a core ({os.getloadavg()[0]:.1f} load)", flush=True)
                 del layout, decode
         finally:
             holder.terminate()
