@@ -208,12 +208,15 @@ class Server:
 
     @property
     def port(self) -> int:
+        """The port listened on (the one the OS chose when constructed with port 0)."""
         return int(self._native.port)
 
     def stats(self) -> dict[str, int]:
+        """Counters: connections, handshakes, every kind of refusal, committed appends/bytes."""
         return dict(self._native.stats())
 
     def close(self) -> None:
+        """Stops listening and drops every connection (appends in flight fail). Idempotent."""
         self._native.close()
 
     def __enter__(self) -> Server:
@@ -260,6 +263,7 @@ class Client:
 
     @property
     def connected(self) -> bool:
+        """False once the connection failed or was closed; every call then raises PeerGone."""
         return bool(self._native.connected)
 
     def open(
@@ -431,9 +435,11 @@ class Client:
         return [(str(t), str(d)) for t, d in self._native.transports()]
 
     def stats(self) -> dict[str, int]:
+        """Counters: operations started and failed, bytes sent (acknowledged) and read."""
         return dict(self._native.stats())
 
     def close(self) -> None:
+        """Closes the connection; operations in flight fail with PeerGone. Idempotent."""
         self._native.close()
 
     def __enter__(self) -> Client:
