@@ -123,11 +123,11 @@ def _check_secret(secret: object) -> bytes:
     return _check_bytes("secret", secret, min_size=MIN_SECRET_BYTES)
 
 
-def _check_timeout(timeout_s: object) -> float:
+def _check_timeout(timeout_s: object, name: str = "timeout_s") -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-        raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
+        raise TypeError(f"{name} must be a number, got {type(timeout_s).__name__}")
     if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        raise ValueError(f"{name} must be > 0, got {timeout_s}")
     return float(timeout_s)
 
 
@@ -175,7 +175,8 @@ class Server:
     """A listener keeping appended checkpoints in host memory (minimal store; no budget).
 
     Runs its own UCX progress thread; ``stats()`` returns the counters of every refusal.
-    ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice).
+    ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice). A connection that has
+    not proven the secret within ``handshake_timeout_s`` is dropped.
     """
 
     def __init__(
@@ -187,6 +188,7 @@ class Server:
         tls: str = "",
         limits: WireLimits = WireLimits(),
         verify_records: bool = True,
+        handshake_timeout_s: float = 10.0,
     ) -> None:
         key = _check_secret(secret)
         if not isinstance(address, str):
@@ -202,6 +204,7 @@ class Server:
             port=port,
             tls=tls,
             verify_records=bool(verify_records),
+            handshake_timeout_s=_check_timeout(handshake_timeout_s, "handshake_timeout_s"),
             **limits._kwargs(),
         )
         self.address = address
@@ -257,7 +260,7 @@ class Client:
             port=port,
             secret=key,
             tls=tls,
-            connect_timeout_s=_check_timeout(connect_timeout_s),
+            connect_timeout_s=_check_timeout(connect_timeout_s, "connect_timeout_s"),
             **limits._kwargs(),
         )
 
