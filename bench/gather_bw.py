@@ -272,6 +272,15 @@ def test_scatter_restore(benchmark):  # type: ignore[no-untyped-def]
     assert torch.equal(gather_tokens(layout, ids), records)
 
 
+def test_memcpy_restore_baseline(benchmark):  # type: ignore[no-untyped-def]
+    # The same payload as the restore tests as one contiguous copy: their ceiling, same run.
+    _, _, records = _small()
+    out = torch.empty_like(records)
+    threads = os.cpu_count() or 1
+    benchmark(_native.require_cpu().copy_bytes, out.data_ptr(), records.data_ptr(), records.numel(), threads)
+    assert torch.equal(out, records)
+
+
 def test_checksum_one_core(benchmark):  # type: ignore[no-untyped-def]
     records = torch.randint(0, 256, (64, 4096), dtype=torch.uint8)
     crcs = benchmark(checksum, records, num_threads=1)

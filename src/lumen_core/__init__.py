@@ -9,4 +9,33 @@ from lumen_core._native import BUILD_INFO, HAS_CUDA, HAS_UCX
 
 __version__ = "0.1.0"
 
-__all__ = ["BUILD_INFO", "HAS_CUDA", "HAS_UCX", "__version__"]
+# The data-plane names need torch; they load on first use so that torch-free parts (policy,
+# sim) import without it.
+_LAZY = {
+    "KVLayout": "lumen_core.layouts",
+    "StagingPool": "lumen_core.staging",
+    "checksum": "lumen_core.ops",
+    "gather_tokens": "lumen_core.ops",
+    "scatter_tokens": "lumen_core.ops",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lumen_core' has no attribute {name!r}")
+
+
+__all__ = [
+    "BUILD_INFO",
+    "HAS_CUDA",
+    "HAS_UCX",
+    "KVLayout",
+    "StagingPool",
+    "__version__",
+    "checksum",
+    "gather_tokens",
+    "scatter_tokens",
+]
