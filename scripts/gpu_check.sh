@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # GPU check: for a machine with a CUDA GPU, nvcc and its own torch, and no package registry.
-# Needs nvcc, cmake, scikit-build-core and pybind11 installed there. Builds lumen_core offline
-# against what is installed (no build isolation, no dependency
-# resolution, UCX off), runs every `cuda`-marked test of every area and every CUDA benchmark
-# in bench/ that exists, and prints a short table. Exit status: non-zero if anything failed.
+# Needs nvcc, cmake, scikit-build-core, pybind11 and pytest installed there. Builds lumen_core
+# offline against what is installed (no build isolation, no dependency resolution, UCX off),
+# runs every `cuda`-marked test of every area and every bench/*.py that takes --device cuda,
+# and prints a short table. Exit status: non-zero if anything failed.
 #
 #   scripts/gpu_check.sh            # uses `python3` (override: PYTHON=/path/to/python)
 #   OUT=/some/dir scripts/gpu_check.sh   # also keeps logs and JSON there
