@@ -342,7 +342,10 @@ class KVLayout:
     def device_descriptors(self) -> torch.Tensor:
         """The descriptors on the layout's CUDA device (copied once, then cached)."""
         if self._device_descriptors is None:
-            self._device_descriptors = self._descriptors.to(self._device)
+            descriptors = self._descriptors.to(self._device)
+            # Once per layout: make the copy visible to every stream that will read it.
+            torch.cuda.synchronize(self._device)
+            self._device_descriptors = descriptors
         return self._device_descriptors
 
     def _pack_descriptors(self) -> torch.Tensor:

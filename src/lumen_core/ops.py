@@ -78,7 +78,7 @@ def _check_layout(layout: object) -> KVLayout:
 
 
 def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torch.Tensor:
-    """Validated ids as a contiguous int64 tensor on the layout's device."""
+    """The ids, validated (convert them with _as_index)."""
     if not isinstance(slot_ids, torch.Tensor):
         raise TypeError(f"`slot_ids` must be a torch.Tensor, got {type(slot_ids).__name__}")
     if slot_ids.dtype not in (torch.int32, torch.int64):
@@ -86,16 +86,23 @@ def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torc
     if slot_ids.dim() != 1:
         raise ValueError(f"`slot_ids` must be 1-D, got shape {tuple(slot_ids.shape)}")
     if slot_ids.device.type != "cpu" and slot_ids.device != layout.device:
-        raise ValueError(f"`slot_ids` must be on the CPU or on {layout.device}, got {slot_ids.device}")
+        where = "the CPU" if layout.device.type == "cpu" else f"the CPU or {layout.device}"
+        raise ValueError(f"`slot_ids` must be on {where}, got {slot_ids.device}")
     if slot_ids.numel() > 0:
         low, high = int(slot_ids.min()), int(slot_ids.max())
         if low < 0 or high >= layout.num_slots:
             bad = low if low < 0 else high
             raise IndexError(f"`slot_ids` must lie in [0, {layout.num_slots}), got {bad}")
-        if unique and torch.unique(slot_ids).numel() != slot_ids.numel():
+        if unique:
             repeats = slot_ids.numel() - torch.unique(slot_ids).numel()
-            raise ValueError(f"`slot_ids` must not repeat in a scatter, got {repeats} repeated ids")
-    return slot_ids.to(device=layout.device, dtype=torch.int64).contiguous()
+            if repeats:
+                raise ValueError(f"`slot_ids` must not repeat in a scatter, got {repeats} repeated ids")
+    return slot_ids
+
+
+def _as_index(slot_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Contiguous int64 ids on ``device`` (on a CUDA device: call under the op's stream)."""
+    return slot_ids.to(device=device, dtype=torch.int64).contiguous()
 
 
 def _check_records_shape(records: torch.Tensor, name: str, num_tokens: int, layout: KVLayout) -> None:
@@ -133,7 +140,10 @@ def _cuda_move(direction: str, layout: KVLayout, ids: torch.Tensor, records: tor
     stream = torch.cuda.current_stream(layout.device) if stream is None else stream
     placement = {"device": cuda.RecordPlacement.device, "mapped": cuda.RecordPlacement.mapped_host,
                  "staged": cuda.RecordPlacement.staged_host}[mode]
+    # Temporaries are allocated under `stream`, so the caching allocator does not hand their
+    # memory to other work before this stream's kernel and copies are done with it.
     with torch.cuda.stream(stream):
+        ids = _as_index(ids, layout.device)
         staging = torch.empty_like(records, device=layout.device) if mode == "staged" else None
         move = cuda.gather_tokens if direction == "gather" else cuda.scatter_tokens
         move(records.data_ptr(), layout.descriptors().data_ptr(), layout.device_descriptors().data_ptr(),
@@ -192,6 +202,7 @@ def gather_tokens(
     if ids.numel() == 0:
         return out
     if record_mode is None:
+        ids = _as_index(ids, layout.device)
         _native.require_cpu().gather_tokens(
             out.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
             ids.data_ptr(), ids.numel(), threads,
@@ -235,6 +246,7 @@ def scatter_tokens(
     if ids.numel() == 0:
         return
     if record_mode is None:
+        ids = _as_index(ids, layout.device)
         _native.require_cpu().scatter_tokens(
             records.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
             ids.data_ptr(), ids.numel(), threads,

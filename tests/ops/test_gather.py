@@ -188,7 +188,7 @@ def test_slot_ids_rank(layout):
 
 
 def test_slot_ids_device(layout):
-    with pytest.raises(ValueError, match="`slot_ids` must be on the CPU or on cpu, got meta"):
+    with pytest.raises(ValueError, match="`slot_ids` must be on the CPU, got meta"):
         gather_tokens(layout, torch.zeros(2, dtype=torch.int64, device="meta"))
 
 
