@@ -6,6 +6,17 @@ tokens for the busiest survivor while its model reloads. See README.md and DESIG
 """
 
 from lumen_core._native import BUILD_INFO, HAS_CUDA, HAS_UCX
+from lumen_core.policy import (
+    AllToHolder,
+    FixedNeighbour,
+    LoadAware,
+    LoadMonitor,
+    LocalityAware,
+    NoCheckpoint,
+    Rebalance,
+    SpecAssistPlanner,
+    make_policy,
+)
 
 __version__ = "0.1.0"
 
@@ -38,4 +49,15 @@ __all__ = [
     "checksum",
     "gather_tokens",
     "scatter_tokens",
+]
+__all__ += [
+    "AllToHolder",
+    "FixedNeighbour",
+    "LoadAware",
+    "LoadMonitor",
+    "LocalityAware",
+    "NoCheckpoint",
+    "Rebalance",
+    "SpecAssistPlanner",
+    "make_policy",
 ]

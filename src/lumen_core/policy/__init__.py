@@ -3,3 +3,86 @@
 Stdlib and numpy only; no I/O, threads, wall clocks or torch. ``sim/`` and ``gateway/`` build
 the same classes and feed them the same events (``policy.events``).
 """
+
+from lumen_core.policy.assist import (
+    AssistConfig,
+    GainFn,
+    SpecAssistPlanner,
+    expected_tokens_per_step,
+    make_acceptance_gain,
+)
+from lumen_core.policy.events import (
+    AssistDecision,
+    CheckpointEvicted,
+    CheckpointGrew,
+    CheckpointRefused,
+    CheckpointReleased,
+    CheckpointReserved,
+    Event,
+    Heartbeat,
+    PlacementDecision,
+    RecoveryAction,
+    RequestAdmitted,
+    RequestFinished,
+    RouteDecision,
+    WorkerFailed,
+    WorkerJoined,
+    WorkerRecovering,
+)
+from lumen_core.policy.load import LoadConfig, LoadMonitor, RequestView, WorkerView
+from lumen_core.policy.placement import (
+    FixedNeighbour,
+    LoadAware,
+    NoCheckpoint,
+    Placement,
+    PlacementConfig,
+)
+from lumen_core.policy.presets import POLICY_NAMES, PolicySet, make_policy
+from lumen_core.policy.routing import (
+    AllToHolder,
+    LocalityAware,
+    Rebalance,
+    Router,
+    RouterConfig,
+)
+
+__all__ = [
+    "AllToHolder",
+    "AssistConfig",
+    "AssistDecision",
+    "CheckpointEvicted",
+    "CheckpointGrew",
+    "CheckpointRefused",
+    "CheckpointReleased",
+    "CheckpointReserved",
+    "Event",
+    "FixedNeighbour",
+    "GainFn",
+    "Heartbeat",
+    "LoadAware",
+    "LoadConfig",
+    "LoadMonitor",
+    "LocalityAware",
+    "NoCheckpoint",
+    "POLICY_NAMES",
+    "Placement",
+    "PlacementConfig",
+    "PlacementDecision",
+    "PolicySet",
+    "Rebalance",
+    "RecoveryAction",
+    "RequestAdmitted",
+    "RequestFinished",
+    "RequestView",
+    "RouteDecision",
+    "Router",
+    "RouterConfig",
+    "SpecAssistPlanner",
+    "WorkerFailed",
+    "WorkerJoined",
+    "WorkerRecovering",
+    "WorkerView",
+    "expected_tokens_per_step",
+    "make_acceptance_gain",
+    "make_policy",
+]

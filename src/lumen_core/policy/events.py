@@ -66,6 +66,22 @@ class RequestFinished:
 
 
 @dataclass(frozen=True)
+class CheckpointReserved:
+    """Placement reserved ``reserved_bytes`` on each holder for the request's checkpoint.
+
+    Placement objects reserve through the monitor directly; this event lets a driver replay a
+    reservation from an event log (the gateway's, for instance) into another monitor. Do not
+    also apply it to the monitor the placement reserved in: the holder would be reserved twice
+    (ValueError).
+    """
+
+    time_s: float
+    request_id: int
+    holder_ids: tuple[int, ...]
+    reserved_bytes: int  # per holder
+
+
+@dataclass(frozen=True)
 class CheckpointGrew:
     """Aggregated durable length of a request's checkpoint on one holder."""
 
@@ -106,6 +122,7 @@ Event = (
     | Heartbeat
     | RequestAdmitted
     | RequestFinished
+    | CheckpointReserved
     | CheckpointGrew
     | CheckpointReleased
     | CheckpointEvicted
@@ -122,13 +139,18 @@ class RecoveryAction(enum.Enum):
 
 @dataclass(frozen=True)
 class PlacementDecision:
-    """Where a request's checkpoint goes. ``holder_ids`` empty means not checkpointed."""
+    """Where a request's checkpoint goes. ``holder_ids`` empty means not checkpointed.
+
+    ``holder_ids`` are all holders of the request after the decision; ``new_holder_ids`` the
+    ones this decision reserved, to which the serving worker streams the checkpoint in full.
+    """
 
     request_id: int
     serving_worker_id: int
     holder_ids: tuple[int, ...]
     reserved_bytes: int  # per holder
     reason: str
+    new_holder_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
