@@ -112,7 +112,12 @@ class KVLayout:
             num_pieces, piece_elems = view.shape[2], view.shape[3]
             piece_bytes = piece_elems * item
             piece_stride = view.stride(2) * item
-            if num_pieces > 1 and piece_stride == piece_bytes:  # contiguous row: one piece
+            if num_pieces > 1 and piece_stride < piece_bytes:
+                raise ValueError(
+                    f"`{name}` must not overlap its pieces (stride {view.stride(2)} < {piece_elems} elements in "
+                    f"dimension 2), got strides {view.stride()}"
+                )
+            if num_pieces == 1 or piece_stride == piece_bytes:  # contiguous row: one piece
                 piece_bytes, piece_stride, merged = num_pieces * piece_bytes, num_pieces * piece_bytes, 1
             else:
                 merged = num_pieces
