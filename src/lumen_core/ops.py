@@ -124,6 +124,17 @@ def _check_mode(mode: object, layout: KVLayout, records: torch.Tensor | None) ->
     return mode  # type: ignore[return-value]
 
 
+def _check_stream(stream: object, layout: KVLayout) -> None:
+    if stream is None:
+        return
+    if layout.device.type == "cpu":
+        raise ValueError(f"`stream` must be None for a CPU layout, got {type(stream).__name__}")
+    if not isinstance(stream, torch.cuda.Stream):
+        raise TypeError(f"`stream` must be a torch.cuda.Stream or None, got {type(stream).__name__}")
+    if stream.device != layout.device:
+        raise ValueError(f"`stream` must belong to {layout.device}, got a stream of {stream.device}")
+
+
 def _check_records_device(records: torch.Tensor, name: str, layout: KVLayout, mode: RecordMode | None) -> None:
     if mode is None or mode == "device":
         if records.device != layout.device:
@@ -180,9 +191,11 @@ def gather_tokens(
         ``slot_ids[t]`` (plane ``i`` at ``layout.planes[i].record_offset``).
 
     Raises:
-        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``out`` not tensors.
+        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``out`` not tensors, ``stream``
+            not a ``torch.cuda.Stream``.
         ValueError: wrong dtype, rank, shape, contiguity or device of ``slot_ids``/``out``;
-            ``out`` not pinned for a host mode; an unknown ``mode``.
+            ``out`` not pinned for a host mode; an unknown ``mode``; ``mode``/``stream`` given
+            for a CPU layout or a stream of another device.
         IndexError: a slot outside ``[0, layout.num_slots)``.
     """
     layout = _check_layout(layout)
@@ -192,6 +205,7 @@ def gather_tokens(
         _check_records_tensor(out, "out")
         _check_records_shape(out, "out", ids.numel(), layout)
     record_mode = _check_mode(mode, layout, out)
+    _check_stream(stream, layout)
     if out is None:
         shape = (ids.numel(), layout.record_bytes)
         if record_mode in ("mapped", "staged"):
@@ -232,8 +246,10 @@ def scatter_tokens(
         num_threads, mode, stream: as in gather_tokens.
 
     Raises:
-        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``records`` not tensors.
-        ValueError: wrong dtype, rank, shape, contiguity or device; repeated slot ids.
+        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``records`` not tensors, ``stream``
+            not a ``torch.cuda.Stream``.
+        ValueError: wrong dtype, rank, shape, contiguity or device; repeated slot ids; as in
+            gather_tokens for ``mode`` and ``stream``.
         IndexError: a slot outside ``[0, layout.num_slots)``.
     """
     layout = _check_layout(layout)
@@ -242,6 +258,7 @@ def scatter_tokens(
     _check_records_tensor(records, "records")
     _check_records_shape(records, "records", ids.numel(), layout)
     record_mode = _check_mode(mode, layout, records)
+    _check_stream(stream, layout)
     _check_records_device(records, "records", layout, record_mode)
     if ids.numel() == 0:
         return

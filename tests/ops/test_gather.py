@@ -253,6 +253,11 @@ def test_mode_on_cpu_layout(layout):
         gather_tokens(layout, torch.tensor([0]), mode="staged")
 
 
+def test_stream_on_cpu_layout(layout):
+    with pytest.raises(ValueError, match="`stream` must be None for a CPU layout, got object"):
+        gather_tokens(layout, torch.tensor([0]), stream=object())
+
+
 def test_num_threads(layout):
     with pytest.raises(ValueError, match="`num_threads` must be >= 1, got -2"):
         scatter_tokens(layout, torch.tensor([0]), torch.zeros(1, layout.record_bytes, dtype=torch.uint8), num_threads=-2)
