@@ -5,10 +5,9 @@ Batches: ``decode`` (1 new token of each of 256 requests, scattered slots) and `
 (4096 consecutive tokens of one request). For each: native gather and scatter, a contiguous
 copy of the same payload with the same thread count (the memcpy ceiling), the best torch idiom
 (``torch.index_select(..., out=)`` / ``index_copy_`` over flattened rows per plane) and the naive
-idiom (per-layer advanced indexing, then ``torch.stack``); also gather with the records' CRC-32C
-fused (``gather_crc``) against gather followed by ``checksum`` (``gather_then_crc``), and
-crc32c alone on one core. GB/s counts payload bytes (the records' size); each figure is the
-best of ``--reps`` runs after a warm-up. Correctness is checked once before timing.
+idiom (per-layer advanced indexing, then ``torch.stack``). GB/s counts payload bytes (the
+records' size); each figure is the best of ``--reps`` runs after a warm-up. Correctness is
+checked once before timing.
 
     python bench/gather_bw.py [--json PATH] [--device cpu|cuda] [--quick]
 
@@ -100,12 +99,6 @@ def best_times(fns: dict[str, Callable[[], object]], device: str, reps: int) -> 
     return best
 
 
-def gather_then_checksum(layout: KVLayout, ids: torch.Tensor, records: torch.Tensor, threads: int) -> None:
-    """The unfused pipeline: gather, then a second pass over the records for their CRCs."""
-    gather_tokens(layout, ids, records, num_threads=threads)
-    checksum(records, num_threads=threads)
-
-
 class TorchIdioms:
     """The torch baselines over the same cache, slots and payload."""
 
@@ -144,9 +137,6 @@ def bench_cpu_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, thr
     for rows_of_plane, info in zip(cache.plane_rows, layout.planes):
         got = records[:, info.record_offset : info.record_offset + info.row_bytes]
         assert torch.equal(got, rows_of_plane.index_select(0, ids).view(torch.uint8)), "gather is wrong"
-    crcs = torch.empty(n, dtype=torch.uint32)
-    gather_tokens(layout, ids, records, crc_out=crcs)
-    assert torch.equal(crcs, checksum(records)), "fused crc is wrong"
     idioms = TorchIdioms(cache, ids, scratch)
     torch_threads = torch.get_num_threads()
     for threads in threads_list:
@@ -155,8 +145,6 @@ def bench_cpu_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, thr
             "memcpy": partial(native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, threads),
             "gather": partial(gather_tokens, layout, ids, records, num_threads=threads),
             "scatter": partial(scatter_tokens, layout, ids, records, num_threads=threads),
-            "gather_crc": partial(gather_tokens, layout, ids, records, num_threads=threads, crc_out=crcs),
-            "gather_then_crc": partial(gather_then_checksum, layout, ids, records, threads),
             "best_gather": idioms.best_gather,
             "best_scatter": idioms.best_scatter,
             "naive_gather": idioms.naive_gather,
@@ -165,8 +153,6 @@ def bench_cpu_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, thr
         for op in ("gather", "scatter"):
             rows.append(Row(shape, batch, op, threads, payload / t[op] / 1e9, t["memcpy"] / t[op],
                             t[f"best_{op}"] / t[op], t[f"naive_{op}"] / t[op]))
-        for op in ("gather_crc", "gather_then_crc"):
-            rows.append(Row(shape, batch, op, threads, payload / t[op] / 1e9, t["memcpy"] / t[op], None, None))
         rows.append(Row(shape, batch, "memcpy", threads, payload / t["memcpy"] / 1e9, 1.0, None, None))
     torch.set_num_threads(torch_threads)
     if batch == "restore":

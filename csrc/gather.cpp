@@ -9,7 +9,6 @@
 
 #include <cstring>
 
-#include "lumen/checksum.h"
 #include "lumen/gather.h"
 #include "lumen/thread_pool.h"
 
@@ -118,21 +117,8 @@ int workers_for(int64_t num_bytes, int64_t num_units, int num_threads) {
 
 enum class Direction { kGather, kScatter };
 
-// Record CRCs are computed from the source rows right after they are copied (still in L1),
-// so the records, written with streaming stores, are never read back.
-void check_planes_tile_record(const PlaneDesc* planes, int num_planes, int64_t record_bytes) {
-  int64_t offset = 0;
-  for (int i = 0; i < num_planes; ++i) {
-    if (planes[i].record_offset != offset) {
-      throw std::invalid_argument("crcs: planes must tile the record in order");
-    }
-    offset += plane_row_bytes(planes[i]);
-  }
-  if (offset != record_bytes) throw std::invalid_argument("crcs: planes must tile the record");
-}
-
 template <Direction kDirection>
-void move_tokens(uint8_t* records, uint32_t* crcs, const PlaneDesc* planes, int num_planes,
+void move_tokens(uint8_t* records, const PlaneDesc* planes, int num_planes,
                  int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
                  int num_threads) {
   if (num_tokens < 0) throw std::invalid_argument("num_tokens must be >= 0");
@@ -140,23 +126,15 @@ void move_tokens(uint8_t* records, uint32_t* crcs, const PlaneDesc* planes, int 
   if (records == nullptr || slot_ids == nullptr) throw std::invalid_argument("null pointer");
   validate_planes(planes, num_planes, record_bytes);
   validate_slots(planes, num_planes, slot_ids, num_tokens);
-  if (crcs != nullptr) check_planes_tile_record(planes, num_planes, record_bytes);
   CopyFn copy = copy_routine().fn;
   int64_t num_units = num_tokens * num_planes;
-  // With CRCs each thread owns whole tokens (a record's CRC runs over its planes in order);
-  // otherwise (token, plane) units are split evenly, which also spreads a single token.
-  int64_t num_items = crcs != nullptr ? num_tokens : num_units;
-  int64_t units_per_item = crcs != nullptr ? num_planes : 1;
-  int workers = workers_for(num_tokens * record_bytes, num_items, num_threads);
+  int workers = workers_for(num_tokens * record_bytes, num_units, num_threads);
   ThreadPool::instance().run(workers, [&](int worker, int count) {
-    int64_t first, last;
-    split_range(num_items, worker, count, &first, &last);
-    int64_t begin = first * units_per_item, end = last * units_per_item;
-    uint32_t crc = 0;
+    int64_t begin, end;
+    split_range(num_units, worker, count, &begin, &end);
     for (int64_t unit = begin; unit < end; ++unit) {
       int64_t token = unit / num_planes;
-      int64_t plane_index = unit - token * num_planes;
-      const PlaneDesc& plane = planes[plane_index];
+      const PlaneDesc& plane = planes[unit - token * num_planes];
       int64_t ahead = unit + kPrefetchUnits;
       if (ahead < end) {
         int64_t ahead_token = ahead / num_planes;
@@ -166,18 +144,15 @@ void move_tokens(uint8_t* records, uint32_t* crcs, const PlaneDesc* planes, int 
       uint8_t* row = reinterpret_cast<uint8_t*>(plane.base_address) +
                      slot_row_offset(plane, slot_ids[token]);
       uint8_t* record = records + token * record_bytes + plane.record_offset;
-      if (plane_index == 0) crc = 0;
       for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
         uint8_t* cache_piece = row + piece * plane.piece_stride;
         uint8_t* record_piece = record + piece * plane.piece_bytes;
         if (kDirection == Direction::kGather) {
           copy(record_piece, cache_piece, static_cast<size_t>(plane.piece_bytes));
-          if (crcs != nullptr) crc = crc32c(cache_piece, static_cast<size_t>(plane.piece_bytes), crc);
         } else {
           copy(cache_piece, record_piece, static_cast<size_t>(plane.piece_bytes));
         }
       }
-      if (crcs != nullptr && plane_index == num_planes - 1) crcs[token] = crc;
     }
     store_fence();
   });
@@ -185,10 +160,10 @@ void move_tokens(uint8_t* records, uint32_t* crcs, const PlaneDesc* planes, int 
 
 }  // namespace
 
-void gather_tokens_cpu(uint8_t* records, uint32_t* crcs, const PlaneDesc* planes,
-                       int num_planes, int64_t record_bytes, const int64_t* slot_ids,
-                       int64_t num_tokens, int num_threads) {
-  move_tokens<Direction::kGather>(records, crcs, planes, num_planes, record_bytes, slot_ids,
+void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes,
+                       int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
+                       int num_threads) {
+  move_tokens<Direction::kGather>(records, planes, num_planes, record_bytes, slot_ids,
                                   num_tokens, num_threads);
 }
 
@@ -196,7 +171,7 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
                         int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
                         int num_threads) {
   // Scatter only reads the records.
-  move_tokens<Direction::kScatter>(const_cast<uint8_t*>(records), nullptr, planes, num_planes,
+  move_tokens<Direction::kScatter>(const_cast<uint8_t*>(records), planes, num_planes,
                                    record_bytes, slot_ids, num_tokens, num_threads);
 }
 

@@ -22,18 +22,16 @@ void bind_gather(py::module_& m) {
   m.attr("PLANE_DESC_FIELDS") = lumen::kPlaneDescFields;
   m.def(
       "gather_tokens",
-      [](uintptr_t records, uintptr_t crcs, uintptr_t planes, int num_planes,
-         int64_t record_bytes, uintptr_t slot_ids, int64_t num_tokens, int num_threads) {
+      [](uintptr_t records, uintptr_t planes, int num_planes, int64_t record_bytes,
+         uintptr_t slot_ids, int64_t num_tokens, int num_threads) {
         py::gil_scoped_release release;
-        lumen::gather_tokens_cpu(reinterpret_cast<uint8_t*>(records),
-                                 reinterpret_cast<uint32_t*>(crcs), as_planes(planes),
+        lumen::gather_tokens_cpu(reinterpret_cast<uint8_t*>(records), as_planes(planes),
                                  num_planes, record_bytes,
                                  reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
                                  num_threads);
       },
-      py::arg("records"), py::arg("crcs"), py::arg("planes"), py::arg("num_planes"),
-      py::arg("record_bytes"), py::arg("slot_ids"), py::arg("num_tokens"),
-      py::arg("num_threads"), "crcs: address of uint32[num_tokens] for fused CRC-32C, or 0.");
+      py::arg("records"), py::arg("planes"), py::arg("num_planes"), py::arg("record_bytes"),
+      py::arg("slot_ids"), py::arg("num_tokens"), py::arg("num_threads"));
   m.def(
       "scatter_tokens",
       [](uintptr_t records, uintptr_t planes, int num_planes, int64_t record_bytes,

@@ -135,17 +135,6 @@ def _check_stream(stream: object, layout: KVLayout) -> None:
         raise ValueError(f"`stream` must belong to {layout.device}, got a stream of {stream.device}")
 
 
-def _check_crc_out(crc_out: object, num_tokens: int, layout: KVLayout) -> None:
-    if not isinstance(crc_out, torch.Tensor):
-        raise TypeError(f"`crc_out` must be a torch.Tensor or None, got {type(crc_out).__name__}")
-    if layout.device.type != "cpu":
-        raise ValueError(f"`crc_out` must be None for a CUDA layout (use checksum on host records), got {crc_out.device}")
-    if crc_out.dtype != torch.uint32 or crc_out.device.type != "cpu":
-        raise ValueError(f"`crc_out` must be a CPU torch.uint32 tensor, got {crc_out.dtype} on {crc_out.device}")
-    if tuple(crc_out.shape) != (num_tokens,) or not crc_out.is_contiguous():
-        raise ValueError(f"`crc_out` must be contiguous with shape ({num_tokens},), got {tuple(crc_out.shape)}")
-
-
 def _check_records_device(records: torch.Tensor, name: str, layout: KVLayout, mode: RecordMode | None) -> None:
     if mode is None or mode == "device":
         if records.device != layout.device:
@@ -181,7 +170,6 @@ def gather_tokens(
     num_threads: int | None = None,
     mode: RecordMode | None = None,
     stream: torch.cuda.Stream | None = None,
-    crc_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Copy the rows of ``slot_ids`` from every plane of ``layout`` into token records.
 
@@ -197,8 +185,6 @@ def gather_tokens(
             default for a CPU ``out``). CUDA work is asynchronous on ``stream`` (default: the
             current stream): synchronise before reading host records.
         stream: CUDA layouts only: the stream to run on.
-        crc_out: CPU layouts only: optional ``[n]`` torch.uint32, C-contiguous; receives
-            ``checksum(records)`` computed while copying (one pass over memory instead of two).
 
     Returns:
         ``out`` or a new ``[n, record_bytes]`` uint8 tensor: row ``t`` is the record of
@@ -220,8 +206,6 @@ def gather_tokens(
         _check_records_shape(out, "out", ids.numel(), layout)
     record_mode = _check_mode(mode, layout, out)
     _check_stream(stream, layout)
-    if crc_out is not None:
-        _check_crc_out(crc_out, ids.numel(), layout)
     if out is None:
         shape = (ids.numel(), layout.record_bytes)
         if record_mode in ("mapped", "staged"):
@@ -234,8 +218,8 @@ def gather_tokens(
     if record_mode is None:
         ids = _as_index(ids, layout.device)
         _native.require_cpu().gather_tokens(
-            out.data_ptr(), 0 if crc_out is None else crc_out.data_ptr(), layout.descriptors().data_ptr(),
-            layout.num_planes, layout.record_bytes, ids.data_ptr(), ids.numel(), threads,
+            out.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
+            ids.data_ptr(), ids.numel(), threads,
         )
     else:
         _cuda_move("gather", layout, ids, out, record_mode, stream)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lumen_core import _native, reference
 from lumen_core.layouts import KVLayout
-from lumen_core.ops import checksum, gather_tokens, scatter_tokens
+from lumen_core.ops import gather_tokens, scatter_tokens
 from lumen_core.testing import LAYOUT_KINDS, make_paged_cache, random_tensor
 
 C = _native.require_cpu()
@@ -54,18 +54,6 @@ def test_sizes_round_trip(num_tokens, block_size, num_layers, id_dtype, kind):
     target = make_paged_cache(kind, num_layers=num_layers, num_blocks=num_blocks, block_size=block_size, seed=9)
     scatter_tokens(target, ids, records, num_threads=2)
     assert torch.equal(gather_tokens(target, ids, num_threads=1), records)
-
-
-@pytest.mark.parametrize("kind", LAYOUT_KINDS)
-@pytest.mark.parametrize("num_tokens", [1, 3, 17, 257])
-@pytest.mark.parametrize("num_threads", [1, 2])
-def test_fused_crc_equals_checksum_of_records(kind, num_tokens, num_threads):
-    layout = make_paged_cache(kind, num_layers=3, num_blocks=20, block_size=16)
-    ids = distinct_slots(layout, num_tokens, torch.int32, seed=num_tokens)
-    crcs = torch.zeros(num_tokens, dtype=torch.uint32)
-    records = gather_tokens(layout, ids, num_threads=num_threads, crc_out=crcs)
-    assert torch.equal(records, reference.gather_tokens(layout, ids))
-    assert torch.equal(crcs, checksum(records))
 
 
 def test_consecutive_restore_into_other_block_size():
@@ -268,32 +256,6 @@ def test_mode_on_cpu_layout(layout):
 def test_stream_on_cpu_layout(layout):
     with pytest.raises(ValueError, match="`stream` must be None for a CPU layout, got object"):
         gather_tokens(layout, torch.tensor([0]), stream=object())
-
-
-def test_crc_out_type(layout):
-    with pytest.raises(TypeError, match="`crc_out` must be a torch.Tensor or None, got list"):
-        gather_tokens(layout, torch.tensor([0]), crc_out=[0])
-
-
-def test_crc_out_dtype(layout):
-    with pytest.raises(ValueError, match="`crc_out` must be a CPU torch.uint32 tensor, got torch.int64 on cpu"):
-        gather_tokens(layout, torch.tensor([0]), crc_out=torch.zeros(1, dtype=torch.int64))
-
-
-def test_crc_out_shape(layout):
-    with pytest.raises(ValueError, match=r"`crc_out` must be contiguous with shape \(2,\), got \(3,\)"):
-        gather_tokens(layout, torch.tensor([0, 1]), crc_out=torch.zeros(3, dtype=torch.uint32))
-
-
-def test_native_fused_crc_needs_tiled_planes(layout):
-    desc = layout.descriptors().clone()
-    desc[1, 8] += 1  # plane 1 no longer starts where plane 0 ends
-    records = torch.empty(1, layout.record_bytes + 1, dtype=torch.uint8)
-    crcs = torch.empty(1, dtype=torch.uint32)
-    ids = torch.tensor([0])
-    with pytest.raises(ValueError, match="crcs: planes must tile the record in order"):
-        C.gather_tokens(records.data_ptr(), crcs.data_ptr(), desc.data_ptr(), layout.num_planes,
-                        layout.record_bytes + 1, ids.data_ptr(), 1, 1)
 
 
 def test_num_threads(layout):

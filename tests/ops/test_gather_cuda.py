@@ -104,9 +104,3 @@ def test_stream_type():
     layout = make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, device="cuda")
     with pytest.raises(TypeError, match="`stream` must be a torch.cuda.Stream or None, got int"):
         gather_tokens(layout, torch.tensor([0]), stream=0)
-
-
-def test_crc_out_refused_for_cuda_layouts():
-    layout = make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, device="cuda")
-    with pytest.raises(ValueError, match="`crc_out` must be None for a CUDA layout"):
-        gather_tokens(layout, torch.tensor([0]), crc_out=torch.zeros(1, dtype=torch.uint32))

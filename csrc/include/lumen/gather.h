@@ -43,12 +43,10 @@ inline void validate_slots(const PlaneDesc* planes, int num_planes, const int64_
 }
 
 // records[t, plane.record_offset : + row_bytes] = row of slot_ids[t] in plane, for all t and
-// planes. When crcs is not null, also crcs[t] = crc32c(records[t]) (fused: computed from the
-// rows as they are copied; the planes must tile the record in order). num_threads <= 1 runs
-// on the calling thread.
-void gather_tokens_cpu(uint8_t* records, uint32_t* crcs, const PlaneDesc* planes,
-                       int num_planes, int64_t record_bytes, const int64_t* slot_ids,
-                       int64_t num_tokens, int num_threads);
+// planes. num_threads <= 1 runs on the calling thread.
+void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes,
+                       int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
+                       int num_threads);
 
 // The inverse: writes the rows of slot_ids only. slot_ids must not repeat.
 void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num_planes,
