@@ -151,9 +151,10 @@ def _cuda_move(direction: str, layout: KVLayout, ids: torch.Tensor, records: tor
     stream = torch.cuda.current_stream(layout.device) if stream is None else stream
     placement = {"device": cuda.RecordPlacement.device, "mapped": cuda.RecordPlacement.mapped_host,
                  "staged": cuda.RecordPlacement.staged_host}[mode]
-    # Temporaries are allocated under `stream`, so the caching allocator does not hand their
-    # memory to other work before this stream's kernel and copies are done with it.
-    with torch.cuda.stream(stream):
+    # The launch goes to the layout's device. Temporaries are allocated under `stream`, so the
+    # caching allocator does not hand their memory to other work before this stream's kernel
+    # and copies are done with it.
+    with torch.cuda.device(layout.device), torch.cuda.stream(stream):
         ids = _as_index(ids, layout.device)
         staging = torch.empty_like(records, device=layout.device) if mode == "staged" else None
         move = cuda.gather_tokens if direction == "gather" else cuda.scatter_tokens
