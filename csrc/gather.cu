@@ -41,16 +41,29 @@ struct Vec<1> {
   using Type = uint8_t;
 };
 
-// The lanes of one warp copy one row in kVecBytes accesses.
+// The lanes of one warp copy one row in kVecBytes accesses. Counts are 32-bit (rows are below
+// 2 GiB, checked by validate_planes) to keep the index arithmetic cheap.
 template <int kVecBytes, bool kGather>
 __device__ __forceinline__ void move_row(uint8_t* row, uint8_t* record, const PlaneDesc& plane,
                                          int lane) {
   using V = typename Vec<kVecBytes>::Type;
-  const int64_t vecs_per_piece = plane.piece_bytes / kVecBytes;
-  const int64_t num_vecs = vecs_per_piece * plane.num_pieces;
-  for (int64_t v = lane; v < num_vecs; v += kWarpSize) {
-    const int64_t piece = v / vecs_per_piece;
-    const int64_t within = (v - piece * vecs_per_piece) * kVecBytes;
+  const int vecs_per_piece = static_cast<int>(plane.piece_bytes / kVecBytes);
+  if (plane.num_pieces == 1) {  // NHD rows, MLA rows, scale rows: one contiguous run
+    V* cache_vecs = reinterpret_cast<V*>(row);
+    V* record_vecs = reinterpret_cast<V*>(record);
+    for (int v = lane; v < vecs_per_piece; v += kWarpSize) {
+      if (kGather) {
+        record_vecs[v] = cache_vecs[v];
+      } else {
+        cache_vecs[v] = record_vecs[v];
+      }
+    }
+    return;
+  }
+  const int num_vecs = vecs_per_piece * static_cast<int>(plane.num_pieces);
+  for (int v = lane; v < num_vecs; v += kWarpSize) {
+    const int piece = v / vecs_per_piece;
+    const int within = (v - piece * vecs_per_piece) * kVecBytes;
     V* cache_vec = reinterpret_cast<V*>(row + piece * plane.piece_stride + within);
     V* record_vec = reinterpret_cast<V*>(record + piece * plane.piece_bytes + within);
     if (kGather) {

@@ -14,7 +14,8 @@ struct CUstream_st;  // cudaStream_t without the CUDA headers
 namespace lumen {
 
 // Cheap re-checks of what Python validated. Inline so the CPU and the CUDA module share them.
-// std::invalid_argument: a malformed descriptor (non-positive sizes, a row outside the record).
+// std::invalid_argument: a malformed descriptor (non-positive sizes, a row of 2 GiB or more, a
+// row outside the record).
 inline void validate_planes(const PlaneDesc* planes, int num_planes, int64_t record_bytes) {
   if (num_planes < 1 || planes == nullptr || record_bytes < 1) {
     throw std::invalid_argument("planes: need at least one plane and record_bytes >= 1");
@@ -23,6 +24,7 @@ inline void validate_planes(const PlaneDesc* planes, int num_planes, int64_t rec
     const PlaneDesc& p = planes[i];
     if (p.base_address == 0 || p.num_slots < 0 || p.block_size < 1 || p.num_pieces < 1 ||
         p.piece_bytes < 1 || p.record_offset < 0 ||
+        plane_row_bytes(p) >= (int64_t{1} << 31) ||
         p.record_offset + plane_row_bytes(p) > record_bytes) {
       throw std::invalid_argument("planes: malformed descriptor of plane " + std::to_string(i));
     }
