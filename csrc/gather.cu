@@ -44,7 +44,7 @@ struct Vec<1> {
 // The lanes of one warp copy one row in kVecBytes accesses. Counts are 32-bit (rows are below
 // 2 GiB, checked by validate_planes) to keep the index arithmetic cheap.
 template <int kVecBytes, bool kGather>
-__device__ __forceinline__ void move_row(uint8_t* row, uint8_t* record, const PlaneDesc& plane,
+__host__ __device__ __forceinline__ void move_row(uint8_t* row, uint8_t* record, const PlaneDesc& plane,
                                          int lane) {
   using V = typename Vec<kVecBytes>::Type;
   const int vecs_per_piece = static_cast<int>(plane.piece_bytes / kVecBytes);
@@ -74,16 +74,16 @@ __device__ __forceinline__ void move_row(uint8_t* row, uint8_t* record, const Pl
   }
 }
 
+// What one lane of one warp does; the kernel runs it for every lane of its warps, and
+// emulate_move_tokens_on_host for every lane of a grid on the CPU (the lanes write disjoint
+// bytes, so running them one after another copies exactly what the GPU copies).
 template <bool kGather>
-__global__ void move_tokens_kernel(uint8_t* __restrict__ records,
-                                   const PlaneDesc* __restrict__ planes, int num_planes,
-                                   int64_t record_bytes, const int64_t* __restrict__ slot_ids,
-                                   int64_t num_tokens) {
-  const int lane = threadIdx.x % kWarpSize;
+__host__ __device__ __forceinline__ void move_tokens_lane(
+    int64_t first_unit, int64_t num_warps, int lane, uint8_t* __restrict__ records,
+    const PlaneDesc* __restrict__ planes, int num_planes, int64_t record_bytes,
+    const int64_t* __restrict__ slot_ids, int64_t num_tokens) {
   const int64_t num_units = num_tokens * num_planes;
-  const int64_t num_warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
-  for (int64_t unit = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize;
-       unit < num_units; unit += num_warps) {
+  for (int64_t unit = first_unit; unit < num_units; unit += num_warps) {
     const int64_t token = unit / num_planes;
     const PlaneDesc plane = planes[unit - token * num_planes];
     const int64_t slot = slot_ids[token];
@@ -108,11 +108,26 @@ __global__ void move_tokens_kernel(uint8_t* __restrict__ records,
 }
 
 template <bool kGather>
+__global__ void move_tokens_kernel(uint8_t* __restrict__ records,
+                                   const PlaneDesc* __restrict__ planes, int num_planes,
+                                   int64_t record_bytes, const int64_t* __restrict__ slot_ids,
+                                   int64_t num_tokens) {
+  move_tokens_lane<kGather>(
+      static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarpSize,
+      static_cast<int64_t>(gridDim.x) * kWarpsPerBlock, threadIdx.x % kWarpSize, records, planes,
+      num_planes, record_bytes, slot_ids, num_tokens);
+}
+
+int64_t grid_blocks(int64_t num_tokens, int num_planes) {
+  int64_t num_units = num_tokens * num_planes;
+  return std::min(kMaxBlocks, (num_units + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+template <bool kGather>
 void launch(uint8_t* records, const PlaneDesc* planes_device, int num_planes,
             int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
             cudaStream_t stream) {
-  int64_t num_units = num_tokens * num_planes;
-  int64_t blocks = std::min(kMaxBlocks, (num_units + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  int64_t blocks = grid_blocks(num_tokens, num_planes);
   move_tokens_kernel<kGather><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
       records, planes_device, num_planes, record_bytes, slot_ids, num_tokens);
   cuda_check_launch(kGather ? "gather_tokens_kernel" : "scatter_tokens_kernel");
@@ -185,6 +200,27 @@ void scatter_tokens_cuda(const uint8_t* records, const PlaneDesc* planes_host,
   uint8_t* source = device_view(records, placement, staging_device);
   launch<false>(source, planes_device, num_planes, record_bytes, slot_ids_device, num_tokens,
                 stream);
+}
+
+void emulate_move_tokens_on_host(uint8_t* records, const PlaneDesc* planes, int num_planes,
+                                 int64_t record_bytes, const int64_t* slot_ids,
+                                 int64_t num_tokens, MoveDirection direction,
+                                 int64_t num_blocks) {
+  validate_planes(planes, num_planes, record_bytes);
+  if (num_tokens <= 0) return;
+  int64_t blocks = num_blocks > 0 ? num_blocks : grid_blocks(num_tokens, num_planes);
+  int64_t num_warps = blocks * kWarpsPerBlock;
+  for (int64_t warp = 0; warp < num_warps; ++warp) {
+    for (int lane = 0; lane < kWarpSize; ++lane) {
+      if (direction == MoveDirection::kGather) {
+        move_tokens_lane<true>(warp, num_warps, lane, records, planes, num_planes, record_bytes,
+                               slot_ids, num_tokens);
+      } else {
+        move_tokens_lane<false>(warp, num_warps, lane, records, planes, num_planes,
+                                record_bytes, slot_ids, num_tokens);
+      }
+    }
+  }
 }
 
 }  // namespace lumen

@@ -62,6 +62,8 @@ void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num
 // Name of the copy routine the CPU kernels dispatched to ("avx512", "avx2" or "memcpy").
 const char* cpu_copy_kind();
 
+enum class MoveDirection { kGather, kScatter };
+
 // Where the records of a CUDA gather/scatter live.
 enum class RecordPlacement {
   kDevice,      // device memory
@@ -84,5 +86,13 @@ void scatter_tokens_cuda(const uint8_t* records, const PlaneDesc* planes_host,
                          const int64_t* slot_ids_device, int64_t num_tokens,
                          RecordPlacement placement, uint8_t* staging_device,
                          CUstream_st* stream);
+
+// Runs the CUDA kernel's per-lane code on the CPU over host memory, lane by lane, for a grid
+// of num_blocks blocks (<= 0: the grid the launcher would use). Lets the kernel's index and
+// access-width logic be tested on machines without a GPU; not a fast path.
+void emulate_move_tokens_on_host(uint8_t* records, const PlaneDesc* planes, int num_planes,
+                                 int64_t record_bytes, const int64_t* slot_ids,
+                                 int64_t num_tokens, MoveDirection direction,
+                                 int64_t num_blocks);
 
 }  // namespace lumen
