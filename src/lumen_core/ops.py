@@ -139,7 +139,7 @@ def _check_records_device(records: torch.Tensor, name: str, layout: KVLayout, mo
     if mode is None or mode == "device":
         if records.device != layout.device:
             raise ValueError(f"`{name}` must be on {layout.device}, got {records.device}")
-    else:
+    elif records.numel() > 0:  # an empty tensor has no storage to pin; nothing is copied
         if records.device.type != "cpu" or not records.is_pinned():
             raise ValueError(f"`{name}` must be pinned CPU memory for mode {mode!r}, got {records.device} "
                              f"(pinned={records.device.type == 'cpu' and records.is_pinned()})")
