@@ -25,9 +25,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "KVLayout": "lumen_core.layouts",
     "StagingPool": "lumen_core.staging",
+    "VerifyResult": "lumen_core.ops",
     "checksum": "lumen_core.ops",
     "gather_tokens": "lumen_core.ops",
     "scatter_tokens": "lumen_core.ops",
+    "verify_draft": "lumen_core.ops",
 }
 
 
@@ -61,3 +63,4 @@ __all__ += [
     "SpecAssistPlanner",
     "make_policy",
 ]
+__all__ += ["VerifyResult", "verify_draft"]

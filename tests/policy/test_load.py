@@ -12,8 +12,10 @@ from lumen_core.policy import (
     CheckpointReleased,
     CheckpointReserved,
     Heartbeat,
+    LoadAware,
     LoadConfig,
     LoadMonitor,
+    PlacementConfig,
     RequestAdmitted,
     RequestFinished,
     WorkerFailed,
@@ -318,3 +320,19 @@ def test_reserve_and_assign_validation(make_cluster):
     monitor.apply(CheckpointReserved(0.0, 1, (), 5))
     with pytest.raises(IndexError, match="request_id 4 is not a tracked request"):
         monitor.apply(CheckpointReserved(0.0, 4, (1,), 5))
+
+
+def test_replaying_reservations_rebuilds_the_same_accounting(make_cluster):
+    live = make_cluster(5)
+    replica = make_cluster(5)
+    placement = LoadAware(PlacementConfig(replicas=2))
+    for request_id in range(12):
+        event = RequestAdmitted(0.0, request_id, request_id % 5, 40 + request_id, 30)
+        live.apply(event)
+        replica.apply(event)
+        decision = placement.place(live, request_id)
+        replica.apply(CheckpointReserved(0.0, request_id, decision.new_holder_ids, decision.reserved_bytes))
+    for worker_id in range(5):
+        assert replica.worker(worker_id) == live.worker(worker_id)
+        assert replica.load(worker_id) == live.load(worker_id)
+    assert [replica.request(r) for r in range(12)] == [live.request(r) for r in range(12)]
