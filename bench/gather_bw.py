@@ -29,7 +29,7 @@ import torch
 
 from lumen_core import _native
 from lumen_core.layouts import KVLayout
-from lumen_core.ops import checksum, gather_tokens, scatter_tokens
+from lumen_core.ops import RecordMode, checksum, gather_tokens, scatter_tokens
 
 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 8, 128, 16, torch.bfloat16
 SHAPES = {"32L": 32, "80L": 80}
@@ -195,12 +195,15 @@ def bench_cuda_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, re
     device_scratch = torch.empty_like(device_records)
     host_records = torch.empty(n, layout.record_bytes, dtype=torch.uint8).pin_memory()
     expected = gather_tokens(layout, ids)
-    for mode, out in (("mapped", host_records), ("staged", host_records), ("device", device_records)):
+    placements: list[tuple[RecordMode, torch.Tensor]] = [
+        ("mapped", host_records), ("staged", host_records), ("device", device_records)
+    ]
+    for mode, out in placements:
         gather_tokens(layout, ids, out, mode=mode)
         sync("cuda")
         assert torch.equal(out.cuda(), expected), f"cuda gather ({mode}) is wrong"
     idioms = TorchIdioms(cache, ids, device_scratch)
-    moves = {
+    moves: dict[str, tuple[RecordMode, torch.Tensor]] = {
         "gather_device": ("device", device_records),
         "gather_mapped": ("mapped", host_records),
         "gather_staged": ("staged", host_records),

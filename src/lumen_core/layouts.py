@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -159,7 +159,8 @@ class KVLayout:
         """
         caches = _require_tensor_list(kv_caches, "kv_caches")
         axes = "2, num_blocks, block_size, num_kv_heads, head_dim"
-        planes, names = [], []
+        planes: list[torch.Tensor] = []
+        names: list[str] = []
         for i, cache in enumerate(caches):
             _require_shape(cache, f"kv_caches[{i}]", axes, {0: 2})
             planes += [cache[0], cache[1]]
@@ -191,7 +192,8 @@ class KVLayout:
         """
         caches = _require_tensor_list(kv_caches, "kv_caches")
         axes = "num_blocks, 2, block_size, num_kv_heads, head_dim"
-        planes, names = [], []
+        planes: list[torch.Tensor] = []
+        names: list[str] = []
         for i, cache in enumerate(caches):
             _require_shape(cache, f"kv_caches[{i}]", axes, {1: 2})
             planes += [cache[:, 0], cache[:, 1]]
@@ -276,7 +278,15 @@ class KVLayout:
         return cls(planes, kind="mla", names=names)
 
     @staticmethod
-    def _interleave_scales(planes, names, scales, axes, split, num_layers):  # type: ignore[no-untyped-def]
+    def _interleave_scales(
+        planes: list[torch.Tensor],
+        names: list[str],
+        scales: Sequence[torch.Tensor],
+        axes: str,
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        num_layers: int,
+    ) -> tuple[list[torch.Tensor], list[str]]:
+        """Per layer: K, V, then the layer's K and V scale planes (split out of ``scales[i]``)."""
         scale_list = _require_tensor_list(scales, "scales")
         _same_length("scales", scale_list, "kv_caches", range(num_layers))
         merged, merged_names = [], []
