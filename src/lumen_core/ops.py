@@ -91,7 +91,7 @@ def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torc
         where = "the CPU" if layout.device.type == "cpu" else f"the CPU or {layout.device}"
         raise ValueError(f"`slot_ids` must be on {where}, got {slot_ids.device}")
     if slot_ids.numel() > 0:
-        low, high = int(slot_ids.min()), int(slot_ids.max())
+        low, high = (int(v) for v in torch.aminmax(slot_ids))  # one device sync, not two
         if low < 0 or high >= layout.num_slots:
             bad = low if low < 0 else high
             raise IndexError(f"`slot_ids` must lie in [0, {layout.num_slots}), got {bad}")
