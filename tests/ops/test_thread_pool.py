@@ -1,5 +1,6 @@
-"""The native thread pool survives fork(): a child that forked after the parent used the pool
-can still run multithreaded ops (instead of waiting forever for workers that do not exist)."""
+"""The native thread pool: it survives fork() (a child that forked after the parent used the
+pool can still run multithreaded ops instead of waiting forever for workers that do not exist
+there), and concurrent Python callers share it without hanging or mixing up their jobs."""
 
 import multiprocessing
 
@@ -31,3 +32,31 @@ def test_ops_work_in_a_forked_child():
         child.join()
         pytest.fail("the forked child hung in the native thread pool")
     assert child.exitcode == 0 and queue.get(timeout=5) is True
+
+
+def test_concurrent_callers_share_the_pool():
+    # Python threads release the GIL in the ops; the pool serialises their jobs.
+    import threading
+
+    from lumen_core import reference
+
+    layout = make_paged_cache("vllm_flash", num_layers=4, num_blocks=64, block_size=16, num_kv_heads=8, head_dim=128)
+    ids = [torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(s))[:200] for s in range(4)]
+    expected = [reference.gather_tokens(layout, i) for i in ids]
+    failures: list[int] = []
+
+    def worker(k: int) -> None:
+        for _ in range(10):
+            records = gather_tokens(layout, ids[k], num_threads=2)
+            if not torch.equal(records, expected[k]) or not torch.equal(
+                checksum(records, num_threads=2), checksum(expected[k], num_threads=1)
+            ):
+                failures.append(k)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a caller hung in the pool"
+    assert failures == []
