@@ -49,6 +49,7 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["connections_active"] = s.connections_active;
   d["handshakes_ok"] = s.handshakes_ok;
   d["handshakes_failed"] = s.handshakes_failed;
+  d["handshake_timeouts"] = s.handshake_timeouts;
   d["malformed"] = s.malformed;
   d["unauthenticated"] = s.unauthenticated;
   d["bad_capability"] = s.bad_capability;
@@ -169,7 +170,8 @@ void bind_transport(py::module_& m) {
   py::class_<lt::Server>(m, "Server")
       .def(py::init([](const py::bytes& secret, const std::string& address, uint16_t port,
                        const std::string& tls, uint32_t max_tokens, uint32_t max_record_bytes,
-                       uint64_t max_payload_bytes, bool verify_records) {
+                       uint64_t max_payload_bytes, bool verify_records,
+                       double handshake_timeout_s) {
              lt::ServerOptions options;
              options.secret = secret;
              options.address = address;
@@ -177,12 +179,14 @@ void bind_transport(py::module_& m) {
              options.tls = tls;
              options.limits = to_limits(max_tokens, max_record_bytes, max_payload_bytes);
              options.verify_records = verify_records;
+             options.handshake_timeout_s = handshake_timeout_s;
              py::gil_scoped_release release;
              return std::make_unique<lt::Server>(options, std::make_shared<lt::MemorySink>());
            }),
            py::kw_only(), py::arg("secret"), py::arg("address"), py::arg("port"), py::arg("tls"),
            py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
-           py::arg("max_payload_bytes"), py::arg("verify_records"))
+           py::arg("max_payload_bytes"), py::arg("verify_records"),
+           py::arg("handshake_timeout_s") = 10.0)
       .def_property_readonly("port", &lt::Server::port)
       .def("stats",
            [](lt::Server& s) {

@@ -188,13 +188,17 @@ def test_server_argument_validation() -> None:
         tp.Server(secret, limits={})
     with pytest.raises(ValueError, match="address must be a host name or IP address"):
         tp.Server(secret, address="no such host.invalid")
+    with pytest.raises(ValueError, match="handshake_timeout_s must be > 0, got 0"):
+        tp.Server(secret, handshake_timeout_s=0)
+    with pytest.raises(TypeError, match="handshake_timeout_s must be a number, got str"):
+        tp.Server(secret, handshake_timeout_s="1")
 
 
 def test_client_argument_validation() -> None:
     secret = b"k" * 32
     with pytest.raises(ValueError, match=r"port must be in \[1, 65535\], got 0"):
         tp.Client("127.0.0.1", 0, secret)
-    with pytest.raises(ValueError, match="timeout_s must be > 0, got 0"):
+    with pytest.raises(ValueError, match="connect_timeout_s must be > 0, got 0"):
         tp.Client("127.0.0.1", 1, secret, connect_timeout_s=0)
     with pytest.raises(TypeError, match="limits must be a WireLimits, got int"):
         tp.Client("127.0.0.1", 1, secret, limits=3)

@@ -123,11 +123,11 @@ def _check_secret(secret: object) -> bytes:
     return _check_bytes("secret", secret, min_size=MIN_SECRET_BYTES)
 
 
-def _check_timeout(timeout_s: object) -> float:
+def _check_timeout(timeout_s: object, name: str = "timeout_s") -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-        raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
+        raise TypeError(f"{name} must be a number, got {type(timeout_s).__name__}")
     if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        raise ValueError(f"{name} must be > 0, got {timeout_s}")
     return float(timeout_s)
 
 
@@ -176,7 +176,8 @@ class Server:
     (budgeted host memory; a new unbudgeted one when not given).
 
     Runs its own UCX progress thread; ``stats()`` returns the counters of every refusal.
-    ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice).
+    ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice). A connection that has
+    not proven the secret within ``handshake_timeout_s`` is dropped.
     """
 
     def __init__(
@@ -188,6 +189,7 @@ class Server:
         tls: str = "",
         limits: WireLimits = WireLimits(),
         verify_records: bool = True,
+        handshake_timeout_s: float = 10.0,
         store: Any = None,
     ) -> None:
         key = _check_secret(secret)
@@ -211,6 +213,7 @@ class Server:
             port=port,
             tls=tls,
             verify_records=bool(verify_records),
+            handshake_timeout_s=_check_timeout(handshake_timeout_s, "handshake_timeout_s"),
             **limits._kwargs(),
         )
         self.address = address
@@ -218,12 +221,15 @@ class Server:
 
     @property
     def port(self) -> int:
+        """The port listened on (the one the OS chose when constructed with port 0)."""
         return int(self._native.port)
 
     def stats(self) -> dict[str, int]:
+        """Counters: connections, handshakes, every kind of refusal, committed appends/bytes."""
         return dict(self._native.stats())
 
     def close(self) -> None:
+        """Stops listening and drops every connection (appends in flight fail). Idempotent."""
         self._native.close()
 
     def __enter__(self) -> Server:
@@ -264,12 +270,13 @@ class Client:
             port=port,
             secret=key,
             tls=tls,
-            connect_timeout_s=_check_timeout(connect_timeout_s),
+            connect_timeout_s=_check_timeout(connect_timeout_s, "connect_timeout_s"),
             **limits._kwargs(),
         )
 
     @property
     def connected(self) -> bool:
+        """False once the connection failed or was closed; every call then raises PeerGone."""
         return bool(self._native.connected)
 
     def open(
@@ -441,9 +448,11 @@ class Client:
         return [(str(t), str(d)) for t, d in self._native.transports()]
 
     def stats(self) -> dict[str, int]:
+        """Counters: operations started and failed, bytes sent (acknowledged) and read."""
         return dict(self._native.stats())
 
     def close(self) -> None:
+        """Closes the connection; operations in flight fail with PeerGone. Idempotent."""
         self._native.close()
 
     def __enter__(self) -> Client:
