@@ -15,7 +15,7 @@ import torch
 
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import gather_tokens, scatter_tokens
-from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore
+from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore, restorable_tokens
 from lumen_core.testing import make_paged_cache
 from lumen_core.transport import Client, issue_capability
 
@@ -246,3 +246,40 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
         streamer.save_step([5], [0], [10**7], [1])
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         streamer.wait_for_save(5, timeout_s=0)
+
+
+def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: bytes) -> None:
+    h = holder()
+    ranks = [cache(seed=10 + r) for r in range(2)]  # each rank's own heads
+    streamers = [
+        CheckpointStreamer(layout, secret, model_fingerprint=MODEL, shard=r, tls=TLS)
+        for r, layout in enumerate(ranks)
+    ]
+    try:
+        for r, s in enumerate(streamers):
+            s.add_request(7, [("127.0.0.1", h.port)], issue_capability(secret, 7, r, 0))
+        lengths = (40, 29)  # rank 1 fell behind (its later steps were lost with it)
+        for r, (s, n) in enumerate(zip(streamers, lengths, strict=True)):
+            s.save_step([7] * n, list(range(n)), list(range(n)), list(range(n)))
+            assert s.flush(timeout_s=10)
+        durable = []
+        with Client("127.0.0.1", h.port, secret, tls=TLS) as client:
+            for r in range(2):
+                cap = issue_capability(secret, 7, r, 0)
+                durable.append(client.read(7, r, 0, 0, 1, ranks[r].record_bytes, cap).durable_tokens)
+            assert durable == list(lengths)
+            n = restorable_tokens(durable)
+            assert n == 29
+            for r in range(2):
+                target = cache(seed=20 + r)
+                slots = torch.arange(64, 104, dtype=torch.int64)
+                result = remote_restore(
+                    client, 7, target, slots, token_ids=list(range(40)), model_fingerprint=MODEL,
+                    capability=issue_capability(secret, 7, r, 0), shard=r, max_tokens=n,
+                )
+                assert (result.restored_tokens, result.reprefill_tokens) == (29, 11)
+                assert torch.equal(gather_tokens(target, slots[:29]),
+                                   gather_tokens(ranks[r], torch.arange(29)))
+    finally:
+        for s in streamers:
+            s.close()
