@@ -92,7 +92,7 @@ class Decode:
     def _median_step(self, reps: int) -> float:
         self.reps = reps
         times = []
-        for position in range(5):
+        for position in range(9):
             t0 = time.perf_counter()
             self.step(position % self.steps)
             times.append(time.perf_counter() - t0)
@@ -103,7 +103,10 @@ class Decode:
         low, high = 4, 32
         t_low, t_high = self._median_step(low), self._median_step(high)
         per_rep = max((t_high - t_low) / (high - low), 1e-6)
-        return max(1, round(low + (step_ms / 1000 - t_low) / per_rep))
+        reps = max(1, round(low + (step_ms / 1000 - t_low) / per_rep))
+        # One correction at the chosen size (the line is only as good as two noisy medians).
+        t_reps = self._median_step(reps)
+        return max(1, round(reps + (step_ms / 1000 - t_reps) / per_rep))
 
 
 def process_cpu_s(pid: int) -> float:
