@@ -282,3 +282,26 @@ def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: byt
     finally:
         for s in streamers:
             s.close()
+
+
+def test_backlog_in_freed_pages_is_never_sent(holder: Any, make_streamer: Any, secret: bytes) -> None:
+    h = holder()
+    streamer = make_streamer(staging_buffers=1, staging_bytes=16 * cache().record_bytes)
+    rids = [41, 42, 43, 44, 45, 46, 47, 48]
+    for rid in rids:
+        add(streamer, secret, rid, h.port)
+    loop = Loop(streamer, rids)
+    loop.step(new=4)  # room for 16 tokens: the last four requests wait
+    assert streamer.flush(timeout_s=10)
+    behind = streamer.stats().stale
+    assert len(behind) == 4
+    rid = behind[0]
+    streamer.wait_for_save(rid)  # the engine frees its pages, which are then reused:
+    scatter_tokens(loop.layout, loop.slots(rid, 0, 4), torch.zeros(4, loop.layout.record_bytes, dtype=torch.uint8))
+    loop.step(rids=[rid])  # a later token of it, in a live page
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.counters["replicas_lost"] == 1
+    assert stats.durable[rid] == 0 and rid in stats.stale
+    store = h.ask("stats")["store"]
+    assert store["tokens_held"] == 16  # only the four requests sent before; nothing freed

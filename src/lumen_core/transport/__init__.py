@@ -14,7 +14,7 @@ import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from lumen_core.transport.errors import (
     Timeout,
     TransportError,
 )
+
+if TYPE_CHECKING:
+    from lumen_core.stream.holder import HolderStore
 
 __all__ = [
     "Aborted",
@@ -190,7 +193,7 @@ class Server:
         limits: WireLimits = WireLimits(),
         verify_records: bool = True,
         handshake_timeout_s: float = 10.0,
-        store: Any = None,
+        store: HolderStore | None = None,
     ) -> None:
         key = _check_secret(secret)
         if not isinstance(address, str):
@@ -200,7 +203,7 @@ class Server:
             raise TypeError(f"tls must be a str, got {type(tls).__name__}")
         if not isinstance(limits, WireLimits):
             raise TypeError(f"limits must be a WireLimits, got {type(limits).__name__}")
-        from lumen_core.stream.holder import HolderStore
+        from lumen_core.stream.holder import HolderStore  # noqa: F811 - the run-time import
 
         if store is None:
             store = HolderStore()
