@@ -305,3 +305,30 @@ def test_backlog_in_freed_pages_is_never_sent(holder: Any, make_streamer: Any, s
     assert stats.durable[rid] == 0 and rid in stats.stale
     store = h.ask("stats")["store"]
     assert store["tokens_held"] == 16  # only the four requests sent before; nothing freed
+
+
+@pytest.mark.parametrize("eviction", ["none", "shortest_prefix"])
+def test_full_holder_refuses_or_evicts_and_the_streamer_reports_it(
+    holder: Any, make_streamer: Any, secret: bytes, eviction: str
+) -> None:
+    per_token = cache().record_bytes + 8
+    h = holder(50 * per_token, "--eviction", eviction)
+    streamer = make_streamer(max_queued_steps=64)
+    add(streamer, secret, 51, h.port)
+    add(streamer, secret, 52, h.port)
+    loop = Loop(streamer, [51, 52])
+    loop.step(new=10, rids=[51])
+    loop.step(new=30, rids=[52])
+    assert streamer.flush(timeout_s=10)
+    loop.step(new=15, rids=[52])  # 55 tokens would be charged: over the budget of 50
+    loop.step(rids=[51])
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    store = h.ask("stats")["store"]
+    assert stats.counters["replicas_lost"] == 1
+    if eviction == "none":
+        assert store["appends_refused_budget"] == 1 and store["evictions"] == 0
+        assert stats.durable == {51: 11, 52: 0} and stats.stale == (52,)
+    else:  # the shorter checkpoint (51, 10 tokens) made room for 52
+        assert store["evictions"] == 1 and store["evicted_tokens"] == 10
+        assert stats.durable == {51: 0, 52: 45} and stats.stale == (51,)
