@@ -99,9 +99,9 @@ def add(streamer: CheckpointStreamer, secret: bytes, rid: int, *ports: int) -> N
 
 
 def test_replicated_stream_is_durable_on_every_holder_and_released(
-    holder: Any, make_streamer: Any, secret: bytes
+    holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
-    a, b = holder(), holder()
+    a, b = holders(2)
     streamer = make_streamer(max_queued_steps=64)  # no step dropped: every one is counted
     rids = [11, 12, 13, 14]
     for rid in rids:
@@ -181,9 +181,9 @@ def test_slow_holder_drops_without_blocking_the_engine(holder: Any, make_streame
 
 
 def test_killed_holder_is_reported_and_replacement_restores_coverage(
-    holder: Any, make_streamer: Any, secret: bytes
+    holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
-    a, b = holder(), holder()
+    a, b, c = holders(3)
     streamer = make_streamer(max_queued_steps=64)  # steps wait while A's failure is found
     rids = [31, 32, 33, 34]
     for rid in rids:
@@ -206,7 +206,6 @@ def test_killed_holder_is_reported_and_replacement_restores_coverage(
     assert stats.gone_holders == (("127.0.0.1", a.port),)
     assert set(stats.stale) == {31, 33} and stats.coverage < 1.0
     assert stats.durable[32] == stats.durable[34] == 46
-    c = holder()
     assert streamer.replace_holder(("127.0.0.1", a.port), ("127.0.0.1", c.port)) == 2
     loop.step()
     assert streamer.flush(timeout_s=10)
