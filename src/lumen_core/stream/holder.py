@@ -189,12 +189,11 @@ class HolderStore:
 
     def durable_tokens(self, request_id: int, *, shard: int = 0) -> int:
         """Durable length of (request_id, shard); 0 when the store has no such checkpoint."""
-        check_int("request_id", request_id, 0, U64_MAX)
-        check_int("shard", shard, 0, U32_MAX)
-        for c in self.checkpoints():
-            if c.request_id == request_id and c.shard == shard:
-                return c.durable_tokens
-        return 0
+        return int(
+            self._native.durable_tokens(
+                check_int("request_id", request_id, 0, U64_MAX), check_int("shard", shard, 0, U32_MAX)
+            )
+        )
 
     def restore(
         self,
