@@ -221,6 +221,8 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
     cap = issue_capability(secret, 5, 0, 0)
     with pytest.raises(TypeError, match="layout must be a KVLayout"):
         CheckpointStreamer("cache", secret, model_fingerprint=MODEL)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="secret must be at least 16 bytes, got 5"):
+        CheckpointStreamer(cache(), b"short", model_fingerprint=MODEL)
     with pytest.raises(ValueError, match="staging_bytes must be in"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, staging_bytes=1)
     with pytest.raises(ValueError, match="holders must be a non-empty sequence"):
