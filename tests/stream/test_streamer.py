@@ -221,6 +221,16 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
     cap = issue_capability(secret, 5, 0, 0)
     with pytest.raises(TypeError, match="layout must be a KVLayout"):
         CheckpointStreamer("cache", secret, model_fingerprint=MODEL)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="secret must be bytes"):
+        CheckpointStreamer(cache(), "secret" * 4, model_fingerprint=MODEL)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="model_fingerprint must be a non-empty str"):
+        CheckpointStreamer(cache(), secret, model_fingerprint="")
+    with pytest.raises(TypeError, match="tls must be a str"):
+        CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, tls=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="limits must be a WireLimits"):
+        CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, limits={})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ack_timeout_s must be > 0"):
+        CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, ack_timeout_s=0)
     with pytest.raises(ValueError, match="secret must be at least 16 bytes, got 5"):
         CheckpointStreamer(cache(), b"short", model_fingerprint=MODEL)
     with pytest.raises(ValueError, match="staging_bytes must be in"):
@@ -246,6 +256,10 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
         streamer.save_step([5], [0], [10**7], [1])
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         streamer.wait_for_save(5, timeout_s=0)
+    with pytest.raises(TypeError, match="old_holder must be an"):
+        streamer.replace_holder("127.0.0.1", ("127.0.0.1", 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="request_ids must have 1 dimension"):
+        streamer.save_step([[5]], [0], [0], [1])
 
 
 def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: bytes) -> None:
