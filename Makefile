@@ -10,7 +10,7 @@ export LUMEN_CUDA_ARCHS ?= 80;90
 NATIVE_SOURCES := $(shell find csrc python -type f) CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench clean proto
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ demo: install
 
 bench: install
 	$(BIN)/python -m pytest bench --benchmark-only -p no:cacheprovider
+
+# Python stubs of the gateway's gRPC service, committed beside the .proto (tests/gateway checks
+# they are current). Needs grpcio-tools (the `test` extra).
+PROTO := src/lumen_core/gateway/lumen.proto
+proto: $(BIN)/python
+	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
 
 clean:
 	rm -rf $(VENV) build dist
