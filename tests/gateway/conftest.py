@@ -1,0 +1,41 @@
+"""Real gateways on loopback (ephemeral ports) and real clients; everything is stopped/closed."""
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from lumen_core.gateway.client import GatewayClient
+from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.server import GatewayServer
+
+SECRET = b"gateway-tests-secret-0123456789abcdef"
+GIB = 1 << 30
+
+
+@pytest.fixture
+def start_gateway() -> Iterator[Callable[..., GatewayServer]]:
+    servers: list[GatewayServer] = []
+
+    def start(config: GatewayConfig = GatewayConfig(), **kwargs: object) -> GatewayServer:
+        server = GatewayServer(config, SECRET, **kwargs).start()  # type: ignore[arg-type]
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop(grace_s=0.1)
+
+
+@pytest.fixture
+def connect() -> Iterator[Callable[..., GatewayClient]]:
+    clients: list[GatewayClient] = []
+
+    def make(server: GatewayServer, secret: bytes = SECRET, **kwargs: object) -> GatewayClient:
+        client = GatewayClient(server.address, secret, **kwargs)  # type: ignore[arg-type]
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()
