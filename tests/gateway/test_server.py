@@ -309,3 +309,56 @@ def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, conne
     workers[holder_id].report_tokens(request_id, 2, 4, [5], finished=True)
     assert [c.token_ids for c in watched] == [(5,)]
     assert next(connect(second).submit([1], 1, timeout_s=5.0)).request_id == 1000
+
+
+def test_a_request_whose_last_worker_dies_ends_its_stream_with_unavailable(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="S&R"))
+    (worker,) = register_workers(server, connect, 1)
+    stream = connect(server).submit([1, 2], 4, timeout_s=30.0)
+    request_id = next(stream).request_id
+    worker.report_tokens(request_id, 1, 0, [6])
+    assert next(stream).token_ids == (6,)
+    assert connect(server).report_exit(0, 1, "SIGKILL")
+    with pytest.raises(GatewayError, match=f"UNAVAILABLE: request {request_id} lost"):
+        next(stream)
+
+
+def test_server_and_client_validation(start_gateway, connect):
+    from lumen_core.gateway.client import GatewayClient
+    from lumen_core.gateway.protocol import state_to_pb
+    from lumen_core.gateway.server import GatewayServer
+
+    with pytest.raises(TypeError, match="host must be a str, got int"):
+        GatewayServer(GatewayConfig(), SECRET, host=127)
+    with pytest.raises(ValueError, match=r"port must be an int in \[0, 65535\], got 70000"):
+        GatewayServer(GatewayConfig(), SECRET, port=70000)
+    with pytest.raises(ValueError, match="secret must be given: there is no default cluster secret"):
+        GatewayServer(GatewayConfig(), None)
+    with pytest.raises(TypeError, match="address must be a str, got int"):
+        GatewayClient(5, SECRET)
+    with pytest.raises(ValueError, match="timeout_s must be a number > 0, got 0"):
+        GatewayClient("127.0.0.1:1", SECRET, timeout_s=0)
+    with pytest.raises(ValueError, match="secret must be given"):
+        GatewayClient("127.0.0.1:1", None)
+    with pytest.raises(ValueError, match="state must be 'serving' or 'recovering', got 'failed'"):
+        state_to_pb("failed")
+    server = start_gateway()
+    assert server.address.startswith("127.0.0.1:")
+    client = connect(server)
+    with pytest.raises(FencedError, match="heartbeat before register"):
+        client.heartbeat()
+    with pytest.raises(GatewayError, match="INVALID_ARGUMENT: state must be SERVING or RECOVERING, got 0"):
+        client._call("Register", pb.RegisterRequest(worker_id=1))
+    with pytest.raises(GatewayError, match="NOT_FOUND: request_id 5 is not a known request"):
+        list(client.watch(5, timeout_s=5.0))
+
+
+def test_calls_time_out_instead_of_hanging(start_gateway, connect):
+    server = start_gateway()
+    port = server.port
+    server.stop(grace_s=0.1)
+    client = connect(server, timeout_s=0.5)
+    started = time.monotonic()
+    with pytest.raises(GatewayError, match="UNAVAILABLE|DEADLINE_EXCEEDED"):
+        client.status()
+    assert time.monotonic() - started < 5.0 and port > 0
