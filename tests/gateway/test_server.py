@@ -362,3 +362,44 @@ def test_calls_time_out_instead_of_hanging(start_gateway, connect):
     with pytest.raises(GatewayError, match="UNAVAILABLE|DEADLINE_EXCEEDED"):
         client.status()
     assert time.monotonic() - started < 5.0 and port > 0
+
+
+def test_open_streams_are_capped_so_heartbeats_never_starve(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="S&R"), max_streams=2, control_threads=2)
+    (worker,) = register_workers(server, connect, 1)
+    client = connect(server)
+    streams = [client.submit([1], 4, timeout_s=30.0) for _ in range(2)]
+    request_ids = [next(s).request_id for s in streams]
+    with pytest.raises(GatewayError, match=r"RESOURCE_EXHAUSTED: 2 token streams open \(max_streams\)"):
+        next(client.submit([1], 4, timeout_s=30.0))
+    assert server.coordinator.num_requests == 2  # refused before admission
+    for _ in range(5):  # every stream thread is busy, the control plane still answers at once
+        assert not worker.heartbeat().fenced
+    for request_id in request_ids:
+        worker.report_tokens(request_id, 1, 0, [1], finished=True)
+    assert [[t for c in s for t in c.token_ids] for s in streams] == [[1], [1]]
+    wait_until(lambda: server.num_streams == 0, timeout_s=5.0)
+    assert next(client.submit([1], 4, timeout_s=30.0)).request_id == 3
+
+
+def test_one_batched_report_per_step_refuses_only_the_stale_request(start_gateway, connect):
+    from lumen_core.gateway.client import RequestTokens
+
+    server = start_gateway(GatewayConfig(policy="S&R"))
+    worker, other = register_workers(server, connect, 2)
+    client = connect(server)
+    streams = [client.submit([1, 2], 3, timeout_s=30.0) for _ in range(3)]
+    request_ids = [next(s).request_id for s in streams]
+    on_worker = [r for r in request_ids if server.coordinator.request_worker(r)[0] == 0]
+    assert len(on_worker) == 2
+    acks = worker.report_tokens_batch(
+        [RequestTokens(r, 1, 0, (4, 5)) for r in on_worker] + [RequestTokens(on_worker[0], 9, 2, (6,))]
+    )
+    assert [(a.request_id, a.num_new, a.code) for a in acks[:2]] == [(r, 2, 0) for r in on_worker]
+    assert acks[2].code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "epoch 9" in acks[2].details
+    refused = worker.report_tokens_batch([RequestTokens(on_worker[1], 1, 5, (6,)), RequestTokens(77, 1, 0, (1,))])
+    assert [a.code for a in refused] == [grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0]]
+    with pytest.raises(GatewayError, match="NOT_FOUND: request_id 77 is not a known request"):
+        worker.report_tokens(77, 1, 0, [1])
+    for stream in streams:
+        stream.close()

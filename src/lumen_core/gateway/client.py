@@ -81,6 +81,29 @@ class HeartbeatResult:
 
 
 @dataclass(frozen=True)
+class RequestTokens:
+    """Output tokens of one request at ``start_position``, as a worker reports them."""
+
+    request_id: int
+    epoch: int
+    start_position: int
+    token_ids: tuple[int, ...]
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class ReportAck:
+    """The gateway's answer for one request of a token report; ``code`` 0 = accepted."""
+
+    request_id: int
+    num_new: int
+    num_conflicts: int
+    next_position: int
+    code: int
+    details: str
+
+
+@dataclass(frozen=True)
 class TokenChunk:
     request_id: int
     start_position: int
@@ -224,9 +247,20 @@ class GatewayClient:
 
     def report_tokens(
         self, request_id: int, epoch: int, start_position: int, token_ids: Sequence[int], *, finished: bool = False
-    ) -> pb.TokenAck:
-        """Report output tokens; refused (StaleEpochError) when this worker or the request's
-        epoch is fenced, and not even sent (FencedError) once this client knows it is."""
+    ) -> ReportAck:
+        """Report one request's output tokens; raises what the gateway refused it with
+        (StaleEpochError for a fenced worker or request epoch, GatewayError otherwise)."""
+        (ack,) = self.report_tokens_batch([RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished)])
+        if ack.code != grpc.StatusCode.OK.value[0]:
+            code = next(c for c in grpc.StatusCode if c.value[0] == ack.code)
+            raise (StaleEpochError if code == grpc.StatusCode.FAILED_PRECONDITION else GatewayError)(code, ack.details)
+        return ack
+
+    def report_tokens_batch(self, reports: Sequence[RequestTokens]) -> list[ReportAck]:
+        """Report the tokens of many requests in one call (one per engine step). A request the
+        gateway refuses gets an ack with a non-zero ``code``; the others are accepted. Not
+        sent (FencedError) once this client knows its lease is lost; StaleEpochError when the
+        gateway has fenced this worker epoch."""
         if not self.lease_valid():
             raise FencedError(f"worker {self.worker_id} epoch {self.epoch} holds no lease: {self.fence_reason}")
         reply = self._call(
@@ -234,15 +268,22 @@ class GatewayClient:
             pb.TokenReport(
                 worker_id=self.worker_id,
                 worker_epoch=self.epoch,
-                request_id=request_id,
-                epoch=epoch,
-                start_position=start_position,
-                token_ids=list(token_ids),
-                finished=finished,
+                requests=[
+                    pb.RequestTokens(
+                        request_id=r.request_id,
+                        epoch=r.epoch,
+                        start_position=r.start_position,
+                        token_ids=list(r.token_ids),
+                        finished=r.finished,
+                    )
+                    for r in reports
+                ],
             ),
         )
-        assert isinstance(reply, pb.TokenAck)
-        return reply
+        assert isinstance(reply, pb.TokenAcks)
+        return [
+            ReportAck(a.request_id, a.num_new, a.num_conflicts, a.next_position, a.code, a.details) for a in reply.acks
+        ]
 
     def report_exit(self, worker_id: int, epoch: int, reason: str = "") -> bool:
         """A supervisor reports that the process of (worker, epoch) exited; True if the

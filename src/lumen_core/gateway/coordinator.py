@@ -816,9 +816,7 @@ class Coordinator:
         the worker serving it at ``epoch``. Positions already known are dropped (a duplicate
         that differs is counted as a conflict; the first report wins, the client has it);
         a gap is refused. ``finished`` ends the request and releases its checkpoints."""
-        worker = self._workers.get(_check_id("worker_id", worker_id))
-        if worker is None or worker.epoch != worker_epoch or worker.state == FAILED:
-            raise StaleEpochError(f"worker {worker_id} epoch {worker_epoch} is fenced")
+        self.check_worker_epoch(worker_id, worker_epoch)
         request = self._requests.get(_check_id("request_id", request_id))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
@@ -848,6 +846,12 @@ class Coordinator:
         if finished and not request.finished:
             self.finish_request(now_s, request_id)
         return TokenAck(len(new), conflicts, len(request.tokens))
+
+    def check_worker_epoch(self, worker_id: int, worker_epoch: int) -> None:
+        """Raise StaleEpochError unless (worker, epoch) is a live incarnation."""
+        worker = self._workers.get(_check_id("worker_id", worker_id))
+        if worker is None or worker.epoch != worker_epoch or worker.state == FAILED:
+            raise StaleEpochError(f"worker {worker_id} epoch {worker_epoch} is fenced")
 
     def finish_request(self, now_s: float, request_id: int) -> None:
         """The request is complete: account it and release its checkpoints."""

@@ -199,33 +199,51 @@ class HeartbeatReply(_message.Message):
     num_draft_tokens: int
     def __init__(self, fenced: _Optional[bool] = ..., reregister: _Optional[bool] = ..., reason: _Optional[str] = ..., lease_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
 
-class TokenReport(_message.Message):
-    __slots__ = ("worker_id", "worker_epoch", "request_id", "epoch", "start_position", "token_ids", "finished")
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    WORKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+class RequestTokens(_message.Message):
+    __slots__ = ("request_id", "epoch", "start_position", "token_ids", "finished")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
-    worker_id: int
-    worker_epoch: int
     request_id: int
     epoch: int
     start_position: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
-    def __init__(self, worker_id: _Optional[int] = ..., worker_epoch: _Optional[int] = ..., request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ...) -> None: ...
+
+class TokenReport(_message.Message):
+    __slots__ = ("worker_id", "worker_epoch", "requests")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    WORKER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    worker_epoch: int
+    requests: _containers.RepeatedCompositeFieldContainer[RequestTokens]
+    def __init__(self, worker_id: _Optional[int] = ..., worker_epoch: _Optional[int] = ..., requests: _Optional[_Iterable[_Union[RequestTokens, _Mapping]]] = ...) -> None: ...
 
 class TokenAck(_message.Message):
-    __slots__ = ("num_new", "num_conflicts", "next_position")
+    __slots__ = ("request_id", "num_new", "num_conflicts", "next_position", "code", "details")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_NEW_FIELD_NUMBER: _ClassVar[int]
     NUM_CONFLICTS_FIELD_NUMBER: _ClassVar[int]
     NEXT_POSITION_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAILS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
     num_new: int
     num_conflicts: int
     next_position: int
-    def __init__(self, num_new: _Optional[int] = ..., num_conflicts: _Optional[int] = ..., next_position: _Optional[int] = ...) -> None: ...
+    code: int
+    details: str
+    def __init__(self, request_id: _Optional[int] = ..., num_new: _Optional[int] = ..., num_conflicts: _Optional[int] = ..., next_position: _Optional[int] = ..., code: _Optional[int] = ..., details: _Optional[str] = ...) -> None: ...
+
+class TokenAcks(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[TokenAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[TokenAck, _Mapping]]] = ...) -> None: ...
 
 class ExitReport(_message.Message):
     __slots__ = ("worker_id", "epoch", "reason")

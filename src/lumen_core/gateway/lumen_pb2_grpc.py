@@ -47,7 +47,7 @@ class GatewayStub:
         self.ReportTokens = channel.unary_unary(
                 '/lumen.gateway.v1.Gateway/ReportTokens',
                 request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.TokenReport.SerializeToString,
-                response_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.TokenAck.FromString,
+                response_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.TokenAcks.FromString,
                 _registered_method=True)
         self.ReportExit = channel.unary_unary(
                 '/lumen.gateway.v1.Gateway/ReportExit',
@@ -94,7 +94,9 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportTokens(self, request, context):
-        """Output tokens of a request, by position (duplicates are dropped, gaps refused).
+        """Output tokens of a worker's requests (one call per engine step), by position: duplicates
+        are dropped, gaps refused. A fenced worker epoch fails the call (FAILED_PRECONDITION);
+        a refused request (stale request epoch, unknown, gap) fails only its own ack.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -149,7 +151,7 @@ def add_GatewayServicer_to_server(servicer, server):
             'ReportTokens': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportTokens,
                     request_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.TokenReport.FromString,
-                    response_serializer=lumen__core_dot_gateway_dot_lumen__pb2.TokenAck.SerializeToString,
+                    response_serializer=lumen__core_dot_gateway_dot_lumen__pb2.TokenAcks.SerializeToString,
             ),
             'ReportExit': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportExit,
@@ -257,7 +259,7 @@ class Gateway:
             target,
             '/lumen.gateway.v1.Gateway/ReportTokens',
             lumen__core_dot_gateway_dot_lumen__pb2.TokenReport.SerializeToString,
-            lumen__core_dot_gateway_dot_lumen__pb2.TokenAck.FromString,
+            lumen__core_dot_gateway_dot_lumen__pb2.TokenAcks.FromString,
             options,
             channel_credentials,
             insecure,

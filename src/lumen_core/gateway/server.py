@@ -35,6 +35,18 @@ from lumen_core.gateway.protocol import (
 from lumen_core.sim.eventlog import EventLog
 
 _STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
+_ERROR_CODES = {
+    StaleEpochError: grpc.StatusCode.FAILED_PRECONDITION,
+    NoWorkerError: grpc.StatusCode.UNAVAILABLE,
+    IndexError: grpc.StatusCode.NOT_FOUND,
+    TypeError: grpc.StatusCode.INVALID_ARGUMENT,
+    ValueError: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def _code_of(exc: Exception) -> grpc.StatusCode:
+    """The status a Coordinator error (one of _ERROR_CODES' types) is reported with."""
+    return next(code for cls, code in _ERROR_CODES.items() if isinstance(exc, cls))
 
 
 class _AuthInterceptor(grpc.ServerInterceptor):
@@ -70,14 +82,8 @@ class _Servicer(pb_grpc.GatewayServicer):
                 result = fn(server.coordinator)
                 server.condition.notify_all()
                 return result
-        except StaleEpochError as exc:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
-        except NoWorkerError as exc:
-            context.abort(grpc.StatusCode.UNAVAILABLE, str(exc))
-        except IndexError as exc:
-            context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        except (TypeError, ValueError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except (StaleEpochError, NoWorkerError, IndexError, TypeError, ValueError) as exc:
+            context.abort(_code_of(exc), str(exc))
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
         def register(c: Coordinator) -> pb.RegisterReply:
@@ -129,19 +135,36 @@ class _Servicer(pb_grpc.GatewayServicer):
 
         return self._run(context, heartbeat)
 
-    def ReportTokens(self, request: pb.TokenReport, context: grpc.ServicerContext) -> pb.TokenAck:
-        def report(c: Coordinator) -> pb.TokenAck:
-            ack = c.report_tokens(
-                self._now(),
-                request.worker_id,
-                request.worker_epoch,
-                request.request_id,
-                request.epoch,
-                request.start_position,
-                list(request.token_ids),
-                finished=request.finished,
-            )
-            return pb.TokenAck(num_new=ack.num_new, num_conflicts=ack.num_conflicts, next_position=ack.next_position)
+    def ReportTokens(self, request: pb.TokenReport, context: grpc.ServicerContext) -> pb.TokenAcks:
+        def report(c: Coordinator) -> pb.TokenAcks:
+            now_s = self._now()
+            c.check_worker_epoch(request.worker_id, request.worker_epoch)
+            acks = []
+            for entry in request.requests:
+                try:
+                    ack = c.report_tokens(
+                        now_s,
+                        request.worker_id,
+                        request.worker_epoch,
+                        entry.request_id,
+                        entry.epoch,
+                        entry.start_position,
+                        list(entry.token_ids),
+                        finished=entry.finished,
+                    )
+                except (StaleEpochError, IndexError, TypeError, ValueError) as exc:
+                    code = _code_of(exc).value[0]
+                    acks.append(pb.TokenAck(request_id=entry.request_id, code=code, details=str(exc)))
+                    continue
+                acks.append(
+                    pb.TokenAck(
+                        request_id=entry.request_id,
+                        num_new=ack.num_new,
+                        num_conflicts=ack.num_conflicts,
+                        next_position=ack.next_position,
+                    )
+                )
+            return pb.TokenAcks(acks=acks)
 
         return self._run(context, report)
 
@@ -159,7 +182,37 @@ class _Servicer(pb_grpc.GatewayServicer):
 
         return self._run(context, loaded)
 
+    def _open_stream(self, context: grpc.ServicerContext) -> None:
+        """Streams hold a server thread each: past ``max_streams`` they are refused, so the
+        threads kept for registrations, heartbeats and reports are never starved."""
+        server = self._server
+        with server.condition:
+            if server.num_streams >= server.max_streams:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED, f"{server.num_streams} token streams open (max_streams)"
+                )
+            server.num_streams += 1
+
+    def _close_stream(self) -> None:
+        with self._server.condition:
+            self._server.num_streams -= 1
+
     def Submit(self, request: pb.SubmitRequest, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
+        self._open_stream(context)
+        try:
+            yield from self._submit(request, context)
+        finally:
+            self._close_stream()
+
+    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
+        self._open_stream(context)
+        try:
+            self._run(context, lambda c: c.tokens(request.request_id))
+            yield from self._stream(request.request_id, request.from_position, context)
+        finally:
+            self._close_stream()
+
+    def _submit(self, request: pb.SubmitRequest, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
         admission = self._run(
             context,
             lambda c: c.admit(
@@ -171,10 +224,6 @@ class _Servicer(pb_grpc.GatewayServicer):
         )
         yield pb.TokenChunk(request_id=admission.request_id)  # the client learns its request id at once
         yield from self._stream(admission.request_id, 0, context)
-
-    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
-        self._run(context, lambda c: c.tokens(request.request_id))
-        yield from self._stream(request.request_id, request.from_position, context)
 
     def _stream(self, request_id: int, position: int, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
         server = self._server
@@ -264,7 +313,9 @@ class GatewayServer:
     """The gateway: gRPC service, lease reaper, optional Prometheus endpoint.
 
     ``metrics_port``: None = no endpoint, 0 = a free port. ``reap_interval_s``: how often
-    leases are checked (default lease_s / 10). Use as a context manager or call ``start``
+    leases are checked (default lease_s / 10). ``max_streams``: client token streams open at
+    once (each holds a server thread; more are refused with RESOURCE_EXHAUSTED), and
+    ``control_threads`` more threads serve everything else, so heartbeats never wait. Use as a context manager or call ``start``
     and ``stop``; ``stop`` ends the streams, joins the reaper and the metrics thread.
     """
 
@@ -278,7 +329,8 @@ class GatewayServer:
         metrics_port: int | None = None,
         event_log: EventLog | None = None,
         reap_interval_s: float | None = None,
-        max_workers: int = 32,
+        max_streams: int = 64,
+        control_threads: int = 16,
         first_request_id: int = 1,
     ) -> None:
         secret = check_secret(secret)
@@ -287,9 +339,14 @@ class GatewayServer:
         for name, value in (("port", port), ("metrics_port", 0 if metrics_port is None else metrics_port)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
                 raise ValueError(f"{name} must be an int in [0, 65535], got {value!r}")
+        for name, value in (("max_streams", max_streams), ("control_threads", control_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.coordinator = Coordinator(config, secret, event_log=event_log, first_request_id=first_request_id)
         self.condition = threading.Condition()
         self.stopping = False
+        self.max_streams = max_streams
+        self.num_streams = 0
         self._host = host
         self._port = port
         self._metrics_port = metrics_port
@@ -297,7 +354,7 @@ class GatewayServer:
         self._started_s = time.monotonic()
         self._verifier = CallVerifier(secret)
         self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="lumen-gateway"),
+            futures.ThreadPoolExecutor(max_workers=max_streams + control_threads, thread_name_prefix="lumen-gateway"),
             interceptors=[_AuthInterceptor(self._verifier)],
             options=[("grpc.so_reuseport", 0)],
         )
