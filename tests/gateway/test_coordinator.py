@@ -6,6 +6,7 @@ import pytest
 
 from lumen_core.gateway.auth import issue_capability
 from lumen_core.gateway.coordinator import (
+    CANCEL,
     HOLD,
     RELEASE,
     RESUME,
@@ -189,7 +190,7 @@ def test_when_no_worker_is_left_the_requests_are_lost_and_said_so():
 
 def test_restart_rebuild_attaches_holds_reported_before_their_request_and_releases_stale_ones():
     coordinator = Coordinator(GatewayConfig(policy="LUMEN"), SECRET)
-    held = [HeldReport(7, 3, 12, serving_worker_id=0), HeldReport(8, 1, 5, serving_worker_id=0)]
+    held = [HeldReport(7, 3, 12), HeldReport(8, 1, 5)]
     coordinator.register(0.0, 1, budget_bytes=GIB, held=held, last_epoch=4)
     assert coordinator.worker_epoch(1) == 5
     running = [RunningReport(7, 3, (1,) * 12, (4, 4), 8, 8), RunningReport(8, 2, (1,) * 5, (), 8, 8)]
@@ -241,3 +242,23 @@ def test_capabilities_per_shard_and_metrics():
     metrics = coordinator.metrics()
     assert metrics.recovery_s == pytest.approx(0.5) and metrics.replay_ttft_s == pytest.approx(0.5)
     assert metrics.worker_state[admission.worker_id] == "failed"
+
+
+def test_a_reported_request_that_runs_elsewhere_is_cancelled_on_the_reporter():
+    coordinator = Coordinator(GatewayConfig(policy="FC"), SECRET)
+    coordinator.register(0.0, 0, budget_bytes=GIB, running=[RunningReport(4, 2, (1, 2), (3,), 8, 8)])
+    coordinator.register(0.0, 1, budget_bytes=GIB, running=[RunningReport(4, 1, (1, 2), (), 8, 8)])
+    assert coordinator.request_worker(4) == (0, 2)
+    (cancel,) = coordinator.take_directives(1)
+    assert cancel.kind == CANCEL and cancel.request_id == 4
+    assert coordinator.take_directives(0) == []
+
+
+def test_a_heartbeat_must_carry_the_registered_state():
+    coordinator = cluster(2, policy="LUMEN")
+    with pytest.raises(ValueError, match="state must be the registered state 'serving' .*, got 'recovering'"):
+        coordinator.heartbeat(0.1, 0, 1, state="recovering")
+    coordinator.fail(0.2, [0], cause="test")
+    coordinator.register(0.3, 0, state="recovering")
+    lease, _, k = coordinator.heartbeat(0.4, 0, 2, state="recovering", assist_steps=0)
+    assert not lease.fenced and k == 2

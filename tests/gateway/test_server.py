@@ -232,7 +232,7 @@ def test_assist_pairing_then_switch_over(start_gateway, connect):
     assert draft.peer_worker_id == 2 and draft.num_draft_tokens == 2  # most loaded; cold k
     (verify,) = directives_of(workers[2], ASSIST_VERIFY)
     assert verify.peer_worker_id == 0 and verify.peer_address == "127.0.0.1:7100"
-    reply = restarted.heartbeat(state=RECOVERING, assist_steps=150, proposed_draft_tokens=40, accepted_draft_tokens=30)
+    reply = restarted.heartbeat(assist_steps=150, proposed_draft_tokens=40, accepted_draft_tokens=30)
     assert not reply.fenced and reply.num_draft_tokens == 4  # warm k after cold_steps
     assert server.coordinator.metrics().acceptance == pytest.approx(0.75)
     assert restarted.model_loaded(budget_bytes=64 * GIB) == 2
@@ -290,7 +290,7 @@ def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, conne
         running = []
         if w == serving_id:
             running = [RunningReport(request_id, 1, (9, 8, 7, 6), (1, 2, 3), 8, 8)]
-        held = [HeldReport(request_id, 1, 6, serving_id)] if w == holder_id else []
+        held = [HeldReport(request_id, 1, 6)] if w == holder_id else []
         old_epoch = worker.epoch
         registration = worker.register(w, budget_bytes=64 * GIB, running=running, held=held)
         assert registration.epoch == old_epoch + 1

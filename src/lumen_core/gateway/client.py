@@ -131,6 +131,7 @@ class GatewayClient:
         self._lease_deadline_s = -math.inf
         self.fenced = False
         self.fence_reason = ""
+        self.state = SERVING
 
     def _metadata(self, name: str) -> tuple[tuple[str, str], ...]:
         return ((AUTH_METADATA_KEY, sign_call(self._secret, method(name))),)
@@ -182,6 +183,7 @@ class GatewayClient:
             self._lease_deadline_s = sent_s + reply.lease_s
             self.fenced = False
             self.fence_reason = ""
+            self.state = state
         return RegisterResult(
             reply.epoch, reply.lease_s, reply.heartbeat_s, tuple(directive_from_pb(d) for d in reply.directives)
         )
@@ -189,7 +191,6 @@ class GatewayClient:
     def heartbeat(
         self,
         *,
-        state: str = SERVING,
         num_running: int = 0,
         num_waiting: int = 0,
         held_bytes: int = 0,
@@ -200,7 +201,8 @@ class GatewayClient:
         proposed_draft_tokens: int = 0,
         accepted_draft_tokens: int = 0,
     ) -> HeartbeatResult:
-        """Renew the lease and report load; a ``fenced`` reply fences this client."""
+        """Renew the lease and report load (and the state it registered in or switched over
+        to); a ``fenced`` reply fences this client."""
         if self.worker_id < 0:
             raise FencedError("heartbeat before register")
         sent_s = time.monotonic()
@@ -209,7 +211,7 @@ class GatewayClient:
             pb.HeartbeatRequest(
                 worker_id=self.worker_id,
                 epoch=self.epoch,
-                state=state_to_pb(state),
+                state=state_to_pb(self.state),
                 num_running=num_running,
                 num_waiting=num_waiting,
                 held_bytes=held_bytes,
@@ -300,6 +302,7 @@ class GatewayClient:
             pb.ModelLoadedRequest(worker_id=self.worker_id, epoch=self.epoch, budget_bytes=budget_bytes, domain=domain),
         )
         assert isinstance(reply, pb.ModelLoadedReply)
+        self.state = SERVING
         return None if reply.freed_survivor_id < 0 else reply.freed_survivor_id
 
     # ---- client side -----------------------------------------------------------------------

@@ -74,6 +74,7 @@ RELEASE = "release"
 ASSIST_DRAFT = "assist_draft"
 ASSIST_VERIFY = "assist_verify"
 ASSIST_STOP = "assist_stop"
+CANCEL = "cancel"
 
 
 class StaleEpochError(Exception):
@@ -170,8 +171,6 @@ class HeldReport:
     request_id: int
     epoch: int
     durable_tokens: int
-    serving_worker_id: int = -1
-    held_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -483,8 +482,11 @@ class Coordinator:
     def _adopt(self, now_s: float, worker_id: int, report: RunningReport) -> None:
         """A running request reported by a re-registering worker (gateway restart)."""
         request_id = _check_id("request_id", report.request_id)
-        if request_id in self._requests:
-            return  # a later incarnation already re-homed it; the worker will be told to drop it
+        known = self._requests.get(request_id)
+        if known is not None:
+            if (known.worker_id, known.epoch) != (worker_id, report.epoch):
+                self._send(worker_id, Directive(CANCEL, request_id=request_id, reason="served elsewhere now"))
+            return
         prompt = _check_tokens("prompt_token_ids", report.prompt_token_ids)
         request = _Request(
             request_id,
@@ -595,6 +597,7 @@ class Coordinator:
         worker_id: int,
         epoch: int,
         *,
+        state: str = SERVING,
         num_running: int = 0,
         num_waiting: int = 0,
         held_bytes: int = 0,
@@ -605,11 +608,16 @@ class Coordinator:
         proposed_draft_tokens: int = 0,
         accepted_draft_tokens: int = 0,
     ) -> tuple[LeaseStatus, list[Directive], int]:
-        """Renew the lease and take the report; returns (lease status, directives, draft length)."""
+        """Renew the lease and take the report; returns (lease status, directives, draft length).
+        Raises ValueError when ``state`` is not the state the gateway has for the worker."""
         lease = self.renew_lease(now_s, worker_id, epoch)
         if lease.fenced or lease.reregister:
             return lease, [], 0
         worker = self._workers[worker_id]
+        if state != worker.state:
+            raise ValueError(
+                f"state must be the registered state {worker.state!r} (ModelLoaded switches over), got {state!r}"
+            )
         worker.held_bytes = _check_id("held_bytes", held_bytes)
         self.report_load(now_s, worker_id, num_running, num_waiting)
         for report in held:

@@ -50,6 +50,7 @@ class Directive(_message.Message):
         ASSIST_DRAFT: _ClassVar[Directive.Kind]
         ASSIST_VERIFY: _ClassVar[Directive.Kind]
         ASSIST_STOP: _ClassVar[Directive.Kind]
+        CANCEL: _ClassVar[Directive.Kind]
     KIND_UNSPECIFIED: Directive.Kind
     RUN: Directive.Kind
     RESUME: Directive.Kind
@@ -59,6 +60,7 @@ class Directive(_message.Message):
     ASSIST_DRAFT: Directive.Kind
     ASSIST_VERIFY: Directive.Kind
     ASSIST_STOP: Directive.Kind
+    CANCEL: Directive.Kind
     KIND_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -108,18 +110,14 @@ class RunningRequest(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., expected_output_tokens: _Optional[int] = ...) -> None: ...
 
 class HeldCheckpoint(_message.Message):
-    __slots__ = ("request_id", "epoch", "durable_tokens", "held_bytes", "serving_worker_id")
+    __slots__ = ("request_id", "epoch", "durable_tokens")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DURABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
-    SERVING_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     epoch: int
     durable_tokens: int
-    held_bytes: int
-    serving_worker_id: int
-    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., durable_tokens: _Optional[int] = ..., held_bytes: _Optional[int] = ..., serving_worker_id: _Optional[int] = ...) -> None: ...
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., durable_tokens: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
     __slots__ = ("worker_id", "state", "budget_bytes", "domain", "holder_address", "num_shards", "last_epoch", "running", "held")

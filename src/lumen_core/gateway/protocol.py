@@ -120,12 +120,8 @@ def held_to_pb(report: HeldReport) -> pb.HeldCheckpoint:
         request_id=report.request_id,
         epoch=report.epoch,
         durable_tokens=report.durable_tokens,
-        held_bytes=report.held_bytes,
-        serving_worker_id=report.serving_worker_id,
     )
 
 
 def held_from_pb(message: pb.HeldCheckpoint) -> HeldReport:
-    return HeldReport(
-        message.request_id, message.epoch, message.durable_tokens, message.serving_worker_id, message.held_bytes
-    )
+    return HeldReport(message.request_id, message.epoch, message.durable_tokens)

@@ -114,6 +114,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                 self._now(),
                 request.worker_id,
                 request.epoch,
+                state=state_from_pb(request.state),
                 num_running=request.num_running,
                 num_waiting=request.num_waiting,
                 held_bytes=request.held_bytes,
