@@ -6,6 +6,7 @@ namespace py = pybind11;
 void bind_checksum(py::module_& m);
 void bind_gather(py::module_& m);
 void bind_staging(py::module_& m);
+void bind_verify(py::module_& m);
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "lumen_core CPU kernels";
@@ -20,4 +21,5 @@ PYBIND11_MODULE(_C, m) {
   bind_checksum(m);
   bind_gather(m);
   bind_staging(m);
+  bind_verify(m);
 }

@@ -6,6 +6,7 @@ tokens for the busiest survivor while its model reloads. See README.md and DESIG
 """
 
 from lumen_core._native import BUILD_INFO, HAS_CUDA, HAS_UCX
+from lumen_core.ops import VerifyResult, verify_draft
 from lumen_core.policy import (
     AllToHolder,
     FixedNeighbour,
@@ -32,3 +33,4 @@ __all__ += [
     "SpecAssistPlanner",
     "make_policy",
 ]
+__all__ += ["VerifyResult", "verify_draft"]
