@@ -1,6 +1,6 @@
 """Real gateways on loopback (ephemeral ports) and real clients; everything is stopped/closed."""
 
-import time
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -25,6 +25,8 @@ def start_gateway() -> Iterator[Callable[..., GatewayServer]]:
     yield start
     for server in servers:
         server.stop(grace_s=0.1)
+    left = [t.name for t in threading.enumerate() if t.name.startswith("lumen-gateway")]
+    assert not left, f"gateway threads left running: {left}"
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from lumen_core.policy.events import (
     WorkerJoined,
     WorkerRecovering,
 )
-from lumen_core.policy.presets import POLICY_NAMES
+from lumen_core.policy.presets import POLICY_NAMES, make_policy
 from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, preset
 from lumen_core.sim.eventlog import EventLog, read_event_log
 from lumen_core.sim.experiments import load_config_for
@@ -65,7 +65,9 @@ def replay_through_coordinator(sim_path, policy, load_config, out_path) -> Coord
             event = record["event"]
             now_s = event.time_s
             if isinstance(event, WorkerJoined):
-                coordinator.register(now_s, event.worker_id, state=SERVING, budget_bytes=event.budget_bytes, domain=event.domain)
+                coordinator.register(
+                    now_s, event.worker_id, state=SERVING, budget_bytes=event.budget_bytes, domain=event.domain
+                )
             elif isinstance(event, WorkerRecovering):
                 coordinator.register(now_s, event.worker_id, state=RECOVERING)
             elif isinstance(event, WorkerFailed):
@@ -99,7 +101,8 @@ def replay_through_coordinator(sim_path, policy, load_config, out_path) -> Coord
             assert isinstance(joined, WorkerJoined) and joined.worker_id == record["args"]["assistant_id"]
             i += 1
             worker_id = joined.worker_id
-            coordinator.model_loaded(joined.time_s, worker_id, coordinator.worker_epoch(worker_id), joined.budget_bytes, joined.domain)
+            epoch = coordinator.worker_epoch(worker_id)
+            coordinator.model_loaded(joined.time_s, worker_id, epoch, joined.budget_bytes, joined.domain)
         elif op not in ("gain", "place", "route", "replace"):  # those the Coordinator makes itself
             raise AssertionError(f"no gateway call stands for {record}")
     out.close()
@@ -140,3 +143,44 @@ def test_a_different_policy_disagrees_so_the_replay_can_fail(tmp_path):
     replay_through_coordinator(sim_path, "FC", load_config, gateway_path)
     difference = first_difference(sim_path, gateway_path)
     assert difference is not None and difference[1]["op"] == "place"
+
+
+def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_path):
+    """The other direction: the log a live gateway writes (gRPC, real clients, a failure and an
+    assist pairing) replays through ``sim.eventlog.replay_event_log`` to the same decisions."""
+    from lumen_core.gateway.client import GatewayClient
+    from lumen_core.gateway.coordinator import HeldReport
+    from lumen_core.gateway.server import GatewayServer
+    from lumen_core.policy.load import LoadConfig
+    from lumen_core.sim.eventlog import replay_event_log
+
+    path = tmp_path / "gateway.jsonl"
+    log = EventLog.open(path)
+    config = GatewayConfig(policy="LUMEN")
+    with GatewayServer(config, SECRET, event_log=log) as server:
+        workers = [GatewayClient(server.address, SECRET) for _ in range(3)]
+        client = GatewayClient(server.address, SECRET)
+        try:
+            for worker_id, worker in enumerate(workers):
+                worker.register(worker_id, budget_bytes=1 << 36)
+            streams = [client.submit([1] * 50, 20, timeout_s=30.0) for _ in range(4)]
+            request_ids = [next(s).request_id for s in streams]
+            for worker in workers:
+                directives = worker.heartbeat(num_running=1).directives
+                held = [HeldReport(d.request_id, 1, 50) for d in directives if d.kind == "hold"]
+                worker.heartbeat(num_running=2, held=held)
+            assert client.report_exit(0, 1, "SIGKILL")
+            workers[0].register(0, state=RECOVERING)
+            workers[0].heartbeat(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)
+            workers[0].model_loaded(budget_bytes=1 << 36)
+            for stream in streams:
+                stream.close()
+        finally:
+            for worker in [*workers, client]:
+                worker.close()
+    log.close()
+    records = list(read_event_log(path))
+    assert {"place", "route", "replace", "pair", "finish"} <= {r["op"] for r in records}
+    assert len(request_ids) == 4
+    checked = replay_event_log(path, lambda gain_fn: make_policy("LUMEN", gain_fn=gain_fn), LoadConfig())
+    assert checked == sum(1 for r in records if r["op"] not in ("event", "gain"))

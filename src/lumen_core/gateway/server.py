@@ -354,8 +354,11 @@ class GatewayServer:
         self._reap_interval_s = config.lease_s / 10.0 if reap_interval_s is None else float(reap_interval_s)
         self._started_s = time.monotonic()
         self._verifier = CallVerifier(secret)
+        self._executor = futures.ThreadPoolExecutor(
+            max_workers=max_streams + control_threads, thread_name_prefix="lumen-gateway"
+        )
         self._grpc = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_streams + control_threads, thread_name_prefix="lumen-gateway"),
+            self._executor,
             interceptors=[_AuthInterceptor(self._verifier)],
             options=[("grpc.so_reuseport", 0)],
         )
@@ -406,6 +409,7 @@ class GatewayServer:
             self.condition.notify_all()
         self._stop_reaper.set()
         self._grpc.stop(grace_s).wait(grace_s + 5.0)
+        self._executor.shutdown(wait=True)
         if self._reaper is not None:
             self._reaper.join(timeout=5.0)
         if self._httpd is not None:
