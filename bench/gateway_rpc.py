@@ -132,7 +132,9 @@ def main() -> None:
 
             def rpc_step() -> None:
                 p = rpc_step_position[0]
-                acks = step.report_tokens_batch([RequestTokens(r, 1, p, (7,)) for r in on_zero[:STEP_REQUESTS]])
+                acks = step.report_tokens_batch(
+                    [RequestTokens(r, 1, p, (7,)) for r in on_zero[:STEP_REQUESTS]]
+                )
                 assert acks[-1].code == 0
                 rpc_step_position[0] += 1
 
@@ -172,7 +174,9 @@ def main() -> None:
     )
     print(f"{'op':<14}{'p50_us':>10}{'p99_us':>10}{'per_s':>10}{'base_p50':>10}{'ratio':>8}")
     for r in results:
-        print(f"{r['op']:<14}{r['p50_us']:>10}{r['p99_us']:>10}{r['per_s']:>10}{r['baseline_p50_us']:>10}{r['ratio']:>8}")
+        print(
+            f"{r['op']:<14}{r['p50_us']:>10}{r['p99_us']:>10}{r['per_s']:>10}{r['baseline_p50_us']:>10}{r['ratio']:>8}"
+        )
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(results, handle, indent=1)

@@ -17,8 +17,8 @@ GIB = 1 << 30
 def start_gateway() -> Iterator[Callable[..., GatewayServer]]:
     servers: list[GatewayServer] = []
 
-    def start(config: GatewayConfig = GatewayConfig(), **kwargs: object) -> GatewayServer:
-        server = GatewayServer(config, SECRET, **kwargs).start()  # type: ignore[arg-type]
+    def start(config: GatewayConfig | None = None, **kwargs: object) -> GatewayServer:
+        server = GatewayServer(config or GatewayConfig(), SECRET, **kwargs).start()  # type: ignore[arg-type]
         servers.append(server)
         return server
 

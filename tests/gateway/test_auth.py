@@ -21,7 +21,10 @@ METHOD = "/lumen.gateway.v1.Gateway/Heartbeat"
 # Produced by the native transport (lumen_core.transport.issue_capability over OpenSSL).
 KNOWN_CAPABILITIES = [
     ((SECRET, 123456789012, 3, 7), "da2158404feccd232bf8218b44f27ce020a3da9a76dc75319ebdd22925e0081c"),
-    ((bytes(range(32)), 2**64 - 1, 2**32 - 1, 0), "331e3018a70cbefaa9b99377fbd0ec65b5b66696bb742555c9ba20eb4ff7751e"),
+    (
+        (bytes(range(32)), 2**64 - 1, 2**32 - 1, 0),
+        "331e3018a70cbefaa9b99377fbd0ec65b5b66696bb742555c9ba20eb4ff7751e",
+    ),
 ]
 
 
@@ -35,7 +38,12 @@ def test_capability_matches_the_native_transports_bytes(args, expected):
 def test_capability_equals_the_native_one_over_many_keys():
     from lumen_core.transport import issue_capability as native_issue_capability
 
-    for request_id, shard, epoch in [(0, 0, 0), (1, 0, 1), (2**40 + 5, 7, 123), (2**64 - 1, 2**32 - 1, 2**32 - 1)]:
+    for request_id, shard, epoch in [
+        (0, 0, 0),
+        (1, 0, 1),
+        (2**40 + 5, 7, 123),
+        (2**64 - 1, 2**32 - 1, 2**32 - 1),
+    ]:
         assert issue_capability(SECRET, request_id, shard, epoch) == native_issue_capability(
             SECRET, request_id, shard, epoch
         )
@@ -44,7 +52,11 @@ def test_capability_equals_the_native_one_over_many_keys():
 def test_capability_binds_every_field():
     base = issue_capability(SECRET, 5, 0, 1)
     assert len(base) == 32
-    others = {issue_capability(SECRET, 6, 0, 1), issue_capability(SECRET, 5, 1, 1), issue_capability(SECRET, 5, 0, 2)}
+    others = {
+        issue_capability(SECRET, 6, 0, 1),
+        issue_capability(SECRET, 5, 1, 1),
+        issue_capability(SECRET, 5, 0, 2),
+    }
     others.add(issue_capability(SECRET + b"x", 5, 0, 1))
     assert base not in others and len(others) == 4
 
@@ -97,9 +109,9 @@ def test_call_signature_accepted_once_and_only_with_the_secret():
     value = sign_call(SECRET, METHOD, now_s=1000.0)
     assert verifier.verify(METHOD, value, now_s=1010.0) is None
     assert verifier.verify(METHOD, value, now_s=1010.0) == "nonce replayed"
-    assert verifier.verify("/lumen.gateway.v1.Gateway/Register", sign_call(SECRET, METHOD, now_s=1000.0), now_s=1000.0) == (
-        "bad MAC: the caller does not hold the cluster secret"
-    )  # signed for another method
+    assert verifier.verify(
+        "/lumen.gateway.v1.Gateway/Register", sign_call(SECRET, METHOD, now_s=1000.0), now_s=1000.0
+    ) == ("bad MAC: the caller does not hold the cluster secret")  # signed for another method
     forged = sign_call(b"some-other-secret-entirely", METHOD, now_s=1000.0)
     assert verifier.verify(METHOD, forged, now_s=1000.0).startswith("bad MAC")
     late = sign_call(SECRET, METHOD, now_s=1000.0)
@@ -113,7 +125,7 @@ def test_call_verifier_forgets_old_nonces_but_still_refuses_old_calls():
     verifier = CallVerifier(SECRET, max_skew_s=1.0)
     first = sign_call(SECRET, METHOD, now_s=0.0)
     assert verifier.verify(METHOD, first, now_s=0.0) is None
-    for i in range(4100):
+    for _ in range(4100):
         assert verifier.verify(METHOD, sign_call(SECRET, METHOD, now_s=10.0), now_s=10.0) is None
     assert len(verifier._seen) < 4200
     assert verifier.verify(METHOD, first, now_s=10.0).startswith("timestamp")

@@ -224,13 +224,17 @@ def test_assist_report_and_switch_over_validation():
 
 
 def test_capabilities_per_shard_and_metrics():
-    coordinator = Coordinator(GatewayConfig(policy="LUMEN", load_config=LoadConfig(kv_bytes_per_token=1024)), SECRET)
+    coordinator = Coordinator(
+        GatewayConfig(policy="LUMEN", load_config=LoadConfig(kv_bytes_per_token=1024)), SECRET
+    )
     for w in range(3):
         coordinator.register(0.0, w, budget_bytes=GIB, num_shards=2)
     admission = coordinator.admit(0.0, [1] * 100, 10)
     run = coordinator.take_directives(admission.worker_id)[0]
     assert run.kind == RUN
-    assert run.holders[0].capabilities == tuple(issue_capability(SECRET, admission.request_id, s, 1) for s in (0, 1))
+    assert run.holders[0].capabilities == tuple(
+        issue_capability(SECRET, admission.request_id, s, 1) for s in (0, 1)
+    )
     metrics = coordinator.metrics()
     assert metrics.coverage == 0.0 and math.isnan(metrics.recovery_s) and metrics.num_failures == 0
     coordinator.report_checkpoint(0.1, admission.placement.holder_ids[0], admission.request_id, 1, 90)

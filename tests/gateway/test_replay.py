@@ -66,7 +66,11 @@ def replay_through_coordinator(sim_path, policy, load_config, out_path) -> Coord
             now_s = event.time_s
             if isinstance(event, WorkerJoined):
                 coordinator.register(
-                    now_s, event.worker_id, state=SERVING, budget_bytes=event.budget_bytes, domain=event.domain
+                    now_s,
+                    event.worker_id,
+                    state=SERVING,
+                    budget_bytes=event.budget_bytes,
+                    domain=event.domain,
                 )
             elif isinstance(event, WorkerRecovering):
                 coordinator.register(now_s, event.worker_id, state=RECOVERING)
@@ -89,7 +93,9 @@ def replay_through_coordinator(sim_path, policy, load_config, out_path) -> Coord
                 )
             elif isinstance(event, CheckpointGrew):
                 _, epoch = coordinator.request_worker(event.request_id)
-                coordinator.report_checkpoint(now_s, event.holder_id, event.request_id, epoch, event.durable_tokens)
+                coordinator.report_checkpoint(
+                    now_s, event.holder_id, event.request_id, epoch, event.durable_tokens
+                )
             elif isinstance(event, RequestFinished):
                 coordinator.finish_request(now_s, event.request_id)
             else:
@@ -113,7 +119,7 @@ def replay_through_coordinator(sim_path, policy, load_config, out_path) -> Coord
 def first_difference(a_path, b_path) -> tuple[int, object, object] | None:
     a = list(read_event_log(a_path))
     b = list(read_event_log(b_path))
-    for k, (x, y) in enumerate(zip(a, b)):
+    for k, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return k, x, y
     if len(a) != len(b):

@@ -43,7 +43,9 @@ def register_workers(server, connect, num_workers, **kwargs):
     workers = []
     for worker_id in range(num_workers):
         client = connect(server)
-        client.register(worker_id, budget_bytes=64 * GIB, holder_address=f"127.0.0.1:{7000 + worker_id}", **kwargs)
+        client.register(
+            worker_id, budget_bytes=64 * GIB, holder_address=f"127.0.0.1:{7000 + worker_id}", **kwargs
+        )
         workers.append(client)
     return workers
 
@@ -251,10 +253,16 @@ def test_metrics_endpoint_serves_the_shared_metrics_on_loopback(start_gateway, c
     got = drain(workers)
     for w, worker in enumerate(workers):
         held = [HeldReport(d.request_id, 1, 100) for d in of_kind(got[w], HOLD)]
-        worker.heartbeat(num_running=1 if worker is workers[0] else 0, held=held, held_bytes=100 * 4096 * len(held))
-    text = urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+        worker.heartbeat(
+            num_running=1 if worker is workers[0] else 0, held=held, held_bytes=100 * 4096 * len(held)
+        )
+    text = (
+        urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
+    )
     values = {
-        line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line.startswith("lumen_")
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("lumen_")
     }
     assert values["lumen_checkpoint_coverage"] == 1.0
     assert values["lumen_holder_balance_ratio"] == float("inf")  # one holder has it all, one none
@@ -397,8 +405,13 @@ def test_one_batched_report_per_step_refuses_only_the_stale_request(start_gatewa
     )
     assert [(a.request_id, a.num_new, a.code) for a in acks[:2]] == [(r, 2, 0) for r in on_worker]
     assert acks[2].code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "epoch 9" in acks[2].details
-    refused = worker.report_tokens_batch([RequestTokens(on_worker[1], 1, 5, (6,)), RequestTokens(77, 1, 0, (1,))])
-    assert [a.code for a in refused] == [grpc.StatusCode.INVALID_ARGUMENT.value[0], grpc.StatusCode.NOT_FOUND.value[0]]
+    refused = worker.report_tokens_batch(
+        [RequestTokens(on_worker[1], 1, 5, (6,)), RequestTokens(77, 1, 0, (1,))]
+    )
+    assert [a.code for a in refused] == [
+        grpc.StatusCode.INVALID_ARGUMENT.value[0],
+        grpc.StatusCode.NOT_FOUND.value[0],
+    ]
     with pytest.raises(GatewayError, match="NOT_FOUND: request_id 77 is not a known request"):
         worker.report_tokens(77, 1, 0, [1])
     for stream in streams:

@@ -33,4 +33,6 @@ def test_committed_stubs_are_current(tmp_path):
         timeout=60,
     )
     for name in STUBS:
-        assert (package / name).read_text() == (GATEWAY / name).read_text(), f"{name} is stale: run `make proto`"
+        assert (package / name).read_text() == (GATEWAY / name).read_text(), (
+            f"{name} is stale: run `make proto`"
+        )

@@ -139,7 +139,9 @@ class GatewayClient:
     def _call(self, name: str, request: object, timeout_s: float | None = None) -> object:
         try:
             return getattr(self._stub, name)(
-                request, timeout=self.timeout_s if timeout_s is None else timeout_s, metadata=self._metadata(name)
+                request,
+                timeout=self.timeout_s if timeout_s is None else timeout_s,
+                metadata=self._metadata(name),
             )
         except grpc.RpcError as error:
             raise _translate(error) from None
@@ -185,7 +187,10 @@ class GatewayClient:
             self.fence_reason = ""
             self.state = state
         return RegisterResult(
-            reply.epoch, reply.lease_s, reply.heartbeat_s, tuple(directive_from_pb(d) for d in reply.directives)
+            reply.epoch,
+            reply.lease_s,
+            reply.heartbeat_s,
+            tuple(directive_from_pb(d) for d in reply.directives),
         )
 
     def heartbeat(
@@ -248,14 +253,24 @@ class GatewayClient:
             return self._lease_deadline_s - time.monotonic()
 
     def report_tokens(
-        self, request_id: int, epoch: int, start_position: int, token_ids: Sequence[int], *, finished: bool = False
+        self,
+        request_id: int,
+        epoch: int,
+        start_position: int,
+        token_ids: Sequence[int],
+        *,
+        finished: bool = False,
     ) -> ReportAck:
         """Report one request's output tokens; raises what the gateway refused it with
         (StaleEpochError for a fenced worker or request epoch, GatewayError otherwise)."""
-        (ack,) = self.report_tokens_batch([RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished)])
+        (ack,) = self.report_tokens_batch(
+            [RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished)]
+        )
         if ack.code != grpc.StatusCode.OK.value[0]:
             code = next(c for c in grpc.StatusCode if c.value[0] == ack.code)
-            raise (StaleEpochError if code == grpc.StatusCode.FAILED_PRECONDITION else GatewayError)(code, ack.details)
+            raise (StaleEpochError if code == grpc.StatusCode.FAILED_PRECONDITION else GatewayError)(
+                code, ack.details
+            )
         return ack
 
     def report_tokens_batch(self, reports: Sequence[RequestTokens]) -> list[ReportAck]:
@@ -264,7 +279,9 @@ class GatewayClient:
         sent (FencedError) once this client knows its lease is lost; StaleEpochError when the
         gateway has fenced this worker epoch."""
         if not self.lease_valid():
-            raise FencedError(f"worker {self.worker_id} epoch {self.epoch} holds no lease: {self.fence_reason}")
+            raise FencedError(
+                f"worker {self.worker_id} epoch {self.epoch} holds no lease: {self.fence_reason}"
+            )
         reply = self._call(
             "ReportTokens",
             pb.TokenReport(
@@ -284,7 +301,8 @@ class GatewayClient:
         )
         assert isinstance(reply, pb.TokenAcks)
         return [
-            ReportAck(a.request_id, a.num_new, a.num_conflicts, a.next_position, a.code, a.details) for a in reply.acks
+            ReportAck(a.request_id, a.num_new, a.num_conflicts, a.next_position, a.code, a.details)
+            for a in reply.acks
         ]
 
     def report_exit(self, worker_id: int, epoch: int, reason: str = "") -> bool:
@@ -299,7 +317,9 @@ class GatewayClient:
         assisted, or None."""
         reply = self._call(
             "ModelLoaded",
-            pb.ModelLoadedRequest(worker_id=self.worker_id, epoch=self.epoch, budget_bytes=budget_bytes, domain=domain),
+            pb.ModelLoadedRequest(
+                worker_id=self.worker_id, epoch=self.epoch, budget_bytes=budget_bytes, domain=domain
+            ),
         )
         assert isinstance(reply, pb.ModelLoadedReply)
         self.state = SERVING
@@ -309,7 +329,9 @@ class GatewayClient:
     def _stream(self, name: str, request: object, timeout_s: float) -> Iterator[TokenChunk]:
         try:
             for chunk in getattr(self._stub, name)(request, timeout=timeout_s, metadata=self._metadata(name)):
-                yield TokenChunk(chunk.request_id, chunk.start_position, tuple(chunk.token_ids), chunk.finished)
+                yield TokenChunk(
+                    chunk.request_id, chunk.start_position, tuple(chunk.token_ids), chunk.finished
+                )
         except grpc.RpcError as error:
             raise _translate(error) from None
 
@@ -331,9 +353,13 @@ class GatewayClient:
         )
         return self._stream("Submit", request, timeout_s)
 
-    def watch(self, request_id: int, from_position: int = 0, *, timeout_s: float = 60.0) -> Iterator[TokenChunk]:
+    def watch(
+        self, request_id: int, from_position: int = 0, *, timeout_s: float = 60.0
+    ) -> Iterator[TokenChunk]:
         """Stream an existing request's tokens from ``from_position``."""
-        return self._stream("Watch", pb.WatchRequest(request_id=request_id, from_position=from_position), timeout_s)
+        return self._stream(
+            "Watch", pb.WatchRequest(request_id=request_id, from_position=from_position), timeout_s
+        )
 
     def status(self) -> pb.StatusReply:
         reply = self._call("Status", pb.StatusRequest())

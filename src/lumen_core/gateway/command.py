@@ -22,7 +22,10 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
     )
     parser.add_argument("--secret-file", default=None, metavar="PATH", help="cluster secret (0600 file)")
     parser.add_argument(
-        "--write-secret", default=None, metavar="PATH", help="write a new random secret to PATH (0600) and exit"
+        "--write-secret",
+        default=None,
+        metavar="PATH",
+        help="write a new random secret to PATH (0600) and exit",
     )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback)")
     parser.add_argument("--port", type=int, default=50051, help="gRPC port (0: a free one, printed)")
@@ -30,10 +33,15 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
         "--metrics-port", type=int, default=9464, help="Prometheus port (0: a free one; -1: no endpoint)"
     )
     parser.add_argument("--policy", default="LUMEN", choices=POLICY_NAMES)
-    parser.add_argument("--lease-s", type=float, default=10.0, help="lease; a silent worker is failed after it")
+    parser.add_argument(
+        "--lease-s", type=float, default=10.0, help="lease; a silent worker is failed after it"
+    )
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="heartbeat period told to workers")
     parser.add_argument(
-        "--kv-bytes-per-token", type=int, default=None, help="KV bytes per token of the served model (L(w) units)"
+        "--kv-bytes-per-token",
+        type=int,
+        default=None,
+        help="KV bytes per token of the served model (L(w) units)",
     )
     parser.add_argument("--event-log", default=None, metavar="PATH", help="JSON lines of every policy call")
     parser.set_defaults(func=run_gateway)
@@ -59,8 +67,14 @@ def run_gateway(args: argparse.Namespace) -> int:
         )
         return 2
     secret = read_secret_file(args.secret_file)
-    load_config = LoadConfig() if args.kv_bytes_per_token is None else LoadConfig(kv_bytes_per_token=args.kv_bytes_per_token)
-    config = GatewayConfig(policy=args.policy, lease_s=args.lease_s, heartbeat_s=args.heartbeat_s, load_config=load_config)
+    load_config = (
+        LoadConfig()
+        if args.kv_bytes_per_token is None
+        else LoadConfig(kv_bytes_per_token=args.kv_bytes_per_token)
+    )
+    config = GatewayConfig(
+        policy=args.policy, lease_s=args.lease_s, heartbeat_s=args.heartbeat_s, load_config=load_config
+    )
     if args.host not in LOOPBACK:
         print(
             f"warning: listening on {args.host}: calls are authenticated but not encrypted",
@@ -68,13 +82,19 @@ def run_gateway(args: argparse.Namespace) -> int:
         )
     event_log = EventLog.open(Path(args.event_log)) if args.event_log else None
     metrics_port = None if args.metrics_port < 0 else args.metrics_port
-    server = GatewayServer(config, secret, host=args.host, port=args.port, metrics_port=metrics_port, event_log=event_log)
+    server = GatewayServer(
+        config, secret, host=args.host, port=args.port, metrics_port=metrics_port, event_log=event_log
+    )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     server.start()
     try:
-        metrics = f"; metrics on http://{args.host}:{server.metrics_port}/metrics" if metrics_port is not None else ""
+        metrics = (
+            f"; metrics on http://{args.host}:{server.metrics_port}/metrics"
+            if metrics_port is not None
+            else ""
+        )
         print(
             f"gateway listening on {server.address} (policy {config.policy}, lease {config.lease_s} s, "
             f"heartbeat {config.heartbeat_s} s){metrics}",

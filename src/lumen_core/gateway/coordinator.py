@@ -254,7 +254,9 @@ class _Worker:
         "fence_reason",
     )
 
-    def __init__(self, worker_id: int, epoch: int, address: str, num_shards: int, lease_deadline_s: float) -> None:
+    def __init__(
+        self, worker_id: int, epoch: int, address: str, num_shards: int, lease_deadline_s: float
+    ) -> None:
         self.worker_id = worker_id
         self.epoch = epoch
         self.state = SERVING
@@ -405,7 +407,9 @@ class Coordinator:
     def _grant(self, holder_id: int, request_id: int, epoch: int) -> HolderGrant:
         holder = self._workers.get(holder_id)
         num_shards = holder.num_shards if holder is not None else 1
-        capabilities = tuple(issue_capability(self._secret, request_id, shard, epoch) for shard in range(num_shards))
+        capabilities = tuple(
+            issue_capability(self._secret, request_id, shard, epoch) for shard in range(num_shards)
+        )
         return HolderGrant(holder_id, holder.holder_address if holder is not None else "", capabilities)
 
     def _hold(self, request: _Request, holder_ids: Sequence[int], reserved_bytes: int, reason: str) -> None:
@@ -456,7 +460,9 @@ class Coordinator:
             raise ValueError(f"running must be empty for a recovering worker, got {len(running)} requests")
         old = self._workers.get(worker_id)
         if old is not None and old.state != FAILED:
-            self.fail(now_s, [worker_id], cause=f"worker {worker_id} registered again (epoch {old.epoch} is gone)")
+            self.fail(
+                now_s, [worker_id], cause=f"worker {worker_id} registered again (epoch {old.epoch} is gone)"
+            )
         epoch = max(old.epoch if old is not None else 0, _check_id("last_epoch", last_epoch)) + 1
         worker = _Worker(worker_id, epoch, holder_address, num_shards, now_s + self.config.lease_s)
         self._workers[worker_id] = worker
@@ -511,9 +517,13 @@ class Coordinator:
             return
         view = self.monitor.request(request.request_id)
         if report.epoch != request.epoch or holder_id == request.worker_id or holder_id in view.holder_ids:
-            self._send(holder_id, Directive(RELEASE, request_id=request.request_id, reason="stale checkpoint"))
+            self._send(
+                holder_id, Directive(RELEASE, request_id=request.request_id, reason="stale checkpoint")
+            )
             return
-        expected = (len(request.prompt_token_ids) + request.expected_output_tokens) * self.config.load_config.kv_bytes_per_token
+        expected = (
+            len(request.prompt_token_ids) + request.expected_output_tokens
+        ) * self.config.load_config.kv_bytes_per_token
         reserved = max(0, min(expected, self.monitor.free_bytes(holder_id)))
         self._apply(CheckpointReserved(now_s, request.request_id, (holder_id,), reserved))
         self._apply(CheckpointGrew(now_s, request.request_id, holder_id, report.durable_tokens))
@@ -522,7 +532,9 @@ class Coordinator:
         """Extend the lease of (worker, epoch), or say that it is fenced or unknown."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
         if worker is None:
-            return LeaseStatus(False, True, f"worker {worker_id} is not registered (gateway restarted?): re-register")
+            return LeaseStatus(
+                False, True, f"worker {worker_id} is not registered (gateway restarted?): re-register"
+            )
         if epoch != worker.epoch:
             return LeaseStatus(True, False, f"epoch {epoch} is stale (current epoch {worker.epoch})")
         if worker.state == FAILED:
@@ -534,7 +546,9 @@ class Coordinator:
         if self._workers[worker_id].state == SERVING:
             self._apply(Heartbeat(now_s, worker_id, num_running, num_waiting))
 
-    def report_checkpoint(self, now_s: float, holder_id: int, request_id: int, epoch: int, durable_tokens: int) -> None:
+    def report_checkpoint(
+        self, now_s: float, holder_id: int, request_id: int, epoch: int, durable_tokens: int
+    ) -> None:
         """A holder's durable length of a checkpoint. Reports of an unknown request or an older
         request epoch are dropped here; the monitor ignores those of copies it no longer keeps
         (a finished request's, an evicted one's)."""
@@ -543,7 +557,9 @@ class Coordinator:
             return
         self._apply(CheckpointGrew(now_s, request_id, holder_id, durable_tokens))
 
-    def report_dropped(self, now_s: float, holder_id: int, request_id: int, *, refused: bool) -> PlacementDecision | None:
+    def report_dropped(
+        self, now_s: float, holder_id: int, request_id: int, *, refused: bool
+    ) -> PlacementDecision | None:
         """The holder refused (budget) or evicted a checkpoint; a refused one is placed again
         (placement avoids holders that refused) and streamed to the new holder in full."""
         request = self._requests.get(request_id)
@@ -569,7 +585,9 @@ class Coordinator:
                 STREAM,
                 request_id=request.request_id,
                 epoch=request.epoch,
-                holders=tuple(self._grant(h, request.request_id, request.epoch) for h in decision.new_holder_ids),
+                holders=tuple(
+                    self._grant(h, request.request_id, request.epoch) for h in decision.new_holder_ids
+                ),
                 reason=decision.reason,
             ),
         )
@@ -616,7 +634,8 @@ class Coordinator:
         worker = self._workers[worker_id]
         if state != worker.state:
             raise ValueError(
-                f"state must be the registered state {worker.state!r} (ModelLoaded switches over), got {state!r}"
+                f"state must be the registered state {worker.state!r} (ModelLoaded switches over), "
+                f"got {state!r}"
             )
         worker.held_bytes = _check_id("held_bytes", held_bytes)
         self.report_load(now_s, worker_id, num_running, num_waiting)
@@ -627,11 +646,17 @@ class Coordinator:
         for request_id in evicted_request_ids:
             self.report_dropped(now_s, worker_id, request_id, refused=False)
         k = self.assist_report(
-            now_s, worker_id, steps=assist_steps, proposed=proposed_draft_tokens, accepted=accepted_draft_tokens
+            now_s,
+            worker_id,
+            steps=assist_steps,
+            proposed=proposed_draft_tokens,
+            accepted=accepted_draft_tokens,
         )
         return lease, self.take_directives(worker_id), k
 
-    def model_loaded(self, now_s: float, worker_id: int, epoch: int, budget_bytes: int, domain: str = "") -> int | None:
+    def model_loaded(
+        self, now_s: float, worker_id: int, epoch: int, budget_bytes: int, domain: str = ""
+    ) -> int | None:
         """Switch-over: a recovering worker's full model is loaded. Ends its assist pairing
         (the freed survivor is told) and it serves again with L = 0. Returns the survivor."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
@@ -644,7 +669,9 @@ class Coordinator:
             freed = self.policy.planner.finish(worker_id)
             self._logged("finish", {"assistant_id": worker_id}, freed)
             if freed is not None:
-                self._send(freed, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant switched over"))
+                self._send(
+                    freed, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant switched over")
+                )
         worker.state = SERVING
         self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
         return freed
@@ -658,7 +685,9 @@ class Coordinator:
             return None
         return self.fail(now_s, expired, cause="lease expired")
 
-    def process_exited(self, now_s: float, worker_id: int, epoch: int, reason: str = "") -> FailureOutcome | None:
+    def process_exited(
+        self, now_s: float, worker_id: int, epoch: int, reason: str = ""
+    ) -> FailureOutcome | None:
         """A worker process exited. Fails that incarnation unless it is already failed or has
         been superseded (an older epoch): returns the outcome, or None."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
@@ -687,12 +716,16 @@ class Coordinator:
                 if assistant is not None:
                     planner.release_survivor(worker_id)
                     self._logged("release_survivor", {"survivor_id": worker_id}, assistant)
-                    self._send(assistant, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="survivor failed"))
+                    self._send(
+                        assistant, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="survivor failed")
+                    )
                 survivor = planner.survivor_of(worker_id)
                 if survivor is not None:
                     planner.finish(worker_id)
                     self._logged("finish", {"assistant_id": worker_id}, survivor)
-                    self._send(survivor, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant failed"))
+                    self._send(
+                        survivor, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant failed")
+                    )
         for worker_id in failed:
             self._apply(WorkerFailed(now_s, worker_id))
         lost: list[int] = []
@@ -720,7 +753,9 @@ class Coordinator:
                     placements.append(placement)
                     self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
                 else:  # surviving holders: same copy, new epoch (older appends are fenced)
-                    self._hold(request, self.monitor.request(request.request_id).holder_ids, 0, "epoch bumped")
+                    self._hold(
+                        request, self.monitor.request(request.request_id).holder_ids, 0, "epoch bumped"
+                    )
                 self._send(request.worker_id, self._resume(request, decision))
             routes.extend(decisions)
         replacements: list[PlacementDecision] = []
@@ -762,7 +797,9 @@ class Coordinator:
         live = self.monitor.live_worker_ids()
         if not live:
             raise NoWorkerError("no worker is serving")
-        return min(live, key=lambda w: (self.monitor.worker(w).num_running + self.monitor.worker(w).num_waiting, w))
+        return min(
+            live, key=lambda w: (self.monitor.worker(w).num_running + self.monitor.worker(w).num_waiting, w)
+        )
 
     def admit(
         self,
@@ -840,7 +877,8 @@ class Coordinator:
             raise ValueError(f"start_position must be <= {known} (no gaps), got {start}")
         if start + len(tokens) > request.max_new_tokens:
             raise ValueError(
-                f"token_ids must end by max_new_tokens={request.max_new_tokens}, got {start + len(tokens)} tokens"
+                f"token_ids must end by max_new_tokens={request.max_new_tokens}, "
+                f"got {start + len(tokens)} tokens"
             )
         overlap = tokens[: known - start]
         conflicts = sum(1 for i, t in enumerate(overlap) if request.tokens[start + i] != t)
@@ -873,7 +911,9 @@ class Coordinator:
             request.replay_token_s = now_s
         self._apply(RequestFinished(now_s, request_id))
         for holder_id in holder_ids:
-            self._send(holder_id, Directive(RELEASE, request_id=request_id, epoch=request.epoch, reason="finished"))
+            self._send(
+                holder_id, Directive(RELEASE, request_id=request_id, epoch=request.epoch, reason="finished")
+            )
 
     def tokens(self, request_id: int, from_position: int = 0) -> tuple[tuple[int, ...], bool, bool]:
         """(tokens from ``from_position``, finished, lost) of a request."""

@@ -43,7 +43,9 @@ def state_from_pb(value: int) -> str:
 
 
 def _grant_to_pb(grant: HolderGrant) -> pb.HolderGrant:
-    return pb.HolderGrant(worker_id=grant.worker_id, address=grant.address, capabilities=list(grant.capabilities))
+    return pb.HolderGrant(
+        worker_id=grant.worker_id, address=grant.address, capabilities=list(grant.capabilities)
+    )
 
 
 def _grant_from_pb(grant: pb.HolderGrant) -> HolderGrant:

@@ -63,8 +63,16 @@ class _AuthInterceptor(grpc.ServerInterceptor):
         def deny(request: Any, context: grpc.ServicerContext) -> Any:
             context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
 
-        make = grpc.unary_stream_rpc_method_handler if handler.response_streaming else grpc.unary_unary_rpc_method_handler
-        return make(deny, request_deserializer=handler.request_deserializer, response_serializer=handler.response_serializer)
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            deny,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
 
 
 class _Servicer(pb_grpc.GatewayServicer):
@@ -176,9 +184,13 @@ class _Servicer(pb_grpc.GatewayServicer):
 
         return self._run(context, report)
 
-    def ModelLoaded(self, request: pb.ModelLoadedRequest, context: grpc.ServicerContext) -> pb.ModelLoadedReply:
+    def ModelLoaded(
+        self, request: pb.ModelLoadedRequest, context: grpc.ServicerContext
+    ) -> pb.ModelLoadedReply:
         def loaded(c: Coordinator) -> pb.ModelLoadedReply:
-            freed = c.model_loaded(self._now(), request.worker_id, request.epoch, request.budget_bytes, request.domain)
+            freed = c.model_loaded(
+                self._now(), request.worker_id, request.epoch, request.budget_bytes, request.domain
+            )
             return pb.ModelLoadedReply(freed_survivor_id=-1 if freed is None else freed)
 
         return self._run(context, loaded)
@@ -190,7 +202,8 @@ class _Servicer(pb_grpc.GatewayServicer):
         with server.condition:
             if server.num_streams >= server.max_streams:
                 context.abort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED, f"{server.num_streams} token streams open (max_streams)"
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{server.num_streams} token streams open (max_streams)",
                 )
             server.num_streams += 1
 
@@ -226,7 +239,9 @@ class _Servicer(pb_grpc.GatewayServicer):
         yield pb.TokenChunk(request_id=admission.request_id)  # the client learns its request id at once
         yield from self._stream(admission.request_id, 0, context)
 
-    def _stream(self, request_id: int, position: int, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
+    def _stream(
+        self, request_id: int, position: int, context: grpc.ServicerContext
+    ) -> Iterator[pb.TokenChunk]:
         server = self._server
         while True:
             with server.condition:
@@ -239,8 +254,12 @@ class _Servicer(pb_grpc.GatewayServicer):
             if not context.is_active():
                 return
             if lost:
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"request {request_id} lost: no worker was left serving")
-            yield pb.TokenChunk(request_id=request_id, start_position=position, token_ids=list(tokens), finished=finished)
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"request {request_id} lost: no worker was left serving"
+                )
+            yield pb.TokenChunk(
+                request_id=request_id, start_position=position, token_ids=list(tokens), finished=finished
+            )
             position += len(tokens)
             if finished:
                 return
@@ -280,31 +299,47 @@ class _Collector:
         with self._server.condition:
             m = self._server.coordinator.metrics()
         yield GaugeMetricFamily(
-            "lumen_checkpoint_coverage", "Running requests whose durable checkpoint covers all but 16 tokens", value=m.coverage
+            "lumen_checkpoint_coverage",
+            "Running requests whose durable checkpoint covers all but 16 tokens",
+            value=m.coverage,
         )
         yield GaugeMetricFamily(
-            "lumen_holder_balance_ratio", "Max/min held checkpoint tokens over serving workers", value=m.holder_balance
+            "lumen_holder_balance_ratio",
+            "Max/min held checkpoint tokens over serving workers",
+            value=m.holder_balance,
         )
-        yield GaugeMetricFamily("lumen_assist_acceptance_rate", "Accepted / proposed draft tokens", value=m.acceptance)
+        yield GaugeMetricFamily(
+            "lumen_assist_acceptance_rate", "Accepted / proposed draft tokens", value=m.acceptance
+        )
         yield GaugeMetricFamily(
             "lumen_last_failure_recovery_seconds",
             "Last failure: detection until every interrupted request emitted its next token",
             value=m.recovery_s,
         )
         yield GaugeMetricFamily(
-            "lumen_last_failure_replay_ttft_seconds", "Last failure: mean replay TTFT of its interrupted requests", value=m.replay_ttft_s
+            "lumen_last_failure_replay_ttft_seconds",
+            "Last failure: mean replay TTFT of its interrupted requests",
+            value=m.replay_ttft_s,
         )
-        yield GaugeMetricFamily("lumen_failures", "Failures handled since the gateway started", value=m.num_failures)
+        yield GaugeMetricFamily(
+            "lumen_failures", "Failures handled since the gateway started", value=m.num_failures
+        )
         for name, doc, values in (
             ("lumen_worker_load", "L(w) in queue-equivalents", m.worker_load),
             ("lumen_worker_queue_depth", "Running plus waiting requests", m.worker_queue_depth),
-            ("lumen_worker_held_checkpoint_bytes", "Checkpoint bytes the worker holds for others", m.worker_held_bytes),
+            (
+                "lumen_worker_held_checkpoint_bytes",
+                "Checkpoint bytes the worker holds for others",
+                m.worker_held_bytes,
+            ),
         ):
             family = GaugeMetricFamily(name, doc, labels=["worker"])
             for worker_id, value in sorted(values.items()):
                 family.add_metric([str(worker_id)], float(value))
             yield family
-        states = GaugeMetricFamily("lumen_worker_state", "1 for the worker's current state", labels=["worker", "state"])
+        states = GaugeMetricFamily(
+            "lumen_worker_state", "1 for the worker's current state", labels=["worker", "state"]
+        )
         for worker_id, state in sorted(m.worker_state.items()):
             states.add_metric([str(worker_id), state], 1.0)
         yield states
@@ -316,8 +351,9 @@ class GatewayServer:
     ``metrics_port``: None = no endpoint, 0 = a free port. ``reap_interval_s``: how often
     leases are checked (default lease_s / 10). ``max_streams``: client token streams open at
     once (each holds a server thread; more are refused with RESOURCE_EXHAUSTED), and
-    ``control_threads`` more threads serve everything else, so heartbeats never wait. Use as a context manager or call ``start``
-    and ``stop``; ``stop`` ends the streams, joins the reaper and the metrics thread.
+    ``control_threads`` more threads serve everything else, so heartbeats never wait. Use as
+    a context manager or call ``start`` and ``stop``; ``stop`` ends the streams and joins the
+    server's threads, the reaper and the metrics thread.
     """
 
     def __init__(
@@ -393,7 +429,9 @@ class GatewayServer:
         if self._metrics_port is not None:
             registry = CollectorRegistry()
             registry.register(_Collector(self))  # type: ignore[arg-type]
-            self._httpd, self._http_thread = start_http_server(self._metrics_port, addr=self._host, registry=registry)
+            self._httpd, self._http_thread = start_http_server(
+                self._metrics_port, addr=self._host, registry=registry
+            )
             self.metrics_port = self._httpd.server_address[1]
         return self
 
