@@ -370,7 +370,7 @@ class Coordinator:
         decision = self.policy.planner.pair(self.monitor, worker_id)
         self._logged("pair", {"assistant_id": worker_id}, [decision])
         if decision.survivor_id is not None:
-            survivor = self._workers.get(decision.survivor_id)
+            survivor = self._workers[decision.survivor_id]
             assistant = self._workers[worker_id]
             k = decision.num_draft_tokens
             self._send(
@@ -378,7 +378,7 @@ class Coordinator:
                 Directive(
                     ASSIST_DRAFT,
                     peer_worker_id=decision.survivor_id,
-                    peer_address=survivor.holder_address if survivor else "",
+                    peer_address=survivor.holder_address,
                     num_draft_tokens=k,
                     reason=decision.reason,
                 ),
@@ -404,13 +404,15 @@ class Coordinator:
         """The directives queued for the worker, oldest first (the queue is emptied)."""
         return self._directives.pop(_check_id("worker_id", worker_id), [])
 
-    def _grant(self, holder_id: int, request_id: int, epoch: int) -> HolderGrant:
-        holder = self._workers.get(holder_id)
-        num_shards = holder.num_shards if holder is not None else 1
+    def _grant(self, holder_id: int, request: _Request) -> HolderGrant:
+        """A holder's address and the capabilities of the request's checkpoint at its current
+        epoch, one per shard of the serving worker (each tensor-parallel rank streams its own)."""
+        num_shards = self._workers[request.worker_id].num_shards
         capabilities = tuple(
-            issue_capability(self._secret, request_id, shard, epoch) for shard in range(num_shards)
+            issue_capability(self._secret, request.request_id, shard, request.epoch)
+            for shard in range(num_shards)
         )
-        return HolderGrant(holder_id, holder.holder_address if holder is not None else "", capabilities)
+        return HolderGrant(holder_id, self._workers[holder_id].holder_address, capabilities)
 
     def _hold(self, request: _Request, holder_ids: Sequence[int], reserved_bytes: int, reason: str) -> None:
         for holder_id in holder_ids:
@@ -420,7 +422,7 @@ class Coordinator:
                     HOLD,
                     request_id=request.request_id,
                     epoch=request.epoch,
-                    holders=(self._grant(holder_id, request.request_id, request.epoch),),
+                    holders=(self._grant(holder_id, request),),
                     reserved_bytes=reserved_bytes,
                     peer_worker_id=request.worker_id,
                     reason=reason,
@@ -429,7 +431,7 @@ class Coordinator:
 
     def _grants(self, request: _Request) -> tuple[HolderGrant, ...]:
         holder_ids = self.monitor.request(request.request_id).holder_ids
-        return tuple(self._grant(h, request.request_id, request.epoch) for h in holder_ids)
+        return tuple(self._grant(h, request) for h in holder_ids)
 
     # ---- workers -----------------------------------------------------------------------------
     def register(
@@ -585,9 +587,7 @@ class Coordinator:
                 STREAM,
                 request_id=request.request_id,
                 epoch=request.epoch,
-                holders=tuple(
-                    self._grant(h, request.request_id, request.epoch) for h in decision.new_holder_ids
-                ),
+                holders=tuple(self._grant(h, request) for h in decision.new_holder_ids),
                 reason=decision.reason,
             ),
         )
@@ -775,7 +775,7 @@ class Coordinator:
     def _resume(self, request: _Request, decision: RouteDecision) -> Directive:
         source = None
         if decision.source_holder_id is not None:
-            source = self._grant(decision.source_holder_id, request.request_id, request.epoch)
+            source = self._grant(decision.source_holder_id, request)
         return Directive(
             RESUME,
             request_id=request.request_id,
