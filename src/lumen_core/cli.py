@@ -1,4 +1,5 @@
-"""The ``lumen`` command. Subcommands: ``sim`` (the cluster simulator's experiments)."""
+"""The ``lumen`` command. Subcommands: ``sim`` (the cluster simulator's experiments),
+``gateway`` (the live control plane, ``gateway.command``)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,7 @@ def _sim(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lumen_core.gateway.command import add_gateway_parser
     from lumen_core.policy.presets import POLICY_NAMES
     from lumen_core.sim.experiments import EXPERIMENTS, RATE_PER_WORKER
 
@@ -97,16 +99,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim.set_defaults(func=_sim)
+    add_gateway_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.workers is not None and args.workers < 2:
-        parser.error(f"--workers must be >= 2, got {args.workers}")
-    if args.rate <= 0:
-        parser.error(f"--rate must be > 0, got {args.rate}")
+    if args.command == "sim":
+        if args.workers is not None and args.workers < 2:
+            parser.error(f"--workers must be >= 2, got {args.workers}")
+        if args.rate <= 0:
+            parser.error(f"--rate must be > 0, got {args.rate}")
     return int(args.func(args))
 
 

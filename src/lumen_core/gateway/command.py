@@ -66,7 +66,11 @@ def run_gateway(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    secret = read_secret_file(args.secret_file)
+    try:
+        secret = read_secret_file(args.secret_file)
+    except (OSError, ValueError) as exc:
+        print(f"lumen gateway: cannot use {args.secret_file} as the cluster secret: {exc}", file=sys.stderr)
+        return 2
     load_config = (
         LoadConfig()
         if args.kv_bytes_per_token is None
