@@ -25,7 +25,7 @@ def start_gateway() -> Iterator[Callable[..., GatewayServer]]:
     yield start
     for server in servers:
         server.stop(grace_s=0.1)
-    left = [t.name for t in threading.enumerate() if t.name.startswith("lumen-gateway")]
+    left = [t.name for t in threading.enumerate() if t.name.startswith(("lumen-gateway", "lumen-heartbeat"))]
     assert not left, f"gateway threads left running: {left}"
 
 

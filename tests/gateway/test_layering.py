@@ -25,7 +25,9 @@ def test_gateway_imports_no_device_transport_or_engine_code_and_only_the_sims_ev
     for path in files:
         modules = imported_modules(path)
         assert not [m for m in modules if m.startswith(FORBIDDEN)], path.name
-        assert {m for m in modules if m.startswith("lumen_core.sim")} <= {"lumen_core.sim.eventlog"}, path.name
+        assert {m for m in modules if m.startswith("lumen_core.sim")} <= {"lumen_core.sim.eventlog"}, (
+            path.name
+        )
 
 
 def test_the_coordinator_has_no_io_threads_or_clock():

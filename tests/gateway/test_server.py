@@ -416,3 +416,59 @@ def test_one_batched_report_per_step_refuses_only_the_stale_request(start_gatewa
         worker.report_tokens(77, 1, 0, [1])
     for stream in streams:
         stream.close()
+
+
+def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_when_cut_off(
+    start_gateway, connect
+):
+    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+
+    config = GatewayConfig(policy="S&R", lease_s=1.0, heartbeat_s=0.05)
+    first = start_gateway(config, reap_interval_s=0.02)
+    worker = connect(first)
+    worker.register(0, budget_bytes=GIB, holder_address="127.0.0.1:7000")
+    received = []
+    fenced = []
+    running = []
+    loop = HeartbeatLoop(
+        worker,
+        lambda: WorkerReport(num_running=len(running), running=tuple(running)),
+        received.extend,
+        fenced.append,
+    ).start()
+    try:
+        stream = connect(first).submit([1, 2], 4, timeout_s=30.0)
+        request_id = next(stream).request_id
+        wait_until(lambda: any(d.kind == RUN for d in received), timeout_s=10.0)
+        running.append(RunningReport(request_id, 1, (1, 2), (), 4, 4))
+        time.sleep(3 * config.lease_s)  # well past the lease: the loop keeps it
+        assert first.coordinator.worker_state(0) == "serving" and worker.lease_valid()
+        stream.close()
+        port = first.port
+        first.stop(grace_s=0.1)
+        second = start_gateway(config, port=port, reap_interval_s=0.02)
+        wait_until(lambda: second.coordinator.has_request(request_id), timeout_s=10.0)
+        assert second.coordinator.request_worker(request_id) == (0, 1) and worker.epoch == 2
+        second.stop(grace_s=0.1)  # cut off: the worker must stop on its own clock
+        wait_until(lambda: bool(fenced), timeout_s=10.0)
+        assert "no heartbeat acknowledged for 1.0 s" in fenced[0] and loop.num_errors > 0
+        assert not worker.lease_valid() and not loop.running
+    finally:
+        loop.stop()
+    assert fenced == [fenced[0]]
+
+
+def test_heartbeat_loop_validation(start_gateway, connect):
+    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+
+    server = start_gateway()
+    client = connect(server)
+    with pytest.raises(TypeError, match="client must be a GatewayClient, got str"):
+        HeartbeatLoop("client", WorkerReport, print, print)
+    with pytest.raises(ValueError, match="client must be registered before its heartbeats start"):
+        HeartbeatLoop(client, WorkerReport, print, print)
+    client.register(0)
+    with pytest.raises(ValueError, match="heartbeat_s must be a number > 0, got 0"):
+        HeartbeatLoop(client, WorkerReport, print, print, heartbeat_s=0)
+    with pytest.raises(FencedError, match="register_again before register"):
+        connect(server).register_again()

@@ -132,6 +132,7 @@ class GatewayClient:
         self.fenced = False
         self.fence_reason = ""
         self.state = SERVING
+        self._registration: dict[str, object] = {}
 
     def _metadata(self, name: str) -> tuple[tuple[str, str], ...]:
         return ((AUTH_METADATA_KEY, sign_call(self._secret, method(name))),)
@@ -186,12 +187,28 @@ class GatewayClient:
             self.fenced = False
             self.fence_reason = ""
             self.state = state
+            self._registration = {
+                "worker_id": worker_id,
+                "budget_bytes": budget_bytes,
+                "domain": domain,
+                "holder_address": holder_address,
+                "num_shards": num_shards,
+            }
         return RegisterResult(
             reply.epoch,
             reply.lease_s,
             reply.heartbeat_s,
             tuple(directive_from_pb(d) for d in reply.directives),
         )
+
+    def register_again(
+        self, *, running: Sequence[RunningReport] = (), held: Sequence[HeldReport] = ()
+    ) -> RegisterResult:
+        """Register with the last registration's parameters and the current state (after a
+        ``reregister`` reply: the gateway restarted), reporting what it runs and holds."""
+        if not self._registration:
+            raise FencedError("register_again before register")
+        return self.register(**self._registration, state=self.state, running=running, held=held)  # type: ignore[arg-type]
 
     def heartbeat(
         self,
