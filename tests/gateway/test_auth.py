@@ -15,6 +15,8 @@ from lumen_core.gateway.auth import (
     write_secret_file,
 )
 
+pytestmark = pytest.mark.timeout(60)
+
 SECRET = b"0123456789abcdef-cluster"
 METHOD = "/lumen.gateway.v1.Gateway/Heartbeat"
 

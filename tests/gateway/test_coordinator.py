@@ -22,6 +22,8 @@ from lumen_core.gateway.coordinator import (
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
 
+pytestmark = pytest.mark.timeout(60)
+
 SECRET = b"coordinator-tests-secret-0123456789"
 GIB = 1 << 30
 

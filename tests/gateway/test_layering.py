@@ -3,7 +3,11 @@
 import ast
 from pathlib import Path
 
+import pytest
+
 import lumen_core.gateway
+
+pytestmark = pytest.mark.timeout(60)
 
 GATEWAY = Path(lumen_core.gateway.__file__).parent
 FORBIDDEN = ("torch", "lumen_core._native", "lumen_core.transport", "lumen_core.stream", "lumen_core.engine")

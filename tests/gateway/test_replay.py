@@ -12,7 +12,7 @@ from collections import deque
 
 import pytest
 
-from lumen_core.gateway.coordinator import SERVING, RECOVERING, Coordinator, GatewayConfig
+from lumen_core.gateway.coordinator import RECOVERING, SERVING, Coordinator, GatewayConfig
 from lumen_core.policy.events import (
     CheckpointGrew,
     Heartbeat,
@@ -27,6 +27,8 @@ from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, preset
 from lumen_core.sim.eventlog import EventLog, read_event_log
 from lumen_core.sim.experiments import load_config_for
 from lumen_core.sim.workload import poisson_workload
+
+pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"replay-test-secret-0123456789"
 CONFIG = ClusterConfig(num_workers=4, model="Qwen3-14B", tp=1, reload_s=4.0)

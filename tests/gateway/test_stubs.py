@@ -8,6 +8,8 @@ import pytest
 
 import lumen_core.gateway
 
+pytestmark = pytest.mark.timeout(60)
+
 GATEWAY = Path(lumen_core.gateway.__file__).parent
 STUBS = ("lumen_pb2.py", "lumen_pb2.pyi", "lumen_pb2_grpc.py")
 
