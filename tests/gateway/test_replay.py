@@ -6,6 +6,13 @@ it live (registration, heartbeat report, admission, checkpoint report, finish, f
 detection, switch-over); the policy calls are NOT replayed one by one: the Coordinator makes
 them itself, in its own order, and writes its own log. The two logs must be equal record for
 record: same events, same calls with the same arguments, same decisions.
+
+Scenario: one worker fails (S&R, FC, LUMEN with assist and switch-over). Two simulator
+liberties have no gateway counterpart and are kept out of it: the simulator knows the truth,
+so it unpairs a failed survivor (``release_survivor``) at the failure instant where the gateway
+does so at detection, and after correlated failures detected at different times it skips
+placing a request routed to a worker that is already dead but not yet detected, which the
+gateway (knowing no better) places.
 """
 
 from collections import deque
