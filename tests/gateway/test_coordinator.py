@@ -268,3 +268,21 @@ def test_a_heartbeat_must_carry_the_registered_state():
     coordinator.register(0.3, 0, state="recovering")
     lease, _, k = coordinator.heartbeat(0.4, 0, 2, state="recovering", assist_steps=0)
     assert not lease.fenced and k == 2
+
+
+def test_finished_requests_are_forgotten_after_the_retention_except_the_last_failures():
+    coordinator = cluster(2, policy="S&R", finished_retention_s=10.0)
+    first = coordinator.admit(0.0, [1], 2)
+    interrupted = coordinator.admit(0.0, [1], 2, worker_id=1)
+    coordinator.report_tokens(1.0, first.worker_id, 1, first.request_id, 1, 0, [4, 5], finished=True)
+    coordinator.fail(2.0, [1], cause="test")
+    target, epoch = coordinator.request_worker(interrupted.request_id)
+    coordinator.report_tokens(3.0, target, 1, interrupted.request_id, epoch, 0, [6, 7], finished=True)
+    assert coordinator.forget_finished(10.5) == 0
+    assert coordinator.forget_finished(11.5) == 1
+    with pytest.raises(IndexError, match=f"request_id {first.request_id} is not a known request"):
+        coordinator.tokens(first.request_id)
+    assert coordinator.tokens(interrupted.request_id)[0] == (6, 7)
+    assert coordinator.metrics().recovery_s == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="finished_retention_s must be a number > 0, got -1"):
+        GatewayConfig(finished_retention_s=-1)

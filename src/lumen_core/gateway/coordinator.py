@@ -95,11 +95,14 @@ def _positive(name: str, value: object) -> float:
 class GatewayConfig:
     """policy: "S&R", "FC" or "LUMEN". lease_s: a worker not heard from for this long is failed
     (10 s: several missed heartbeats on a busy 2-core machine before anyone is declared dead).
-    heartbeat_s: the period workers are told to heartbeat at (well under lease_s)."""
+    heartbeat_s: the period workers are told to heartbeat at (well under lease_s).
+    finished_retention_s: a finished request's tokens stay watchable this long, then are
+    forgotten (``forget_finished``), so a long-running gateway does not grow without bound."""
 
     policy: str = "LUMEN"
     lease_s: float = 10.0
     heartbeat_s: float = 1.0
+    finished_retention_s: float = 600.0
     load_config: LoadConfig = LoadConfig()
     placement_config: PlacementConfig = PlacementConfig()
     router_config: RouterConfig = RouterConfig()
@@ -110,6 +113,7 @@ class GatewayConfig:
             raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {self.policy!r}")
         _positive("lease_s", self.lease_s)
         _positive("heartbeat_s", self.heartbeat_s)
+        _positive("finished_retention_s", self.finished_retention_s)
         if self.heartbeat_s >= self.lease_s:
             raise ValueError(f"heartbeat_s must be < lease_s ({self.lease_s}), got {self.heartbeat_s}")
         for name, cls in (
@@ -914,6 +918,20 @@ class Coordinator:
             self._send(
                 holder_id, Directive(RELEASE, request_id=request_id, epoch=request.epoch, reason="finished")
             )
+
+    def forget_finished(self, now_s: float) -> int:
+        """Drop requests that finished more than ``finished_retention_s`` ago (except those of
+        the last failure, which its metrics still read); returns how many were dropped."""
+        horizon_s = now_s - self.config.finished_retention_s
+        keep = set(self._last_interrupted)
+        old = [
+            r.request_id
+            for r in self._requests.values()
+            if r.finished and r.finish_s < horizon_s and r.request_id not in keep
+        ]
+        for request_id in old:
+            del self._requests[request_id]
+        return len(old)
 
     def tokens(self, request_id: int, from_position: int = 0) -> tuple[tuple[int, ...], bool, bool]:
         """(tokens from ``from_position``, finished, lost) of a request."""

@@ -440,6 +440,7 @@ class GatewayServer:
             with self.condition:
                 if self.coordinator.expire_leases(self.now_s()) is not None:
                     self.condition.notify_all()
+                self.coordinator.forget_finished(self.now_s())
 
     def stop(self, grace_s: float = 1.0) -> None:
         with self.condition:
