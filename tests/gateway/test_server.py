@@ -312,7 +312,8 @@ def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, conne
     assert next(watched).token_ids == (1, 2, 3)
     workers[serving_id].report_tokens(request_id, 1, 3, [4])  # same request epoch: accepted
     assert next(watched).token_ids == (4,)
-    (failure_route,) = second.coordinator.fail(second.now_s(), [serving_id], cause="test").routes
+    assert connect(second).report_exit(serving_id, workers[serving_id].epoch, "SIGKILL")
+    (failure_route,) = second.coordinator.failures[0].routes
     assert failure_route.action is RecoveryAction.RESTORE and failure_route.restorable_tokens == 6
     resumed = [d for d in workers[holder_id].heartbeat().directives if d.kind == RESUME]
     assert resumed[0].output_token_ids == (1, 2, 3, 4)
