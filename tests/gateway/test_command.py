@@ -54,6 +54,7 @@ def test_gateway_process_serves_on_loopback_until_sigterm(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(lumen_core.__file__).parent.parent))
     command = [sys.executable, "-m", "lumen_core.cli", "gateway", "--secret-file", str(secret_path)]
     command += ["--port", "0", "--metrics-port", "0", "--policy", "FC", "--event-log", str(log_path)]
+    command += ["--first-request-id", "500"]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = read_line(process, 30.0)
@@ -64,6 +65,7 @@ def test_gateway_process_serves_on_loopback_until_sigterm(tmp_path):
         try:
             assert client.register(0, budget_bytes=1 << 30).epoch == 1
             assert client.status().policy == "FC"
+            assert next(client.submit([1, 2], 2, timeout_s=10.0)).request_id == 500
         finally:
             client.close()
         text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()

@@ -286,3 +286,19 @@ def test_finished_requests_are_forgotten_after_the_retention_except_the_last_fai
     assert coordinator.metrics().recovery_s == pytest.approx(1.0)
     with pytest.raises(ValueError, match="finished_retention_s must be a number > 0, got -1"):
         GatewayConfig(finished_retention_s=-1)
+
+
+def test_holds_of_requests_nobody_reports_running_are_released_after_a_lease():
+    coordinator = Coordinator(GatewayConfig(policy="LUMEN", lease_s=2.0, heartbeat_s=0.5), SECRET)
+    coordinator.register(0.0, 1, budget_bytes=GIB, held=[HeldReport(7, 1, 12), HeldReport(8, 1, 3)])
+    coordinator.register(0.5, 0, budget_bytes=GIB, running=[RunningReport(7, 1, (1,) * 12, (), 8, 8)])
+    assert coordinator.monitor.request(7).durable_tokens == ((1, 12),)
+    assert coordinator.drop_orphaned_holds(1.9) == 0
+    assert coordinator.drop_orphaned_holds(2.1) == 1
+    (release,) = coordinator.take_directives(1)
+    assert (release.kind, release.request_id) == (RELEASE, 8)
+    coordinator.fail(3.0, [1], cause="test")
+    coordinator.register(3.5, 2, budget_bytes=GIB)
+    coordinator.register(3.5, 1, state="recovering", held=[HeldReport(7, 1, 12)])  # lost with its memory
+    assert coordinator.monitor.request(7).holder_ids == ()
+    assert RELEASE in kinds(coordinator.take_directives(1))

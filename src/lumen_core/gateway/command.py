@@ -43,6 +43,12 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
         default=None,
         help="KV bytes per token of the served model (L(w) units)",
     )
+    parser.add_argument(
+        "--first-request-id",
+        type=int,
+        default=1,
+        help="first request id (after a restart: above any id the workers may still hold)",
+    )
     parser.add_argument("--event-log", default=None, metavar="PATH", help="JSON lines of every policy call")
     parser.set_defaults(func=run_gateway)
     return parser
@@ -87,7 +93,13 @@ def run_gateway(args: argparse.Namespace) -> int:
     event_log = EventLog.open(Path(args.event_log)) if args.event_log else None
     metrics_port = None if args.metrics_port < 0 else args.metrics_port
     server = GatewayServer(
-        config, secret, host=args.host, port=args.port, metrics_port=metrics_port, event_log=event_log
+        config,
+        secret,
+        host=args.host,
+        port=args.port,
+        metrics_port=metrics_port,
+        event_log=event_log,
+        first_request_id=args.first_request_id,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):

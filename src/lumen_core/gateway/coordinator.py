@@ -343,7 +343,8 @@ class Coordinator:
         self._workers: dict[int, _Worker] = {}
         self._requests: dict[int, _Request] = {}
         self._directives: dict[int, list[Directive]] = {}
-        self._pending_holds: dict[int, list[tuple[int, HeldReport]]] = {}
+        # held checkpoints reported (gateway restart) before their request: (holder, report, since)
+        self._pending_holds: dict[int, list[tuple[int, HeldReport, float]]] = {}
         self._next_request_id = _check_id("first_request_id", first_request_id)
         self._failures: list[FailureOutcome] = []
         self._last_interrupted: list[int] = []
@@ -513,16 +514,21 @@ class Coordinator:
         self._requests[request_id] = request
         self._next_request_id = max(self._next_request_id, request_id + 1)
         self._apply(RequestAdmitted(now_s, request_id, worker_id, len(prompt), report.expected_output_tokens))
-        for holder_id, held in self._pending_holds.pop(request_id, []):
+        for holder_id, held, _ in self._pending_holds.pop(request_id, []):
             self._adopt_held(now_s, holder_id, held)
 
     def _adopt_held(self, now_s: float, holder_id: int, report: HeldReport) -> None:
         request = self._requests.get(report.request_id)
         if request is None:
-            self._pending_holds.setdefault(report.request_id, []).append((holder_id, report))
+            self._pending_holds.setdefault(report.request_id, []).append((holder_id, report, now_s))
             return
         view = self.monitor.request(request.request_id)
-        if report.epoch != request.epoch or holder_id == request.worker_id or holder_id in view.holder_ids:
+        if (
+            report.epoch != request.epoch
+            or holder_id == request.worker_id
+            or holder_id in view.holder_ids
+            or self._workers[holder_id].state != SERVING
+        ):
             self._send(
                 holder_id, Directive(RELEASE, request_id=request.request_id, reason="stale checkpoint")
             )
@@ -533,6 +539,18 @@ class Coordinator:
         reserved = max(0, min(expected, self.monitor.free_bytes(holder_id)))
         self._apply(CheckpointReserved(now_s, request.request_id, (holder_id,), reserved))
         self._apply(CheckpointGrew(now_s, request.request_id, holder_id, report.durable_tokens))
+
+    def drop_orphaned_holds(self, now_s: float) -> int:
+        """Release the held checkpoints reported (after a gateway restart) for requests that no
+        worker reported running within ``lease_s``: by then every live worker has registered
+        again, so their serving worker died while no gateway ran. Returns how many."""
+        horizon_s = now_s - self.config.lease_s
+        dropped = 0
+        for request_id in [r for r, holds in self._pending_holds.items() if holds[0][2] < horizon_s]:
+            for holder_id, _, _ in self._pending_holds.pop(request_id):
+                self._send(holder_id, Directive(RELEASE, request_id=request_id, reason="its request is gone"))
+                dropped += 1
+        return dropped
 
     def renew_lease(self, now_s: float, worker_id: int, epoch: int) -> LeaseStatus:
         """Extend the lease of (worker, epoch), or say that it is fenced or unknown."""

@@ -441,6 +441,7 @@ class GatewayServer:
                 if self.coordinator.expire_leases(self.now_s()) is not None:
                     self.condition.notify_all()
                 self.coordinator.forget_finished(self.now_s())
+                self.coordinator.drop_orphaned_holds(self.now_s())
 
     def stop(self, grace_s: float = 1.0) -> None:
         with self.condition:
