@@ -61,13 +61,10 @@ def test_gateway_process_serves_on_loopback_until_sigterm(tmp_path):
         assert line.startswith("gateway listening on 127.0.0.1:") and "policy FC, lease 10.0 s" in line
         address = line.split()[3]
         metrics_url = line.split("metrics on ")[1].strip()
-        client = GatewayClient(address, read_secret_file(secret_path))
-        try:
+        with GatewayClient(address, read_secret_file(secret_path)) as client:
             assert client.register(0, budget_bytes=1 << 30).epoch == 1
             assert client.status().policy == "FC"
             assert next(client.submit([1, 2], 2, timeout_s=10.0)).request_id == 500
-        finally:
-            client.close()
         text = urllib.request.urlopen(metrics_url, timeout=5).read().decode()
         assert 'lumen_worker_state{state="serving",worker="0"} 1.0' in text
         process.send_signal(signal.SIGTERM)

@@ -475,3 +475,25 @@ def test_heartbeat_loop_validation(start_gateway, connect):
         HeartbeatLoop(client, WorkerReport, print, print, heartbeat_s=0)
     with pytest.raises(FencedError, match="register_again before register"):
         connect(server).register_again()
+
+
+def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length(start_gateway, connect):
+    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+
+    server = start_gateway(GatewayConfig(policy="LUMEN", lease_s=2.0, heartbeat_s=0.05))
+    survivors = register_workers(server, connect, 2)
+    survivors[1].heartbeat(num_running=4)
+    assert connect(server).report_exit(0, 1, "SIGKILL")
+    assistant = connect(server)
+    assistant.epoch = 1
+    registration = assistant.register(0, state=RECOVERING)
+    assert [d.kind for d in registration.directives] == [ASSIST_DRAFT]
+    received = []
+    loop = HeartbeatLoop(assistant, lambda: WorkerReport(assist_steps=200), received.extend, print).start()
+    try:
+        wait_until(lambda: loop.last_num_draft_tokens == 4, timeout_s=10.0)  # warm k after cold_steps
+        assistant.model_loaded(budget_bytes=GIB)
+        wait_until(lambda: loop.last_num_draft_tokens == 0, timeout_s=10.0)  # serving: no drafts
+    finally:
+        loop.stop()
+    assert not loop.running and assistant.lease_valid()

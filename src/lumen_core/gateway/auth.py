@@ -25,7 +25,6 @@ from pathlib import Path
 
 MIN_SECRET_BYTES = 16
 SECRET_FILE_BYTES = 32
-CAPABILITY_BYTES = 32
 AUTH_METADATA_KEY = "lumen-auth-v1"
 _CAPABILITY_LABEL = b"lumen-cap-v1"
 _CALL_LABEL = b"lumen-gateway-v1|"

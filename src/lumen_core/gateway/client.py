@@ -137,13 +137,9 @@ class GatewayClient:
     def _metadata(self, name: str) -> tuple[tuple[str, str], ...]:
         return ((AUTH_METADATA_KEY, sign_call(self._secret, method(name))),)
 
-    def _call(self, name: str, request: object, timeout_s: float | None = None) -> object:
+    def _call(self, name: str, request: object) -> object:
         try:
-            return getattr(self._stub, name)(
-                request,
-                timeout=self.timeout_s if timeout_s is None else timeout_s,
-                metadata=self._metadata(name),
-            )
+            return getattr(self._stub, name)(request, timeout=self.timeout_s, metadata=self._metadata(name))
         except grpc.RpcError as error:
             raise _translate(error) from None
 
@@ -264,10 +260,6 @@ class GatewayClient:
         """Whether this worker may still serve: not fenced and its lease has not run out."""
         with self._lock:
             return not self.fenced and time.monotonic() < self._lease_deadline_s
-
-    def lease_left_s(self) -> float:
-        with self._lock:
-            return self._lease_deadline_s - time.monotonic()
 
     def report_tokens(
         self,
