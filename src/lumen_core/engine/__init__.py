@@ -1,0 +1,52 @@
+"""Reference engine: a small Llama-style model with paged KV (vLLM flash layout), continuous
+batching, chunked prefill, draft verification and LUMEN checkpoint hooks (DESIGN.md section 6)."""
+
+from lumen_core.engine.config import CacheConfig, ModelConfig, SamplingParams, SchedulerConfig
+from lumen_core.engine.connector import (
+    Checkpoint,
+    HostCheckpointConnector,
+    KVConnector,
+    SavedTokens,
+)
+from lumen_core.engine.draft import (
+    DraftProposer,
+    SpecStats,
+    SpeculativeDecoder,
+    build_draft_pair,
+    expected_tokens_per_step,
+    truncated_draft,
+)
+from lumen_core.engine.engine import Engine, StepOutput
+from lumen_core.engine.model import (
+    Llama,
+    forward_contiguous,
+    load_model,
+    model_fingerprint,
+    random_weights,
+    save_model,
+)
+
+__all__ = [
+    "CacheConfig",
+    "Checkpoint",
+    "DraftProposer",
+    "Engine",
+    "HostCheckpointConnector",
+    "KVConnector",
+    "Llama",
+    "ModelConfig",
+    "SamplingParams",
+    "SavedTokens",
+    "SchedulerConfig",
+    "SpecStats",
+    "SpeculativeDecoder",
+    "StepOutput",
+    "build_draft_pair",
+    "expected_tokens_per_step",
+    "forward_contiguous",
+    "load_model",
+    "model_fingerprint",
+    "random_weights",
+    "save_model",
+    "truncated_draft",
+]
