@@ -65,6 +65,11 @@ def test_register_validation():
         coordinator.register(0.0, "0")
     with pytest.raises(ValueError, match="worker_id must be >= 0, got -1"):
         coordinator.register(0.0, -1)
+    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -1"):
+        coordinator.register(0.0, 0, budget_bytes=-1)
+    with pytest.raises(TypeError, match="domain and holder_address must be str, got int, str"):
+        coordinator.register(0.0, 0, domain=3)
+    assert coordinator.worker_ids() == []  # nothing was registered by the refused calls
     report = RunningReport(1, 1, (1,), (), 4, 4)
     with pytest.raises(ValueError, match="running must be empty for a recovering worker, got 1 requests"):
         coordinator.register(0.0, 0, state="recovering", running=[report])

@@ -465,6 +465,12 @@ class Coordinator:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         if state == RECOVERING and running:
             raise ValueError(f"running must be empty for a recovering worker, got {len(running)} requests")
+        _check_id("budget_bytes", budget_bytes)
+        if not isinstance(domain, str) or not isinstance(holder_address, str):
+            raise TypeError(
+                f"domain and holder_address must be str, got {type(domain).__name__}, "
+                f"{type(holder_address).__name__}"
+            )
         old = self._workers.get(worker_id)
         if old is not None and old.state != FAILED:
             self.fail(
