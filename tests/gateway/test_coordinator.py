@@ -224,6 +224,11 @@ def test_assist_report_and_switch_over_validation():
         coordinator.assist_report(1.1, 0, steps=1, proposed=4, accepted=5)
     with pytest.raises(StaleEpochError, match="worker 0 epoch 1 is not a live incarnation"):
         coordinator.model_loaded(2.0, 0, 1, GIB)
+    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -5"):
+        coordinator.model_loaded(2.0, 0, 2, -5)
+    with pytest.raises(TypeError, match="domain must be a str, got int"):
+        coordinator.model_loaded(2.0, 0, 2, GIB, 7)
+    assert coordinator.worker_state(0) == "recovering"
     assert coordinator.model_loaded(2.0, 0, 2, GIB) == 1
     with pytest.raises(ValueError, match="worker_id must be a recovering worker, got 0 \\(serving\\)"):
         coordinator.model_loaded(2.0, 0, 2, GIB)

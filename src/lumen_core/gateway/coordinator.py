@@ -692,6 +692,9 @@ class Coordinator:
             raise StaleEpochError(f"worker {worker_id} epoch {epoch} is not a live incarnation")
         if worker.state != RECOVERING:
             raise ValueError(f"worker_id must be a recovering worker, got {worker_id} ({worker.state})")
+        _check_id("budget_bytes", budget_bytes)
+        if not isinstance(domain, str):
+            raise TypeError(f"domain must be a str, got {type(domain).__name__}")
         freed = None
         if self.policy.planner is not None:
             freed = self.policy.planner.finish(worker_id)
