@@ -250,7 +250,7 @@ def test_metrics_endpoint_serves_the_shared_metrics_on_loopback(start_gateway, c
     server = start_gateway(GatewayConfig(policy="LUMEN"), metrics_port=0)
     workers = register_workers(server, connect, 3)
     stream = connect(server).submit([1] * 100, 10, timeout_s=30.0)
-    request_id = next(stream).request_id
+    assert next(stream).request_id == 1
     got = drain(workers)
     for w, worker in enumerate(workers):
         held = [HeldReport(d.request_id, 1, 100) for d in of_kind(got[w], HOLD)]
@@ -273,7 +273,6 @@ def test_metrics_endpoint_serves_the_shared_metrics_on_loopback(start_gateway, c
     assert values['lumen_worker_held_checkpoint_bytes{worker="1"}'] == 409600.0
     assert values['lumen_worker_state{state="serving",worker="0"}'] == 1.0
     assert values["lumen_failures"] == 0.0
-    assert request_id == 1
 
 
 def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, connect):
