@@ -117,6 +117,12 @@ class CallVerifier:
         self._lock = threading.Lock()
         self.num_refused = 0
 
+    @property
+    def num_nonces(self) -> int:
+        """Nonces remembered now (bounded: old ones are pruned)."""
+        with self._lock:
+            return len(self._seen)
+
     def verify(self, method: str, value: str | None, *, now_s: float | None = None) -> str | None:
         """None if the call is authentic, else why it is refused."""
         reason = self._check(method, value, time.time() if now_s is None else now_s)
