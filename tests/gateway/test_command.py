@@ -32,6 +32,15 @@ def test_gateway_refuses_a_secret_file_others_can_read(tmp_path, capsys):
     assert "owner only (0600), got 0o644" in capsys.readouterr().err
 
 
+def test_gateway_refuses_an_inconsistent_configuration(tmp_path, capsys):
+    path = tmp_path / "cluster.secret"
+    assert main(["gateway", "--write-secret", str(path)]) == 0
+    assert main(["gateway", "--secret-file", str(path), "--lease-s", "1", "--heartbeat-s", "2"]) == 2
+    assert "heartbeat_s must be < lease_s (1.0), got 2.0" in capsys.readouterr().err
+    assert main(["gateway", "--secret-file", str(path), "--kv-bytes-per-token", "0"]) == 2
+    assert "kv_bytes_per_token must be an int > 0, got 0" in capsys.readouterr().err
+
+
 def test_write_secret_creates_a_private_file_once(tmp_path, capsys):
     path = tmp_path / "cluster.secret"
     assert main(["gateway", "--write-secret", str(path)]) == 0

@@ -77,14 +77,18 @@ def run_gateway(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"lumen gateway: cannot use {args.secret_file} as the cluster secret: {exc}", file=sys.stderr)
         return 2
-    load_config = (
-        LoadConfig()
-        if args.kv_bytes_per_token is None
-        else LoadConfig(kv_bytes_per_token=args.kv_bytes_per_token)
-    )
-    config = GatewayConfig(
-        policy=args.policy, lease_s=args.lease_s, heartbeat_s=args.heartbeat_s, load_config=load_config
-    )
+    try:
+        load_config = (
+            LoadConfig()
+            if args.kv_bytes_per_token is None
+            else LoadConfig(kv_bytes_per_token=args.kv_bytes_per_token)
+        )
+        config = GatewayConfig(
+            policy=args.policy, lease_s=args.lease_s, heartbeat_s=args.heartbeat_s, load_config=load_config
+        )
+    except ValueError as exc:
+        print(f"lumen gateway: {exc}", file=sys.stderr)
+        return 2
     if args.host not in LOOPBACK:
         print(
             f"warning: listening on {args.host}: calls are authenticated but not encrypted",
