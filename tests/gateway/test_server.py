@@ -494,3 +494,29 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
     finally:
         loop.stop()
     assert not loop.running and assistant.lease_valid()
+
+
+@pytest.mark.parametrize("failing", ["report", "on_directives"])
+def test_heartbeat_loop_fences_when_a_worker_callback_fails(start_gateway, connect, failing):
+    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+
+    server = start_gateway(GatewayConfig(policy="S&R", lease_s=2.0, heartbeat_s=0.05))
+    (worker,) = register_workers(server, connect, 1)
+    fenced = []
+
+    def broken(*args):
+        raise RuntimeError("engine gone")
+
+    report = broken if failing == "report" else WorkerReport
+    on_directives = broken if failing == "on_directives" else print
+    loop = HeartbeatLoop(worker, report, on_directives, fenced.append).start()
+    try:
+        stream = connect(server).submit([1], 2, timeout_s=30.0)
+        next(stream)
+        wait_until(lambda: bool(fenced), timeout_s=10.0)
+        what = "worker report" if failing == "report" else "directive handler"
+        assert fenced == [f"{what} failed: RuntimeError: engine gone"]
+        wait_until(lambda: not loop.running, timeout_s=10.0)
+        stream.close()
+    finally:
+        loop.stop()

@@ -5,7 +5,9 @@ directives of the reply to ``on_directives``. When the gateway answers ``reregis
 restarted) it registers again with the report's running requests and held checkpoints. It
 calls ``on_fenced(reason)`` once and stops when the lease is lost: the reply says ``fenced``,
 or the gateway cannot be reached until the worker's own lease deadline passes (so a worker
-cut off from the gateway stops serving on its own).
+cut off from the gateway stops serving on its own), or ``report`` or ``on_directives`` raised
+(a worker that cannot report or act on its directives must not keep serving; the loop stops
+heartbeating, so the gateway fails it at lease expiry).
 """
 
 from __future__ import annotations
@@ -87,7 +89,11 @@ class HeartbeatLoop:
     def _run(self) -> None:
         client = self._client
         while not self._stop.wait(self.heartbeat_s):
-            report = self._report()
+            try:
+                report = self._report()
+            except Exception as exc:  # noqa: BLE001 - a worker that cannot report must not serve
+                self._fence(f"worker report failed: {type(exc).__name__}: {exc}")
+                return
             try:
                 reply = client.heartbeat(
                     num_running=report.num_running,
@@ -110,11 +116,19 @@ class HeartbeatLoop:
                 self.num_errors += 1
                 directives = ()
             if directives:
-                self._on_directives(directives)
+                try:
+                    self._on_directives(directives)
+                except Exception as exc:  # noqa: BLE001 - the worker cannot act on its directives
+                    self._fence(f"directive handler failed: {type(exc).__name__}: {exc}")
+                    return
             if not client.lease_valid():
-                self.fence_reason = client.fence_reason or (
-                    f"lease of worker {client.worker_id} epoch {client.epoch} expired: no heartbeat "
+                self._fence(
+                    client.fence_reason
+                    or f"lease of worker {client.worker_id} epoch {client.epoch} expired: no heartbeat "
                     f"acknowledged for {client.lease_s} s"
                 )
-                self._on_fenced(self.fence_reason)
                 return
+
+    def _fence(self, reason: str) -> None:
+        self.fence_reason = reason
+        self._on_fenced(reason)
