@@ -516,6 +516,9 @@ def test_heartbeat_loop_fences_when_a_worker_callback_fails(start_gateway, conne
         wait_until(lambda: bool(fenced), timeout_s=10.0)
         what = "worker report" if failing == "report" else "directive handler"
         assert fenced == [f"{what} failed: RuntimeError: engine gone"]
+        assert not worker.lease_valid() and worker.fence_reason == fenced[0]
+        with pytest.raises(FencedError, match="engine gone"):
+            worker.report_tokens(1, 1, 0, [3])
         wait_until(lambda: not loop.running, timeout_s=10.0)
         stream.close()
     finally:

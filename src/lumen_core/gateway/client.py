@@ -256,6 +256,13 @@ class GatewayClient:
             reply.num_draft_tokens,
         )
 
+    def fence(self, reason: str) -> None:
+        """Give the lease up locally (the worker cannot go on): ``lease_valid()`` turns False
+        and token reports are no longer sent, until it registers again."""
+        with self._lock:
+            self.fenced = True
+            self.fence_reason = reason
+
     def lease_valid(self) -> bool:
         """Whether this worker may still serve: not fenced and its lease has not run out."""
         with self._lock:

@@ -131,4 +131,5 @@ class HeartbeatLoop:
 
     def _fence(self, reason: str) -> None:
         self.fence_reason = reason
+        self._client.fence(reason)
         self._on_fenced(reason)
