@@ -1,5 +1,6 @@
 """The ``lumen`` command. Subcommands: ``sim`` (the cluster simulator's experiments),
-``holder`` (a checkpoint holder: a HolderStore behind a transport server)."""
+``gateway`` (the live control plane, ``gateway.command``), ``holder`` (a checkpoint holder: a
+HolderStore behind a transport server)."""
 
 from __future__ import annotations
 
@@ -117,6 +118,7 @@ def _holder(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from lumen_core.gateway.command import add_gateway_parser
     from lumen_core.policy.presets import POLICY_NAMES
     from lumen_core.sim.experiments import EXPERIMENTS, RATE_PER_WORKER
 
@@ -153,6 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     holder.add_argument("--tls", default="", help="UCX_TLS of the server ('' leaves UCX's choice)")
     holder.add_argument("--no-verify-records", action="store_true", help="skip crc checks on receipt")
     holder.set_defaults(func=_holder)
+    add_gateway_parser(commands)
     return parser
 
 

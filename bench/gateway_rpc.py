@@ -1,0 +1,186 @@
+"""Cost of the gateway's gRPC layer over its decision path, measured in one run.
+
+For each op, the same Coordinator call is timed directly (the baseline: the decision path
+alone) and through a real GatewayServer on loopback with a GatewayClient (gRPC, protobuf,
+call signing and verification, the server lock):
+- ``heartbeat``: a serving worker's heartbeat with load and 8 held-checkpoint reports;
+- ``report_tokens``: one token report of a running request;
+- ``report_step_x8``: one engine step's reports of 8 requests in one call (what a worker
+  sends per step), against 8 direct calls;
+- ``auth``: signing and verifying one call (``sign_call`` + ``CallVerifier.verify``), against
+  one plain HMAC-SHA256 of the same bytes.
+Correctness is checked once before timing (the reply carries no fence, the tokens are
+counted). Output: one JSON row per op with ``op, p50_us, p99_us, per_s`` (calls per second of
+wall-clock time; the client and the server share the machine) and ``baseline_p50_us`` and
+``ratio`` (gRPC p50 over the direct call's p50).
+
+    python bench/gateway_rpc.py --json bench/gateway_rpc.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import hmac
+import json
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from lumen_core.gateway.auth import CallVerifier, sign_call
+from lumen_core.gateway.client import GatewayClient, RequestTokens
+from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, HeldReport
+from lumen_core.gateway.server import GatewayServer
+
+SECRET = b"bench-secret-0123456789abcdef0123"
+GIB = 1 << 30
+NUM_WORKERS = 4
+NUM_HELD = 8
+STEP_REQUESTS = 8
+
+
+def timed(fn: Callable[[], object], num_calls: int) -> np.ndarray:
+    samples = np.empty(num_calls)
+    for i in range(num_calls):
+        started = time.perf_counter()
+        fn()
+        samples[i] = time.perf_counter() - started
+    return samples
+
+
+def row(op: str, samples: np.ndarray, baseline: np.ndarray) -> dict[str, float | str]:
+    p50 = float(np.percentile(samples, 50)) * 1e6
+    base = float(np.percentile(baseline, 50)) * 1e6
+    return {
+        "op": op,
+        "p50_us": round(p50, 2),
+        "p99_us": round(float(np.percentile(samples, 99)) * 1e6, 2),
+        "per_s": round(len(samples) / float(samples.sum()), 1),
+        "baseline_p50_us": round(base, 2),
+        "ratio": round(p50 / base, 1),
+    }
+
+
+def populate(register: Callable[[int], None], admit: Callable[[], int]) -> list[int]:
+    for worker_id in range(NUM_WORKERS):
+        register(worker_id)
+    return [admit() for _ in range(NUM_HELD * NUM_WORKERS)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--json", default=None, metavar="PATH")
+    args = parser.parse_args()
+    config = GatewayConfig(policy="LUMEN")
+    held = [HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1)]
+
+    direct = Coordinator(config, SECRET)
+    populate(
+        lambda w: direct.register(0.0, w, budget_bytes=64 * GIB),
+        lambda: direct.admit(0.0, [1] * 100, 1_000_000).request_id,
+    )
+    direct_request = direct.admit(0.0, [1] * 100, 1_000_000)
+    position = [0]
+
+    def direct_heartbeat() -> None:
+        direct.heartbeat(1.0, 1, 1, num_running=3, num_waiting=1, held=held)
+
+    def direct_tokens() -> None:
+        direct.report_tokens(1.0, direct_request.worker_id, 1, direct_request.request_id, 1, position[0], [7])
+        position[0] += 1
+
+    step_ids = [direct.admit(0.0, [1] * 100, 1_000_000, worker_id=0).request_id for _ in range(STEP_REQUESTS)]
+    step_position = [0]
+
+    def direct_step() -> None:
+        for request_id in step_ids:
+            direct.report_tokens(1.0, 0, 1, request_id, 1, step_position[0], [7])
+        step_position[0] += 1
+
+    with GatewayServer(config, SECRET) as server:
+        clients = [GatewayClient(server.address, SECRET, timeout_s=10.0) for _ in range(NUM_WORKERS)]
+        submitter = GatewayClient(server.address, SECRET, timeout_s=10.0)
+        for worker_id, client in enumerate(clients):
+            client.register(worker_id, budget_bytes=64 * GIB)
+        stop = threading.Event()
+
+        def keep_leases() -> None:  # the workers' heartbeats, as in a live cluster
+            while not stop.wait(config.heartbeat_s):
+                for client in clients:
+                    client.heartbeat(num_running=12)
+
+        heartbeats = threading.Thread(target=keep_leases, name="bench-heartbeats")
+        heartbeats.start()
+        try:
+            streams = []
+            for _ in range(48):  # 12 per worker, within max_streams (64)
+                stream = submitter.submit([1] * 100, 1_000_000, timeout_s=600.0)
+                next(stream)
+                streams.append(stream)
+            with server.condition:
+                request_id = max(server.coordinator.monitor.request_ids())
+                worker_id, _ = server.coordinator.request_worker(request_id)
+                on_zero = [r for r in server.coordinator.monitor.running_on(0) if r != request_id]
+            assert len(on_zero) >= STEP_REQUESTS
+            worker = clients[worker_id]
+            rpc_position = [0]
+            rpc_step_position = [0]
+            step = clients[0]
+
+            def rpc_step() -> None:
+                p = rpc_step_position[0]
+                acks = step.report_tokens_batch(
+                    [RequestTokens(r, 1, p, (7,)) for r in on_zero[:STEP_REQUESTS]]
+                )
+                assert acks[-1].code == 0
+                rpc_step_position[0] += 1
+
+            def rpc_heartbeat() -> None:
+                clients[1].heartbeat(num_running=3, num_waiting=1, held=held)
+
+            def rpc_tokens() -> None:
+                worker.report_tokens(request_id, 1, rpc_position[0], [7])
+                rpc_position[0] += 1
+
+            assert not clients[1].heartbeat(held=held).fenced
+            assert worker.report_tokens(request_id, 1, 0, [7]).num_new == 1
+            rpc_position[0] = 1
+            direct_tokens()
+            results = [
+                row("heartbeat", timed(rpc_heartbeat, args.calls), timed(direct_heartbeat, args.calls)),
+                row("report_tokens", timed(rpc_tokens, args.calls), timed(direct_tokens, args.calls)),
+                row("report_step_x8", timed(rpc_step, args.calls), timed(direct_step, args.calls)),
+            ]
+            for stream in streams:
+                stream.close()
+        finally:
+            stop.set()
+            heartbeats.join(timeout=10.0)
+            for client in [*clients, submitter]:
+                client.close()
+
+    verifier = CallVerifier(SECRET)
+    method = "/lumen.gateway.v1.Gateway/Heartbeat"
+    message = b"x" * 96
+    results.append(
+        row(
+            "auth",
+            timed(lambda: verifier.verify(method, sign_call(SECRET, method)), args.calls),
+            timed(lambda: hmac.new(SECRET, message, hashlib.sha256).hexdigest(), args.calls),
+        )
+    )
+    print(f"{'op':<14}{'p50_us':>10}{'p99_us':>10}{'per_s':>10}{'base_p50':>10}{'ratio':>8}")
+    for r in results:
+        print(
+            f"{r['op']:<14}{r['p50_us']:>10}{r['p99_us']:>10}{r['per_s']:>10}{r['baseline_p50_us']:>10}{r['ratio']:>8}"
+        )
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(results, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

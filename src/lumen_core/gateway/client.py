@@ -1,0 +1,402 @@
+"""GatewayClient: what worker processes and clients call the gateway with.
+
+Every call is signed with the cluster secret (``auth.sign_call``) and has a deadline. Worker
+side: ``register`` then ``heartbeat`` every ``heartbeat_s``; the lease is the worker's to
+watch: ``lease_valid()`` turns False once a heartbeat reply says ``fenced`` or once no
+heartbeat has been acknowledged for ``lease_s`` (measured from when the last acknowledged one
+was sent, so the worker's deadline is never later than the gateway's). A worker whose lease
+is not valid must stop serving (fence itself) and register again as a new incarnation.
+Client side: ``submit`` streams a request's tokens, ``watch`` re-attaches to one.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from lumen_core.gateway import lumen_pb2 as pb
+from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
+from lumen_core.gateway.auth import AUTH_METADATA_KEY, check_secret, sign_call
+from lumen_core.gateway.coordinator import SERVING, Directive, HeldReport, RunningReport
+from lumen_core.gateway.protocol import (
+    directive_from_pb,
+    held_to_pb,
+    method,
+    running_to_pb,
+    state_to_pb,
+)
+
+
+# gRPC backs off reconnecting to an address that failed (up to 120 s by default): a worker
+# could then lose its lease after a gateway restart before it even tried the new gateway.
+# Reconnect attempts here are at most 1 s apart, well inside any sensible lease.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
+class GatewayError(RuntimeError):
+    """A call the gateway refused or that could not reach it; ``code`` is the gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class AuthError(GatewayError):
+    """UNAUTHENTICATED: the caller does not hold the cluster secret."""
+
+
+class StaleEpochError(GatewayError):
+    """FAILED_PRECONDITION: the worker epoch or request epoch was fenced."""
+
+
+class FencedError(RuntimeError):
+    """A call that needs a valid lease was made after the lease was lost."""
+
+
+def _translate(error: grpc.RpcError) -> GatewayError:
+    code = error.code()
+    details = error.details() or ""
+    if code == grpc.StatusCode.UNAUTHENTICATED:
+        return AuthError(code, details)
+    if code == grpc.StatusCode.FAILED_PRECONDITION:
+        return StaleEpochError(code, details)
+    return GatewayError(code, details)
+
+
+@dataclass(frozen=True)
+class RegisterResult:
+    epoch: int
+    lease_s: float
+    heartbeat_s: float
+    directives: tuple[Directive, ...]
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    fenced: bool
+    reregister: bool
+    reason: str
+    directives: tuple[Directive, ...]
+    num_draft_tokens: int
+
+
+@dataclass(frozen=True)
+class RequestTokens:
+    """Output tokens of one request at ``start_position``, as a worker reports them."""
+
+    request_id: int
+    epoch: int
+    start_position: int
+    token_ids: tuple[int, ...]
+    finished: bool = False
+
+
+@dataclass(frozen=True)
+class ReportAck:
+    """The gateway's answer for one request of a token report; ``code`` 0 = accepted."""
+
+    request_id: int
+    num_new: int
+    num_conflicts: int
+    next_position: int
+    code: int
+    details: str
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    request_id: int
+    start_position: int
+    token_ids: tuple[int, ...]
+    finished: bool
+
+
+class GatewayClient:
+    """One channel to the gateway. Thread-safe for concurrent calls; ``close`` when done."""
+
+    def __init__(self, address: str, secret: bytes | None, *, timeout_s: float = 5.0) -> None:
+        if not isinstance(address, str):
+            raise TypeError(f"address must be a str, got {type(address).__name__}")
+        self._secret = check_secret(secret)
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
+            raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
+        self.timeout_s = float(timeout_s)
+        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        self._stub = pb_grpc.GatewayStub(self._channel)
+        self._lock = threading.Lock()
+        self.worker_id = -1
+        self.epoch = 0
+        self.lease_s = math.nan
+        self.heartbeat_s = math.nan
+        self._lease_deadline_s = -math.inf
+        self.fenced = False
+        self.fence_reason = ""
+        self.state = SERVING
+        self._registration: dict[str, object] = {}
+
+    def _metadata(self, name: str) -> tuple[tuple[str, str], ...]:
+        return ((AUTH_METADATA_KEY, sign_call(self._secret, method(name))),)
+
+    def _call(self, name: str, request: object) -> object:
+        try:
+            return getattr(self._stub, name)(request, timeout=self.timeout_s, metadata=self._metadata(name))
+        except grpc.RpcError as error:
+            raise _translate(error) from None
+
+    # ---- worker side -----------------------------------------------------------------------
+    def register(
+        self,
+        worker_id: int,
+        *,
+        state: str = SERVING,
+        budget_bytes: int = 0,
+        domain: str = "",
+        holder_address: str = "",
+        num_shards: int = 1,
+        running: Sequence[RunningReport] = (),
+        held: Sequence[HeldReport] = (),
+    ) -> RegisterResult:
+        """Register this worker (again); a new epoch and lease start. ``running`` and ``held``
+        report what it serves and holds (after a gateway restart)."""
+        sent_s = time.monotonic()
+        reply = self._call(
+            "Register",
+            pb.RegisterRequest(
+                worker_id=worker_id,
+                state=state_to_pb(state),
+                budget_bytes=budget_bytes,
+                domain=domain,
+                holder_address=holder_address,
+                num_shards=num_shards,
+                last_epoch=self.epoch,
+                running=[running_to_pb(r) for r in running],
+                held=[held_to_pb(h) for h in held],
+            ),
+        )
+        assert isinstance(reply, pb.RegisterReply)
+        with self._lock:
+            self.worker_id = worker_id
+            self.epoch = reply.epoch
+            self.lease_s = reply.lease_s
+            self.heartbeat_s = reply.heartbeat_s
+            self._lease_deadline_s = sent_s + reply.lease_s
+            self.fenced = False
+            self.fence_reason = ""
+            self.state = state
+            self._registration = {
+                "worker_id": worker_id,
+                "budget_bytes": budget_bytes,
+                "domain": domain,
+                "holder_address": holder_address,
+                "num_shards": num_shards,
+            }
+        return RegisterResult(
+            reply.epoch,
+            reply.lease_s,
+            reply.heartbeat_s,
+            tuple(directive_from_pb(d) for d in reply.directives),
+        )
+
+    def register_again(
+        self, *, running: Sequence[RunningReport] = (), held: Sequence[HeldReport] = ()
+    ) -> RegisterResult:
+        """Register with the last registration's parameters and the current state (after a
+        ``reregister`` reply: the gateway restarted), reporting what it runs and holds."""
+        if not self._registration:
+            raise FencedError("register_again before register")
+        return self.register(**self._registration, state=self.state, running=running, held=held)  # type: ignore[arg-type]
+
+    def heartbeat(
+        self,
+        *,
+        num_running: int = 0,
+        num_waiting: int = 0,
+        held_bytes: int = 0,
+        held: Sequence[HeldReport] = (),
+        refused_request_ids: Sequence[int] = (),
+        evicted_request_ids: Sequence[int] = (),
+        assist_steps: int = 0,
+        proposed_draft_tokens: int = 0,
+        accepted_draft_tokens: int = 0,
+    ) -> HeartbeatResult:
+        """Renew the lease and report load (and the state it registered in or switched over
+        to); a ``fenced`` reply fences this client."""
+        if self.worker_id < 0:
+            raise FencedError("heartbeat before register")
+        sent_s = time.monotonic()
+        reply = self._call(
+            "Heartbeat",
+            pb.HeartbeatRequest(
+                worker_id=self.worker_id,
+                epoch=self.epoch,
+                state=state_to_pb(self.state),
+                num_running=num_running,
+                num_waiting=num_waiting,
+                held_bytes=held_bytes,
+                held=[held_to_pb(h) for h in held],
+                refused_request_ids=list(refused_request_ids),
+                evicted_request_ids=list(evicted_request_ids),
+                assist_steps=assist_steps,
+                proposed_draft_tokens=proposed_draft_tokens,
+                accepted_draft_tokens=accepted_draft_tokens,
+            ),
+        )
+        assert isinstance(reply, pb.HeartbeatReply)
+        with self._lock:
+            if reply.fenced:
+                self.fenced = True
+                self.fence_reason = reply.reason
+            elif not reply.reregister and not self.fenced:
+                self._lease_deadline_s = sent_s + reply.lease_s
+        return HeartbeatResult(
+            reply.fenced,
+            reply.reregister,
+            reply.reason,
+            tuple(directive_from_pb(d) for d in reply.directives),
+            reply.num_draft_tokens,
+        )
+
+    def fence(self, reason: str) -> None:
+        """Give the lease up locally (the worker cannot go on): ``lease_valid()`` turns False
+        and token reports are no longer sent, until it registers again."""
+        with self._lock:
+            self.fenced = True
+            self.fence_reason = reason
+
+    def lease_valid(self) -> bool:
+        """Whether this worker may still serve: not fenced and its lease has not run out."""
+        with self._lock:
+            return not self.fenced and time.monotonic() < self._lease_deadline_s
+
+    def report_tokens(
+        self,
+        request_id: int,
+        epoch: int,
+        start_position: int,
+        token_ids: Sequence[int],
+        *,
+        finished: bool = False,
+    ) -> ReportAck:
+        """Report one request's output tokens; raises what the gateway refused it with
+        (StaleEpochError for a fenced worker or request epoch, GatewayError otherwise)."""
+        (ack,) = self.report_tokens_batch(
+            [RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished)]
+        )
+        if ack.code != grpc.StatusCode.OK.value[0]:
+            code = next(c for c in grpc.StatusCode if c.value[0] == ack.code)
+            raise (StaleEpochError if code == grpc.StatusCode.FAILED_PRECONDITION else GatewayError)(
+                code, ack.details
+            )
+        return ack
+
+    def report_tokens_batch(self, reports: Sequence[RequestTokens]) -> list[ReportAck]:
+        """Report the tokens of many requests in one call (one per engine step). A request the
+        gateway refuses gets an ack with a non-zero ``code``; the others are accepted. Not
+        sent (FencedError) once this client knows its lease is lost; StaleEpochError when the
+        gateway has fenced this worker epoch."""
+        if not self.lease_valid():
+            raise FencedError(
+                f"worker {self.worker_id} epoch {self.epoch} holds no lease: {self.fence_reason}"
+            )
+        reply = self._call(
+            "ReportTokens",
+            pb.TokenReport(
+                worker_id=self.worker_id,
+                worker_epoch=self.epoch,
+                requests=[
+                    pb.RequestTokens(
+                        request_id=r.request_id,
+                        epoch=r.epoch,
+                        start_position=r.start_position,
+                        token_ids=list(r.token_ids),
+                        finished=r.finished,
+                    )
+                    for r in reports
+                ],
+            ),
+        )
+        assert isinstance(reply, pb.TokenAcks)
+        return [
+            ReportAck(a.request_id, a.num_new, a.num_conflicts, a.next_position, a.code, a.details)
+            for a in reply.acks
+        ]
+
+    def report_exit(self, worker_id: int, epoch: int, reason: str = "") -> bool:
+        """A supervisor reports that the process of (worker, epoch) exited; True if the
+        gateway failed that incarnation now (False: already failed or superseded)."""
+        reply = self._call("ReportExit", pb.ExitReport(worker_id=worker_id, epoch=epoch, reason=reason))
+        assert isinstance(reply, pb.ExitReply)
+        return reply.failed
+
+    def model_loaded(self, *, budget_bytes: int, domain: str = "") -> int | None:
+        """Switch-over: this recovering worker's full model is loaded. Returns the survivor it
+        assisted, or None."""
+        reply = self._call(
+            "ModelLoaded",
+            pb.ModelLoadedRequest(
+                worker_id=self.worker_id, epoch=self.epoch, budget_bytes=budget_bytes, domain=domain
+            ),
+        )
+        assert isinstance(reply, pb.ModelLoadedReply)
+        self.state = SERVING
+        return None if reply.freed_survivor_id < 0 else reply.freed_survivor_id
+
+    # ---- client side -----------------------------------------------------------------------
+    def _stream(self, name: str, request: object, timeout_s: float) -> Iterator[TokenChunk]:
+        try:
+            for chunk in getattr(self._stub, name)(request, timeout=timeout_s, metadata=self._metadata(name)):
+                yield TokenChunk(
+                    chunk.request_id, chunk.start_position, tuple(chunk.token_ids), chunk.finished
+                )
+        except grpc.RpcError as error:
+            raise _translate(error) from None
+
+    def submit(
+        self,
+        prompt_token_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        expected_output_tokens: int = 0,
+        timeout_s: float = 60.0,
+    ) -> Iterator[TokenChunk]:
+        """Submit a request; yields chunks: first an empty one naming the request id once it is
+        admitted, then its tokens, each position once, the last chunk with ``finished``.
+        ``timeout_s`` bounds the whole stream."""
+        request = pb.SubmitRequest(
+            prompt_token_ids=list(prompt_token_ids),
+            max_new_tokens=max_new_tokens,
+            expected_output_tokens=expected_output_tokens,
+        )
+        return self._stream("Submit", request, timeout_s)
+
+    def watch(
+        self, request_id: int, from_position: int = 0, *, timeout_s: float = 60.0
+    ) -> Iterator[TokenChunk]:
+        """Stream an existing request's tokens from ``from_position``."""
+        return self._stream(
+            "Watch", pb.WatchRequest(request_id=request_id, from_position=from_position), timeout_s
+        )
+
+    def status(self) -> pb.StatusReply:
+        reply = self._call("Status", pb.StatusRequest())
+        assert isinstance(reply, pb.StatusReply)
+        return reply
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

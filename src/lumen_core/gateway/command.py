@@ -1,0 +1,130 @@
+"""``lumen gateway``: run the gateway until SIGINT/SIGTERM, or write a new cluster secret."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from lumen_core.policy.presets import POLICY_NAMES
+
+    parser = commands.add_parser(
+        "gateway",
+        help="run the control-plane gateway (gRPC + Prometheus metrics on loopback)",
+        description="Serve the gateway until SIGINT/SIGTERM. There is no default cluster secret: "
+        "pass --secret-file (create one with --write-secret PATH).",
+    )
+    parser.add_argument("--secret-file", default=None, metavar="PATH", help="cluster secret (0600 file)")
+    parser.add_argument(
+        "--write-secret",
+        default=None,
+        metavar="PATH",
+        help="write a new random secret to PATH (0600) and exit",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback)")
+    parser.add_argument("--port", type=int, default=50051, help="gRPC port (0: a free one, printed)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=9464, help="Prometheus port (0: a free one; -1: no endpoint)"
+    )
+    parser.add_argument("--policy", default="LUMEN", choices=POLICY_NAMES)
+    parser.add_argument(
+        "--lease-s", type=float, default=10.0, help="lease; a silent worker is failed after it"
+    )
+    parser.add_argument("--heartbeat-s", type=float, default=1.0, help="heartbeat period told to workers")
+    parser.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=None,
+        help="KV bytes per token of the served model (L(w) units)",
+    )
+    parser.add_argument(
+        "--first-request-id",
+        type=int,
+        default=1,
+        help="first request id (after a restart: above any id the workers may still hold)",
+    )
+    parser.add_argument("--event-log", default=None, metavar="PATH", help="JSON lines of every policy call")
+    parser.set_defaults(func=run_gateway)
+    return parser
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    from lumen_core.gateway.auth import read_secret_file, write_secret_file
+    from lumen_core.gateway.coordinator import GatewayConfig
+    from lumen_core.gateway.server import GatewayServer
+    from lumen_core.policy.load import LoadConfig
+    from lumen_core.sim.eventlog import EventLog
+
+    if args.write_secret is not None:
+        write_secret_file(args.write_secret)
+        print(f"wrote a new cluster secret to {args.write_secret} (mode 0600)")
+        return 0
+    if args.secret_file is None:
+        print(
+            "lumen gateway: --secret-file is required: there is no default cluster secret "
+            "(create one with --write-secret PATH)",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        secret = read_secret_file(args.secret_file)
+    except (OSError, ValueError) as exc:
+        print(f"lumen gateway: cannot use {args.secret_file} as the cluster secret: {exc}", file=sys.stderr)
+        return 2
+    try:
+        load_config = (
+            LoadConfig()
+            if args.kv_bytes_per_token is None
+            else LoadConfig(kv_bytes_per_token=args.kv_bytes_per_token)
+        )
+        config = GatewayConfig(
+            policy=args.policy, lease_s=args.lease_s, heartbeat_s=args.heartbeat_s, load_config=load_config
+        )
+    except ValueError as exc:
+        print(f"lumen gateway: {exc}", file=sys.stderr)
+        return 2
+    if args.host not in LOOPBACK:
+        print(
+            f"warning: listening on {args.host}: calls are authenticated but not encrypted",
+            file=sys.stderr,
+        )
+    event_log = EventLog.open(Path(args.event_log)) if args.event_log else None
+    metrics_port = None if args.metrics_port < 0 else args.metrics_port
+    server = GatewayServer(
+        config,
+        secret,
+        host=args.host,
+        port=args.port,
+        metrics_port=metrics_port,
+        event_log=event_log,
+        first_request_id=args.first_request_id,
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    server.start()
+    try:
+        metrics = (
+            f"; metrics on http://{args.host}:{server.metrics_port}/metrics"
+            if metrics_port is not None
+            else ""
+        )
+        print(
+            f"gateway listening on {server.address} (policy {config.policy}, lease {config.lease_s} s, "
+            f"heartbeat {config.heartbeat_s} s){metrics}",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.stop()
+        if event_log is not None:
+            event_log.close()
+    print("gateway stopped", flush=True)
+    return 0

@@ -1,0 +1,1048 @@
+"""The gateway's decision path: one plain, single-threaded object over the policy objects.
+
+``Coordinator`` owns the ``LoadMonitor`` and the placement, router and assist planner that
+``policy.presets.make_policy`` builds (the same objects the simulator builds), plus what only
+a live cluster needs: worker epochs and leases, per-request epochs and capabilities, the
+tokens each request has emitted (de-duplicated by position), and per-worker queues of
+directives. It takes the time (``now_s``) as an argument and never reads a clock, opens a
+socket or starts a thread: the gRPC servicer (``gateway.server``) is a thin layer over it.
+
+It calls the policy objects in the simulator's order, so both drivers make the same calls on
+the same events: admission ``apply(RequestAdmitted)`` then ``place``; a failure of workers
+``F`` (detected together) ``apply(WorkerFailed(w))`` for each ``w`` in ``F``, then for each
+``route(w)`` followed by ``place`` of every re-routed request left without a holder, then
+``replace(w)`` for each; a restarted worker ``apply(WorkerRecovering)`` then ``pair`` (again at
+its heartbeats while unpaired); its full model loaded: ``finish`` then ``apply(WorkerJoined)``.
+With an ``EventLog`` (``sim.eventlog``) it writes every event, call and gain query in the
+simulator's format.
+
+Epochs: each registration of a worker gets a new worker epoch (above any it reports having
+held); a worker whose lease expired, whose process exited, or that registered again is
+failed, and its old epoch is fenced: heartbeats get ``fenced`` and token reports are refused.
+Each request has an epoch too, bumped whenever it is re-routed; capabilities are bound to it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lumen_core.gateway.auth import check_secret, issue_capability
+from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
+from lumen_core.policy.assist import AssistConfig, GainFn, make_acceptance_gain
+from lumen_core.policy.events import (
+    AssistDecision,
+    CheckpointEvicted,
+    CheckpointGrew,
+    CheckpointRefused,
+    CheckpointReserved,
+    Heartbeat,
+    PlacementDecision,
+    RecoveryAction,
+    RequestAdmitted,
+    RequestFinished,
+    RouteDecision,
+    WorkerFailed,
+    WorkerJoined,
+    WorkerRecovering,
+)
+from lumen_core.policy.load import LoadConfig, LoadMonitor
+from lumen_core.policy.placement import PlacementConfig
+from lumen_core.policy.presets import (
+    DEFAULT_ACCEPTANCE_RATE,
+    DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN,
+    POLICY_NAMES,
+    make_policy,
+)
+from lumen_core.policy.routing import RouterConfig
+from lumen_core.sim.eventlog import EventLog
+
+SERVING = "serving"
+RECOVERING = "recovering"
+FAILED = "failed"
+COVERAGE_SLACK_TOKENS = 16  # as the simulator: a checkpoint may trail its request by a few tokens
+
+# Directive kinds (lumen.proto's Directive.Kind, lower case).
+RUN = "run"
+RESUME = "resume"
+HOLD = "hold"
+STREAM = "stream"
+RELEASE = "release"
+ASSIST_DRAFT = "assist_draft"
+ASSIST_VERIFY = "assist_verify"
+ASSIST_STOP = "assist_stop"
+CANCEL = "cancel"
+
+
+class StaleEpochError(Exception):
+    """A report from an incarnation (worker epoch) or request epoch the gateway has fenced."""
+
+
+class NoWorkerError(Exception):
+    """No worker is serving: a request cannot be admitted (or re-routed)."""
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """policy: "S&R", "FC" or "LUMEN". lease_s: a worker not heard from for this long is failed
+    (10 s: several missed heartbeats on a busy 2-core machine before anyone is declared dead).
+    heartbeat_s: the period workers are told to heartbeat at (well under lease_s).
+    finished_retention_s: a finished request's tokens stay watchable this long, then are
+    forgotten (``forget_finished``), so a long-running gateway does not grow without bound."""
+
+    policy: str = "LUMEN"
+    lease_s: float = 10.0
+    heartbeat_s: float = 1.0
+    finished_retention_s: float = 600.0
+    load_config: LoadConfig = LoadConfig()
+    placement_config: PlacementConfig = PlacementConfig()
+    router_config: RouterConfig = RouterConfig()
+    assist_config: AssistConfig = AssistConfig()
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {self.policy!r}")
+        _positive("lease_s", self.lease_s)
+        _positive("heartbeat_s", self.heartbeat_s)
+        _positive("finished_retention_s", self.finished_retention_s)
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError(f"heartbeat_s must be < lease_s ({self.lease_s}), got {self.heartbeat_s}")
+        for name, cls in (
+            ("load_config", LoadConfig),
+            ("placement_config", PlacementConfig),
+            ("router_config", RouterConfig),
+            ("assist_config", AssistConfig),
+        ):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+
+
+@dataclass(frozen=True)
+class HolderGrant:
+    """A checkpoint holder and the capabilities (one per shard) for one request epoch."""
+
+    worker_id: int
+    address: str
+    capabilities: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Directive:
+    """An instruction queued for one worker (fields as lumen.proto's Directive)."""
+
+    kind: str
+    request_id: int = 0
+    epoch: int = 0
+    action: RecoveryAction | None = None
+    holders: tuple[HolderGrant, ...] = ()
+    source: HolderGrant | None = None
+    restorable_tokens: int = 0
+    prompt_token_ids: tuple[int, ...] = ()
+    output_token_ids: tuple[int, ...] = ()
+    max_new_tokens: int = 0
+    reserved_bytes: int = 0
+    peer_worker_id: int = -1
+    peer_address: str = ""
+    num_draft_tokens: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class RunningReport:
+    """A request a worker serves, as it reports it when re-registering."""
+
+    request_id: int
+    epoch: int
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    max_new_tokens: int
+    expected_output_tokens: int
+
+
+@dataclass(frozen=True)
+class HeldReport:
+    """A checkpoint a worker holds for another: its request epoch and durable length."""
+
+    request_id: int
+    epoch: int
+    durable_tokens: int
+
+
+@dataclass(frozen=True)
+class Registration:
+    worker_id: int
+    epoch: int
+    assist: AssistDecision | None  # the pairing made for a worker registering as recovering
+
+
+@dataclass(frozen=True)
+class Admission:
+    request_id: int
+    worker_id: int
+    placement: PlacementDecision
+
+
+@dataclass(frozen=True)
+class FailureOutcome:
+    """Every decision of one failure (workers detected together), in the order made."""
+
+    time_s: float
+    worker_ids: tuple[int, ...]
+    routes: tuple[RouteDecision, ...]
+    placements: tuple[PlacementDecision, ...]  # re-routed requests left without a holder
+    replacements: tuple[PlacementDecision, ...]  # checkpoints the failed workers held
+    lost_request_ids: tuple[int, ...]  # no worker was left serving to take them
+    cause: str
+
+
+@dataclass(frozen=True)
+class LeaseStatus:
+    """What a heartbeat learns about its lease."""
+
+    fenced: bool
+    reregister: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class TokenAck:
+    num_new: int
+    num_conflicts: int
+    next_position: int
+
+
+@dataclass(frozen=True)
+class GatewayMetrics:
+    """The gauges the metrics endpoint exports (DESIGN.md section 8 definitions).
+
+    coverage: fraction of running requests whose durable checkpoint covers all but the last
+    16 tokens. holder_balance: max/min held checkpoint tokens over serving workers.
+    acceptance: accepted / proposed draft tokens over all assist rounds reported.
+    recovery_s: for the last failure, from its detection until every interrupted request
+    emitted its next token (NaN while one is still waiting; the rolling-window recovery time
+    of ``metrics.recovery_time_s`` needs a failure-free baseline run, which the demo has).
+    """
+
+    coverage: float
+    holder_balance: float
+    acceptance: float
+    recovery_s: float
+    replay_ttft_s: float
+    num_failures: int
+    worker_load: dict[int, float]
+    worker_queue_depth: dict[int, int]
+    worker_held_bytes: dict[int, int]
+    worker_state: dict[int, str]
+
+
+class _Worker:
+    __slots__ = (
+        "worker_id",
+        "epoch",
+        "state",
+        "lease_deadline_s",
+        "holder_address",
+        "num_shards",
+        "held_bytes",
+        "proposed_draft_tokens",
+        "accepted_draft_tokens",
+        "fence_reason",
+    )
+
+    def __init__(
+        self, worker_id: int, epoch: int, address: str, num_shards: int, lease_deadline_s: float
+    ) -> None:
+        self.worker_id = worker_id
+        self.epoch = epoch
+        self.state = SERVING
+        self.lease_deadline_s = lease_deadline_s
+        self.holder_address = address
+        self.num_shards = num_shards
+        self.held_bytes = 0
+        self.proposed_draft_tokens = 0
+        self.accepted_draft_tokens = 0
+        self.fence_reason = ""
+
+
+@dataclass
+class _Request:
+    request_id: int
+    prompt_token_ids: tuple[int, ...]
+    max_new_tokens: int
+    expected_output_tokens: int
+    worker_id: int
+    epoch: int
+    arrival_s: float
+    tokens: list[int] = field(default_factory=list)
+    finished: bool = False
+    lost: bool = False
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    interrupted_at_s: float = math.nan
+    replay_token_s: float = math.nan
+
+
+def _check_id(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _check_tokens(name: str, token_ids: Iterable[int]) -> tuple[int, ...]:
+    out = tuple(token_ids)
+    for token in out:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or token < 0:
+            raise ValueError(f"{name} must hold token ids >= 0, got {token!r}")
+    return out
+
+
+class Coordinator:
+    """Policy decisions, epochs, leases, capabilities, token de-duplication and directives.
+
+    Not thread-safe (the server holds a lock around every call). Raises TypeError/ValueError
+    for malformed arguments, IndexError for an unknown request, StaleEpochError for a fenced
+    worker epoch or an outdated request epoch, NoWorkerError when nothing is serving.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        secret: bytes,
+        *,
+        gain_fn: GainFn | None = None,
+        event_log: EventLog | None = None,
+        first_request_id: int = 1,
+    ) -> None:
+        if not isinstance(config, GatewayConfig):
+            raise TypeError(f"config must be a GatewayConfig, got {type(config).__name__}")
+        self.config = config
+        self._secret = check_secret(secret)
+        self._log = event_log
+        if gain_fn is None:
+            gain_fn = make_acceptance_gain(DEFAULT_ACCEPTANCE_RATE, DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)
+        self._gain_fn = gain_fn
+        self.monitor = LoadMonitor(config.load_config)
+        self.policy = make_policy(
+            config.policy,
+            placement_config=config.placement_config,
+            router_config=config.router_config,
+            assist_config=config.assist_config,
+            gain_fn=self._logged_gain,
+        )
+        self._workers: dict[int, _Worker] = {}
+        self._requests: dict[int, _Request] = {}
+        self._directives: dict[int, list[Directive]] = {}
+        # held checkpoints reported (gateway restart) before their request: (holder, report, since)
+        self._pending_holds: dict[int, list[tuple[int, HeldReport, float]]] = {}
+        self._next_request_id = _check_id("first_request_id", first_request_id)
+        self._failures: list[FailureOutcome] = []
+        self._last_interrupted: list[int] = []
+
+    # ---- gain queries (logged) -------------------------------------------------------------
+    def _logged_gain(self, monitor: LoadMonitor, survivor_id: int, num_draft_tokens: int) -> float:
+        gain = float(self._gain_fn(monitor, survivor_id, num_draft_tokens))
+        if self._log is not None:
+            self._log.gain(survivor_id, num_draft_tokens, gain)
+        return gain
+
+    def _apply(self, event: object) -> None:
+        self.monitor.apply(event)  # type: ignore[arg-type]
+        if self._log is not None:
+            self._log.event(event)
+
+    def _logged(self, op: str, args: dict[str, int], result: object) -> None:
+        if self._log is not None:
+            self._log.decision(op, args, result)
+
+    def _place(self, request_id: int) -> PlacementDecision:
+        decision = self.policy.placement.place(self.monitor, request_id)
+        self._logged("place", {"request_id": request_id}, [decision])
+        return decision
+
+    def _pair(self, worker_id: int) -> AssistDecision:
+        assert self.policy.planner is not None
+        decision = self.policy.planner.pair(self.monitor, worker_id)
+        self._logged("pair", {"assistant_id": worker_id}, [decision])
+        if decision.survivor_id is not None:
+            survivor = self._workers[decision.survivor_id]
+            assistant = self._workers[worker_id]
+            k = decision.num_draft_tokens
+            self._send(
+                worker_id,
+                Directive(
+                    ASSIST_DRAFT,
+                    peer_worker_id=decision.survivor_id,
+                    peer_address=survivor.holder_address,
+                    num_draft_tokens=k,
+                    reason=decision.reason,
+                ),
+            )
+            self._send(
+                decision.survivor_id,
+                Directive(
+                    ASSIST_VERIFY,
+                    peer_worker_id=worker_id,
+                    peer_address=assistant.holder_address,
+                    num_draft_tokens=k,
+                    reason=decision.reason,
+                ),
+            )
+        return decision
+
+    # ---- directives ------------------------------------------------------------------------
+    def _send(self, worker_id: int, directive: Directive) -> None:
+        if worker_id in self._workers and self._workers[worker_id].state != FAILED:
+            self._directives.setdefault(worker_id, []).append(directive)
+
+    def take_directives(self, worker_id: int) -> list[Directive]:
+        """The directives queued for the worker, oldest first (the queue is emptied)."""
+        return self._directives.pop(_check_id("worker_id", worker_id), [])
+
+    def _grant(self, holder_id: int, request: _Request) -> HolderGrant:
+        """A holder's address and the capabilities of the request's checkpoint at its current
+        epoch, one per shard of the serving worker (each tensor-parallel rank streams its own)."""
+        num_shards = self._workers[request.worker_id].num_shards
+        capabilities = tuple(
+            issue_capability(self._secret, request.request_id, shard, request.epoch)
+            for shard in range(num_shards)
+        )
+        return HolderGrant(holder_id, self._workers[holder_id].holder_address, capabilities)
+
+    def _hold(self, request: _Request, holder_ids: Sequence[int], reserved_bytes: int, reason: str) -> None:
+        for holder_id in holder_ids:
+            self._send(
+                holder_id,
+                Directive(
+                    HOLD,
+                    request_id=request.request_id,
+                    epoch=request.epoch,
+                    holders=(self._grant(holder_id, request),),
+                    reserved_bytes=reserved_bytes,
+                    peer_worker_id=request.worker_id,
+                    reason=reason,
+                ),
+            )
+
+    def _grants(self, request: _Request) -> tuple[HolderGrant, ...]:
+        holder_ids = self.monitor.request(request.request_id).holder_ids
+        return tuple(self._grant(h, request) for h in holder_ids)
+
+    # ---- workers -----------------------------------------------------------------------------
+    def register(
+        self,
+        now_s: float,
+        worker_id: int,
+        *,
+        state: str = SERVING,
+        budget_bytes: int = 0,
+        domain: str = "",
+        holder_address: str = "",
+        num_shards: int = 1,
+        last_epoch: int = 0,
+        running: Sequence[RunningReport] = (),
+        held: Sequence[HeldReport] = (),
+    ) -> Registration:
+        """A worker process starts (SERVING or RECOVERING) or re-registers with a restarted
+        gateway, reporting what it runs and holds. A live earlier incarnation is failed first
+        (its process restarted before its lease expired). Returns the new epoch and, for a
+        recovering worker, its assist pairing."""
+        worker_id = _check_id("worker_id", worker_id)
+        if state not in (SERVING, RECOVERING):
+            raise ValueError(f"state must be 'serving' or 'recovering', got {state!r}")
+        num_shards = _check_id("num_shards", num_shards)
+        if num_shards < 1:
+            raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        if state == RECOVERING and running:
+            raise ValueError(f"running must be empty for a recovering worker, got {len(running)} requests")
+        _check_id("budget_bytes", budget_bytes)
+        if not isinstance(domain, str) or not isinstance(holder_address, str):
+            raise TypeError(
+                f"domain and holder_address must be str, got {type(domain).__name__}, "
+                f"{type(holder_address).__name__}"
+            )
+        old = self._workers.get(worker_id)
+        if old is not None and old.state != FAILED:
+            self.fail(
+                now_s, [worker_id], cause=f"worker {worker_id} registered again (epoch {old.epoch} is gone)"
+            )
+        epoch = max(old.epoch if old is not None else 0, _check_id("last_epoch", last_epoch)) + 1
+        worker = _Worker(worker_id, epoch, holder_address, num_shards, now_s + self.config.lease_s)
+        self._workers[worker_id] = worker
+        self._directives.pop(worker_id, None)
+        known = worker_id in self.monitor.worker_ids()
+        assist = None
+        if state == SERVING:
+            self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
+        else:
+            worker.state = RECOVERING
+            if not known:  # a restarted gateway meets a worker that is mid-recovery
+                self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
+                self._apply(WorkerFailed(now_s, worker_id))
+            self._apply(WorkerRecovering(now_s, worker_id))
+            if self.policy.planner is not None:
+                assist = self._pair(worker_id)
+        for running_report in running:
+            self._adopt(now_s, worker_id, running_report)
+        for held_report in held:
+            self._adopt_held(now_s, worker_id, held_report)
+        return Registration(worker_id, epoch, assist)
+
+    def _adopt(self, now_s: float, worker_id: int, report: RunningReport) -> None:
+        """A running request reported by a re-registering worker (gateway restart)."""
+        request_id = _check_id("request_id", report.request_id)
+        known = self._requests.get(request_id)
+        if known is not None:
+            if (known.worker_id, known.epoch) != (worker_id, report.epoch):
+                self._send(worker_id, Directive(CANCEL, request_id=request_id, reason="served elsewhere now"))
+            return
+        prompt = _check_tokens("prompt_token_ids", report.prompt_token_ids)
+        request = _Request(
+            request_id,
+            prompt,
+            report.max_new_tokens,
+            report.expected_output_tokens,
+            worker_id,
+            report.epoch,
+            now_s,
+            list(_check_tokens("output_token_ids", report.output_token_ids)),
+        )
+        self._requests[request_id] = request
+        self._next_request_id = max(self._next_request_id, request_id + 1)
+        self._apply(RequestAdmitted(now_s, request_id, worker_id, len(prompt), report.expected_output_tokens))
+        for holder_id, held, _ in self._pending_holds.pop(request_id, []):
+            self._adopt_held(now_s, holder_id, held)
+
+    def _adopt_held(self, now_s: float, holder_id: int, report: HeldReport) -> None:
+        request = self._requests.get(report.request_id)
+        if request is None:
+            self._pending_holds.setdefault(report.request_id, []).append((holder_id, report, now_s))
+            return
+        view = self.monitor.request(request.request_id)
+        if (
+            report.epoch != request.epoch
+            or holder_id == request.worker_id
+            or holder_id in view.holder_ids
+            or self._workers[holder_id].state != SERVING
+        ):
+            self._send(
+                holder_id, Directive(RELEASE, request_id=request.request_id, reason="stale checkpoint")
+            )
+            return
+        expected = (
+            len(request.prompt_token_ids) + request.expected_output_tokens
+        ) * self.config.load_config.kv_bytes_per_token
+        reserved = max(0, min(expected, self.monitor.free_bytes(holder_id)))
+        self._apply(CheckpointReserved(now_s, request.request_id, (holder_id,), reserved))
+        self._apply(CheckpointGrew(now_s, request.request_id, holder_id, report.durable_tokens))
+
+    def drop_orphaned_holds(self, now_s: float) -> int:
+        """Release the held checkpoints reported (after a gateway restart) for requests that no
+        worker reported running within ``lease_s``: by then every live worker has registered
+        again, so their serving worker died while no gateway ran. Returns how many."""
+        horizon_s = now_s - self.config.lease_s
+        dropped = 0
+        for request_id in [r for r, holds in self._pending_holds.items() if holds[0][2] < horizon_s]:
+            for holder_id, _, _ in self._pending_holds.pop(request_id):
+                self._send(holder_id, Directive(RELEASE, request_id=request_id, reason="its request is gone"))
+                dropped += 1
+        return dropped
+
+    def renew_lease(self, now_s: float, worker_id: int, epoch: int) -> LeaseStatus:
+        """Extend the lease of (worker, epoch), or say that it is fenced or unknown."""
+        worker = self._workers.get(_check_id("worker_id", worker_id))
+        if worker is None:
+            return LeaseStatus(
+                False, True, f"worker {worker_id} is not registered (gateway restarted?): re-register"
+            )
+        if epoch != worker.epoch:
+            return LeaseStatus(True, False, f"epoch {epoch} is stale (current epoch {worker.epoch})")
+        if worker.state == FAILED:
+            return LeaseStatus(True, False, worker.fence_reason)
+        worker.lease_deadline_s = now_s + self.config.lease_s
+        return LeaseStatus(False, False, "")
+
+    def report_load(self, now_s: float, worker_id: int, num_running: int, num_waiting: int) -> None:
+        if self._workers[worker_id].state == SERVING:
+            self._apply(Heartbeat(now_s, worker_id, num_running, num_waiting))
+
+    def report_checkpoint(
+        self, now_s: float, holder_id: int, request_id: int, epoch: int, durable_tokens: int
+    ) -> None:
+        """A holder's durable length of a checkpoint. Reports of an unknown request or an older
+        request epoch are dropped here; the monitor ignores those of copies it no longer keeps
+        (a finished request's, an evicted one's)."""
+        request = self._requests.get(request_id)
+        if request is None or epoch != request.epoch:
+            return
+        self._apply(CheckpointGrew(now_s, request_id, holder_id, durable_tokens))
+
+    def report_dropped(
+        self, now_s: float, holder_id: int, request_id: int, *, refused: bool
+    ) -> PlacementDecision | None:
+        """The holder refused (budget) or evicted a checkpoint; a refused one is placed again
+        (placement avoids holders that refused) and streamed to the new holder in full."""
+        request = self._requests.get(request_id)
+        if request is None or request.finished:
+            return None
+        if not refused:
+            self._apply(CheckpointEvicted(now_s, request_id, holder_id))
+            return None
+        self._apply(CheckpointRefused(now_s, request_id, holder_id))
+        if self._workers[request.worker_id].state != SERVING:
+            return None
+        decision = self._place(request_id)
+        self._stream_to_new(request, decision)
+        return decision
+
+    def _stream_to_new(self, request: _Request, decision: PlacementDecision) -> None:
+        if not decision.new_holder_ids:
+            return
+        self._hold(request, decision.new_holder_ids, decision.reserved_bytes, decision.reason)
+        self._send(
+            request.worker_id,
+            Directive(
+                STREAM,
+                request_id=request.request_id,
+                epoch=request.epoch,
+                holders=tuple(self._grant(h, request) for h in decision.new_holder_ids),
+                reason=decision.reason,
+            ),
+        )
+
+    def assist_report(self, now_s: float, worker_id: int, *, steps: int, proposed: int, accepted: int) -> int:
+        """A recovering worker's heartbeat: pair it if unpaired, record its cumulative draft
+        counters; returns the draft length for its next steps (0 when it assists nobody)."""
+        worker = self._workers[worker_id]
+        if worker.state != RECOVERING or self.policy.planner is None:
+            return 0
+        if accepted > proposed:
+            raise ValueError(f"accepted must be <= proposed, got {accepted} > {proposed}")
+        worker.proposed_draft_tokens = proposed
+        worker.accepted_draft_tokens = accepted
+        planner = self.policy.planner
+        if planner.survivor_of(worker_id) is None:
+            self._pair(worker_id)
+        if planner.survivor_of(worker_id) is None:
+            return 0
+        return planner.num_draft_tokens(worker_id, steps)
+
+    def heartbeat(
+        self,
+        now_s: float,
+        worker_id: int,
+        epoch: int,
+        *,
+        state: str = SERVING,
+        num_running: int = 0,
+        num_waiting: int = 0,
+        held_bytes: int = 0,
+        held: Sequence[HeldReport] = (),
+        refused_request_ids: Sequence[int] = (),
+        evicted_request_ids: Sequence[int] = (),
+        assist_steps: int = 0,
+        proposed_draft_tokens: int = 0,
+        accepted_draft_tokens: int = 0,
+    ) -> tuple[LeaseStatus, list[Directive], int]:
+        """Renew the lease and take the report; returns (lease status, directives, draft length).
+        Raises ValueError when ``state`` is not the state the gateway has for the worker."""
+        lease = self.renew_lease(now_s, worker_id, epoch)
+        if lease.fenced or lease.reregister:
+            return lease, [], 0
+        worker = self._workers[worker_id]
+        if state != worker.state:
+            raise ValueError(
+                f"state must be the registered state {worker.state!r} (ModelLoaded switches over), "
+                f"got {state!r}"
+            )
+        worker.held_bytes = _check_id("held_bytes", held_bytes)
+        self.report_load(now_s, worker_id, num_running, num_waiting)
+        for report in held:
+            self.report_checkpoint(now_s, worker_id, report.request_id, report.epoch, report.durable_tokens)
+        for request_id in refused_request_ids:
+            self.report_dropped(now_s, worker_id, request_id, refused=True)
+        for request_id in evicted_request_ids:
+            self.report_dropped(now_s, worker_id, request_id, refused=False)
+        k = self.assist_report(
+            now_s,
+            worker_id,
+            steps=assist_steps,
+            proposed=proposed_draft_tokens,
+            accepted=accepted_draft_tokens,
+        )
+        return lease, self.take_directives(worker_id), k
+
+    def model_loaded(
+        self, now_s: float, worker_id: int, epoch: int, budget_bytes: int, domain: str = ""
+    ) -> int | None:
+        """Switch-over: a recovering worker's full model is loaded. Ends its assist pairing
+        (the freed survivor is told) and it serves again with L = 0. Returns the survivor."""
+        worker = self._workers.get(_check_id("worker_id", worker_id))
+        if worker is None or epoch != worker.epoch or worker.state == FAILED:
+            raise StaleEpochError(f"worker {worker_id} epoch {epoch} is not a live incarnation")
+        if worker.state != RECOVERING:
+            raise ValueError(f"worker_id must be a recovering worker, got {worker_id} ({worker.state})")
+        _check_id("budget_bytes", budget_bytes)
+        if not isinstance(domain, str):
+            raise TypeError(f"domain must be a str, got {type(domain).__name__}")
+        freed = None
+        if self.policy.planner is not None:
+            freed = self.policy.planner.finish(worker_id)
+            self._logged("finish", {"assistant_id": worker_id}, freed)
+            if freed is not None:
+                self._send(
+                    freed, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant switched over")
+                )
+        worker.state = SERVING
+        self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
+        return freed
+
+    def expire_leases(self, now_s: float) -> FailureOutcome | None:
+        """Fail every live worker whose lease ran out (all detected together)."""
+        expired = sorted(
+            w.worker_id for w in self._workers.values() if w.state != FAILED and w.lease_deadline_s < now_s
+        )
+        if not expired:
+            return None
+        return self.fail(now_s, expired, cause="lease expired")
+
+    def process_exited(
+        self, now_s: float, worker_id: int, epoch: int, reason: str = ""
+    ) -> FailureOutcome | None:
+        """A worker process exited. Fails that incarnation unless it is already failed or has
+        been superseded (an older epoch): returns the outcome, or None."""
+        worker = self._workers.get(_check_id("worker_id", worker_id))
+        if worker is None or worker.epoch != epoch or worker.state == FAILED:
+            return None
+        return self.fail(now_s, [worker_id], cause=f"process exited{': ' + reason if reason else ''}")
+
+    # ---- failures ----------------------------------------------------------------------------
+    def fail(self, now_s: float, worker_ids: Sequence[int], *, cause: str) -> FailureOutcome:
+        """Workers failed together: fence them, end their assist pairings, then in the
+        simulator's order mark each failed, route each one's requests (placing those left
+        without a holder), re-place the checkpoints each held; queue the directives."""
+        failed = [w for w in dict.fromkeys(_check_id("worker_ids", w) for w in worker_ids)]
+        for worker_id in failed:
+            worker = self._workers.get(worker_id)
+            if worker is None or worker.state == FAILED:
+                raise ValueError(f"worker_ids must be live registered workers, got {worker_id}")
+        planner = self.policy.planner
+        for worker_id in failed:
+            worker = self._workers[worker_id]
+            worker.state = FAILED
+            worker.fence_reason = f"epoch {worker.epoch} fenced at {now_s:.3f}: {cause}"
+            self._directives.pop(worker_id, None)
+            if planner is not None:
+                assistant = planner.assistant_of(worker_id)
+                if assistant is not None:
+                    planner.release_survivor(worker_id)
+                    self._logged("release_survivor", {"survivor_id": worker_id}, assistant)
+                    self._send(
+                        assistant, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="survivor failed")
+                    )
+                survivor = planner.survivor_of(worker_id)
+                if survivor is not None:
+                    planner.finish(worker_id)
+                    self._logged("finish", {"assistant_id": worker_id}, survivor)
+                    self._send(
+                        survivor, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant failed")
+                    )
+        for worker_id in failed:
+            self._apply(WorkerFailed(now_s, worker_id))
+        lost: list[int] = []
+        if not self.monitor.live_worker_ids():  # nowhere to go: the requests are lost, and said so
+            for worker_id in failed:
+                for request_id in self.monitor.running_on(worker_id):
+                    self._requests[request_id].lost = True
+                    self.finish_request(now_s, request_id)
+                    lost.append(request_id)
+        routes: list[RouteDecision] = []
+        placements: list[PlacementDecision] = []
+        interrupted: list[int] = []
+        for worker_id in failed:
+            decisions = self.policy.router.route(self.monitor, worker_id)
+            self._logged("route", {"failed_worker_id": worker_id}, decisions)
+            for decision in decisions:
+                request = self._requests[decision.request_id]
+                request.epoch += 1
+                request.worker_id = decision.target_worker_id
+                request.interrupted_at_s = now_s
+                request.replay_token_s = math.nan
+                interrupted.append(request.request_id)
+                if not self.monitor.request(request.request_id).holder_ids:
+                    placement = self._place(request.request_id)
+                    placements.append(placement)
+                    self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
+                else:  # surviving holders: same copy, new epoch (older appends are fenced)
+                    self._hold(
+                        request, self.monitor.request(request.request_id).holder_ids, 0, "epoch bumped"
+                    )
+                self._send(request.worker_id, self._resume(request, decision))
+            routes.extend(decisions)
+        replacements: list[PlacementDecision] = []
+        for worker_id in failed:
+            replaced = self.policy.placement.replace(self.monitor, worker_id)
+            self._logged("replace", {"lost_holder_id": worker_id}, replaced)
+            for placed in replaced:
+                self._stream_to_new(self._requests[placed.request_id], placed)
+            replacements.extend(replaced)
+        outcome = FailureOutcome(
+            now_s, tuple(failed), tuple(routes), tuple(placements), tuple(replacements), tuple(lost), cause
+        )
+        self._failures.append(outcome)
+        self._last_interrupted = interrupted
+        return outcome
+
+    def _resume(self, request: _Request, decision: RouteDecision) -> Directive:
+        source = None
+        if decision.source_holder_id is not None:
+            source = self._grant(decision.source_holder_id, request)
+        return Directive(
+            RESUME,
+            request_id=request.request_id,
+            epoch=request.epoch,
+            action=decision.action,
+            holders=self._grants(request),
+            source=source,
+            restorable_tokens=decision.restorable_tokens,
+            prompt_token_ids=request.prompt_token_ids,
+            output_token_ids=tuple(request.tokens),
+            max_new_tokens=request.max_new_tokens,
+            reason=decision.reason,
+        )
+
+    # ---- requests ----------------------------------------------------------------------------
+    def choose_worker(self) -> int:
+        """Join-shortest-queue over the serving workers (queue depth as the monitor knows it,
+        ties: lowest id). Raises NoWorkerError when none serves."""
+        live = self.monitor.live_worker_ids()
+        if not live:
+            raise NoWorkerError("no worker is serving")
+        return min(
+            live, key=lambda w: (self.monitor.worker(w).num_running + self.monitor.worker(w).num_waiting, w)
+        )
+
+    def admit(
+        self,
+        now_s: float,
+        prompt_token_ids: Sequence[int],
+        max_new_tokens: int,
+        *,
+        expected_output_tokens: int = 0,
+        worker_id: int | None = None,
+        request_id: int | None = None,
+    ) -> Admission:
+        """Admit a client request on ``worker_id`` (default: join-shortest-queue), place its
+        checkpoint and queue RUN to the worker and HOLD to its holders."""
+        prompt = _check_tokens("prompt_token_ids", prompt_token_ids)
+        if not prompt:
+            raise ValueError("prompt_token_ids must not be empty, got 0 tokens")
+        max_new_tokens = _check_id("max_new_tokens", max_new_tokens)
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        expected = _check_id("expected_output_tokens", expected_output_tokens) or max_new_tokens
+        worker_id = self.choose_worker() if worker_id is None else _check_id("worker_id", worker_id)
+        if request_id is None:
+            request_id = self._next_request_id
+        elif _check_id("request_id", request_id) in self._requests:
+            raise ValueError(f"request_id must be new, got {request_id}")
+        self._next_request_id = max(self._next_request_id, request_id + 1)
+        self._apply(RequestAdmitted(now_s, request_id, worker_id, len(prompt), expected))
+        request = _Request(request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s)
+        self._requests[request_id] = request
+        placement = self._place(request_id)
+        self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
+        self._send(
+            worker_id,
+            Directive(
+                RUN,
+                request_id=request_id,
+                epoch=request.epoch,
+                holders=self._grants(request),
+                prompt_token_ids=prompt,
+                max_new_tokens=max_new_tokens,
+                reason=placement.reason,
+            ),
+        )
+        return Admission(request_id, worker_id, placement)
+
+    def report_tokens(
+        self,
+        now_s: float,
+        worker_id: int,
+        worker_epoch: int,
+        request_id: int,
+        epoch: int,
+        start_position: int,
+        token_ids: Sequence[int],
+        *,
+        finished: bool = False,
+    ) -> TokenAck:
+        """Output tokens ``token_ids`` at positions ``start_position...`` of a request from
+        the worker serving it at ``epoch``. Positions already known are dropped (a duplicate
+        that differs is counted as a conflict; the first report wins, the client has it);
+        a gap is refused. ``finished`` ends the request and releases its checkpoints."""
+        self.check_worker_epoch(worker_id, worker_epoch)
+        request = self._requests.get(_check_id("request_id", request_id))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        if request.worker_id != worker_id or request.epoch != epoch:
+            raise StaleEpochError(
+                f"request {request_id} epoch {epoch} on worker {worker_id} is stale "
+                f"(now epoch {request.epoch} on worker {request.worker_id})"
+            )
+        tokens = _check_tokens("token_ids", token_ids)
+        start = _check_id("start_position", start_position)
+        known = len(request.tokens)
+        if start > known:
+            raise ValueError(f"start_position must be <= {known} (no gaps), got {start}")
+        if start + len(tokens) > request.max_new_tokens:
+            raise ValueError(
+                f"token_ids must end by max_new_tokens={request.max_new_tokens}, "
+                f"got {start + len(tokens)} tokens"
+            )
+        overlap = tokens[: known - start]
+        conflicts = sum(1 for i, t in enumerate(overlap) if request.tokens[start + i] != t)
+        new = tokens[known - start :]
+        if new:
+            if not request.tokens:
+                request.first_token_s = now_s
+            if not math.isnan(request.interrupted_at_s) and math.isnan(request.replay_token_s):
+                request.replay_token_s = now_s
+            request.tokens.extend(new)
+        if finished and not request.finished:
+            self.finish_request(now_s, request_id)
+        return TokenAck(len(new), conflicts, len(request.tokens))
+
+    def check_worker_epoch(self, worker_id: int, worker_epoch: int) -> None:
+        """Raise StaleEpochError unless (worker, epoch) is a live incarnation."""
+        worker = self._workers.get(_check_id("worker_id", worker_id))
+        if worker is None or worker.epoch != worker_epoch or worker.state == FAILED:
+            raise StaleEpochError(f"worker {worker_id} epoch {worker_epoch} is fenced")
+
+    def finish_request(self, now_s: float, request_id: int) -> None:
+        """The request is complete: account it and release its checkpoints."""
+        request = self._requests.get(_check_id("request_id", request_id))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        holder_ids = self.monitor.request(request_id).holder_ids
+        request.finished = True
+        request.finish_s = now_s
+        if not math.isnan(request.interrupted_at_s) and math.isnan(request.replay_token_s):
+            request.replay_token_s = now_s
+        self._apply(RequestFinished(now_s, request_id))
+        for holder_id in holder_ids:
+            self._send(
+                holder_id, Directive(RELEASE, request_id=request_id, epoch=request.epoch, reason="finished")
+            )
+
+    def forget_finished(self, now_s: float) -> int:
+        """Drop requests that finished more than ``finished_retention_s`` ago (except those of
+        the last failure, which its metrics still read); returns how many were dropped."""
+        horizon_s = now_s - self.config.finished_retention_s
+        keep = set(self._last_interrupted)
+        old = [
+            r.request_id
+            for r in self._requests.values()
+            if r.finished and r.finish_s < horizon_s and r.request_id not in keep
+        ]
+        for request_id in old:
+            del self._requests[request_id]
+        return len(old)
+
+    def tokens(self, request_id: int, from_position: int = 0) -> tuple[tuple[int, ...], bool, bool]:
+        """(tokens from ``from_position``, finished, lost) of a request."""
+        request = self._requests.get(_check_id("request_id", request_id))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        return tuple(request.tokens[from_position:]), request.finished, request.lost
+
+    def has_request(self, request_id: int) -> bool:
+        return request_id in self._requests
+
+    # ---- observation -------------------------------------------------------------------------
+    def worker_epoch(self, worker_id: int) -> int:
+        return self._workers[_check_id("worker_id", worker_id)].epoch
+
+    def worker_state(self, worker_id: int) -> str:
+        return self._workers[_check_id("worker_id", worker_id)].state
+
+    def worker_ids(self) -> list[int]:
+        return sorted(self._workers)
+
+    def request_worker(self, request_id: int) -> tuple[int, int]:
+        """(serving worker id, request epoch)."""
+        request = self._requests[_check_id("request_id", request_id)]
+        return request.worker_id, request.epoch
+
+    @property
+    def failures(self) -> tuple[FailureOutcome, ...]:
+        return tuple(self._failures)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    @property
+    def num_finished(self) -> int:
+        return sum(1 for r in self._requests.values() if r.finished)
+
+    def metrics(self) -> GatewayMetrics:
+        """Current gauges, computed by ``lumen_core.metrics`` (the simulator's module)."""
+        monitor = self.monitor
+        live = monitor.live_worker_ids()
+        contexts, durables = [], []
+        for request_id in monitor.request_ids():  # the monitor forgets finished requests
+            request = self._requests[request_id]
+            if request.worker_id not in live:
+                continue
+            view = monitor.request(request_id)
+            contexts.append(len(request.prompt_token_ids) + len(request.tokens))
+            durables.append(max((d for _, d in view.durable_tokens), default=0))
+        coverage = checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS)
+        balance = holder_balance_ratio(np.array([monitor.worker(w).held_tokens for w in live]))
+        proposed = sum(w.proposed_draft_tokens for w in self._workers.values())
+        accepted = sum(w.accepted_draft_tokens for w in self._workers.values())
+        recovery_s = replay_ttft_s = math.nan
+        if self._failures and self._last_interrupted:
+            failure_s = self._failures[-1].time_s
+            requests = [self._requests[r] for r in self._last_interrupted]
+            n = len(requests)
+            records = RequestRecords(
+                arrival_s=np.array([r.arrival_s for r in requests]),
+                first_token_s=np.array([r.first_token_s for r in requests]),
+                finish_s=np.array([r.finish_s for r in requests]),
+                num_output_tokens=np.array([len(r.tokens) for r in requests]),
+                interrupted=np.ones(n, dtype=bool),
+                replay_token_s=np.array([r.replay_token_s for r in requests]),
+            )
+            replay = records.replay_ttft_s(failure_s)
+            if not np.isnan(replay).any():
+                recovery_s = float(replay.max())
+                replay_ttft_s = float(replay.mean())
+        elif self._failures:
+            recovery_s = replay_ttft_s = 0.0
+        return GatewayMetrics(
+            coverage=coverage,
+            holder_balance=balance,
+            acceptance=acceptance_rate(accepted, proposed),
+            recovery_s=recovery_s,
+            replay_ttft_s=replay_ttft_s,
+            num_failures=len(self._failures),
+            worker_load={w: monitor.load(w) for w in monitor.worker_ids()},
+            worker_queue_depth={
+                w: monitor.worker(w).num_running + monitor.worker(w).num_waiting for w in monitor.worker_ids()
+            },
+            worker_held_bytes={w.worker_id: w.held_bytes for w in self._workers.values()},
+            worker_state={w.worker_id: w.state for w in self._workers.values()},
+        )

@@ -1,0 +1,466 @@
+"""gRPC service over the Coordinator, a lease reaper thread and a Prometheus endpoint.
+
+Every RPC takes one lock around the Coordinator, so the decision path stays single-threaded.
+Calls without a valid ``lumen-auth-v1`` value are refused with UNAUTHENTICATED before any
+handler runs. Listens on 127.0.0.1 unless told otherwise; port 0 picks a free port.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from typing import Any
+
+import grpc
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from lumen_core.gateway import lumen_pb2 as pb
+from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
+from lumen_core.gateway.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
+from lumen_core.gateway.coordinator import (
+    Coordinator,
+    GatewayConfig,
+    NoWorkerError,
+    StaleEpochError,
+)
+from lumen_core.gateway.protocol import (
+    directive_to_pb,
+    held_from_pb,
+    running_from_pb,
+    state_from_pb,
+)
+from lumen_core.sim.eventlog import EventLog
+
+_STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
+_ERROR_CODES = {
+    StaleEpochError: grpc.StatusCode.FAILED_PRECONDITION,
+    NoWorkerError: grpc.StatusCode.UNAVAILABLE,
+    IndexError: grpc.StatusCode.NOT_FOUND,
+    TypeError: grpc.StatusCode.INVALID_ARGUMENT,
+    ValueError: grpc.StatusCode.INVALID_ARGUMENT,
+}
+
+
+def _code_of(exc: Exception) -> grpc.StatusCode:
+    """The status a Coordinator error (one of _ERROR_CODES' types) is reported with."""
+    return next(code for cls, code in _ERROR_CODES.items() if isinstance(exc, cls))
+
+
+class _AuthInterceptor(grpc.ServerInterceptor):
+    def __init__(self, verifier: CallVerifier) -> None:
+        self._verifier = verifier
+
+    def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        metadata = dict(details.invocation_metadata or ())
+        reason = self._verifier.verify(details.method, metadata.get(AUTH_METADATA_KEY))
+        if reason is None or handler is None:
+            return handler
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+
+        make = (
+            grpc.unary_stream_rpc_method_handler
+            if handler.response_streaming
+            else grpc.unary_unary_rpc_method_handler
+        )
+        return make(
+            deny,
+            request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer,
+        )
+
+
+class _Servicer(pb_grpc.GatewayServicer):
+    def __init__(self, server: GatewayServer) -> None:
+        self._server = server
+
+    def _now(self) -> float:
+        return self._server.now_s()
+
+    def _run(self, context: grpc.ServicerContext, fn: Any) -> Any:
+        """Call ``fn(coordinator)`` under the lock; map the Coordinator's errors to statuses."""
+        server = self._server
+        try:
+            with server.condition:
+                result = fn(server.coordinator)
+                server.condition.notify_all()
+                return result
+        except (StaleEpochError, NoWorkerError, IndexError, TypeError, ValueError) as exc:
+            context.abort(_code_of(exc), str(exc))
+
+    def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
+        def register(c: Coordinator) -> pb.RegisterReply:
+            registration = c.register(
+                self._now(),
+                request.worker_id,
+                state=state_from_pb(request.state),
+                budget_bytes=request.budget_bytes,
+                domain=request.domain,
+                holder_address=request.holder_address,
+                num_shards=request.num_shards or 1,
+                last_epoch=request.last_epoch,
+                running=[running_from_pb(r) for r in request.running],
+                held=[held_from_pb(h) for h in request.held],
+            )
+            return pb.RegisterReply(
+                epoch=registration.epoch,
+                lease_s=c.config.lease_s,
+                heartbeat_s=c.config.heartbeat_s,
+                directives=[directive_to_pb(d) for d in c.take_directives(request.worker_id)],
+            )
+
+        return self._run(context, register)
+
+    def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
+        def heartbeat(c: Coordinator) -> pb.HeartbeatReply:
+            lease, directives, k = c.heartbeat(
+                self._now(),
+                request.worker_id,
+                request.epoch,
+                state=state_from_pb(request.state),
+                num_running=request.num_running,
+                num_waiting=request.num_waiting,
+                held_bytes=request.held_bytes,
+                held=[held_from_pb(h) for h in request.held],
+                refused_request_ids=list(request.refused_request_ids),
+                evicted_request_ids=list(request.evicted_request_ids),
+                assist_steps=request.assist_steps,
+                proposed_draft_tokens=request.proposed_draft_tokens,
+                accepted_draft_tokens=request.accepted_draft_tokens,
+            )
+            return pb.HeartbeatReply(
+                fenced=lease.fenced,
+                reregister=lease.reregister,
+                reason=lease.reason,
+                lease_s=c.config.lease_s,
+                directives=[directive_to_pb(d) for d in directives],
+                num_draft_tokens=k,
+            )
+
+        return self._run(context, heartbeat)
+
+    def ReportTokens(self, request: pb.TokenReport, context: grpc.ServicerContext) -> pb.TokenAcks:
+        def report(c: Coordinator) -> pb.TokenAcks:
+            now_s = self._now()
+            c.check_worker_epoch(request.worker_id, request.worker_epoch)
+            acks = []
+            for entry in request.requests:
+                try:
+                    ack = c.report_tokens(
+                        now_s,
+                        request.worker_id,
+                        request.worker_epoch,
+                        entry.request_id,
+                        entry.epoch,
+                        entry.start_position,
+                        list(entry.token_ids),
+                        finished=entry.finished,
+                    )
+                except (StaleEpochError, IndexError, TypeError, ValueError) as exc:
+                    code = _code_of(exc).value[0]
+                    acks.append(pb.TokenAck(request_id=entry.request_id, code=code, details=str(exc)))
+                    continue
+                acks.append(
+                    pb.TokenAck(
+                        request_id=entry.request_id,
+                        num_new=ack.num_new,
+                        num_conflicts=ack.num_conflicts,
+                        next_position=ack.next_position,
+                    )
+                )
+            return pb.TokenAcks(acks=acks)
+
+        return self._run(context, report)
+
+    def ReportExit(self, request: pb.ExitReport, context: grpc.ServicerContext) -> pb.ExitReply:
+        def report(c: Coordinator) -> pb.ExitReply:
+            outcome = c.process_exited(self._now(), request.worker_id, request.epoch, request.reason)
+            return pb.ExitReply(failed=outcome is not None)
+
+        return self._run(context, report)
+
+    def ModelLoaded(
+        self, request: pb.ModelLoadedRequest, context: grpc.ServicerContext
+    ) -> pb.ModelLoadedReply:
+        def loaded(c: Coordinator) -> pb.ModelLoadedReply:
+            freed = c.model_loaded(
+                self._now(), request.worker_id, request.epoch, request.budget_bytes, request.domain
+            )
+            return pb.ModelLoadedReply(freed_survivor_id=-1 if freed is None else freed)
+
+        return self._run(context, loaded)
+
+    def _open_stream(self, context: grpc.ServicerContext) -> None:
+        """Streams hold a server thread each: past ``max_streams`` they are refused, so the
+        threads kept for registrations, heartbeats and reports are never starved."""
+        server = self._server
+        with server.condition:
+            if server.num_streams >= server.max_streams:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{server.num_streams} token streams open (max_streams)",
+                )
+            server.num_streams += 1
+
+    def _close_stream(self) -> None:
+        with self._server.condition:
+            self._server.num_streams -= 1
+
+    def Submit(self, request: pb.SubmitRequest, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
+        self._open_stream(context)
+        try:
+            yield from self._submit(request, context)
+        finally:
+            self._close_stream()
+
+    def Watch(self, request: pb.WatchRequest, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
+        self._open_stream(context)
+        try:
+            self._run(context, lambda c: c.tokens(request.request_id))
+            yield from self._stream(request.request_id, request.from_position, context)
+        finally:
+            self._close_stream()
+
+    def _submit(self, request: pb.SubmitRequest, context: grpc.ServicerContext) -> Iterator[pb.TokenChunk]:
+        admission = self._run(
+            context,
+            lambda c: c.admit(
+                self._now(),
+                list(request.prompt_token_ids),
+                request.max_new_tokens,
+                expected_output_tokens=request.expected_output_tokens,
+            ),
+        )
+        yield pb.TokenChunk(request_id=admission.request_id)  # the client learns its request id at once
+        yield from self._stream(admission.request_id, 0, context)
+
+    def _stream(
+        self, request_id: int, position: int, context: grpc.ServicerContext
+    ) -> Iterator[pb.TokenChunk]:
+        server = self._server
+        while True:
+            with server.condition:
+                tokens, finished, lost = server.coordinator.tokens(request_id, position)
+                while not (tokens or finished or server.stopping or not context.is_active()):
+                    server.condition.wait(_STREAM_POLL_S)
+                    tokens, finished, lost = server.coordinator.tokens(request_id, position)
+            if server.stopping:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "gateway is stopping")
+            if not context.is_active():
+                return
+            if lost:
+                context.abort(
+                    grpc.StatusCode.UNAVAILABLE, f"request {request_id} lost: no worker was left serving"
+                )
+            yield pb.TokenChunk(
+                request_id=request_id, start_position=position, token_ids=list(tokens), finished=finished
+            )
+            position += len(tokens)
+            if finished:
+                return
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
+        def status(c: Coordinator) -> pb.StatusReply:
+            metrics = c.metrics()
+            workers = [
+                pb.WorkerStatus(
+                    worker_id=w,
+                    epoch=c.worker_epoch(w),
+                    state=metrics.worker_state[w],
+                    load=metrics.worker_load.get(w, 0.0),
+                    queue_depth=metrics.worker_queue_depth.get(w, 0),
+                    held_bytes=metrics.worker_held_bytes[w],
+                )
+                for w in c.worker_ids()
+            ]
+            return pb.StatusReply(
+                policy=c.config.policy,
+                workers=workers,
+                num_requests=c.num_requests,
+                num_finished=c.num_finished,
+                num_failures=metrics.num_failures,
+            )
+
+        return self._run(context, status)
+
+
+class _Collector:
+    """Prometheus collector: reads the Coordinator's gauges at scrape time."""
+
+    def __init__(self, server: GatewayServer) -> None:
+        self._server = server
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._server.condition:
+            m = self._server.coordinator.metrics()
+        yield GaugeMetricFamily(
+            "lumen_checkpoint_coverage",
+            "Running requests whose durable checkpoint covers all but 16 tokens",
+            value=m.coverage,
+        )
+        yield GaugeMetricFamily(
+            "lumen_holder_balance_ratio",
+            "Max/min held checkpoint tokens over serving workers",
+            value=m.holder_balance,
+        )
+        yield GaugeMetricFamily(
+            "lumen_assist_acceptance_rate", "Accepted / proposed draft tokens", value=m.acceptance
+        )
+        yield GaugeMetricFamily(
+            "lumen_last_failure_recovery_seconds",
+            "Last failure: detection until every interrupted request emitted its next token",
+            value=m.recovery_s,
+        )
+        yield GaugeMetricFamily(
+            "lumen_last_failure_replay_ttft_seconds",
+            "Last failure: mean replay TTFT of its interrupted requests",
+            value=m.replay_ttft_s,
+        )
+        yield GaugeMetricFamily(
+            "lumen_failures", "Failures handled since the gateway started", value=m.num_failures
+        )
+        for name, doc, values in (
+            ("lumen_worker_load", "L(w) in queue-equivalents", m.worker_load),
+            ("lumen_worker_queue_depth", "Running plus waiting requests", m.worker_queue_depth),
+            (
+                "lumen_worker_held_checkpoint_bytes",
+                "Checkpoint bytes the worker holds for others",
+                m.worker_held_bytes,
+            ),
+        ):
+            family = GaugeMetricFamily(name, doc, labels=["worker"])
+            for worker_id, value in sorted(values.items()):
+                family.add_metric([str(worker_id)], float(value))
+            yield family
+        states = GaugeMetricFamily(
+            "lumen_worker_state", "1 for the worker's current state", labels=["worker", "state"]
+        )
+        for worker_id, state in sorted(m.worker_state.items()):
+            states.add_metric([str(worker_id), state], 1.0)
+        yield states
+
+
+class GatewayServer:
+    """The gateway: gRPC service, lease reaper, optional Prometheus endpoint.
+
+    ``metrics_port``: None = no endpoint, 0 = a free port. ``reap_interval_s``: how often
+    leases are checked (default lease_s / 10). ``max_streams``: client token streams open at
+    once (each holds a server thread; more are refused with RESOURCE_EXHAUSTED), and
+    ``control_threads`` more threads serve everything else, so heartbeats never wait. Use as
+    a context manager or call ``start`` and ``stop``; ``stop`` ends the streams and joins the
+    server's threads, the reaper and the metrics thread.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        secret: bytes,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        metrics_port: int | None = None,
+        event_log: EventLog | None = None,
+        reap_interval_s: float | None = None,
+        max_streams: int = 64,
+        control_threads: int = 16,
+        first_request_id: int = 1,
+    ) -> None:
+        secret = check_secret(secret)
+        if not isinstance(host, str):
+            raise TypeError(f"host must be a str, got {type(host).__name__}")
+        for name, value in (("port", port), ("metrics_port", 0 if metrics_port is None else metrics_port)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+                raise ValueError(f"{name} must be an int in [0, 65535], got {value!r}")
+        for name, value in (("max_streams", max_streams), ("control_threads", control_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        self.coordinator = Coordinator(config, secret, event_log=event_log, first_request_id=first_request_id)
+        self.condition = threading.Condition()
+        self.stopping = False
+        self.max_streams = max_streams
+        self.num_streams = 0
+        self._host = host
+        self._port = port
+        self._metrics_port = metrics_port
+        self._reap_interval_s = config.lease_s / 10.0 if reap_interval_s is None else float(reap_interval_s)
+        self._started_s = time.monotonic()
+        self._verifier = CallVerifier(secret)
+        self._executor = futures.ThreadPoolExecutor(
+            max_workers=max_streams + control_threads, thread_name_prefix="lumen-gateway"
+        )
+        self._grpc = grpc.server(
+            self._executor,
+            interceptors=[_AuthInterceptor(self._verifier)],
+            options=[("grpc.so_reuseport", 0)],
+        )
+        pb_grpc.add_GatewayServicer_to_server(_Servicer(self), self._grpc)
+        self._stop_reaper = threading.Event()
+        self._reaper: threading.Thread | None = None
+        self._httpd: Any = None
+        self._http_thread: threading.Thread | None = None
+        self.port = 0
+        self.metrics_port = 0
+
+    @property
+    def address(self) -> str:
+        return f"{self._host}:{self.port}"
+
+    @property
+    def num_refused_calls(self) -> int:
+        """Calls refused for lack of a valid ``lumen-auth-v1`` value."""
+        return self._verifier.num_refused
+
+    def now_s(self) -> float:
+        """The gateway's clock: seconds since it was built (monotonic)."""
+        return time.monotonic() - self._started_s
+
+    def start(self) -> GatewayServer:
+        self.port = self._grpc.add_insecure_port(f"{self._host}:{self._port}")
+        if self.port == 0:
+            raise RuntimeError(f"cannot listen on {self._host}:{self._port}")
+        self._grpc.start()
+        self._reaper = threading.Thread(target=self._reap, name="lumen-gateway-leases", daemon=True)
+        self._reaper.start()
+        if self._metrics_port is not None:
+            registry = CollectorRegistry()
+            registry.register(_Collector(self))  # type: ignore[arg-type]
+            self._httpd, self._http_thread = start_http_server(
+                self._metrics_port, addr=self._host, registry=registry
+            )
+            self.metrics_port = self._httpd.server_address[1]
+        return self
+
+    def _reap(self) -> None:
+        while not self._stop_reaper.wait(self._reap_interval_s):
+            with self.condition:
+                if self.coordinator.expire_leases(self.now_s()) is not None:
+                    self.condition.notify_all()
+                self.coordinator.forget_finished(self.now_s())
+                self.coordinator.drop_orphaned_holds(self.now_s())
+
+    def stop(self, grace_s: float = 1.0) -> None:
+        with self.condition:
+            self.stopping = True
+            self.condition.notify_all()
+        self._stop_reaper.set()
+        self._grpc.stop(grace_s).wait(grace_s + 5.0)
+        self._executor.shutdown(wait=True)
+        if self._reaper is not None:
+            self._reaper.join(timeout=5.0)
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            assert self._http_thread is not None
+            self._http_thread.join(timeout=5.0)
+            self._httpd = None
+
+    def __enter__(self) -> GatewayServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

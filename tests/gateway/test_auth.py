@@ -1,0 +1,143 @@
+"""Cluster secret files, call signatures and capabilities."""
+
+import os
+import stat
+
+import pytest
+
+from lumen_core import _native
+from lumen_core.gateway.auth import (
+    CallVerifier,
+    check_secret,
+    issue_capability,
+    read_secret_file,
+    sign_call,
+    write_secret_file,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = b"0123456789abcdef-cluster"
+METHOD = "/lumen.gateway.v1.Gateway/Heartbeat"
+
+# Produced by the native transport (lumen_core.transport.issue_capability over OpenSSL).
+KNOWN_CAPABILITIES = [
+    ((SECRET, 123456789012, 3, 7), "da2158404feccd232bf8218b44f27ce020a3da9a76dc75319ebdd22925e0081c"),
+    (
+        (bytes(range(32)), 2**64 - 1, 2**32 - 1, 0),
+        "331e3018a70cbefaa9b99377fbd0ec65b5b66696bb742555c9ba20eb4ff7751e",
+    ),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), KNOWN_CAPABILITIES)
+def test_capability_matches_the_native_transports_bytes(args, expected):
+    assert issue_capability(*args).hex() == expected
+
+
+@pytest.mark.ucx
+@pytest.mark.skipif(not _native.HAS_UCX, reason="native UCX transport not built")
+def test_capability_equals_the_native_one_over_many_keys():
+    from lumen_core.transport import issue_capability as native_issue_capability
+
+    for request_id, shard, epoch in [
+        (0, 0, 0),
+        (1, 0, 1),
+        (2**40 + 5, 7, 123),
+        (2**64 - 1, 2**32 - 1, 2**32 - 1),
+    ]:
+        assert issue_capability(SECRET, request_id, shard, epoch) == native_issue_capability(
+            SECRET, request_id, shard, epoch
+        )
+
+
+def test_capability_binds_every_field():
+    base = issue_capability(SECRET, 5, 0, 1)
+    assert len(base) == 32
+    others = {
+        issue_capability(SECRET, 6, 0, 1),
+        issue_capability(SECRET, 5, 1, 1),
+        issue_capability(SECRET, 5, 0, 2),
+    }
+    others.add(issue_capability(SECRET + b"x", 5, 0, 1))
+    assert base not in others and len(others) == 4
+
+
+def test_capability_validation():
+    with pytest.raises(ValueError, match="secret must be given: there is no default"):
+        issue_capability(None, 1, 0, 1)
+    with pytest.raises(TypeError, match="secret must be bytes, got str"):
+        issue_capability("secret-as-a-string", 1, 0, 1)
+    with pytest.raises(ValueError, match="secret must be at least 16 bytes, got 3"):
+        issue_capability(b"abc", 1, 0, 1)
+    with pytest.raises(TypeError, match="request_id must be an int, got float"):
+        issue_capability(SECRET, 1.0, 0, 1)
+    with pytest.raises(ValueError, match=r"shard must be in \[0, 4294967295\], got -1"):
+        issue_capability(SECRET, 1, -1, 1)
+    with pytest.raises(ValueError, match=r"epoch must be in \[0, 4294967295\], got 4294967296"):
+        issue_capability(SECRET, 1, 0, 2**32)
+
+
+def test_secret_file_is_private_random_and_never_overwritten(tmp_path):
+    path = tmp_path / "cluster.secret"
+    secret = write_secret_file(path)
+    assert len(secret) == 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert read_secret_file(path) == secret
+    assert write_secret_file(tmp_path / "other.secret") != secret
+    with pytest.raises(FileExistsError):
+        write_secret_file(path)
+    with pytest.raises(ValueError, match="num_bytes must be >= 16, got 8"):
+        write_secret_file(tmp_path / "short.secret", num_bytes=8)
+
+
+def test_the_transport_reads_the_secret_file_the_gateway_writes(tmp_path):
+    from lumen_core.transport import read_secret_file as transport_read_secret_file
+
+    path = tmp_path / "cluster.secret"
+    secret = write_secret_file(path)
+    assert transport_read_secret_file(path) == secret == read_secret_file(path)
+
+
+def test_secret_file_refused_when_others_can_read_it_or_it_is_short(tmp_path):
+    path = tmp_path / "open.secret"
+    path.write_bytes(SECRET)
+    os.chmod(path, 0o644)
+    with pytest.raises(PermissionError, match=r"owner only \(0600\), got 0o644"):
+        read_secret_file(path)
+    short = tmp_path / "short.secret"
+    short.write_bytes(b"tiny")
+    os.chmod(short, 0o600)
+    with pytest.raises(ValueError, match="at least 16 bytes, got 4"):
+        read_secret_file(short)
+    with pytest.raises(FileNotFoundError):
+        read_secret_file(tmp_path / "missing.secret")
+    assert check_secret(bytearray(SECRET)) == SECRET
+
+
+def test_call_signature_accepted_once_and_only_with_the_secret():
+    verifier = CallVerifier(SECRET, max_skew_s=30.0)
+    value = sign_call(SECRET, METHOD, now_s=1000.0)
+    assert verifier.verify(METHOD, value, now_s=1010.0) is None
+    assert verifier.verify(METHOD, value, now_s=1010.0) == "nonce replayed"
+    assert verifier.verify(
+        "/lumen.gateway.v1.Gateway/Register", sign_call(SECRET, METHOD, now_s=1000.0), now_s=1000.0
+    ) == ("bad MAC: the caller does not hold the cluster secret")  # signed for another method
+    forged = sign_call(b"some-other-secret-entirely", METHOD, now_s=1000.0)
+    assert verifier.verify(METHOD, forged, now_s=1000.0).startswith("bad MAC")
+    late = sign_call(SECRET, METHOD, now_s=1000.0)
+    assert "more than 30.0 s from now" in verifier.verify(METHOD, late, now_s=1031.0)
+    assert verifier.verify(METHOD, None) == "missing lumen-auth-v1 metadata"
+    assert verifier.verify(METHOD, "a.b.c") == "malformed lumen-auth-v1 metadata"
+    assert verifier.num_refused == 6
+
+
+def test_call_verifier_forgets_old_nonces_but_still_refuses_old_calls():
+    verifier = CallVerifier(SECRET, max_skew_s=1.0)
+    first = sign_call(SECRET, METHOD, now_s=0.0)
+    assert verifier.verify(METHOD, first, now_s=0.0) is None
+    for _ in range(4100):
+        assert verifier.verify(METHOD, sign_call(SECRET, METHOD, now_s=10.0), now_s=10.0) is None
+    assert verifier.num_nonces < 4200
+    assert verifier.verify(METHOD, first, now_s=10.0).startswith("timestamp")
+    with pytest.raises(ValueError, match="max_skew_s must be a number > 0, got 0"):
+        CallVerifier(SECRET, max_skew_s=0)

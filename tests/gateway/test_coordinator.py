@@ -1,0 +1,314 @@
+"""The Coordinator alone (no gRPC): decisions, epochs, leases, directives, validation."""
+
+import math
+
+import pytest
+
+from lumen_core.gateway.auth import issue_capability
+from lumen_core.gateway.coordinator import (
+    CANCEL,
+    HOLD,
+    RELEASE,
+    RESUME,
+    RUN,
+    STREAM,
+    Coordinator,
+    GatewayConfig,
+    HeldReport,
+    NoWorkerError,
+    RunningReport,
+    StaleEpochError,
+)
+from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.load import LoadConfig
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = b"coordinator-tests-secret-0123456789"
+GIB = 1 << 30
+
+
+def cluster(num_workers=3, policy="LUMEN", **config):
+    coordinator = Coordinator(GatewayConfig(policy=policy, **config), SECRET)
+    for worker_id in range(num_workers):
+        coordinator.register(0.0, worker_id, budget_bytes=64 * GIB, holder_address=f"h{worker_id}")
+    return coordinator
+
+
+def kinds(directives):
+    return [d.kind for d in directives]
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="policy must be one of S&R, FC, LUMEN, got 'X'"):
+        GatewayConfig(policy="X")
+    with pytest.raises(ValueError, match="lease_s must be a number > 0, got 0"):
+        GatewayConfig(lease_s=0)
+    with pytest.raises(ValueError, match=r"heartbeat_s must be < lease_s \(10.0\), got 10.0"):
+        GatewayConfig(heartbeat_s=10.0)
+    with pytest.raises(TypeError, match="load_config must be a LoadConfig, got dict"):
+        GatewayConfig(load_config={})
+    with pytest.raises(TypeError, match="config must be a GatewayConfig, got str"):
+        Coordinator("LUMEN", SECRET)
+    with pytest.raises(ValueError, match="secret must be given"):
+        Coordinator(GatewayConfig(), None)
+    assert GatewayConfig().lease_s == 10.0  # not misfiring on a busy 2-core machine
+
+
+def test_register_validation():
+    coordinator = cluster(0)
+    with pytest.raises(ValueError, match="state must be 'serving' or 'recovering', got 'busy'"):
+        coordinator.register(0.0, 0, state="busy")
+    with pytest.raises(ValueError, match="num_shards must be >= 1, got 0"):
+        coordinator.register(0.0, 0, num_shards=0)
+    with pytest.raises(TypeError, match="worker_id must be an int, got str"):
+        coordinator.register(0.0, "0")
+    with pytest.raises(ValueError, match="worker_id must be >= 0, got -1"):
+        coordinator.register(0.0, -1)
+    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -1"):
+        coordinator.register(0.0, 0, budget_bytes=-1)
+    with pytest.raises(TypeError, match="domain and holder_address must be str, got int, str"):
+        coordinator.register(0.0, 0, domain=3)
+    assert coordinator.worker_ids() == []  # nothing was registered by the refused calls
+    report = RunningReport(1, 1, (1,), (), 4, 4)
+    with pytest.raises(ValueError, match="running must be empty for a recovering worker, got 1 requests"):
+        coordinator.register(0.0, 0, state="recovering", running=[report])
+
+
+def test_admit_validation_and_join_shortest_queue():
+    with pytest.raises(NoWorkerError, match="no worker is serving"):
+        cluster(0).admit(0.0, [1], 1)
+    coordinator = cluster(3)
+    with pytest.raises(ValueError, match="prompt_token_ids must not be empty, got 0 tokens"):
+        coordinator.admit(0.0, [], 1)
+    with pytest.raises(ValueError, match="prompt_token_ids must hold token ids >= 0, got -3"):
+        coordinator.admit(0.0, [1, -3], 1)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1, got 0"):
+        coordinator.admit(0.0, [1], 0)
+    placed = [coordinator.admit(0.0, [1, 2], 4).worker_id for _ in range(4)]
+    assert placed == [0, 1, 2, 0]
+    with pytest.raises(ValueError, match="request_id must be new, got 1"):
+        coordinator.admit(0.0, [1], 1, request_id=1)
+
+
+def test_token_reports_are_deduplicated_bounded_and_fenced():
+    coordinator = cluster(2, policy="S&R")
+    admission = coordinator.admit(0.0, [1, 2], 3)
+    rid, w = admission.request_id, admission.worker_id
+    with pytest.raises(IndexError, match="request_id 99 is not a known request"):
+        coordinator.report_tokens(0.1, w, 1, 99, 1, 0, [5])
+    with pytest.raises(StaleEpochError, match="worker 0 epoch 7 is fenced"):
+        coordinator.report_tokens(0.1, w, 7, rid, 1, 0, [5])
+    with pytest.raises(StaleEpochError, match=f"request {rid} epoch 2 on worker 0 is stale"):
+        coordinator.report_tokens(0.1, w, 1, rid, 2, 0, [5])
+    with pytest.raises(ValueError, match="token_ids must end by max_new_tokens=3, got 4 tokens"):
+        coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5, 6, 7, 8])
+    assert coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5, 6]).num_new == 2
+    ack = coordinator.report_tokens(0.2, w, 1, rid, 1, 0, [5, 6, 7], finished=True)
+    assert (ack.num_new, ack.num_conflicts, ack.next_position) == (1, 0, 3)
+    assert coordinator.tokens(rid, 1) == ((6, 7), True, False)
+    assert not coordinator.monitor.has_request(rid)  # finished: the monitor forgot it
+    with pytest.raises(IndexError, match="request_id 99 is not a known request"):
+        coordinator.tokens(99)
+    with pytest.raises(IndexError, match="request_id 99 is not a known request"):
+        coordinator.finish_request(0.3, 99)
+
+
+def test_a_worker_registering_again_fails_its_old_incarnation():
+    coordinator = cluster(2, policy="FC")
+    rid = coordinator.admit(0.0, [1, 2, 3], 4).request_id
+    coordinator.take_directives(0)
+    registration = coordinator.register(1.0, 0, budget_bytes=GIB)
+    assert registration.epoch == 2
+    (failure,) = coordinator.failures
+    assert "worker 0 registered again (epoch 1 is gone)" in failure.cause
+    assert failure.routes[0].request_id == rid and failure.routes[0].target_worker_id == 1
+    assert coordinator.renew_lease(1.0, 0, 1).fenced
+    assert coordinator.take_directives(0) == []  # the new incarnation gets nothing of the old
+
+
+def test_lease_expiry_and_exit_reports():
+    coordinator = cluster(3, lease_s=2.0, heartbeat_s=0.5)
+    assert coordinator.expire_leases(1.9) is None
+    coordinator.renew_lease(1.5, 1, 1)
+    coordinator.renew_lease(1.5, 2, 1)
+    outcome = coordinator.expire_leases(2.1)
+    assert outcome.worker_ids == (0,) and outcome.cause == "lease expired"
+    lease = coordinator.renew_lease(2.2, 0, 1)
+    assert lease.fenced and "epoch 1 fenced at 2.100: lease expired" in lease.reason
+    assert coordinator.process_exited(2.3, 0, 1) is None  # already failed
+    assert coordinator.process_exited(2.3, 1, 5) is None  # not that incarnation
+    assert coordinator.process_exited(2.3, 7, 1) is None  # unknown worker
+    assert coordinator.process_exited(2.3, 1, 1, "SIGKILL").cause == "process exited: SIGKILL"
+    assert coordinator.renew_lease(2.4, 9, 1).reregister
+    with pytest.raises(ValueError, match="worker_ids must be live registered workers, got 1"):
+        coordinator.fail(2.5, [1], cause="again")
+
+
+def test_surviving_holders_get_the_new_epoch_and_a_dead_holder_is_replaced():
+    coordinator = cluster(4, policy="FC")
+    rid = coordinator.admit(0.0, [1] * 10, 4).request_id  # on 0, held by 1
+    other = coordinator.admit(0.0, [1] * 10, 4).request_id  # on 1, held by 2
+    for w in range(4):
+        coordinator.take_directives(w)
+    coordinator.report_checkpoint(0.5, 1, rid, 1, 10)
+    coordinator.report_checkpoint(0.5, 2, other, 1, 10)
+    coordinator.report_checkpoint(0.5, 2, other, 0, 99)  # older epoch: ignored
+    assert coordinator.monitor.request(other).durable_tokens == ((2, 10),)
+    outcome = coordinator.fail(1.0, [2], cause="test")  # the holder of `other` dies
+    assert outcome.routes == ()
+    (replaced,) = outcome.replacements
+    assert replaced.request_id == other and replaced.new_holder_ids == (3,)
+    assert kinds(coordinator.take_directives(1)) == [STREAM]
+    (hold,) = coordinator.take_directives(3)
+    assert hold.kind == HOLD and hold.peer_worker_id == 1 and hold.epoch == 1
+    outcome = coordinator.fail(2.0, [0], cause="test")  # `rid` restores on holder 1 at epoch 2
+    (route,) = outcome.routes
+    assert route.action is RecoveryAction.RESTORE and route.target_worker_id == 1
+    directives = coordinator.take_directives(1)
+    resume = next(d for d in directives if d.kind == RESUME)
+    assert resume.epoch == 2 and resume.source.capabilities == (issue_capability(SECRET, rid, 0, 2),)
+
+
+def test_refused_checkpoint_is_placed_elsewhere_and_evictions_are_recorded():
+    coordinator = cluster(3, policy="LUMEN")
+    admission = coordinator.admit(0.0, [1] * 10, 4)
+    (holder,) = admission.placement.holder_ids
+    for w in range(3):
+        coordinator.take_directives(w)
+    lease, directives, _ = coordinator.heartbeat(0.5, holder, 1, refused_request_ids=[admission.request_id])
+    assert not lease.fenced
+    view = coordinator.monitor.request(admission.request_id)
+    assert holder not in view.holder_ids and len(view.holder_ids) == 1
+    new_holder = view.holder_ids[0]
+    assert kinds(coordinator.take_directives(new_holder)) == [HOLD]
+    assert kinds(coordinator.take_directives(admission.worker_id)) == [STREAM]
+    coordinator.heartbeat(0.6, new_holder, 1, evicted_request_ids=[admission.request_id, 999])
+    assert coordinator.monitor.request(admission.request_id).holder_ids == ()
+
+
+def test_when_no_worker_is_left_the_requests_are_lost_and_said_so():
+    coordinator = cluster(1, policy="S&R")
+    rid = coordinator.admit(0.0, [1], 2).request_id
+    outcome = coordinator.fail(1.0, [0], cause="test")
+    assert outcome.lost_request_ids == (rid,) and outcome.routes == ()
+    assert coordinator.tokens(rid) == ((), True, True)
+
+
+def test_restart_rebuild_attaches_holds_reported_before_their_request_and_releases_stale_ones():
+    coordinator = Coordinator(GatewayConfig(policy="LUMEN"), SECRET)
+    held = [HeldReport(7, 3, 12), HeldReport(8, 1, 5)]
+    coordinator.register(0.0, 1, budget_bytes=GIB, held=held, last_epoch=4)
+    assert coordinator.worker_epoch(1) == 5
+    running = [RunningReport(7, 3, (1,) * 12, (4, 4), 8, 8), RunningReport(8, 2, (1,) * 5, (), 8, 8)]
+    coordinator.register(0.0, 0, budget_bytes=GIB, running=running)
+    assert coordinator.monitor.request(7).durable_tokens == ((1, 12),)
+    assert coordinator.monitor.request(8).holder_ids == ()  # epoch 1 copy of an epoch 2 request
+    (release,) = coordinator.take_directives(1)
+    assert release.kind == RELEASE and release.request_id == 8
+    assert coordinator.admit(0.1, [1], 1).request_id == 9  # ids continue past the reported ones
+
+
+def test_a_recovering_worker_unknown_to_a_restarted_gateway_is_paired():
+    coordinator = cluster(2, policy="LUMEN")
+    registration = coordinator.register(0.0, 5, state="recovering", holder_address="h5")
+    assert coordinator.worker_state(5) == "recovering"
+    assert registration.assist is not None and registration.assist.survivor_id in (0, 1)
+
+
+def test_assist_report_and_switch_over_validation():
+    coordinator = cluster(2, policy="LUMEN")
+    coordinator.fail(0.0, [0], cause="test")
+    coordinator.register(1.0, 0, state="recovering")
+    with pytest.raises(ValueError, match="accepted must be <= proposed, got 5 > 4"):
+        coordinator.assist_report(1.1, 0, steps=1, proposed=4, accepted=5)
+    with pytest.raises(StaleEpochError, match="worker 0 epoch 1 is not a live incarnation"):
+        coordinator.model_loaded(2.0, 0, 1, GIB)
+    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -5"):
+        coordinator.model_loaded(2.0, 0, 2, -5)
+    with pytest.raises(TypeError, match="domain must be a str, got int"):
+        coordinator.model_loaded(2.0, 0, 2, GIB, 7)
+    assert coordinator.worker_state(0) == "recovering"
+    assert coordinator.model_loaded(2.0, 0, 2, GIB) == 1
+    with pytest.raises(ValueError, match="worker_id must be a recovering worker, got 0 \\(serving\\)"):
+        coordinator.model_loaded(2.0, 0, 2, GIB)
+    assert coordinator.assist_report(2.1, 0, steps=0, proposed=0, accepted=0) == 0
+
+
+def test_capabilities_per_shard_and_metrics():
+    coordinator = Coordinator(
+        GatewayConfig(policy="LUMEN", load_config=LoadConfig(kv_bytes_per_token=1024)), SECRET
+    )
+    for w in range(3):
+        coordinator.register(0.0, w, budget_bytes=GIB, num_shards=2)
+    admission = coordinator.admit(0.0, [1] * 100, 10)
+    run = coordinator.take_directives(admission.worker_id)[0]
+    assert run.kind == RUN
+    assert run.holders[0].capabilities == tuple(
+        issue_capability(SECRET, admission.request_id, s, 1) for s in (0, 1)
+    )
+    metrics = coordinator.metrics()
+    assert metrics.coverage == 0.0 and math.isnan(metrics.recovery_s) and metrics.num_failures == 0
+    coordinator.report_checkpoint(0.1, admission.placement.holder_ids[0], admission.request_id, 1, 90)
+    assert coordinator.metrics().coverage == 1.0  # 90 of 100 tokens: within the 16-token slack
+    coordinator.fail(1.0, [admission.worker_id], cause="test")
+    assert math.isnan(coordinator.metrics().recovery_s)  # the interrupted request has not resumed
+    target, epoch = coordinator.request_worker(admission.request_id)
+    coordinator.report_tokens(1.5, target, 1, admission.request_id, epoch, 0, [3])
+    metrics = coordinator.metrics()
+    assert metrics.recovery_s == pytest.approx(0.5) and metrics.replay_ttft_s == pytest.approx(0.5)
+    assert metrics.worker_state[admission.worker_id] == "failed"
+
+
+def test_a_reported_request_that_runs_elsewhere_is_cancelled_on_the_reporter():
+    coordinator = Coordinator(GatewayConfig(policy="FC"), SECRET)
+    coordinator.register(0.0, 0, budget_bytes=GIB, running=[RunningReport(4, 2, (1, 2), (3,), 8, 8)])
+    coordinator.register(0.0, 1, budget_bytes=GIB, running=[RunningReport(4, 1, (1, 2), (), 8, 8)])
+    assert coordinator.request_worker(4) == (0, 2)
+    (cancel,) = coordinator.take_directives(1)
+    assert cancel.kind == CANCEL and cancel.request_id == 4
+    assert coordinator.take_directives(0) == []
+
+
+def test_a_heartbeat_must_carry_the_registered_state():
+    coordinator = cluster(2, policy="LUMEN")
+    with pytest.raises(ValueError, match="state must be the registered state 'serving' .*, got 'recovering'"):
+        coordinator.heartbeat(0.1, 0, 1, state="recovering")
+    coordinator.fail(0.2, [0], cause="test")
+    coordinator.register(0.3, 0, state="recovering")
+    lease, _, k = coordinator.heartbeat(0.4, 0, 2, state="recovering", assist_steps=0)
+    assert not lease.fenced and k == 2
+
+
+def test_finished_requests_are_forgotten_after_the_retention_except_the_last_failures():
+    coordinator = cluster(2, policy="S&R", finished_retention_s=10.0)
+    first = coordinator.admit(0.0, [1], 2)
+    interrupted = coordinator.admit(0.0, [1], 2, worker_id=1)
+    coordinator.report_tokens(1.0, first.worker_id, 1, first.request_id, 1, 0, [4, 5], finished=True)
+    coordinator.fail(2.0, [1], cause="test")
+    target, epoch = coordinator.request_worker(interrupted.request_id)
+    coordinator.report_tokens(3.0, target, 1, interrupted.request_id, epoch, 0, [6, 7], finished=True)
+    assert coordinator.forget_finished(10.5) == 0
+    assert coordinator.forget_finished(11.5) == 1
+    with pytest.raises(IndexError, match=f"request_id {first.request_id} is not a known request"):
+        coordinator.tokens(first.request_id)
+    assert coordinator.tokens(interrupted.request_id)[0] == (6, 7)
+    assert coordinator.metrics().recovery_s == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="finished_retention_s must be a number > 0, got -1"):
+        GatewayConfig(finished_retention_s=-1)
+
+
+def test_holds_of_requests_nobody_reports_running_are_released_after_a_lease():
+    coordinator = Coordinator(GatewayConfig(policy="LUMEN", lease_s=2.0, heartbeat_s=0.5), SECRET)
+    coordinator.register(0.0, 1, budget_bytes=GIB, held=[HeldReport(7, 1, 12), HeldReport(8, 1, 3)])
+    coordinator.register(0.5, 0, budget_bytes=GIB, running=[RunningReport(7, 1, (1,) * 12, (), 8, 8)])
+    assert coordinator.monitor.request(7).durable_tokens == ((1, 12),)
+    assert coordinator.drop_orphaned_holds(1.9) == 0
+    assert coordinator.drop_orphaned_holds(2.1) == 1
+    (release,) = coordinator.take_directives(1)
+    assert (release.kind, release.request_id) == (RELEASE, 8)
+    coordinator.fail(3.0, [1], cause="test")
+    coordinator.register(3.5, 2, budget_bytes=GIB)
+    coordinator.register(3.5, 1, state="recovering", held=[HeldReport(7, 1, 12)])  # lost with its memory
+    assert coordinator.monitor.request(7).holder_ids == ()
+    assert RELEASE in kinds(coordinator.take_directives(1))
