@@ -12,12 +12,7 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass
-<<<<<<< HEAD
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-=======
-from typing import Any
->>>>>>> main
 
 import numpy as np
 
