@@ -102,7 +102,8 @@ def test_replicated_stream_is_durable_on_every_holder_and_released(
     holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
     a, b = holders(2)
-    streamer = make_streamer(max_queued_steps=64)  # no step dropped: every one is counted
+    # No step dropped (every one is counted); a generous ack timeout for a loaded machine.
+    streamer = make_streamer(max_queued_steps=64, ack_timeout_s=5.0)
     rids = [11, 12, 13, 14]
     for rid in rids:
         add(streamer, secret, rid, a.port, b.port)
@@ -184,7 +185,8 @@ def test_killed_holder_is_reported_and_replacement_restores_coverage(
     holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
     a, b, c = holders(3)
-    streamer = make_streamer(max_queued_steps=64)  # steps wait while A's failure is found
+    # Steps wait while A's failure is found; a generous ack timeout keeps a loaded B alive.
+    streamer = make_streamer(max_queued_steps=64, ack_timeout_s=5.0)
     rids = [31, 32, 33, 34]
     for rid in rids:
         add(streamer, secret, rid, a.port if rid % 2 else b.port)

@@ -21,7 +21,8 @@ from lumen_core.stream._common import (
     check_str,
     fingerprint_bytes,
 )
-from lumen_core.transport import CAPABILITY_BYTES, MIN_SECRET_BYTES, WireLimits
+from lumen_core.secret import check_secret
+from lumen_core.transport import CAPABILITY_BYTES, WireLimits
 
 __all__ = ["CheckpointStreamer", "ReplicaStats", "StreamStats"]
 
@@ -96,10 +97,7 @@ class CheckpointStreamer:
         limits: WireLimits = WireLimits(),
     ) -> None:
         self.layout = check_layout(layout)
-        if not isinstance(secret, (bytes, bytearray)):
-            raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
-        if len(secret) < MIN_SECRET_BYTES:
-            raise ValueError(f"secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
+        secret = check_secret(secret)
         self.model_fingerprint = check_str("model_fingerprint", model_fingerprint)
         self.shard = check_int("shard", shard, 0, U32_MAX)
         if not isinstance(tls, str):
@@ -111,7 +109,7 @@ class CheckpointStreamer:
         check_int("max_queued_steps", max_queued_steps, 1, 1 << 20)
         check_int("gather_threads", gather_threads, 1, 256)
         self._native = _native.require_ucx().Streamer(
-            secret=bytes(secret),
+            secret=secret,
             tls=tls,
             shard=self.shard,
             descriptors=layout.descriptors().numpy(),
