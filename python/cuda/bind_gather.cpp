@@ -37,6 +37,9 @@ void scatter(uintptr_t records, uintptr_t planes_host, uintptr_t planes_device, 
 }  // namespace
 
 void bind_gather_cuda(py::module_& m) {
+  py::enum_<lumen::MoveDirection>(m, "MoveDirection")
+      .value("gather", lumen::MoveDirection::kGather)
+      .value("scatter", lumen::MoveDirection::kScatter);
   py::enum_<lumen::RecordPlacement>(m, "RecordPlacement")
       .value("device", lumen::RecordPlacement::kDevice)
       .value("mapped_host", lumen::RecordPlacement::kMappedHost)
@@ -54,4 +57,19 @@ void bind_gather_cuda(py::module_& m) {
         py::arg("planes_device"), py::arg("num_planes"), py::arg("record_bytes"),
         py::arg("slot_ids"), py::arg("num_tokens"), py::arg("placement"), py::arg("staging"),
         py::arg("stream"), args_doc);
+  m.def(
+      "emulate_move_tokens_on_host",
+      [](uintptr_t records, uintptr_t planes, int num_planes, int64_t record_bytes,
+         uintptr_t slot_ids, int64_t num_tokens, lumen::MoveDirection direction,
+         int64_t num_blocks) {
+        py::gil_scoped_release release;
+        lumen::emulate_move_tokens_on_host(
+            reinterpret_cast<uint8_t*>(records),
+            reinterpret_cast<const lumen::PlaneDesc*>(planes), num_planes, record_bytes,
+            reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
+            direction, num_blocks);
+      },
+      py::arg("records"), py::arg("planes"), py::arg("num_planes"), py::arg("record_bytes"),
+      py::arg("slot_ids"), py::arg("num_tokens"), py::arg("direction"), py::arg("num_blocks"),
+      "The kernel's lane code run on the CPU over host memory (tests without a GPU).");
 }

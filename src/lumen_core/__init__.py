@@ -6,7 +6,6 @@ tokens for the busiest survivor while its model reloads. See README.md and DESIG
 """
 
 from lumen_core._native import BUILD_INFO, HAS_CUDA, HAS_UCX
-from lumen_core.ops import VerifyResult, verify_draft
 from lumen_core.policy import (
     AllToHolder,
     FixedNeighbour,
@@ -21,7 +20,38 @@ from lumen_core.policy import (
 
 __version__ = "0.1.0"
 
-__all__ = ["BUILD_INFO", "HAS_CUDA", "HAS_UCX", "__version__"]
+# The data-plane names need torch; they load on first use so that torch-free parts (policy,
+# sim) import without it.
+_LAZY = {
+    "KVLayout": "lumen_core.layouts",
+    "StagingPool": "lumen_core.staging",
+    "VerifyResult": "lumen_core.ops",
+    "checksum": "lumen_core.ops",
+    "gather_tokens": "lumen_core.ops",
+    "scatter_tokens": "lumen_core.ops",
+    "verify_draft": "lumen_core.ops",
+}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'lumen_core' has no attribute {name!r}")
+
+
+__all__ = [
+    "BUILD_INFO",
+    "HAS_CUDA",
+    "HAS_UCX",
+    "KVLayout",
+    "StagingPool",
+    "__version__",
+    "checksum",
+    "gather_tokens",
+    "scatter_tokens",
+]
 __all__ += [
     "AllToHolder",
     "FixedNeighbour",

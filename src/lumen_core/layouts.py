@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -112,7 +112,12 @@ class KVLayout:
             num_pieces, piece_elems = view.shape[2], view.shape[3]
             piece_bytes = piece_elems * item
             piece_stride = view.stride(2) * item
-            if num_pieces > 1 and piece_stride == piece_bytes:  # contiguous row: one piece
+            if num_pieces > 1 and piece_stride < piece_bytes:
+                raise ValueError(
+                    f"`{name}` must not overlap its pieces (stride {view.stride(2)} < {piece_elems} elements in "
+                    f"dimension 2), got strides {view.stride()}"
+                )
+            if num_pieces == 1 or piece_stride == piece_bytes:  # contiguous row: one piece
                 piece_bytes, piece_stride, merged = num_pieces * piece_bytes, num_pieces * piece_bytes, 1
             else:
                 merged = num_pieces
@@ -154,7 +159,8 @@ class KVLayout:
         """
         caches = _require_tensor_list(kv_caches, "kv_caches")
         axes = "2, num_blocks, block_size, num_kv_heads, head_dim"
-        planes, names = [], []
+        planes: list[torch.Tensor] = []
+        names: list[str] = []
         for i, cache in enumerate(caches):
             _require_shape(cache, f"kv_caches[{i}]", axes, {0: 2})
             planes += [cache[0], cache[1]]
@@ -186,7 +192,8 @@ class KVLayout:
         """
         caches = _require_tensor_list(kv_caches, "kv_caches")
         axes = "num_blocks, 2, block_size, num_kv_heads, head_dim"
-        planes, names = [], []
+        planes: list[torch.Tensor] = []
+        names: list[str] = []
         for i, cache in enumerate(caches):
             _require_shape(cache, f"kv_caches[{i}]", axes, {1: 2})
             planes += [cache[:, 0], cache[:, 1]]
@@ -271,7 +278,15 @@ class KVLayout:
         return cls(planes, kind="mla", names=names)
 
     @staticmethod
-    def _interleave_scales(planes, names, scales, axes, split, num_layers):  # type: ignore[no-untyped-def]
+    def _interleave_scales(
+        planes: list[torch.Tensor],
+        names: list[str],
+        scales: Sequence[torch.Tensor],
+        axes: str,
+        split: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+        num_layers: int,
+    ) -> tuple[list[torch.Tensor], list[str]]:
+        """Per layer: K, V, then the layer's K and V scale planes (split out of ``scales[i]``)."""
         scale_list = _require_tensor_list(scales, "scales")
         _same_length("scales", scale_list, "kv_caches", range(num_layers))
         merged, merged_names = [], []
@@ -342,7 +357,10 @@ class KVLayout:
     def device_descriptors(self) -> torch.Tensor:
         """The descriptors on the layout's CUDA device (copied once, then cached)."""
         if self._device_descriptors is None:
-            self._device_descriptors = self._descriptors.to(self._device)
+            descriptors = self._descriptors.to(self._device)
+            # Once per layout: make the copy visible to every stream that will read it.
+            torch.cuda.synchronize(self._device)
+            self._device_descriptors = descriptors
         return self._device_descriptors
 
     def _pack_descriptors(self) -> torch.Tensor:

@@ -80,7 +80,7 @@ def _check_layout(layout: object) -> KVLayout:
 
 
 def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torch.Tensor:
-    """Validated ids as a contiguous int64 tensor on the layout's device."""
+    """The ids, validated (convert them with _as_index)."""
     if not isinstance(slot_ids, torch.Tensor):
         raise TypeError(f"`slot_ids` must be a torch.Tensor, got {type(slot_ids).__name__}")
     if slot_ids.dtype not in (torch.int32, torch.int64):
@@ -88,16 +88,23 @@ def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torc
     if slot_ids.dim() != 1:
         raise ValueError(f"`slot_ids` must be 1-D, got shape {tuple(slot_ids.shape)}")
     if slot_ids.device.type != "cpu" and slot_ids.device != layout.device:
-        raise ValueError(f"`slot_ids` must be on the CPU or on {layout.device}, got {slot_ids.device}")
+        where = "the CPU" if layout.device.type == "cpu" else f"the CPU or {layout.device}"
+        raise ValueError(f"`slot_ids` must be on {where}, got {slot_ids.device}")
     if slot_ids.numel() > 0:
-        low, high = int(slot_ids.min()), int(slot_ids.max())
+        low, high = (int(v) for v in torch.aminmax(slot_ids))  # one device sync, not two
         if low < 0 or high >= layout.num_slots:
             bad = low if low < 0 else high
             raise IndexError(f"`slot_ids` must lie in [0, {layout.num_slots}), got {bad}")
-        if unique and torch.unique(slot_ids).numel() != slot_ids.numel():
+        if unique:
             repeats = slot_ids.numel() - torch.unique(slot_ids).numel()
-            raise ValueError(f"`slot_ids` must not repeat in a scatter, got {repeats} repeated ids")
-    return slot_ids.to(device=layout.device, dtype=torch.int64).contiguous()
+            if repeats:
+                raise ValueError(f"`slot_ids` must not repeat in a scatter, got {repeats} repeated ids")
+    return slot_ids
+
+
+def _as_index(slot_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Contiguous int64 ids on ``device`` (on a CUDA device: call under the op's stream)."""
+    return slot_ids.to(device=device, dtype=torch.int64).contiguous()
 
 
 def _check_records_shape(records: torch.Tensor, name: str, num_tokens: int, layout: KVLayout) -> None:
@@ -119,11 +126,22 @@ def _check_mode(mode: object, layout: KVLayout, records: torch.Tensor | None) ->
     return mode  # type: ignore[return-value]
 
 
+def _check_stream(stream: object, layout: KVLayout) -> None:
+    if stream is None:
+        return
+    if layout.device.type == "cpu":
+        raise ValueError(f"`stream` must be None for a CPU layout, got {type(stream).__name__}")
+    if not isinstance(stream, torch.cuda.Stream):
+        raise TypeError(f"`stream` must be a torch.cuda.Stream or None, got {type(stream).__name__}")
+    if stream.device != layout.device:
+        raise ValueError(f"`stream` must belong to {layout.device}, got a stream of {stream.device}")
+
+
 def _check_records_device(records: torch.Tensor, name: str, layout: KVLayout, mode: RecordMode | None) -> None:
     if mode is None or mode == "device":
         if records.device != layout.device:
             raise ValueError(f"`{name}` must be on {layout.device}, got {records.device}")
-    else:
+    elif records.numel() > 0:  # an empty tensor has no storage to pin; nothing is copied
         if records.device.type != "cpu" or not records.is_pinned():
             raise ValueError(f"`{name}` must be pinned CPU memory for mode {mode!r}, got {records.device} "
                              f"(pinned={records.device.type == 'cpu' and records.is_pinned()})")
@@ -135,7 +153,11 @@ def _cuda_move(direction: str, layout: KVLayout, ids: torch.Tensor, records: tor
     stream = torch.cuda.current_stream(layout.device) if stream is None else stream
     placement = {"device": cuda.RecordPlacement.device, "mapped": cuda.RecordPlacement.mapped_host,
                  "staged": cuda.RecordPlacement.staged_host}[mode]
-    with torch.cuda.stream(stream):
+    # The launch goes to the layout's device. Temporaries are allocated under `stream`, so the
+    # caching allocator does not hand their memory to other work before this stream's kernel
+    # and copies are done with it.
+    with torch.cuda.device(layout.device), torch.cuda.stream(stream):
+        ids = _as_index(ids, layout.device)
         staging = torch.empty_like(records, device=layout.device) if mode == "staged" else None
         move = cuda.gather_tokens if direction == "gather" else cuda.scatter_tokens
         move(records.data_ptr(), layout.descriptors().data_ptr(), layout.device_descriptors().data_ptr(),
@@ -172,9 +194,11 @@ def gather_tokens(
         ``slot_ids[t]`` (plane ``i`` at ``layout.planes[i].record_offset``).
 
     Raises:
-        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``out`` not tensors.
+        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``out`` not tensors, ``stream``
+            not a ``torch.cuda.Stream``.
         ValueError: wrong dtype, rank, shape, contiguity or device of ``slot_ids``/``out``;
-            ``out`` not pinned for a host mode; an unknown ``mode``.
+            ``out`` not pinned for a host mode; an unknown ``mode``; ``mode``/``stream`` given
+            for a CPU layout or a stream of another device.
         IndexError: a slot outside ``[0, layout.num_slots)``.
     """
     layout = _check_layout(layout)
@@ -184,6 +208,7 @@ def gather_tokens(
         _check_records_tensor(out, "out")
         _check_records_shape(out, "out", ids.numel(), layout)
     record_mode = _check_mode(mode, layout, out)
+    _check_stream(stream, layout)
     if out is None:
         shape = (ids.numel(), layout.record_bytes)
         if record_mode in ("mapped", "staged"):
@@ -194,6 +219,7 @@ def gather_tokens(
     if ids.numel() == 0:
         return out
     if record_mode is None:
+        ids = _as_index(ids, layout.device)
         _native.require_cpu().gather_tokens(
             out.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
             ids.data_ptr(), ids.numel(), threads,
@@ -223,8 +249,10 @@ def scatter_tokens(
         num_threads, mode, stream: as in gather_tokens.
 
     Raises:
-        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``records`` not tensors.
-        ValueError: wrong dtype, rank, shape, contiguity or device; repeated slot ids.
+        TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``records`` not tensors, ``stream``
+            not a ``torch.cuda.Stream``.
+        ValueError: wrong dtype, rank, shape, contiguity or device; repeated slot ids; as in
+            gather_tokens for ``mode`` and ``stream``.
         IndexError: a slot outside ``[0, layout.num_slots)``.
     """
     layout = _check_layout(layout)
@@ -233,10 +261,12 @@ def scatter_tokens(
     _check_records_tensor(records, "records")
     _check_records_shape(records, "records", ids.numel(), layout)
     record_mode = _check_mode(mode, layout, records)
+    _check_stream(stream, layout)
     _check_records_device(records, "records", layout, record_mode)
     if ids.numel() == 0:
         return
     if record_mode is None:
+        ids = _as_index(ids, layout.device)
         _native.require_cpu().scatter_tokens(
             records.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
             ids.data_ptr(), ids.numel(), threads,

@@ -9,6 +9,9 @@ run at full PCIe speed and the CUDA gather can write them directly.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from lumen_core import _native
@@ -114,6 +117,23 @@ class StagingPool:
             self._native.release(index)
         except ValueError as exc:
             raise ValueError(f"`buf` must be held, got buffer {index} which is already free") from exc
+
+    @contextlib.contextmanager
+    def borrow(self, timeout_s: float | None = None) -> Iterator[torch.Tensor]:
+        """``with pool.borrow() as buf:`` acquires a buffer and releases it on exit, also on
+        an exception.
+
+        Raises:
+            TimeoutError: no buffer became free within ``timeout_s``.
+            TypeError, ValueError: as ``acquire``.
+        """
+        buf = self.acquire(timeout_s)
+        if buf is None:
+            raise TimeoutError(f"no staging buffer became free within {timeout_s} s")
+        try:
+            yield buf
+        finally:
+            self.release(buf)
 
     def close(self) -> None:
         """Unpin the buffers (the memory itself lives while any tensor views it)."""

@@ -188,7 +188,7 @@ def test_slot_ids_rank(layout):
 
 
 def test_slot_ids_device(layout):
-    with pytest.raises(ValueError, match="`slot_ids` must be on the CPU or on cpu, got meta"):
+    with pytest.raises(ValueError, match="`slot_ids` must be on the CPU, got meta"):
         gather_tokens(layout, torch.zeros(2, dtype=torch.int64, device="meta"))
 
 
@@ -251,6 +251,11 @@ def test_records_rank(layout):
 def test_mode_on_cpu_layout(layout):
     with pytest.raises(ValueError, match="`mode` must be None for a CPU layout, got 'staged'"):
         gather_tokens(layout, torch.tensor([0]), mode="staged")
+
+
+def test_stream_on_cpu_layout(layout):
+    with pytest.raises(ValueError, match="`stream` must be None for a CPU layout, got object"):
+        gather_tokens(layout, torch.tensor([0]), stream=object())
 
 
 def test_num_threads(layout):

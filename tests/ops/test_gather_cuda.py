@@ -98,3 +98,9 @@ def test_out_of_range_ids_on_device_raise():
     layout = make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, device="cuda")
     with pytest.raises(IndexError, match=r"`slot_ids` must lie in \[0, 32\), got 32"):
         gather_tokens(layout, torch.tensor([1, 32], device="cuda"))
+
+
+def test_stream_type():
+    layout = make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, device="cuda")
+    with pytest.raises(TypeError, match="`stream` must be a torch.cuda.Stream or None, got int"):
+        gather_tokens(layout, torch.tensor([0]), stream=0)

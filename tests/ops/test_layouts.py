@@ -124,6 +124,18 @@ def test_plane_zero_stride():
         KVLayout([torch.zeros(1, 4, 1, 8).expand(3, 4, 1, 8)])
 
 
+def test_plane_overlapping_pieces():
+    base = torch.zeros(64)
+    with pytest.raises(ValueError, match=r"`planes\[0\]` must not overlap its pieces \(stride 4 < 8 elements"):
+        KVLayout([base.as_strided((1, 2, 3, 8), (32, 16, 4, 1))])
+
+
+def test_single_piece_stride_is_normalised():
+    # A size-1 piece dimension may carry any stride; the descriptor must not depend on it.
+    layout = KVLayout([torch.zeros(200).as_strided((2, 4, 1, 24), (96, 24, 7, 1))])
+    assert (layout.planes[0].num_pieces, layout.planes[0].piece_stride) == (1, 96)
+
+
 def test_names_length():
     with pytest.raises(ValueError, match=r"`names` must have one name per plane \(1\), got 2"):
         KVLayout([torch.zeros(1, 1, 1, 4)], names=["a", "b"])

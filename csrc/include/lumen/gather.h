@@ -14,7 +14,8 @@ struct CUstream_st;  // cudaStream_t without the CUDA headers
 namespace lumen {
 
 // Cheap re-checks of what Python validated. Inline so the CPU and the CUDA module share them.
-// std::invalid_argument: a malformed descriptor (non-positive sizes, a row outside the record).
+// std::invalid_argument: a malformed descriptor (non-positive sizes, a row of 2 GiB or more, a
+// row outside the record).
 inline void validate_planes(const PlaneDesc* planes, int num_planes, int64_t record_bytes) {
   if (num_planes < 1 || planes == nullptr || record_bytes < 1) {
     throw std::invalid_argument("planes: need at least one plane and record_bytes >= 1");
@@ -23,6 +24,7 @@ inline void validate_planes(const PlaneDesc* planes, int num_planes, int64_t rec
     const PlaneDesc& p = planes[i];
     if (p.base_address == 0 || p.num_slots < 0 || p.block_size < 1 || p.num_pieces < 1 ||
         p.piece_bytes < 1 || p.record_offset < 0 ||
+        plane_row_bytes(p) >= (int64_t{1} << 31) ||
         p.record_offset + plane_row_bytes(p) > record_bytes) {
       throw std::invalid_argument("planes: malformed descriptor of plane " + std::to_string(i));
     }
@@ -60,6 +62,8 @@ void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num
 // Name of the copy routine the CPU kernels dispatched to ("avx512", "avx2" or "memcpy").
 const char* cpu_copy_kind();
 
+enum class MoveDirection { kGather, kScatter };
+
 // Where the records of a CUDA gather/scatter live.
 enum class RecordPlacement {
   kDevice,      // device memory
@@ -82,5 +86,13 @@ void scatter_tokens_cuda(const uint8_t* records, const PlaneDesc* planes_host,
                          const int64_t* slot_ids_device, int64_t num_tokens,
                          RecordPlacement placement, uint8_t* staging_device,
                          CUstream_st* stream);
+
+// Runs the CUDA kernel's per-lane code on the CPU over host memory, lane by lane, for a grid
+// of num_blocks blocks (<= 0: the grid the launcher would use). Lets the kernel's index and
+// access-width logic be tested on machines without a GPU; not a fast path.
+void emulate_move_tokens_on_host(uint8_t* records, const PlaneDesc* planes, int num_planes,
+                                 int64_t record_bytes, const int64_t* slot_ids,
+                                 int64_t num_tokens, MoveDirection direction,
+                                 int64_t num_blocks);
 
 }  // namespace lumen

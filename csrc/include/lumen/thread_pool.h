@@ -1,12 +1,16 @@
 // A small persistent thread pool shared by the CPU kernels (gather, scatter, checksum).
 // Header-only so that every module linking a kernel source gets it without extra sources.
 // One job runs at a time (callers are serialised); the caller's thread is worker 0.
+// Fork-safe: a forked child starts with an empty pool (its parent's workers do not exist there).
 #pragma once
+#include <pthread.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <thread>
 #include <vector>
 
@@ -58,7 +62,23 @@ class ThreadPool {
   }
 
  private:
-  ThreadPool() = default;
+  ThreadPool() { pthread_atfork(nullptr, nullptr, [] { instance().reset_in_child(); }); }
+
+  // In a child after fork(): only the forking thread exists, and any lock may have been held by
+  // a thread that is gone. Start over with fresh primitives and no workers; the old thread
+  // handles are leaked on purpose (destroying a joinable std::thread would terminate).
+  void reset_in_child() {
+    new (&job_mutex_) std::mutex;
+    new (&mutex_) std::mutex;
+    new (&wake_) std::condition_variable;
+    new (&done_) std::condition_variable;
+    new std::vector<std::thread>(std::move(workers_));
+    workers_.clear();
+    job_ = nullptr;
+    job_workers_ = 0;
+    pending_ = 0;
+    stopping_ = false;
+  }
 
   void worker_loop(int index) {
     uint64_t seen = 0;
