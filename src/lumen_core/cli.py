@@ -1,5 +1,6 @@
 """The ``lumen`` command. Subcommands: ``sim`` (the cluster simulator's experiments),
-``gateway`` (the live control plane, ``gateway.command``)."""
+``gateway`` (the live control plane, ``gateway.command``), ``holder`` (a checkpoint holder: a
+HolderStore behind a transport server)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,49 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _holder(args: argparse.Namespace) -> int:
+    """Serves until SIGTERM/SIGINT. Prints one JSON line {"address", "port"} when listening;
+    on stdin, a line "stats" is answered with a JSON line of the store's and server's stats."""
+    import select
+    import signal
+
+    from lumen_core.stream import EvictionPolicy, HolderStore
+    from lumen_core.transport import read_secret_file
+
+    store = HolderStore(args.budget_bytes, eviction=EvictionPolicy[args.eviction.upper()])
+    server = store.serve(
+        read_secret_file(args.secret_file),
+        address=args.address,
+        port=args.port,
+        tls=args.tls,
+        verify_records=not args.no_verify_records,
+    )
+    stopping: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: stopping.append(signum))
+    print(json.dumps({"address": args.address, "port": server.port}), flush=True)
+    reading = True
+    last_sweep = time.monotonic()
+    try:
+        while not stopping:
+            if reading:
+                ready, _, _ = select.select([sys.stdin], [], [], 1.0)
+                if ready:
+                    line = sys.stdin.readline()
+                    if not line:
+                        reading = False
+                    elif line.strip() == "stats":
+                        print(json.dumps({"store": store.stats(), "server": server.stats()}), flush=True)
+            else:
+                time.sleep(1.0)
+            if time.monotonic() - last_sweep >= 1.0:
+                store.expire_idle(args.idle_expiry_s)
+                last_sweep = time.monotonic()
+    finally:
+        server.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from lumen_core.gateway.command import add_gateway_parser
     from lumen_core.policy.presets import POLICY_NAMES
@@ -99,6 +143,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sim.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     sim.set_defaults(func=_sim)
+    holder = commands.add_parser("holder", help="serve a checkpoint holder (HolderStore) on UCX")
+    holder.add_argument("--port", type=int, default=0, help="listen port (0: any free port)")
+    holder.add_argument("--address", default="127.0.0.1", help="listen address (loopback default)")
+    holder.add_argument("--budget-bytes", type=int, required=True, help="byte budget of the store")
+    holder.add_argument("--secret-file", required=True, help="cluster secret, a 0600 file")
+    holder.add_argument(
+        "--eviction", default="shortest_prefix", choices=("shortest_prefix", "lru", "none")
+    )
+    holder.add_argument("--idle-expiry-s", type=float, default=600.0, help="expire idle checkpoints")
+    holder.add_argument("--tls", default="", help="UCX_TLS of the server ('' leaves UCX's choice)")
+    holder.add_argument("--no-verify-records", action="store_true", help="skip crc checks on receipt")
+    holder.set_defaults(func=_holder)
     add_gateway_parser(commands)
     return parser
 
@@ -111,6 +167,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--workers must be >= 2, got {args.workers}")
         if args.rate <= 0:
             parser.error(f"--rate must be > 0, got {args.rate}")
+    if args.command == "holder":
+        if not 0 <= args.port <= 65535:
+            parser.error(f"--port must be in [0, 65535], got {args.port}")
+        if args.budget_bytes < 0:
+            parser.error(f"--budget-bytes must be >= 0, got {args.budget_bytes}")
+        if args.idle_expiry_s <= 0:
+            parser.error(f"--idle-expiry-s must be > 0, got {args.idle_expiry_s}")
     return int(args.func(args))
 
 

@@ -1,0 +1,278 @@
+"""Checkpoint streaming versus decode latency (DESIGN.md 3.3, 3.4).
+
+A decode loop on the CPU stands in for the GPU: each step does real matmul work on one thread
+(calibrated to --step-ms, never a sleep) and writes one new token of KV per running request
+into a 32-layer, 8-head, 128-dim bf16 vLLM flash cache (128 KiB token records). It runs with
+streaming off, then on (a CheckpointStreamer saving every step to a `lumen holder` process on
+loopback), interleaved, at each request count. With two or more cores the decode thread is
+pinned to core 0 and the data plane (streamer thread, its UCX progress thread, the holder
+process) to core 1. Reported: p50 and p99 step-latency ratio (on / off), the stream bandwidth
+achieved (bytes acknowledged durable per second), and the restore of 4096 tokens from a
+HolderStore in host memory with verification (fingerprints, token ids, crc32c) and scatter
+into a cache, against a one-thread memcpy of the same bytes.
+
+    python bench/stream_vs_decode.py [--requests 64 256] [--steps 40] [--json PATH] [--quick]
+
+JSON rows: case (request count, or "4096 tokens"), metric, value, ratio:
+step_latency_p50_ratio / step_latency_p99_ratio (value: on-latency ms, ratio: on / off),
+stream_gb_per_s (value: GB/s acked, ratio: acked over produced bytes per second),
+restore_vs_memcpy (value: restore GB/s, ratio: restore / memcpy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from lumen_core import _native
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import checksum, gather_tokens, scatter_tokens
+from lumen_core.stream import CheckpointStreamer, HolderStore, RestoreStatus, fingerprint_bytes
+from lumen_core.transport import Client, issue_capability
+
+LAYERS, HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
+MODEL = "bench-model"
+MATMUL = 512
+
+
+def make_layout(num_slots: int, layers: int) -> KVLayout:
+    blocks = -(-num_slots // BLOCK_SIZE)
+    # zeros: every page is touched before timing
+    return KVLayout.vllm_flash(
+        [torch.zeros(2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(layers)]
+    )
+
+
+def pin(cores: set[int]) -> None:
+    if len(os.sched_getaffinity(0)) >= 2:
+        os.sched_setaffinity(0, cores)
+
+
+class Decode:
+    """One decode step: `reps` [512, 512] float32 matmuls (one thread) and the new KV rows."""
+
+    def __init__(self, layout: KVLayout, num_requests: int, steps: int, step_ms: float) -> None:
+        self.layout = layout
+        self.num_requests = num_requests
+        self.steps = steps
+        gen = torch.Generator().manual_seed(0)
+        self.rows = torch.randint(0, 256, (num_requests, layout.record_bytes), dtype=torch.uint8, generator=gen)
+        self.a = torch.randn(MATMUL, MATMUL, generator=gen)
+        self.b = torch.randn(MATMUL, MATMUL, generator=gen)
+        self.reps = 1
+        self.reps = self._calibrate(step_ms)
+
+    def slots(self, position: int) -> torch.Tensor:
+        return torch.arange(self.num_requests, dtype=torch.int64) * self.steps + position
+
+    def step(self, position: int) -> torch.Tensor:
+        c = self.a
+        for _ in range(self.reps):
+            c = torch.mm(c, self.b)
+            c = c * (1.0 / MATMUL**0.5)
+        slots = self.slots(position)
+        scatter_tokens(self.layout, slots, self.rows, num_threads=1)
+        return slots
+
+    def _calibrate(self, step_ms: float) -> int:
+        t0 = time.perf_counter()
+        self.step(0)
+        base = time.perf_counter() - t0
+        reps = 20
+        t0 = time.perf_counter()
+        for _ in range(3):
+            c = self.a
+            for _ in range(reps):
+                c = torch.mm(c, self.b) * 1.0
+        per_rep = (time.perf_counter() - t0) / (3 * reps)
+        return max(1, round((step_ms / 1000 - base) / per_rep))
+
+
+def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, secret: bytes,
+        port: int) -> tuple[list[float], float, int]:
+    """Latencies (s) of decode.steps steps; with a streamer also the seconds until every
+    append was acknowledged and the bytes acknowledged."""
+    rids = np.arange(request_base, request_base + decode.num_requests, dtype=np.uint64)
+    if streamer is not None:
+        for rid in rids:
+            streamer.add_request(int(rid), [("127.0.0.1", port)], issue_capability(secret, int(rid), 0, 0))
+        acked_before = streamer.stats().counters["bytes_acked"]
+    token_ids = np.zeros(decode.num_requests, dtype=np.uint32)
+    latencies = []
+    start = time.perf_counter()
+    for position in range(decode.steps):
+        t0 = time.perf_counter()
+        slots = decode.step(position)
+        if streamer is not None:
+            positions = np.full(decode.num_requests, position, dtype=np.uint64)
+            streamer.save_step(rids, positions, slots.numpy(), token_ids + position)
+        latencies.append(time.perf_counter() - t0)
+    if streamer is None:
+        return latencies, 0.0, 0
+    streamer.flush(timeout_s=60)
+    elapsed = time.perf_counter() - start
+    stats = streamer.stats()
+    acked = stats.counters["bytes_acked"] - acked_before
+    for rid in rids:
+        streamer.wait_for_save(int(rid))
+        streamer.release(int(rid))
+    streamer.flush(timeout_s=60)
+    return latencies, elapsed, acked
+
+
+def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> None:
+    """Correctness before timing: 8 requests x 20 tokens streamed, flushed, read back exact."""
+    gen = torch.Generator().manual_seed(1)
+    slots = torch.arange(160, dtype=torch.int64)
+    scatter_tokens(layout, slots, torch.randint(0, 256, (160, layout.record_bytes), dtype=torch.uint8, generator=gen))
+    with CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=tls) as streamer:
+        for r in range(8):
+            streamer.add_request(r, [("127.0.0.1", port)], issue_capability(secret, r, 0, 0))
+        ids = np.repeat(np.arange(8, dtype=np.uint64), 20)
+        pos = np.tile(np.arange(20, dtype=np.uint64), 8)
+        streamer.save_step(ids, pos, slots.numpy(), np.zeros(160, dtype=np.uint32))
+        assert streamer.flush(timeout_s=30) and streamer.stats().coverage == 1.0
+        with Client("127.0.0.1", port, secret, tls=tls) as client:
+            for r in range(8):
+                got = client.read(r, 0, 0, 0, 20, layout.record_bytes, issue_capability(secret, r, 0, 0))
+                assert np.array_equal(got.records, gather_tokens(layout, slots[r * 20 : (r + 1) * 20]).numpy())
+        for r in range(8):
+            streamer.release(r)
+        streamer.flush(timeout_s=30)
+
+
+def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str) -> tuple[float, float]:
+    """(restore GB/s with verification, memcpy GB/s) for num_tokens records."""
+    source = make_layout(num_tokens, layers)
+    gen = torch.Generator().manual_seed(2)
+    slots = torch.arange(num_tokens, dtype=torch.int64)
+    for start in range(0, num_tokens, 256):
+        chunk = slots[start : start + 256]
+        scatter_tokens(source, chunk, torch.randint(0, 256, (len(chunk), source.record_bytes), dtype=torch.uint8, generator=gen))
+    secret = os.urandom(32)
+    store = HolderStore()
+    fp = fingerprint_bytes(source, MODEL)
+    tokens = np.arange(num_tokens, dtype=np.uint32)
+    cap = issue_capability(secret, 1, 0, 0)
+    with store.serve(secret, tls=tls) as server, Client("127.0.0.1", server.port, secret, tls=tls) as client:
+        client.open(1, 0, 0, source.record_bytes, fp[:32], fp[32:], cap)
+        for start in range(0, num_tokens, 256):
+            records = gather_tokens(source, slots[start : start + 256])
+            client.append(1, 0, 0, start, tokens[start : start + 256], checksum(records).numpy(),
+                          records.numpy(), cap, timeout_s=60)
+        target = make_layout(num_tokens, layers)
+        order = torch.randperm(num_tokens, generator=gen)  # other slots than the source's
+        result = store.restore(1, target, order, token_ids=tokens, model_fingerprint=MODEL)
+        assert result.status is RestoreStatus.COMPLETE and result.restored_tokens == num_tokens
+        for start in range(0, num_tokens, 512):
+            assert torch.equal(gather_tokens(target, order[start : start + 512]),
+                               gather_tokens(source, slots[start : start + 512]))
+        total = num_tokens * source.record_bytes
+        best_restore = min(_timed(lambda: store.restore(1, target, order, token_ids=tokens,
+                                                         model_fingerprint=MODEL))
+                           for _ in range(repeats))
+    del source
+    src = torch.empty(total, dtype=torch.uint8).fill_(1)
+    dst = torch.empty(total, dtype=torch.uint8).fill_(0)
+    copy = _native.require_cpu().copy_bytes
+    best_copy = min(_timed(lambda: copy(dst.data_ptr(), src.data_ptr(), total, 1)) for _ in range(repeats))
+    return total / best_restore / 1e9, total / best_copy / 1e9
+
+
+def _timed(fn: object) -> float:
+    t0 = time.perf_counter()
+    fn()  # type: ignore[operator]
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--step-ms", type=float, default=50.0)
+    parser.add_argument("--repeats", type=int, default=2, help="off/on pairs per request count")
+    parser.add_argument("--restore-tokens", type=int, default=4096)
+    parser.add_argument("--tls", default="sm,tcp", help="UCX_TLS of the holder and the streamer")
+    parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--quick", action="store_true", help="4 layers, 16 requests, 10 steps, 256 tokens")
+    args = parser.parse_args()
+    layers = LAYERS
+    if args.quick:
+        layers, args.requests, args.steps, args.restore_tokens, args.repeats = 4, [16], 10, 256, 1
+    torch.set_num_threads(1)
+    rows: list[dict[str, object]] = []
+    secret = os.urandom(32)
+    with tempfile.TemporaryDirectory() as tmp:
+        secret_file = Path(tmp) / "secret"
+        secret_file.write_bytes(secret)
+        secret_file.chmod(0o600)
+        data_core = {1} if len(os.sched_getaffinity(0)) >= 2 else None
+        holder = subprocess.Popen(
+            [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0", "--budget-bytes",
+             str(64 << 30), "--secret-file", str(secret_file), "--tls", args.tls],
+            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, data_core)) if data_core else None,
+        )
+        try:
+            assert holder.stdout is not None
+            port = json.loads(holder.stdout.readline())["port"]
+            for num_requests in args.requests:
+                layout = make_layout(num_requests * args.steps, layers)
+                check_stream_once(layout, secret, port, args.tls)
+                pin({1})  # the streamer's threads inherit the data-plane core
+                streamer = CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=args.tls,
+                                              staging_buffers=4, staging_bytes=max(64 << 20, 2 * num_requests * layout.record_bytes))
+                pin({0})
+                decode = Decode(layout, num_requests, args.steps, args.step_ms)
+                off: list[float] = []
+                on: list[float] = []
+                elapsed = 0.0
+                acked = 0
+                for r in range(args.repeats):
+                    off += run(decode, None, 0, secret, port)[0]
+                    lat, el, ac = run(decode, streamer, (r + 1) << 32, secret, port)
+                    on += lat
+                    elapsed += el
+                    acked += ac
+                counters = streamer.stats().counters
+                streamer.close()
+                pin({0, 1})
+                produced = args.repeats * args.steps * num_requests * (layout.record_bytes + 8)
+                p50 = (np.percentile(on, 50), np.percentile(off, 50))
+                p99 = (np.percentile(on, 99), np.percentile(off, 99))
+                gbps = acked / elapsed / 1e9
+                demand = produced / (sum(on) if on else 1) / 1e9
+                case = f"{num_requests} requests"
+                rows += [
+                    {"case": case, "metric": "step_latency_p50_ratio", "value": p50[0] * 1e3, "ratio": p50[0] / p50[1]},
+                    {"case": case, "metric": "step_latency_p99_ratio", "value": p99[0] * 1e3, "ratio": p99[0] / p99[1]},
+                    {"case": case, "metric": "stream_gb_per_s", "value": gbps, "ratio": gbps / demand},
+                ]
+                print(f"{case}: off p50 {p50[1]*1e3:.1f} ms p99 {p99[1]*1e3:.1f} ms | on p50 {p50[0]*1e3:.1f} ms "
+                      f"p99 {p99[0]*1e3:.1f} ms | p50 ratio {p50[0]/p50[1]:.3f} p99 ratio {p99[0]/p99[1]:.3f} | "
+                      f"stream {gbps:.2f} GB/s acked (produced {demand:.2f} GB/s) | dropped steps "
+                      f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']}", flush=True)
+                del layout, decode
+        finally:
+            holder.terminate()
+            holder.wait(timeout=30)
+    restore, memcpy = bench_restore(args.restore_tokens, layers, 3, args.tls)
+    rows.append({"case": f"{args.restore_tokens} tokens", "metric": "restore_vs_memcpy", "value": restore, "ratio": restore / memcpy})
+    print(f"restore {args.restore_tokens} tokens with verification: {restore:.2f} GB/s, memcpy "
+          f"{memcpy:.2f} GB/s, ratio {restore / memcpy:.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

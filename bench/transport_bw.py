@@ -1,0 +1,191 @@
+"""Transport-only bandwidth of lumen_core.transport against `ucx_perftest -t tag_bw`.
+
+Both run between two processes on loopback at the same message size and UCX_TLS, in the same
+run. Ours: a Server process (MemorySink; crc check on receipt off for the transport-only case,
+on for the "+verify" case) and a Client streaming prepared appends of [n, 32 KiB] records with
+`--window` appends in flight, in rounds of open / appends / release so the server's memory
+stays bounded. GB/s counts message payload bytes (records + token ids + crcs) per second.
+
+    python bench/transport_bw.py [--json PATH] [--sizes-mib 1 8] [--tls tcp sm] [--repeats 3]
+
+`sm` means UCX_TLS=sm,tcp for ours (the client-server connection is established over tcp;
+bulk data then moves over the shared-memory lanes UCX picks) and UCX_TLS=sm,self for
+ucx_perftest (which exchanges addresses out of band). Rows: case, metric
+(`bulk_vs_ucx_perftest`), value (our GB/s), ratio (ours / ucx_perftest), plus the baseline
+and the transports UCX chose. Target ratio >= 0.8.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+RECORD_BYTES = 32768
+TLS_OURS = {"tcp": "tcp", "sm": "sm,tcp"}
+TLS_PERFTEST = {"tcp": "tcp", "sm": "sm,self"}
+
+
+def _libucx_dir() -> Path:
+    import libucx
+
+    return Path(libucx.__file__).parent
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def perftest_gb_per_s(tls: str, size: int, iterations: int) -> float:
+    """ucx_perftest tag_bw between two processes; bytes/s from its overall message rate."""
+    root = _libucx_dir()
+    env = dict(os.environ, UCX_TLS=tls, LD_LIBRARY_PATH=str(root / "lib"))
+    binary = str(root / "bin" / "ucx_perftest")
+    port = _free_port()
+    server = subprocess.Popen([binary, "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        out = subprocess.run(
+            [binary, "127.0.0.1", "-p", str(port), "-t", "tag_bw", "-s", str(size), "-n",
+             str(iterations), "-w", str(max(iterations // 10, 4)), "-f"],
+            env=env, capture_output=True, text=True, timeout=120, check=True,
+        ).stdout
+    finally:
+        server.wait(timeout=30)
+    # The final row: iterations, 50%ile, avg, overall overhead; avg, overall MB/s; avg,
+    # overall msg/s. The overall message rate times the size is unambiguous bytes/s.
+    rows = [line.split() for line in out.splitlines() if re.match(r"^\s*Final:|^\s*\d", line)]
+    numbers = [float(x) for x in rows[-1] if re.match(r"^[\d.]+$", x)]
+    return numbers[-1] * size / 1e9
+
+
+def _serve(tls: str, secret_file: str, verify: bool) -> None:
+    from lumen_core.transport import Server, read_secret_file
+
+    with Server(read_secret_file(secret_file), tls=tls, verify_records=verify) as server:
+        print(server.port, flush=True)
+        sys.stdin.read()  # until the parent closes stdin
+
+
+def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, verify: bool,
+                  secret: bytes, secret_file: str) -> tuple[float, list[tuple[str, str]]]:
+    import torch
+
+    from lumen_core import ops
+    from lumen_core.transport import Client, issue_capability
+
+    server = subprocess.Popen(
+        [sys.executable, __file__, "--serve", tls, secret_file] + (["--verify"] if verify else []),
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(server.stdout.readline())
+        num_tokens = size // RECORD_BYTES
+        rng = np.random.default_rng(size)
+        records = rng.integers(0, 256, (num_tokens, RECORD_BYTES), dtype=np.uint8)
+        crcs = ops.checksum(torch.from_numpy(records)).numpy().astype(np.uint32)
+        token_ids = np.arange(num_tokens, dtype=np.uint32)
+        fingerprint = bytes(32)
+        per_round = max(min(16, iterations), window)
+        with Client("127.0.0.1", port, secret, tls=tls) as client:
+            transports = client.transports()
+
+            def run_round(request_id: int, count: int, check: bool) -> None:
+                cap = issue_capability(secret, request_id, 0, 1)
+                client.open(request_id, 0, 1, RECORD_BYTES, fingerprint, fingerprint, cap)
+                ops_in_flight = []
+                for i in range(count):
+                    ops_in_flight.append(client.start_append(
+                        request_id, 0, 1, i * num_tokens, token_ids, crcs, records, cap))
+                    if len(ops_in_flight) >= window:
+                        client.wait(ops_in_flight.pop(0), timeout_s=60.0)
+                for op in ops_in_flight:
+                    client.wait(op, timeout_s=60.0)
+                if check:  # correctness once, before timing
+                    got = client.read(request_id, 0, 1, (count - 1) * num_tokens, num_tokens,
+                                      RECORD_BYTES, cap)
+                    assert np.array_equal(got.records, records), "round trip is not bit-exact"
+                    assert np.array_equal(got.crcs, crcs)
+                client.release(request_id, 0, 1, cap)
+
+            run_round(1, per_round, check=True)  # warm-up (and the server's heap)
+            done = 0
+            start = time.perf_counter()
+            request_id = 2
+            while done < iterations:
+                count = min(per_round, iterations - done)
+                run_round(request_id, count, check=False)
+                done += count
+                request_id += 1
+            elapsed = time.perf_counter() - start
+        payload = num_tokens * (RECORD_BYTES + 8)
+        return iterations * payload / elapsed / 1e9, transports
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        _serve(sys.argv[2], sys.argv[3], "--verify" in sys.argv)
+        return
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write result rows here")
+    parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--tls", nargs="+", default=["tcp", "sm"], choices=sorted(TLS_OURS))
+    parser.add_argument("--total-mib", type=int, default=1024, help="bytes moved per case")
+    parser.add_argument("--window", type=int, default=4, help="appends in flight")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (best of)")
+    args = parser.parse_args()
+
+    secret = os.urandom(32)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        secret_file = os.path.join(tmp, "secret")
+        Path(secret_file).write_bytes(secret)
+        os.chmod(secret_file, 0o600)
+        for tls in args.tls:
+            for size_mib in args.sizes_mib:
+                size = size_mib << 20
+                iterations = max(args.total_mib // size_mib, 16)
+                # Interleaved repeats, best of each: the machine is shared and noisy, and a
+                # slow repeat says more about the neighbours than about either transport.
+                baseline = 0.0
+                ours = {False: 0.0, True: 0.0}
+                transports: list[tuple[str, str]] = []
+                for _ in range(args.repeats):
+                    baseline = max(baseline, perftest_gb_per_s(TLS_PERFTEST[tls], size,
+                                                               iterations))
+                    for verify in (False, True):
+                        value, transports = ours_gb_per_s(TLS_OURS[tls], size, iterations,
+                                                          args.window, verify, secret,
+                                                          secret_file)
+                        ours[verify] = max(ours[verify], value)
+                for verify in (False, True):
+                    row = {
+                        "case": f"{tls}/{size_mib}MiB" + ("/verify" if verify else ""),
+                        "metric": "bulk_vs_ucx_perftest",
+                        "value": round(ours[verify], 3),
+                        "ratio": round(ours[verify] / baseline, 3),
+                        "baseline_gb_per_s": round(baseline, 3),
+                        "transports": sorted({f"{t}/{d}" if d else t for t, d in transports}),
+                    }
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,450 @@
+// HolderStore: the budgeted, contiguous record store of a holder (lumen/holder/holder_store.h).
+#include "lumen/holder/holder_store.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "lumen/checksum.h"
+#include "lumen/gather.h"
+#include "lumen/holder/verify_scatter.h"
+
+namespace lumen::holder {
+
+using transport::AppendOutcome;
+using transport::AppendTarget;
+using transport::kFingerprintBytes;
+using transport::Status;
+using transport::WireHeader;
+
+namespace {
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+}  // namespace
+
+HolderStore::HolderStore(const HolderOptions& options) : options_(options) {
+  stats_.budget_bytes = options.budget_bytes;
+}
+
+std::unique_ptr<uint8_t[]> HolderStore::take_buffer(uint64_t bytes) {
+  auto it = spare_.find(bytes);
+  if (it == spare_.end() || it->second.empty()) {
+    return std::unique_ptr<uint8_t[]>(new uint8_t[bytes]);  // uninitialised: received over
+  }
+  std::unique_ptr<uint8_t[]> buffer = std::move(it->second.back());
+  it->second.pop_back();
+  spare_bytes_ -= bytes;
+  return buffer;
+}
+
+void HolderStore::give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer) {
+  if (spare_bytes_ + bytes > kMaxSpareBytes) return;  // freed here
+  spare_bytes_ += bytes;
+  spare_[bytes].push_back(std::move(buffer));
+}
+
+bool HolderStore::make_room(uint64_t bytes, const Key& keep) {
+  const uint64_t budget = options_.budget_bytes;
+  auto free_bytes = [&] { return charged_bytes_ >= budget ? 0 : budget - charged_bytes_; };
+  if (free_bytes() >= bytes) return true;
+  if (options_.policy == EvictionPolicy::kNone) return false;
+  // A victim holds records, has nothing in flight and is not the checkpoint being grown.
+  auto evictable = [&](const Key& key, const Checkpoint& c) {
+    return !(key == keep) && c.durable_tokens > 0 && c.pending.empty();
+  };
+  uint64_t reclaimable = 0;
+  for (const auto& [key, c] : checkpoints_) {
+    if (evictable(key, c)) reclaimable += c.charged_bytes;
+  }
+  if (free_bytes() + reclaimable < bytes) return false;  // evict nothing in vain
+  while (free_bytes() < bytes) {
+    auto victim = checkpoints_.end();
+    for (auto it = checkpoints_.begin(); it != checkpoints_.end(); ++it) {
+      if (!evictable(it->first, it->second)) continue;
+      if (victim == checkpoints_.end()) {
+        victim = it;
+        continue;
+      }
+      const Checkpoint& a = it->second;
+      const Checkpoint& b = victim->second;
+      const bool better =
+          options_.policy == EvictionPolicy::kLru
+              ? a.last_access_ns < b.last_access_ns
+              : (a.durable_tokens < b.durable_tokens ||
+                 (a.durable_tokens == b.durable_tokens && a.last_access_ns < b.last_access_ns));
+      if (better) victim = it;
+    }
+    ++stats_.evictions;
+    stats_.evicted_tokens += victim->second.durable_tokens;
+    drop(victim);
+  }
+  return true;
+}
+
+bool HolderStore::charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens) {
+  const uint64_t need = std::max(tokens, checkpoint->reserved_tokens) *
+                        token_bytes(checkpoint->record_bytes);
+  if (need <= checkpoint->charged_bytes) return true;
+  const uint64_t delta = need - checkpoint->charged_bytes;
+  if (!make_room(delta, key)) return false;
+  charged_bytes_ += delta;
+  checkpoint->charged_bytes = need;
+  return true;
+}
+
+void HolderStore::drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it) {
+  charged_bytes_ -= it->second.charged_bytes;
+  checkpoints_.erase(it);
+}
+
+void HolderStore::grow(Checkpoint* checkpoint, uint64_t tokens) {
+  if (tokens <= checkpoint->capacity_tokens) return;
+  const uint64_t capacity =
+      std::max({tokens, 2 * checkpoint->capacity_tokens, checkpoint->reserved_tokens});
+  const uint64_t record_bytes = checkpoint->record_bytes;
+  std::unique_ptr<uint8_t[]> records(new uint8_t[capacity * record_bytes]);
+  if (checkpoint->durable_tokens > 0) {
+    std::memcpy(records.get(), checkpoint->records.get(),
+                checkpoint->durable_tokens * record_bytes);
+  }
+  checkpoint->records = std::move(records);
+  checkpoint->capacity_tokens = capacity;
+  checkpoint->token_ids.reserve(capacity);
+  checkpoint->crcs.reserve(capacity);
+}
+
+bool HolderStore::advance_epoch(Checkpoint* checkpoint, uint32_t epoch,
+                                std::vector<AppendOutcome>* outcomes) {
+  if (epoch < checkpoint->epoch) return false;
+  if (epoch > checkpoint->epoch) {
+    abort_pending(checkpoint, Status::kStaleEpoch, outcomes);
+    checkpoint->epoch = epoch;
+  }
+  return true;
+}
+
+void HolderStore::abort_pending(Checkpoint* checkpoint, Status status,
+                                std::vector<AppendOutcome>* outcomes) {
+  for (Pending& pending : checkpoint->pending) {
+    ticket_keys_.erase(pending.ticket);
+    if (!pending.received) orphans_.emplace(pending.ticket, std::move(pending.payload));
+    outcomes->push_back({pending.ticket, status, checkpoint->durable_tokens});
+  }
+  checkpoint->pending.clear();
+  checkpoint->next_pos = checkpoint->durable_tokens;
+}
+
+Status HolderStore::open(const WireHeader& h, const uint8_t* fingerprints,
+                         uint64_t* durable_tokens, std::vector<AppendOutcome>* outcomes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Key key{h.request_id, h.shard};
+  Checkpoint& checkpoint = checkpoints_[key];  // a reservation, or a new entry
+  checkpoint.last_access_ns = now_ns();
+  if (!checkpoint.opened) {
+    checkpoint.request_id = h.request_id;
+    checkpoint.shard = h.shard;
+    checkpoint.opened = true;
+    checkpoint.epoch = h.epoch;
+    checkpoint.fingerprints.assign(fingerprints, fingerprints + 2 * kFingerprintBytes);
+    if (checkpoint.record_bytes != h.record_bytes) {
+      // A reservation made for another record size is re-charged at this one.
+      const uint64_t reserved = checkpoint.reserved_tokens;
+      charged_bytes_ -= checkpoint.charged_bytes;
+      checkpoint.charged_bytes = 0;
+      checkpoint.record_bytes = h.record_bytes;
+      checkpoint.reserved_tokens = 0;
+      checkpoint.reserved_tokens = charge(key, &checkpoint, reserved) ? reserved : 0;
+    }
+    *durable_tokens = 0;
+    return Status::kOk;
+  }
+  if (h.epoch < checkpoint.epoch) return Status::kStaleEpoch;
+  if (h.record_bytes != checkpoint.record_bytes ||
+      std::memcmp(fingerprints, checkpoint.fingerprints.data(), 2 * kFingerprintBytes) != 0) {
+    ++stats_.conflicts;
+    return Status::kConflict;
+  }
+  advance_epoch(&checkpoint, h.epoch, outcomes);
+  *durable_tokens = checkpoint.durable_tokens;
+  return Status::kOk;
+}
+
+Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Key key{h.request_id, h.shard};
+  auto it = checkpoints_.find(key);
+  if (it == checkpoints_.end() || !it->second.opened) return Status::kRejected;
+  Checkpoint& checkpoint = it->second;
+  if (h.epoch < checkpoint.epoch) return Status::kStaleEpoch;
+  if (h.epoch > checkpoint.epoch) return Status::kRejected;
+  if (h.record_bytes != checkpoint.record_bytes) return Status::kRejected;
+  if (h.start_pos > checkpoint.next_pos) {
+    ++stats_.gaps_refused;
+    return Status::kRejected;
+  }
+  const uint64_t end = std::max(checkpoint.next_pos, h.start_pos + h.num_tokens);
+  if (!charge(key, &checkpoint, end)) {
+    ++stats_.appends_refused_budget;
+    return Status::kRejected;
+  }
+  checkpoint.last_access_ns = now_ns();
+  Pending pending;
+  pending.ticket = next_ticket_++;
+  pending.start_pos = h.start_pos;
+  pending.num_tokens = h.num_tokens;
+  pending.payload_bytes = h.payload_bytes;
+  pending.payload = take_buffer(h.payload_bytes);
+  target->ticket = pending.ticket;
+  target->token_ids = reinterpret_cast<uint32_t*>(pending.payload.get());
+  target->crcs = target->token_ids + h.num_tokens;
+  target->records = pending.payload.get() + 8ull * h.num_tokens;
+  checkpoint.next_pos = end;
+  checkpoint.pending.push_back(std::move(pending));
+  ticket_keys_.emplace(target->ticket, key);
+  return Status::kOk;
+}
+
+Status HolderStore::commit(Checkpoint* checkpoint, Pending* pending) {
+  const uint32_t n = pending->num_tokens;
+  const auto* token_ids = reinterpret_cast<const uint32_t*>(pending->payload.get());
+  const uint32_t* crcs = token_ids + n;
+  const uint8_t* records = pending->payload.get() + 8ull * n;
+  const uint64_t start = pending->start_pos;
+  const uint64_t end = start + n;
+  const uint64_t overlap_end = std::min(end, checkpoint->durable_tokens);
+  for (uint64_t pos = start; pos < overlap_end; ++pos) {
+    if (checkpoint->crcs[pos] != crcs[pos - start] ||
+        checkpoint->token_ids[pos] != token_ids[pos - start]) {
+      ++stats_.conflicts;
+      return Status::kConflict;
+    }
+  }
+  if (end > checkpoint->durable_tokens) {
+    const uint64_t skip = checkpoint->durable_tokens - start;
+    const uint64_t keep = end - checkpoint->durable_tokens;
+    const uint64_t record_bytes = checkpoint->record_bytes;
+    grow(checkpoint, end);
+    std::memcpy(checkpoint->records.get() + checkpoint->durable_tokens * record_bytes,
+                records + skip * record_bytes, keep * record_bytes);
+    checkpoint->token_ids.insert(checkpoint->token_ids.end(), token_ids + skip, token_ids + n);
+    checkpoint->crcs.insert(checkpoint->crcs.end(), crcs + skip, crcs + n);
+    checkpoint->durable_tokens = end;
+    stats_.tokens_committed += keep;
+  }
+  return Status::kOk;
+}
+
+void HolderStore::finish_append(uint64_t ticket, bool received_ok,
+                                std::vector<AppendOutcome>* outcomes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (orphans_.erase(ticket) > 0) return;  // aborted while in flight: already reported
+  auto key_it = ticket_keys_.find(ticket);
+  if (key_it == ticket_keys_.end()) return;
+  Checkpoint& checkpoint = checkpoints_.find(key_it->second)->second;
+  for (Pending& pending : checkpoint.pending) {
+    if (pending.ticket == ticket) {
+      pending.received = true;
+      pending.ok = received_ok;
+    }
+  }
+  while (!checkpoint.pending.empty() && checkpoint.pending.front().received) {
+    Pending pending = std::move(checkpoint.pending.front());
+    checkpoint.pending.pop_front();
+    ticket_keys_.erase(pending.ticket);
+    const Status status = pending.ok ? commit(&checkpoint, &pending) : Status::kAborted;
+    give_buffer(pending.payload_bytes, std::move(pending.payload));
+    outcomes->push_back({pending.ticket, status, checkpoint.durable_tokens});
+    // Later appends of this checkpoint were sent after the failed one: they cannot land.
+    if (status != Status::kOk) abort_pending(&checkpoint, Status::kAborted, outcomes);
+  }
+}
+
+Status HolderStore::release(const WireHeader& h, std::vector<AppendOutcome>* outcomes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = checkpoints_.find({h.request_id, h.shard});
+  if (it == checkpoints_.end() || !it->second.opened) return Status::kRejected;
+  if (h.epoch < it->second.epoch) return Status::kStaleEpoch;
+  if (h.epoch > it->second.epoch) return Status::kRejected;
+  abort_pending(&it->second, Status::kAborted, outcomes);
+  ++stats_.releases;
+  drop(it);
+  return Status::kOk;
+}
+
+Status HolderStore::read(const WireHeader& h, transport::ReadResult* result,
+                         std::vector<AppendOutcome>* outcomes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = checkpoints_.find({h.request_id, h.shard});
+  if (it == checkpoints_.end() || !it->second.opened) return Status::kRejected;
+  Checkpoint& checkpoint = it->second;
+  if (!advance_epoch(&checkpoint, h.epoch, outcomes)) return Status::kStaleEpoch;
+  checkpoint.last_access_ns = now_ns();
+  const uint64_t start = std::min(h.start_pos, checkpoint.durable_tokens);
+  const uint64_t n = std::min<uint64_t>(h.num_tokens, checkpoint.durable_tokens - start);
+  const uint64_t record_bytes = checkpoint.record_bytes;
+  auto payload =
+      std::make_shared<std::vector<uint8_t>>(2 * kFingerprintBytes + n * (8 + record_bytes));
+  uint8_t* out = payload->data();
+  std::memcpy(out, checkpoint.fingerprints.data(), 2 * kFingerprintBytes);
+  auto* tokens = reinterpret_cast<uint32_t*>(out + 2 * kFingerprintBytes);
+  if (n > 0) {
+    std::memcpy(tokens, checkpoint.token_ids.data() + start, n * 4);
+    std::memcpy(tokens + n, checkpoint.crcs.data() + start, n * 4);
+    std::memcpy(tokens + 2 * n, checkpoint.records.get() + start * record_bytes,
+                n * record_bytes);
+  }
+  result->start_pos = start;
+  result->num_tokens = static_cast<uint32_t>(n);
+  result->record_bytes = checkpoint.record_bytes;
+  result->durable_tokens = checkpoint.durable_tokens;
+  result->payload = std::move(payload);
+  return Status::kOk;
+}
+
+bool HolderStore::reserve(uint64_t request_id, uint32_t shard, uint64_t num_tokens,
+                          uint32_t record_bytes) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Key key{request_id, shard};
+  auto it = checkpoints_.find(key);
+  const bool fresh = it == checkpoints_.end();
+  Checkpoint scratch;
+  Checkpoint& checkpoint = fresh ? scratch : it->second;
+  if (fresh) {
+    checkpoint.request_id = request_id;
+    checkpoint.shard = shard;
+    checkpoint.record_bytes = record_bytes;
+    checkpoint.last_access_ns = now_ns();
+  }
+  const uint64_t previous = checkpoint.reserved_tokens;
+  checkpoint.reserved_tokens = std::max(previous, num_tokens);
+  if (!charge(key, &checkpoint, checkpoint.next_pos)) {
+    checkpoint.reserved_tokens = previous;
+    ++stats_.reservations_refused;
+    return false;
+  }
+  if (fresh) checkpoints_.emplace(key, std::move(scratch));
+  ++stats_.reservations;
+  return true;
+}
+
+uint64_t HolderStore::expire(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t dropped = 0;
+  for (auto it = checkpoints_.begin(); it != checkpoints_.end();) {
+    auto next = std::next(it);
+    if (it->first.request_id == request_id && it->second.pending.empty()) {
+      drop(it);
+      ++dropped;
+    }
+    it = next;
+  }
+  stats_.expirations += dropped;
+  return dropped;
+}
+
+uint64_t HolderStore::expire_idle(double max_idle_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t now = now_ns();
+  const auto max_idle_ns = static_cast<uint64_t>(max_idle_s * 1e9);
+  uint64_t dropped = 0;
+  for (auto it = checkpoints_.begin(); it != checkpoints_.end();) {
+    auto next = std::next(it);
+    if (it->second.pending.empty() && now - it->second.last_access_ns > max_idle_ns) {
+      drop(it);
+      ++dropped;
+    }
+    it = next;
+  }
+  stats_.expirations += dropped;
+  return dropped;
+}
+
+HolderStats HolderStore::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  HolderStats stats = stats_;
+  stats.checkpoints = checkpoints_.size();
+  stats.bytes_charged = charged_bytes_;
+  for (const auto& [key, c] : checkpoints_) {
+    stats.tokens_held += c.durable_tokens;
+    stats.bytes_held += c.durable_tokens * token_bytes(c.record_bytes);
+  }
+  return stats;
+}
+
+std::vector<CheckpointInfo> HolderStore::checkpoints() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<CheckpointInfo> out;
+  out.reserve(checkpoints_.size());
+  for (const auto& [key, c] : checkpoints_) {
+    out.push_back({c.request_id, c.shard, c.epoch, c.record_bytes, c.opened, c.durable_tokens,
+                   c.reserved_tokens, c.fingerprints});
+  }
+  return out;
+}
+
+RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
+                                        const uint8_t* fingerprints,
+                                        const uint32_t* expected_token_ids,
+                                        uint64_t num_expected, const PlaneDesc* planes,
+                                        int num_planes, const int64_t* slot_ids,
+                                        uint64_t num_slots) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  RestoreReport report;
+  auto it = checkpoints_.find({request_id, shard});
+  if (it == checkpoints_.end() || !it->second.opened) return report;  // kMissing
+  Checkpoint& checkpoint = it->second;
+  checkpoint.last_access_ns = now_ns();
+  report.durable_tokens = checkpoint.durable_tokens;
+  if (std::memcmp(fingerprints, checkpoint.fingerprints.data(), 2 * kFingerprintBytes) != 0) {
+    report.status = RestoreStatus::kFingerprintMismatch;
+    return report;
+  }
+  const uint64_t record_bytes = checkpoint.record_bytes;
+  const uint64_t n = std::min({checkpoint.durable_tokens, num_expected, num_slots});
+  report.status = RestoreStatus::kComplete;
+  const uint8_t* records = checkpoint.records.get();
+  const std::vector<int> order =
+      fused_plane_order(planes, num_planes, static_cast<int64_t>(record_bytes));
+  uint64_t done = 0;
+  while (done < n && report.status == RestoreStatus::kComplete) {
+    // A group of up to three tokens whose ids match; their slots are written while their
+    // crcs are computed, and the restored prefix ends before the first that fails.
+    uint64_t end = std::min(n, done + 3);
+    for (uint64_t i = done; i < end; ++i) {
+      if (checkpoint.token_ids[i] != expected_token_ids[i]) {
+        report.status = RestoreStatus::kTokenMismatch;
+        end = i;
+      }
+    }
+    const int count = static_cast<int>(end - done);
+    if (count == 0) break;
+    uint32_t crcs[3];
+    if (!order.empty()) {
+      const uint8_t* group[3] = {};
+      for (int t = 0; t < count; ++t) group[t] = records + (done + t) * record_bytes;
+      scatter_with_crc(group, slot_ids + done, count, planes, order, crcs);
+    } else {
+      for (int t = 0; t < count; ++t) {
+        crcs[t] = crc32c(records + (done + t) * record_bytes, record_bytes);
+      }
+      scatter_tokens_cpu(records + done * record_bytes, planes, num_planes,
+                         static_cast<int64_t>(record_bytes), slot_ids + done, count, 1);
+    }
+    for (int t = 0; t < count; ++t) {
+      if (crcs[t] != checkpoint.crcs[done]) {
+        report.status = RestoreStatus::kCrcMismatch;
+        break;
+      }
+      ++done;
+    }
+  }
+  report.restored_tokens = done;
+  return report;
+}
+
+}  // namespace lumen::holder

@@ -1,0 +1,182 @@
+// The holder's store (DESIGN.md 3.4): each (request, shard)'s token records kept contiguous in
+// host memory with their token ids and crcs, under a byte budget. It is the RecordSink a
+// transport Server writes into (appends in position order, overlaps checked against stored
+// crcs, gaps refused, epochs fencing old writers) and the source of verified restores.
+// Thread-safe: the server's progress thread and Python callers share one mutex.
+#pragma once
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "lumen/slot_index.h"
+#include "lumen/transport/sink.h"
+
+namespace lumen::holder {
+
+enum class EvictionPolicy : int { kShortestPrefix = 0, kLru = 1, kNone = 2 };
+
+struct HolderOptions {
+  uint64_t budget_bytes = UINT64_MAX;
+  EvictionPolicy policy = EvictionPolicy::kShortestPrefix;
+};
+
+// Counters; every refusal, eviction and expiry is visible here.
+struct HolderStats {
+  uint64_t checkpoints = 0;
+  uint64_t budget_bytes = 0;
+  uint64_t bytes_charged = 0;   // sum over checkpoints of max(reserved, held) bytes
+  uint64_t bytes_held = 0;      // durable record, token id and crc bytes
+  uint64_t tokens_held = 0;
+  uint64_t reservations = 0;
+  uint64_t reservations_refused = 0;
+  uint64_t appends_refused_budget = 0;
+  uint64_t gaps_refused = 0;
+  uint64_t conflicts = 0;
+  uint64_t evictions = 0;
+  uint64_t evicted_tokens = 0;
+  uint64_t expirations = 0;
+  uint64_t releases = 0;
+  uint64_t tokens_committed = 0;
+};
+
+struct CheckpointInfo {
+  uint64_t request_id = 0;
+  uint32_t shard = 0;
+  uint32_t epoch = 0;
+  uint32_t record_bytes = 0;
+  bool opened = false;
+  uint64_t durable_tokens = 0;
+  uint64_t reserved_tokens = 0;
+  std::vector<uint8_t> fingerprints;  // layout then model, 2 * kFingerprintBytes (once opened)
+};
+
+// Why a restore stopped where it did.
+enum class RestoreStatus : int {
+  kComplete = 0,             // every durable token (up to the expected ones) restored
+  kMissing = 1,              // no such checkpoint (never opened, released, evicted, expired)
+  kFingerprintMismatch = 2,  // another layout or model: nothing restored
+  kTokenMismatch = 3,        // a stored token id differs from the expected one
+  kCrcMismatch = 4,          // a stored record no longer matches its crc
+};
+
+struct RestoreReport {
+  RestoreStatus status = RestoreStatus::kMissing;
+  uint64_t restored_tokens = 0;  // verified prefix written into the slots
+  uint64_t durable_tokens = 0;   // what the holder had
+};
+
+class HolderStore final : public transport::RecordSink {
+ public:
+  explicit HolderStore(const HolderOptions& options);
+
+  // RecordSink (lumen/transport/sink.h).
+  transport::Status open(const transport::WireHeader& header, const uint8_t* fingerprints,
+                         uint64_t* durable_tokens,
+                         std::vector<transport::AppendOutcome>* outcomes) override;
+  transport::Status begin_append(const transport::WireHeader& header,
+                                 transport::AppendTarget* target) override;
+  void finish_append(uint64_t ticket, bool received_ok,
+                     std::vector<transport::AppendOutcome>* outcomes) override;
+  transport::Status release(const transport::WireHeader& header,
+                            std::vector<transport::AppendOutcome>* outcomes) override;
+  transport::Status read(const transport::WireHeader& header, transport::ReadResult* result,
+                         std::vector<transport::AppendOutcome>* outcomes) override;
+
+  // Placement: charges (request_id, shard) for num_tokens records of record_bytes (raising an
+  // existing reservation, never lowering it), evicting by policy when the budget is short.
+  // False (counted) when the budget cannot make room.
+  bool reserve(uint64_t request_id, uint32_t shard, uint64_t num_tokens, uint32_t record_bytes);
+  // Drops every shard of request_id (its request is gone); number of checkpoints dropped.
+  uint64_t expire(uint64_t request_id);
+  // Drops checkpoints untouched for longer than max_idle_s with no append in flight.
+  uint64_t expire_idle(double max_idle_s);
+
+  HolderStats stats() const;
+  std::vector<CheckpointInfo> checkpoints() const;
+
+  // Verified restore into a KV cache: compares the stored fingerprints with `fingerprints`
+  // (2 * kFingerprintBytes), then walks the durable prefix in position order, stopping at the
+  // first token whose id differs from expected_token_ids[i] or whose record no longer matches
+  // its crc (or after num_expected / num_slots tokens), and scatters the verified prefix into
+  // slot_ids (records are verified while they are written: up to two slots after the prefix
+  // may have been written too; the caller re-prefills them). planes: the cache
+  // (lumen/slot_index.h), already validated by the caller.
+  RestoreReport restore_into(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
+                             const uint32_t* expected_token_ids, uint64_t num_expected,
+                             const PlaneDesc* planes, int num_planes, const int64_t* slot_ids,
+                             uint64_t num_slots);
+
+ private:
+  struct Pending {
+    uint64_t ticket = 0;
+    uint64_t start_pos = 0;
+    uint32_t num_tokens = 0;
+    uint64_t payload_bytes = 0;
+    bool received = false;
+    bool ok = false;
+    std::unique_ptr<uint8_t[]> payload;  // token ids, crcs, records
+  };
+  struct Checkpoint {
+    uint64_t request_id = 0;
+    uint32_t shard = 0;
+    bool opened = false;
+    uint32_t epoch = 0;
+    uint32_t record_bytes = 0;
+    std::vector<uint8_t> fingerprints;
+    uint64_t durable_tokens = 0;
+    uint64_t next_pos = 0;  // end of what is durable or pending
+    uint64_t reserved_tokens = 0;
+    uint64_t charged_bytes = 0;
+    uint64_t capacity_tokens = 0;
+    std::unique_ptr<uint8_t[]> records;  // [capacity_tokens * record_bytes], contiguous
+    std::vector<uint32_t> token_ids;
+    std::vector<uint32_t> crcs;
+    std::deque<Pending> pending;
+    uint64_t last_access_ns = 0;
+  };
+  struct Key {
+    uint64_t request_id;
+    uint32_t shard;
+    bool operator==(const Key& other) const {
+      return request_id == other.request_id && shard == other.shard;
+    }
+  };
+  struct KeyHash {
+    size_t operator()(const Key& k) const {
+      return std::hash<uint64_t>()(k.request_id * 1000003ull + k.shard);
+    }
+  };
+
+  static uint64_t token_bytes(uint32_t record_bytes) { return uint64_t(record_bytes) + 8; }
+  // Sets checkpoint's charge to max(reserved, next_pos) tokens, evicting others if needed;
+  // false (nothing changed) when the budget cannot cover it.
+  bool charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens);
+  bool make_room(uint64_t bytes, const Key& keep);
+  void drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it);
+  transport::Status commit(Checkpoint* checkpoint, Pending* pending);
+  void grow(Checkpoint* checkpoint, uint64_t tokens);
+  void abort_pending(Checkpoint* checkpoint, transport::Status status,
+                     std::vector<transport::AppendOutcome>* outcomes);
+  bool advance_epoch(Checkpoint* checkpoint, uint32_t epoch,
+                     std::vector<transport::AppendOutcome>* outcomes);
+  std::unique_ptr<uint8_t[]> take_buffer(uint64_t bytes);
+  void give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer);
+
+  static constexpr uint64_t kMaxSpareBytes = 256ull << 20;
+
+  HolderOptions options_;
+  mutable std::mutex mutex_;
+  std::unordered_map<Key, Checkpoint, KeyHash> checkpoints_;
+  std::unordered_map<uint64_t, Key> ticket_keys_;
+  std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> orphans_;
+  std::unordered_map<uint64_t, std::vector<std::unique_ptr<uint8_t[]>>> spare_;
+  uint64_t spare_bytes_ = 0;
+  uint64_t next_ticket_ = 1;
+  uint64_t charged_bytes_ = 0;
+  HolderStats stats_;
+};
+
+}  // namespace lumen::holder

@@ -1,0 +1,182 @@
+// The engine side of checkpoint streaming (DESIGN.md 3.3): save_step() only records the
+// step's slots and enqueues it; a background thread gathers every new record of the step with
+// one gather_tokens call into a staging buffer, checksums them, and appends them to each
+// request's holders (replicas) over the transport. When the queue or the staging pool is full
+// or a holder is slow or gone, tokens are not sent (the request is stale from that position,
+// caught up on its next step when there is room) and the engine is never blocked.
+#pragma once
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "lumen/slot_index.h"
+#include "lumen/staging.h"
+#include "lumen/transport/auth.h"
+#include "lumen/transport/client.h"
+
+namespace lumen::holder {
+
+struct HolderAddress {
+  std::string address;
+  uint16_t port = 0;
+  bool operator==(const HolderAddress& other) const {
+    return address == other.address && port == other.port;
+  }
+};
+
+struct StreamerOptions {
+  std::string secret;
+  std::string tls;
+  uint32_t shard = 0;
+  std::vector<PlaneDesc> planes;      // the engine's KV cache, validated by the caller
+  uint32_t record_bytes = 0;
+  std::vector<uint8_t> fingerprints;  // layout then model, 2 * kFingerprintBytes
+  int64_t staging_buffers = 4;
+  int64_t staging_bytes = 64 << 20;
+  int64_t max_queued_steps = 8;
+  double ack_timeout_s = 2.0;
+  double connect_timeout_s = 2.0;
+  int gather_threads = 1;
+  transport::WireLimits limits;
+};
+
+struct StreamerStats {
+  uint64_t steps_enqueued = 0;
+  uint64_t steps_dropped = 0;     // queue full: not enqueued
+  uint64_t tokens_saved = 0;
+  uint64_t tokens_dropped = 0;    // tokens of dropped steps
+  uint64_t tokens_deferred = 0;   // left for a later step: staging buffer full
+  uint64_t bytes_sent = 0;        // payload bytes of appends started
+  uint64_t bytes_acked = 0;       // payload bytes of appends acknowledged durable
+  uint64_t bytes_dropped = 0;     // record bytes of dropped and deferred tokens
+  uint64_t appends_started = 0;
+  uint64_t appends_failed = 0;
+  uint64_t holders_gone = 0;
+  uint64_t replicas_lost = 0;     // refused (evicted, conflict, stale epoch) by a live holder
+  uint64_t replacements = 0;
+  uint64_t releases_failed = 0;
+};
+
+struct ReplicaState {
+  HolderAddress holder;
+  uint64_t sent_tokens = 0;
+  uint64_t durable_tokens = 0;
+  bool live = false;  // holder reachable and the checkpoint not refused
+};
+
+struct RequestState {
+  uint64_t request_id = 0;
+  uint64_t saved_tokens = 0;
+  std::vector<ReplicaState> replicas;
+};
+
+class Streamer {
+ public:
+  // Throws std::invalid_argument for malformed options.
+  explicit Streamer(const StreamerOptions& options);
+  ~Streamer();
+  Streamer(const Streamer&) = delete;
+  Streamer& operator=(const Streamer&) = delete;
+
+  // Registers a request, its holders (replicas) and the capability of (request_id, shard,
+  // epoch); std::invalid_argument if it is already registered or has no holder.
+  void add_request(uint64_t request_id, const std::vector<HolderAddress>& holders,
+                   const transport::Mac& capability, uint32_t epoch);
+  // n tokens: request_ids[i] wrote position positions[i] (token token_ids[i]) into slot
+  // slot_ids[i]; a request's tokens are consecutive positions. Returns the step's fence (0 if
+  // the step was dropped). std::invalid_argument: unknown request, a gap, non-consecutive.
+  uint64_t save_step(const uint64_t* request_ids, const uint64_t* positions,
+                     const int64_t* slot_ids, const uint32_t* token_ids, size_t n);
+  // True once no queued step still has to read request_id's pages (false on timeout).
+  bool wait_for_save(uint64_t request_id, double timeout_s);
+  // True once the step of `fence` has been gathered.
+  bool wait_fence(uint64_t fence, double timeout_s);
+  // True once every queued step is sent and every append answered.
+  bool flush(double timeout_s);
+  // Forgets request_id and frees its checkpoints on its holders (in the background).
+  void release(uint64_t request_id);
+  // Moves every replica on `old_holder` to `new_holder`; the full saved prefix is re-streamed
+  // from the engine's cache with each request's next step. Returns the requests moved.
+  uint64_t replace_holder(const HolderAddress& old_holder, const HolderAddress& new_holder);
+
+  StreamerStats stats() const;
+  std::vector<RequestState> requests() const;
+  std::vector<HolderAddress> gone_holders() const;
+  void close();
+
+ private:
+  struct Holder {
+    HolderAddress address;
+    std::unique_ptr<transport::Client> client;  // streamer thread only
+    bool gone = false;
+    bool connect_tried = false;
+  };
+  struct Replica {
+    Holder* holder = nullptr;
+    bool opened = false;
+    bool lost = false;
+    uint64_t sent = 0;
+    uint64_t durable = 0;
+  };
+  struct Request {
+    transport::Mac capability{};
+    uint32_t epoch = 0;
+    std::vector<int64_t> slots;      // by position
+    std::vector<uint32_t> token_ids;
+    std::vector<Replica> replicas;
+    uint64_t queued_steps = 0;       // steps that still have to gather its pages
+  };
+  struct Work {
+    uint64_t fence = 0;                // a step (> 0) or a release (0)
+    std::vector<uint64_t> request_ids;
+    // a release: (holder, capability, epoch) of each replica of request_ids[0]
+    std::vector<std::pair<Holder*, std::pair<transport::Mac, uint32_t>>> releases;
+  };
+  struct Op {
+    Holder* holder = nullptr;
+    uint64_t request_id = 0;
+    uint64_t op_id = 0;
+    uint64_t end = 0;
+    uint64_t bytes = 0;
+  };
+  struct Batch {
+    int64_t buffer = -1;
+    std::vector<uint32_t> token_ids;
+    std::vector<uint32_t> crcs;
+    std::vector<Op> ops;
+  };
+
+  Holder* holder_for(const HolderAddress& address);  // mutex_ held
+  void run();
+  void process_step(const Work& work);
+  void process_release(const Work& work);
+  void open_replicas(const std::vector<uint64_t>& request_ids);
+  bool connect(Holder* holder);  // streamer thread
+  void reap_oldest();
+  void mark_gone(Holder* holder);  // mutex_ held
+  void done_gathering(const std::vector<uint64_t>& request_ids);
+
+  StreamerOptions options_;
+  StagingPool pool_;
+  std::deque<Batch> batches_;  // streamer thread only
+  std::vector<std::unique_ptr<Holder>> holders_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;     // work queued or stopping
+  std::condition_variable changed_;  // progress for the waits
+  std::deque<Work> queue_;
+  std::unordered_map<uint64_t, Request> requests_;
+  StreamerStats stats_;
+  uint64_t next_fence_ = 1;
+  uint64_t gathered_fence_ = 0;
+  bool busy_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace lumen::holder

@@ -1,0 +1,37 @@
+// Authentication of the data plane (DESIGN.md 3.3): HMAC-SHA256 (OpenSSL) challenge-response
+// on the cluster secret, and per-request capabilities HMAC(secret, request_id, shard, epoch).
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "lumen/transport/wire.h"
+
+namespace lumen::transport {
+
+using Mac = std::array<uint8_t, kMacBytes>;
+using Nonce = std::array<uint8_t, kNonceBytes>;
+
+// Secrets shorter than this are refused: there is no default secret.
+constexpr size_t kMinSecretBytes = 16;
+
+// Throws std::invalid_argument unless secret has at least kMinSecretBytes bytes.
+void check_secret(const std::string& secret);
+
+// A fresh random nonce (OpenSSL RAND_bytes); throws std::runtime_error if it fails.
+Nonce random_nonce();
+
+// HMAC-SHA256(secret, "lumen-cap-v1" || le64 request_id || le32 shard || le32 epoch).
+Mac issue_capability(const std::string& secret, uint64_t request_id, uint32_t shard,
+                     uint32_t epoch);
+
+// The proofs of the handshake: role is "client" or "server"; first and second are the nonces
+// in the order the role uses (client: server nonce then client nonce; server: the reverse).
+Mac handshake_mac(const std::string& secret, const char* role, const uint8_t* first,
+                  const uint8_t* second);
+
+// Constant-time comparison (CRYPTO_memcmp).
+bool mac_equal(const uint8_t* a, const uint8_t* b);
+
+}  // namespace lumen::transport

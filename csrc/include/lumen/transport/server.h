@@ -1,0 +1,115 @@
+// The receiving side of the data plane: a UCP listener whose connections must prove the
+// cluster secret, then open/append/release/read checkpoints held by a RecordSink. Appends are
+// received straight into the sink's buffers by the progress thread; no Python runs on it.
+#pragma once
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+
+#include "lumen/transport/auth.h"
+#include "lumen/transport/sink.h"
+#include "lumen/transport/wire.h"
+#include "lumen/transport/worker.h"
+
+namespace lumen::transport {
+
+struct ServerOptions {
+  std::string address = "127.0.0.1";
+  uint16_t port = 0;  // 0: any free port; port() tells which
+  std::string secret;
+  std::string tls;
+  WireLimits limits;
+  bool verify_records = true;  // recompute each record's crc32c on receipt
+};
+
+// Counters; every refusal and failure is visible here.
+struct ServerStats {
+  uint64_t connections_accepted = 0;
+  uint64_t connections_active = 0;
+  uint64_t handshakes_ok = 0;
+  uint64_t handshakes_failed = 0;
+  uint64_t malformed = 0;         // messages that failed validation (connection dropped)
+  uint64_t unauthenticated = 0;   // messages before the handshake (connection dropped)
+  uint64_t bad_capability = 0;
+  uint64_t stale_epoch = 0;
+  uint64_t rejected = 0;          // refused by the sink: not open, gap, unknown checkpoint
+  uint64_t conflicts = 0;
+  uint64_t crc_failures = 0;      // appends whose records did not match their crcs
+  uint64_t appends_committed = 0;
+  uint64_t appends_aborted = 0;   // failed in flight (peer gone) or after a failed append
+  uint64_t tokens_committed = 0;
+  uint64_t bytes_received = 0;    // payload bytes of committed appends
+  uint64_t opens = 0;
+  uint64_t releases = 0;
+  uint64_t reads = 0;
+};
+
+class Server {
+ public:
+  // Throws std::invalid_argument without a valid secret, std::runtime_error if UCX fails.
+  Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  uint16_t port() const { return port_; }
+  ServerStats stats() const;
+  void close();
+
+ private:
+  struct Conn {
+    uint64_t id = 0;
+    ucp_ep_h ep = nullptr;
+    Nonce nonce{};
+    bool authenticated = false;
+  };
+  // An accepted append; lives until it is settled and its receive (if any) has completed.
+  struct PendingAppend {
+    Server* server = nullptr;
+    uint64_t conn_id = 0;
+    WireHeader header;
+    AppendTarget target;
+    ucp_dt_iov_t iov[3];
+    Status failure = Status::kOk;  // why the payload did not arrive intact
+    bool receiving = false;        // UCX is still writing into target
+    bool settled = false;          // the sender has its answer
+  };
+
+  static void on_conn_request(ucp_conn_request_h request, void* arg);
+  static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t on_message(void* arg, const void* header, size_t header_length,
+                                 void* data, size_t length, const ucp_am_recv_param_t* param);
+  static void on_append_received(void* request, ucs_status_t status, size_t length,
+                                 void* user_data);
+
+  ucs_status_t handle(Conn* conn, const WireHeader& h, void* data, bool rndv);
+  void handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload);
+  ucs_status_t handle_append(Conn* conn, const WireHeader& h, void* data, bool rndv);
+  void complete_append(uint64_t ticket);
+  void settle(const std::vector<AppendOutcome>& outcomes);
+  void reply(Conn* conn, const WireHeader& request, MessageKind kind, Status status,
+             uint64_t durable_tokens);
+  void send(Conn* conn, const WireHeader& h, std::shared_ptr<const std::vector<uint8_t>> payload);
+  void drop(Conn* conn, bool force);
+  Conn* find(ucp_ep_h ep);
+  Conn* find(uint64_t conn_id);
+  void count_refusal(Status status);
+  void shutdown();
+
+  ServerOptions options_;
+  std::shared_ptr<RecordSink> sink_;
+  mutable Worker worker_;  // stats() hands a copy job to its thread
+  ucp_listener_h listener_ = nullptr;
+  uint16_t port_ = 0;
+  uint64_t next_conn_id_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
+  std::unordered_map<ucp_ep_h, uint64_t> conn_of_ep_;
+  std::map<uint64_t, std::unique_ptr<PendingAppend>> appends_;  // by sink ticket
+  std::atomic<int> closing_eps_{0};
+  ServerStats stats_;  // progress thread only; stats() copies it there
+};
+
+}  // namespace lumen::transport

@@ -1,0 +1,446 @@
+// Server: listener, handshake, capability and epoch checks, appends into a RecordSink
+// (lumen/transport/server.h). Everything below runs on the worker's progress thread except
+// the constructor's setup call, stats() and close().
+#include "lumen/transport/server.h"
+
+#include <netinet/in.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "lumen/checksum.h"
+#include "lumen/transport/error.h"
+
+namespace lumen::transport {
+namespace {
+
+// Context of one server send: keeps its payload alive until UCX is done with it.
+struct SendContext {
+  std::shared_ptr<const std::vector<uint8_t>> payload;
+};
+
+void on_send_done(void* request, ucs_status_t /*status*/, void* user_data) {
+  delete static_cast<SendContext*>(user_data);
+  ucp_request_free(request);
+}
+
+struct CloseContext {
+  std::atomic<int>* closing;
+};
+
+void on_close_done(void* request, ucs_status_t /*status*/, void* user_data) {
+  auto* context = static_cast<CloseContext*>(user_data);
+  context->closing->fetch_sub(1);
+  delete context;
+  ucp_request_free(request);
+}
+
+bool is_request(MessageKind kind) {
+  return kind == MessageKind::kOpen || kind == MessageKind::kAppend ||
+         kind == MessageKind::kRelease || kind == MessageKind::kRead;
+}
+
+}  // namespace
+
+Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
+    : options_(options), sink_(std::move(sink)), worker_(WorkerOptions{options.tls}) {
+  check_secret(options_.secret);
+  if (!sink_) throw std::invalid_argument("sink must be a RecordSink, got null");
+  socklen_t address_length = 0;
+  const sockaddr_storage address = resolve_address(options_.address, options_.port,
+                                                   &address_length);
+
+  ucp_am_handler_param_t handler{};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = kAmId;
+  handler.cb = &Server::on_message;
+  handler.arg = this;
+  ucs_status_t status = ucp_worker_set_am_recv_handler(worker_.handle(), &handler);
+  if (status != UCS_OK) throw_ucs("ucp_worker_set_am_recv_handler", status);
+
+  ucp_listener_params_t params{};
+  params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
+  params.sockaddr.addrlen = address_length;
+  params.conn_handler.cb = &Server::on_conn_request;
+  params.conn_handler.arg = this;
+  status = ucp_listener_create(worker_.handle(), &params, &listener_);
+  if (status != UCS_OK) {
+    throw_ucs("listen on " + options_.address + ":" + std::to_string(options_.port), status);
+  }
+  ucp_listener_attr_t attr{};
+  attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+  status = ucp_listener_query(listener_, &attr);
+  if (status != UCS_OK) {
+    ucp_listener_destroy(listener_);
+    throw_ucs("ucp_listener_query", status);
+  }
+  port_ = attr.sockaddr.ss_family == AF_INET6
+              ? ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port)
+              : ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  worker_.start([this] { shutdown(); }, [this] { return !appends_.empty(); });
+}
+
+Server::~Server() { close(); }
+
+void Server::close() { worker_.stop(); }
+
+ServerStats Server::stats() const {
+  ServerStats copy;
+  worker_.call([&] { copy = stats_; });
+  return copy;
+}
+
+void Server::shutdown() {
+  if (listener_ != nullptr) {
+    ucp_listener_destroy(listener_);
+    listener_ = nullptr;
+  }
+  std::vector<Conn*> open;
+  for (auto& [id, conn] : conns_) open.push_back(conn.get());
+  for (Conn* conn : open) drop(conn, /*force=*/true);
+  // Force-closed endpoints complete their receives with errors, which settles the appends.
+  worker_.progress_until([this] { return closing_eps_.load() == 0 && appends_.empty(); }, 5.0);
+}
+
+Server::Conn* Server::find(ucp_ep_h ep) {
+  auto it = conn_of_ep_.find(ep);
+  return it == conn_of_ep_.end() ? nullptr : find(it->second);
+}
+
+Server::Conn* Server::find(uint64_t conn_id) {
+  auto it = conns_.find(conn_id);
+  return it == conns_.end() ? nullptr : it->second.get();
+}
+
+void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
+  auto* self = static_cast<Server*>(arg);
+  auto conn = std::make_unique<Conn>();
+  conn->id = self->next_conn_id_++;
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                      UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  params.conn_request = request;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &Server::on_ep_error;
+  params.err_handler.arg = self;
+  if (ucp_ep_create(self->worker_.handle(), &params, &conn->ep) != UCS_OK) {
+    ucp_listener_reject(self->listener_, request);
+    return;
+  }
+  self->stats_.connections_accepted++;
+  self->stats_.connections_active++;
+  conn->nonce = random_nonce();
+  Conn* raw = conn.get();
+  self->conn_of_ep_[conn->ep] = conn->id;
+  self->conns_[conn->id] = std::move(conn);
+  WireHeader challenge;
+  challenge.kind = MessageKind::kChallenge;
+  challenge.payload_bytes = kNonceBytes;
+  self->send(raw, challenge,
+             std::make_shared<std::vector<uint8_t>>(raw->nonce.begin(), raw->nonce.end()));
+}
+
+void Server::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t /*status*/) {
+  auto* self = static_cast<Server*>(arg);
+  if (Conn* conn = self->find(ep)) self->drop(conn, /*force=*/true);
+}
+
+void Server::drop(Conn* conn, bool force) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.cb.send = &on_close_done;
+  param.user_data = new CloseContext{&closing_eps_};
+  closing_eps_.fetch_add(1);
+  ucs_status_ptr_t request = ucp_ep_close_nbx(conn->ep, &param);
+  if (!UCS_PTR_IS_PTR(request)) {
+    closing_eps_.fetch_sub(1);
+    delete static_cast<CloseContext*>(param.user_data);
+  }
+  stats_.connections_active--;
+  conn_of_ep_.erase(conn->ep);
+  conns_.erase(conn->id);
+}
+
+void Server::send(Conn* conn, const WireHeader& h,
+                  std::shared_ptr<const std::vector<uint8_t>> payload) {
+  uint8_t header[kHeaderBytes];
+  encode_header(header, h);
+  auto* context = new SendContext{std::move(payload)};
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER;
+  param.cb.send = &on_send_done;
+  param.user_data = context;
+  const void* data = context->payload ? context->payload->data() : nullptr;
+  const size_t size = context->payload ? context->payload->size() : 0;
+  ucs_status_ptr_t request = ucp_am_send_nbx(conn->ep, kAmId, header, kHeaderBytes, data, size,
+                                             &param);
+  // Done at once or failed (the endpoint's error handler drops the connection).
+  if (!UCS_PTR_IS_PTR(request)) delete context;
+}
+
+void Server::reply(Conn* conn, const WireHeader& request, MessageKind kind, Status status,
+                   uint64_t durable_tokens) {
+  if (conn == nullptr) return;
+  WireHeader h;
+  h.kind = kind;
+  h.request_id = request.request_id;
+  h.op_id = request.op_id;
+  h.shard = request.shard;
+  h.epoch = request.epoch;
+  h.start_pos = request.start_pos;
+  h.durable_tokens = durable_tokens;
+  h.status = status;
+  send(conn, h, nullptr);
+}
+
+void Server::count_refusal(Status status) {
+  switch (status) {
+    case Status::kStaleEpoch: stats_.stale_epoch++; break;
+    case Status::kConflict: stats_.conflicts++; break;
+    case Status::kAborted:
+    case Status::kPeerGone: stats_.appends_aborted++; break;
+    case Status::kMalformed: stats_.crc_failures++; break;
+    default: stats_.rejected++; break;
+  }
+}
+
+ucs_status_t Server::on_message(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<Server*>(arg);
+  Conn* conn = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? self->find(param->reply_ep)
+                                                                      : nullptr;
+  if (conn == nullptr) {
+    // Still in flight from a connection already dropped (and counted), or sent without a
+    // reply endpoint, which no client of ours does: drop it.
+    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) self->stats_.malformed++;
+    return UCS_OK;
+  }
+  WireHeader h;
+  std::string why;
+  if (!decode_header(&h, &why, header, header_length, length, self->options_.limits)) {
+    self->stats_.malformed++;
+    self->drop(conn, /*force=*/true);
+    return UCS_OK;
+  }
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  return self->handle(conn, h, data, rndv);
+}
+
+ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rndv) {
+  if (!conn->authenticated) {
+    if (h.kind != MessageKind::kAuth) {
+      stats_.unauthenticated++;
+      drop(conn, /*force=*/true);
+    } else if (rndv) {
+      stats_.malformed++;
+      drop(conn, /*force=*/true);
+    } else {
+      handle_auth(conn, h, static_cast<const uint8_t*>(data));
+    }
+    return UCS_OK;
+  }
+  if (!is_request(h.kind) || (rndv && h.kind != MessageKind::kAppend)) {
+    stats_.malformed++;
+    drop(conn, /*force=*/true);
+    return UCS_OK;
+  }
+  const Mac expected = issue_capability(options_.secret, h.request_id, h.shard, h.epoch);
+  if (!mac_equal(expected.data(), h.capability.data())) {
+    stats_.bad_capability++;
+    reply(conn, h, MessageKind::kError, Status::kRejected, 0);
+    return UCS_OK;  // drops an unreceived rendezvous payload
+  }
+  switch (h.kind) {
+    case MessageKind::kOpen: {
+      uint64_t durable = 0;
+      std::vector<AppendOutcome> fenced;
+      const Status status = sink_->open(h, static_cast<const uint8_t*>(data), &durable, &fenced);
+      settle(fenced);
+      if (status == Status::kOk) {
+        stats_.opens++;
+        reply(conn, h, MessageKind::kAck, status, durable);
+      } else {
+        count_refusal(status);
+        reply(conn, h, MessageKind::kError, status, 0);
+      }
+      return UCS_OK;
+    }
+    case MessageKind::kAppend: return handle_append(conn, h, data, rndv);
+    case MessageKind::kRelease: {
+      std::vector<AppendOutcome> outcomes;
+      const Status status = sink_->release(h, &outcomes);
+      settle(outcomes);
+      if (status == Status::kOk) {
+        stats_.releases++;
+        reply(conn, h, MessageKind::kAck, status, 0);
+      } else {
+        count_refusal(status);
+        reply(conn, h, MessageKind::kError, status, 0);
+      }
+      return UCS_OK;
+    }
+    case MessageKind::kRead: {
+      ReadResult result;
+      std::vector<AppendOutcome> fenced;
+      const Status status = sink_->read(h, &result, &fenced);
+      settle(fenced);
+      if (status != Status::kOk) {
+        count_refusal(status);
+        reply(conn, h, MessageKind::kError, status, 0);
+        return UCS_OK;
+      }
+      stats_.reads++;
+      WireHeader out;
+      out.kind = MessageKind::kReadData;
+      out.request_id = h.request_id;
+      out.op_id = h.op_id;
+      out.shard = h.shard;
+      out.epoch = h.epoch;
+      out.start_pos = result.start_pos;
+      out.num_tokens = result.num_tokens;
+      out.record_bytes = result.record_bytes;
+      out.durable_tokens = result.durable_tokens;
+      out.payload_bytes = result.payload->size();
+      send(conn, out, result.payload);
+      return UCS_OK;
+    }
+    default: return UCS_OK;  // unreachable: is_request() above
+  }
+}
+
+void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload) {
+  const uint8_t* client_nonce = payload;
+  const uint8_t* client_mac = payload + kNonceBytes;
+  const Mac expected = handshake_mac(options_.secret, "client", conn->nonce.data(), client_nonce);
+  if (!mac_equal(expected.data(), client_mac)) {
+    stats_.handshakes_failed++;
+    reply(conn, h, MessageKind::kError, Status::kRejected, 0);
+    drop(conn, /*force=*/false);  // flush: the refusal reaches the client first
+    return;
+  }
+  conn->authenticated = true;
+  stats_.handshakes_ok++;
+  const Mac proof = handshake_mac(options_.secret, "server", client_nonce, conn->nonce.data());
+  WireHeader ok;
+  ok.kind = MessageKind::kAuthOk;
+  ok.op_id = h.op_id;
+  ok.payload_bytes = kMacBytes;
+  send(conn, ok, std::make_shared<std::vector<uint8_t>>(proof.begin(), proof.end()));
+}
+
+ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, bool rndv) {
+  auto pending = std::make_unique<PendingAppend>();
+  const Status status = sink_->begin_append(h, &pending->target);
+  if (status != Status::kOk) {
+    count_refusal(status);
+    reply(conn, h, MessageKind::kError, status, 0);
+    return UCS_OK;
+  }
+  pending->server = this;
+  pending->conn_id = conn->id;
+  pending->header = h;
+  const uint64_t n = h.num_tokens;
+  pending->iov[0] = {pending->target.token_ids, 4 * n};
+  pending->iov[1] = {pending->target.crcs, 4 * n};
+  pending->iov[2] = {pending->target.records, n * h.record_bytes};
+  const uint64_t ticket = pending->target.ticket;
+  PendingAppend* raw = pending.get();
+  appends_[ticket] = std::move(pending);
+  if (!rndv) {  // eager: the payload is here, valid during this callback only
+    const auto* in = static_cast<const uint8_t*>(data);
+    for (const ucp_dt_iov_t& part : raw->iov) {
+      std::memcpy(part.buffer, in, part.length);
+      in += part.length;
+    }
+    complete_append(ticket);
+    return UCS_OK;
+  }
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                       UCP_OP_ATTR_FIELD_DATATYPE;
+  param.datatype = ucp_dt_make_iov();
+  param.cb.recv_am = &Server::on_append_received;
+  param.user_data = raw;
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_.handle(), data, raw->iov, 3, &param);
+  if (UCS_PTR_IS_ERR(request)) {
+    raw->failure = Status::kPeerGone;
+    complete_append(ticket);
+  } else if (request == nullptr) {
+    complete_append(ticket);
+  } else {
+    raw->receiving = true;
+  }
+  return UCS_INPROGRESS;
+}
+
+void Server::on_append_received(void* request, ucs_status_t status, size_t /*length*/,
+                                void* user_data) {
+  auto* pending = static_cast<PendingAppend*>(user_data);
+  Server* self = pending->server;
+  const uint64_t ticket = pending->target.ticket;
+  ucp_request_free(request);
+  pending->receiving = false;
+  if (status != UCS_OK && pending->failure == Status::kOk) pending->failure = Status::kPeerGone;
+  if (!pending->settled) {
+    self->complete_append(ticket);
+    return;
+  }
+  // Aborted while in flight (its answer is sent): let the sink free its buffers now.
+  std::vector<AppendOutcome> outcomes;
+  self->sink_->finish_append(ticket, /*received_ok=*/false, &outcomes);
+  self->appends_.erase(ticket);
+  self->settle(outcomes);
+}
+
+void Server::complete_append(uint64_t ticket) {
+  PendingAppend* pending = appends_.at(ticket).get();
+  const WireHeader& h = pending->header;
+  if (pending->failure == Status::kOk && options_.verify_records) {
+    const uint8_t* record = pending->target.records;
+    for (uint32_t i = 0; i < h.num_tokens; ++i, record += h.record_bytes) {
+      if (crc32c(record, h.record_bytes) != pending->target.crcs[i]) {
+        pending->failure = Status::kMalformed;
+        break;
+      }
+    }
+  }
+  std::vector<AppendOutcome> outcomes;
+  sink_->finish_append(ticket, pending->failure == Status::kOk, &outcomes);
+  settle(outcomes);
+}
+
+void Server::settle(const std::vector<AppendOutcome>& outcomes) {
+  for (const AppendOutcome& outcome : outcomes) {
+    auto it = appends_.find(outcome.ticket);
+    if (it == appends_.end() || it->second->settled) continue;
+    PendingAppend* pending = it->second.get();
+    // The append that failed says why; those aborted behind it say kAborted.
+    const Status status = outcome.status == Status::kAborted && pending->failure != Status::kOk
+                              ? pending->failure
+                              : outcome.status;
+    if (status == Status::kOk) {
+      stats_.appends_committed++;
+      stats_.tokens_committed += pending->header.num_tokens;
+      stats_.bytes_received += pending->header.payload_bytes;
+      reply(find(pending->conn_id), pending->header, MessageKind::kAck, status,
+            outcome.durable_tokens);
+    } else {
+      count_refusal(status);
+      reply(find(pending->conn_id), pending->header, MessageKind::kError, status,
+            outcome.durable_tokens);
+    }
+    if (pending->receiving) {
+      pending->settled = true;
+    } else {
+      appends_.erase(it);
+    }
+  }
+}
+
+}  // namespace lumen::transport

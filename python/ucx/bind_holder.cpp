@@ -1,0 +1,136 @@
+// Bindings of the holder store: HolderStore (budget, reservations, expiry, verified restore)
+// and serve_holder_store(), a transport Server whose sink is that store.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+
+#include "lumen/gather.h"
+#include "lumen/holder/holder_store.h"
+#include "lumen/transport/server.h"
+
+namespace py = pybind11;
+namespace lh = lumen::holder;
+namespace lt = lumen::transport;
+
+namespace {
+
+using I64Array = py::array_t<int64_t, py::array::c_style>;
+using U32Array = py::array_t<uint32_t, py::array::c_style>;
+
+py::dict stats_dict(const lh::HolderStats& s) {
+  py::dict d;
+  d["checkpoints"] = s.checkpoints;
+  d["budget_bytes"] = s.budget_bytes;
+  d["bytes_charged"] = s.bytes_charged;
+  d["bytes_held"] = s.bytes_held;
+  d["tokens_held"] = s.tokens_held;
+  d["reservations"] = s.reservations;
+  d["reservations_refused"] = s.reservations_refused;
+  d["appends_refused_budget"] = s.appends_refused_budget;
+  d["gaps_refused"] = s.gaps_refused;
+  d["conflicts"] = s.conflicts;
+  d["evictions"] = s.evictions;
+  d["evicted_tokens"] = s.evicted_tokens;
+  d["expirations"] = s.expirations;
+  d["releases"] = s.releases;
+  d["tokens_committed"] = s.tokens_committed;
+  return d;
+}
+
+}  // namespace
+
+void bind_holder(py::module_& m) {
+  py::class_<lh::HolderStore, std::shared_ptr<lh::HolderStore>>(m, "HolderStore")
+      .def(py::init([](uint64_t budget_bytes, int policy) {
+             if (policy < 0 || policy > 2) throw py::value_error("policy must be 0, 1 or 2");
+             lh::HolderOptions options;
+             options.budget_bytes = budget_bytes;
+             options.policy = static_cast<lh::EvictionPolicy>(policy);
+             return std::make_shared<lh::HolderStore>(options);
+           }),
+           py::kw_only(), py::arg("budget_bytes"), py::arg("policy"))
+      .def("reserve", &lh::HolderStore::reserve, py::arg("request_id"), py::arg("shard"),
+           py::arg("num_tokens"), py::arg("record_bytes"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("expire", &lh::HolderStore::expire, py::arg("request_id"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("expire_idle", &lh::HolderStore::expire_idle, py::arg("max_idle_s"),
+           py::call_guard<py::gil_scoped_release>())
+      .def("stats", [](lh::HolderStore& s) { return stats_dict(s.stats()); })
+      .def("checkpoints",
+           [](lh::HolderStore& s) {
+             py::list out;
+             for (const lh::CheckpointInfo& c : s.checkpoints()) {
+               py::dict d;
+               d["request_id"] = c.request_id;
+               d["shard"] = c.shard;
+               d["epoch"] = c.epoch;
+               d["record_bytes"] = c.record_bytes;
+               d["opened"] = c.opened;
+               d["durable_tokens"] = c.durable_tokens;
+               d["reserved_tokens"] = c.reserved_tokens;
+               d["fingerprints"] = py::bytes(reinterpret_cast<const char*>(c.fingerprints.data()),
+                                             c.fingerprints.size());
+               out.append(d);
+             }
+             return out;
+           })
+      .def(
+          "restore_into",
+          [](lh::HolderStore& s, uint64_t request_id, uint32_t shard,
+             const py::bytes& fingerprints, const U32Array& token_ids,
+             const I64Array& descriptors, const I64Array& slot_ids, int64_t record_bytes) {
+            const std::string fp = fingerprints;
+            if (fp.size() != 2 * lt::kFingerprintBytes) {
+              throw py::value_error("fingerprints must be 64 bytes, got " +
+                                    std::to_string(fp.size()));
+            }
+            if (descriptors.ndim() != 2 || descriptors.shape(1) != lumen::kPlaneDescFields) {
+              throw py::value_error("descriptors must be [num_planes, 9] int64");
+            }
+            const auto* planes = reinterpret_cast<const lumen::PlaneDesc*>(descriptors.data());
+            const int num_planes = static_cast<int>(descriptors.shape(0));
+            lumen::validate_planes(planes, num_planes, record_bytes);
+            lumen::validate_slots(planes, num_planes, slot_ids.data(), slot_ids.size());
+            lh::RestoreReport report;
+            {
+              py::gil_scoped_release release;
+              report = s.restore_into(request_id, shard,
+                                      reinterpret_cast<const uint8_t*>(fp.data()),
+                                      token_ids.data(), token_ids.size(), planes, num_planes,
+                                      slot_ids.data(), slot_ids.size());
+            }
+            return py::make_tuple(static_cast<int>(report.status), report.restored_tokens,
+                                  report.durable_tokens);
+          },
+          py::arg("request_id"), py::arg("shard"), py::arg("fingerprints"),
+          py::arg("token_ids"), py::arg("descriptors"), py::arg("slot_ids"),
+          py::arg("record_bytes"));
+
+  m.def(
+      "serve_holder_store",
+      [](std::shared_ptr<lh::HolderStore> store, const py::bytes& secret,
+         const std::string& address, uint16_t port, const std::string& tls,
+         uint32_t max_tokens, uint32_t max_record_bytes, uint64_t max_payload_bytes,
+         bool verify_records) {
+        lt::ServerOptions options;
+        options.secret = secret;
+        options.address = address;
+        options.port = port;
+        options.tls = tls;
+        options.limits.max_tokens_per_message = max_tokens;
+        options.limits.max_record_bytes = max_record_bytes;
+        options.limits.max_payload_bytes = max_payload_bytes;
+        options.verify_records = verify_records;
+        py::gil_scoped_release release;
+        return std::make_unique<lt::Server>(options, std::move(store));
+      },
+      py::arg("store"), py::kw_only(), py::arg("secret"), py::arg("address"), py::arg("port"),
+      py::arg("tls"), py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
+      py::arg("max_payload_bytes"), py::arg("verify_records"),
+      "A transport Server that keeps what it receives in `store`.");
+}

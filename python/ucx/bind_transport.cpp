@@ -1,0 +1,365 @@
+// Bindings of the native transport: Server (over a MemorySink), Client, capabilities and the
+// wire header codec. Unpack, check cheap invariants, release the GIL, call csrc.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "lumen/transport/auth.h"
+#include "lumen/transport/client.h"
+#include "lumen/transport/error.h"
+#include "lumen/transport/server.h"
+#include "lumen/transport/sink.h"
+#include "lumen/transport/wire.h"
+
+namespace py = pybind11;
+namespace lt = lumen::transport;
+
+namespace {
+
+using U32Array = py::array_t<uint32_t, py::array::c_style>;
+using U8Array = py::array_t<uint8_t, py::array::c_style>;
+
+lt::Mac to_mac(const py::bytes& value, const char* name) {
+  const std::string bytes = value;
+  if (bytes.size() != lt::kMacBytes) {
+    throw py::value_error(std::string(name) + " must be " + std::to_string(lt::kMacBytes) +
+                          " bytes, got " + std::to_string(bytes.size()));
+  }
+  lt::Mac mac{};
+  std::memcpy(mac.data(), bytes.data(), mac.size());
+  return mac;
+}
+
+lt::WireLimits to_limits(uint32_t max_tokens, uint32_t max_record_bytes, uint64_t max_payload) {
+  lt::WireLimits limits;
+  limits.max_tokens_per_message = max_tokens;
+  limits.max_record_bytes = max_record_bytes;
+  limits.max_payload_bytes = max_payload;
+  return limits;
+}
+
+py::dict stats_dict(const lt::ServerStats& s) {
+  py::dict d;
+  d["connections_accepted"] = s.connections_accepted;
+  d["connections_active"] = s.connections_active;
+  d["handshakes_ok"] = s.handshakes_ok;
+  d["handshakes_failed"] = s.handshakes_failed;
+  d["malformed"] = s.malformed;
+  d["unauthenticated"] = s.unauthenticated;
+  d["bad_capability"] = s.bad_capability;
+  d["stale_epoch"] = s.stale_epoch;
+  d["rejected"] = s.rejected;
+  d["conflicts"] = s.conflicts;
+  d["crc_failures"] = s.crc_failures;
+  d["appends_committed"] = s.appends_committed;
+  d["appends_aborted"] = s.appends_aborted;
+  d["tokens_committed"] = s.tokens_committed;
+  d["bytes_received"] = s.bytes_received;
+  d["opens"] = s.opens;
+  d["releases"] = s.releases;
+  d["reads"] = s.reads;
+  return d;
+}
+
+// The client plus the arrays its started appends send from. Declaration order matters: the
+// client is destroyed first (which finishes every operation), then the arrays it used.
+struct PyClient {
+  std::map<uint64_t, py::object> sending;
+  std::unique_ptr<lt::Client> client;
+};
+
+}  // namespace
+
+void bind_transport(py::module_& m) {
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const lt::TransportError& e) {
+      py::object classes = py::module_::import("lumen_core.transport.errors").attr("BY_STATUS");
+      py::object cls = classes.attr("get")(static_cast<uint32_t>(e.status()));
+      if (cls.is_none()) {
+        cls = py::module_::import("lumen_core.transport.errors").attr("TransportError");
+      }
+      PyErr_SetString(cls.ptr(), e.what());
+    }
+  });
+
+  m.attr("HEADER_BYTES") = lt::kHeaderBytes;
+  m.attr("WIRE_VERSION") = lt::kWireVersion;
+  m.attr("MIN_SECRET_BYTES") = lt::kMinSecretBytes;
+
+  m.def(
+      "issue_capability",
+      [](const py::bytes& secret, uint64_t request_id, uint32_t shard, uint32_t epoch) {
+        const std::string key = secret;
+        lt::check_secret(key);
+        const lt::Mac mac = lt::issue_capability(key, request_id, shard, epoch);
+        return py::bytes(reinterpret_cast<const char*>(mac.data()), mac.size());
+      },
+      py::arg("secret"), py::arg("request_id"), py::arg("shard"), py::arg("epoch"),
+      "HMAC-SHA256(secret, request_id, shard, epoch): the 32-byte capability of a checkpoint.");
+
+  m.def(
+      "encode_header",
+      [](uint16_t kind, uint64_t request_id, uint64_t op_id, uint32_t shard, uint32_t epoch,
+         uint64_t start_pos, uint32_t num_tokens, uint32_t record_bytes, uint64_t payload_bytes,
+         uint64_t durable_tokens, uint32_t status, const py::bytes& capability,
+         uint16_t version) {
+        lt::WireHeader h;
+        h.version = version;
+        h.kind = static_cast<lt::MessageKind>(kind);
+        h.request_id = request_id;
+        h.op_id = op_id;
+        h.shard = shard;
+        h.epoch = epoch;
+        h.start_pos = start_pos;
+        h.num_tokens = num_tokens;
+        h.record_bytes = record_bytes;
+        h.payload_bytes = payload_bytes;
+        h.durable_tokens = durable_tokens;
+        h.status = static_cast<lt::Status>(status);
+        h.capability = to_mac(capability, "capability");
+        std::string out(lt::kHeaderBytes, '\0');
+        lt::encode_header(reinterpret_cast<uint8_t*>(out.data()), h);
+        return py::bytes(out);
+      },
+      py::arg("kind"), py::arg("request_id") = 0, py::arg("op_id") = 0, py::arg("shard") = 0,
+      py::arg("epoch") = 0, py::arg("start_pos") = 0, py::arg("num_tokens") = 0,
+      py::arg("record_bytes") = 0, py::arg("payload_bytes") = 0, py::arg("durable_tokens") = 0,
+      py::arg("status") = 0, py::arg("capability") = py::bytes(std::string(lt::kMacBytes, '\0')),
+      py::arg("version") = lt::kWireVersion,
+      "Encodes any field values (valid or not) into a wire header with a correct crc.");
+
+  m.def(
+      "decode_header",
+      [](const py::bytes& header, uint64_t payload_length, uint32_t max_tokens,
+         uint32_t max_record_bytes, uint64_t max_payload_bytes) {
+        const std::string bytes = header;
+        lt::WireHeader h;
+        std::string why;
+        if (!lt::decode_header(&h, &why, bytes.data(), bytes.size(), payload_length,
+                               to_limits(max_tokens, max_record_bytes, max_payload_bytes))) {
+          throw py::value_error("header must be valid, got: " + why);
+        }
+        py::dict d;
+        d["kind"] = static_cast<uint16_t>(h.kind);
+        d["request_id"] = h.request_id;
+        d["op_id"] = h.op_id;
+        d["shard"] = h.shard;
+        d["epoch"] = h.epoch;
+        d["start_pos"] = h.start_pos;
+        d["num_tokens"] = h.num_tokens;
+        d["record_bytes"] = h.record_bytes;
+        d["payload_bytes"] = h.payload_bytes;
+        d["durable_tokens"] = h.durable_tokens;
+        d["status"] = static_cast<uint32_t>(h.status);
+        d["capability"] = py::bytes(reinterpret_cast<const char*>(h.capability.data()),
+                                    h.capability.size());
+        return d;
+      },
+      py::arg("header"), py::arg("payload_length"), py::arg("max_tokens_per_message"),
+      py::arg("max_record_bytes"), py::arg("max_payload_bytes"),
+      "Validates a header as a receiver does; ValueError says what is wrong.");
+
+  py::class_<lt::Server>(m, "Server")
+      .def(py::init([](const py::bytes& secret, const std::string& address, uint16_t port,
+                       const std::string& tls, uint32_t max_tokens, uint32_t max_record_bytes,
+                       uint64_t max_payload_bytes, bool verify_records) {
+             lt::ServerOptions options;
+             options.secret = secret;
+             options.address = address;
+             options.port = port;
+             options.tls = tls;
+             options.limits = to_limits(max_tokens, max_record_bytes, max_payload_bytes);
+             options.verify_records = verify_records;
+             py::gil_scoped_release release;
+             return std::make_unique<lt::Server>(options, std::make_shared<lt::MemorySink>());
+           }),
+           py::kw_only(), py::arg("secret"), py::arg("address"), py::arg("port"), py::arg("tls"),
+           py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
+           py::arg("max_payload_bytes"), py::arg("verify_records"))
+      .def_property_readonly("port", &lt::Server::port)
+      .def("stats",
+           [](lt::Server& s) {
+             lt::ServerStats stats;
+             {
+               py::gil_scoped_release release;
+               stats = s.stats();
+             }
+             return stats_dict(stats);
+           })
+      .def("close", &lt::Server::close, py::call_guard<py::gil_scoped_release>());
+
+  py::class_<PyClient>(m, "Client")
+      .def(py::init([](const std::string& address, uint16_t port, const py::bytes& secret,
+                       const std::string& tls, double connect_timeout_s, uint32_t max_tokens,
+                       uint32_t max_record_bytes, uint64_t max_payload_bytes) {
+             lt::ClientOptions options;
+             options.address = address;
+             options.port = port;
+             options.secret = secret;
+             options.tls = tls;
+             options.connect_timeout_s = connect_timeout_s;
+             options.limits = to_limits(max_tokens, max_record_bytes, max_payload_bytes);
+             auto out = std::make_unique<PyClient>();
+             py::gil_scoped_release release;
+             out->client = std::make_unique<lt::Client>(options);
+             return out;
+           }),
+           py::kw_only(), py::arg("address"), py::arg("port"), py::arg("secret"), py::arg("tls"),
+           py::arg("connect_timeout_s"), py::arg("max_tokens_per_message"),
+           py::arg("max_record_bytes"), py::arg("max_payload_bytes"))
+      .def(
+          "open",
+          [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch,
+             uint32_t record_bytes, const py::bytes& fingerprints, const py::bytes& capability,
+             double timeout_s) {
+            const std::string fp = fingerprints;
+            if (fp.size() != 2 * lt::kFingerprintBytes) {
+              throw py::value_error("fingerprints must be 64 bytes, got " +
+                                    std::to_string(fp.size()));
+            }
+            const lt::Mac cap = to_mac(capability, "capability");
+            py::gil_scoped_release release;
+            return c.client->open(request_id, shard, epoch, record_bytes,
+                                  reinterpret_cast<const uint8_t*>(fp.data()), cap, timeout_s);
+          },
+          py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("record_bytes"),
+          py::arg("fingerprints"), py::arg("capability"), py::arg("timeout_s"))
+      .def(
+          "start_append",
+          [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch, uint64_t start_pos,
+             const U32Array& token_ids, const U32Array& crcs, const U8Array& records,
+             const py::bytes& capability) {
+            // Python validated shapes; re-check what memory safety depends on.
+            if (records.ndim() != 2 || token_ids.ndim() != 1 || crcs.ndim() != 1 ||
+                token_ids.shape(0) != records.shape(0) || crcs.shape(0) != records.shape(0)) {
+              throw py::value_error("records must be [n, record_bytes] with n token_ids and crcs");
+            }
+            lt::AppendArgs a;
+            a.request_id = request_id;
+            a.shard = shard;
+            a.epoch = epoch;
+            a.start_pos = start_pos;
+            a.num_tokens = static_cast<uint32_t>(records.shape(0));
+            a.record_bytes = static_cast<uint32_t>(records.shape(1));
+            a.token_ids = token_ids.data();
+            a.crcs = crcs.data();
+            a.records = records.data();
+            a.capability = to_mac(capability, "capability");
+            uint64_t op_id = 0;
+            {
+              py::gil_scoped_release release;
+              op_id = c.client->start_append(a);
+            }
+            c.sending[op_id] = py::make_tuple(token_ids, crcs, records);
+            return op_id;
+          },
+          py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("start_pos"),
+          py::arg("token_ids").noconvert(), py::arg("crcs").noconvert(), py::arg("records").noconvert(), py::arg("capability"))
+      .def(
+          "wait",
+          [](PyClient& c, uint64_t op_id, double timeout_s) {
+            uint64_t durable = 0;
+            try {
+              py::gil_scoped_release release;
+              durable = c.client->wait(op_id, timeout_s);
+            } catch (...) {
+              c.sending.erase(op_id);
+              throw;
+            }
+            c.sending.erase(op_id);
+            return durable;
+          },
+          py::arg("op_id"), py::arg("timeout_s"))
+      .def(
+          "release",
+          [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch,
+             const py::bytes& capability, double timeout_s) {
+            const lt::Mac cap = to_mac(capability, "capability");
+            py::gil_scoped_release release;
+            c.client->release(request_id, shard, epoch, cap, timeout_s);
+          },
+          py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("capability"),
+          py::arg("timeout_s"))
+      .def(
+          "read",
+          [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch, uint64_t start_pos,
+             U32Array& token_ids, U32Array& crcs, U8Array& records, const py::bytes& capability,
+             double timeout_s) {
+            if (records.ndim() != 2 || token_ids.ndim() != 1 || crcs.ndim() != 1 ||
+                token_ids.shape(0) != records.shape(0) || crcs.shape(0) != records.shape(0)) {
+              throw py::value_error("records must be [n, record_bytes] with n token_ids and crcs");
+            }
+            std::string fingerprints(2 * lt::kFingerprintBytes, '\0');
+            lt::ReadArgs a;
+            a.request_id = request_id;
+            a.shard = shard;
+            a.epoch = epoch;
+            a.start_pos = start_pos;
+            a.max_tokens = static_cast<uint32_t>(records.shape(0));
+            a.record_bytes = static_cast<uint32_t>(records.shape(1));
+            a.token_ids = token_ids.mutable_data();
+            a.crcs = crcs.mutable_data();
+            a.records = records.mutable_data();
+            a.fingerprints = reinterpret_cast<uint8_t*>(fingerprints.data());
+            a.capability = to_mac(capability, "capability");
+            lt::ReadReply reply;
+            {
+              py::gil_scoped_release release;
+              reply = c.client->read(a, timeout_s);
+            }
+            return py::make_tuple(reply.start_pos, reply.num_tokens, reply.durable_tokens,
+                                  py::bytes(fingerprints));
+          },
+          py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("start_pos"),
+          py::arg("token_ids").noconvert(), py::arg("crcs").noconvert(), py::arg("records").noconvert(), py::arg("capability"),
+          py::arg("timeout_s"))
+      .def(
+          "send_raw",
+          [](PyClient& c, const py::bytes& header, const py::bytes& payload, uint64_t op_id,
+             double timeout_s) {
+            const std::string h = header;
+            const std::string p = payload;
+            py::gil_scoped_release release;
+            return c.client->send_raw(std::vector<uint8_t>(h.begin(), h.end()),
+                                      std::vector<uint8_t>(p.begin(), p.end()), op_id, timeout_s);
+          },
+          py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"))
+      .def("measure_bandwidth",
+           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t shard,
+              double timeout_s) {
+             py::gil_scoped_release release;
+             return c.client->measure_bandwidth(message_bytes, count, shard, timeout_s);
+           },
+           py::arg("message_bytes"), py::arg("count"), py::arg("shard"), py::arg("timeout_s"))
+      .def("transports",
+           [](PyClient& c) {
+             py::gil_scoped_release release;
+             return c.client->transports();
+           })
+      .def_property_readonly("connected", [](PyClient& c) { return c.client->connected(); })
+      .def("stats",
+           [](PyClient& c) {
+             const lt::ClientStats s = c.client->stats();
+             py::dict d;
+             d["ops_started"] = s.ops_started;
+             d["ops_failed"] = s.ops_failed;
+             d["bytes_sent"] = s.bytes_sent;
+             d["bytes_read"] = s.bytes_read;
+             d["malformed_replies"] = s.malformed_replies;
+             return d;
+           })
+      .def("close", [](PyClient& c) {
+        {
+          py::gil_scoped_release release;
+          c.client->close();
+        }
+        c.sending.clear();
+      });
+}

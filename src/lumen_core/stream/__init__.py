@@ -1,0 +1,31 @@
+"""Checkpoint streaming, the holder store and restore: the data plane of mechanism 1
+(DESIGN.md 3.1, 3.3, 3.4). Needs the native UCX module (``lumen_core._C_ucx``)."""
+
+from lumen_core.stream._common import fingerprint_bytes, request_key
+from lumen_core.stream.holder import (
+    CheckpointInfo,
+    EvictionPolicy,
+    HolderStore,
+    RestoreResult,
+    RestoreStatus,
+    remote_restore,
+    restorable_tokens,
+)
+from lumen_core.stream.streamer import CheckpointStreamer, ReplicaStats, StreamStats
+from lumen_core.stream.connector import StreamingConnector
+
+__all__ = [
+    "CheckpointInfo",
+    "CheckpointStreamer",
+    "EvictionPolicy",
+    "HolderStore",
+    "ReplicaStats",
+    "RestoreResult",
+    "RestoreStatus",
+    "StreamStats",
+    "StreamingConnector",
+    "fingerprint_bytes",
+    "remote_restore",
+    "request_key",
+    "restorable_tokens",
+]

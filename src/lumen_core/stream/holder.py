@@ -1,0 +1,308 @@
+"""The holder's store and the restore path (DESIGN.md 3.4).
+
+``HolderStore`` keeps each (request, shard)'s token records contiguous in host memory under a
+byte budget; ``serve`` puts it behind a transport ``Server`` so streamers append into it.
+``restore`` writes a checkpoint's verified durable prefix into an engine's cache;
+``remote_restore`` pulls it from another holder over the transport first.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from lumen_core import _native
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import checksum, scatter_tokens
+from lumen_core.stream._common import (
+    U32_MAX,
+    U64_MAX,
+    as_array,
+    check_int,
+    check_layout,
+    check_positive_float,
+    check_str,
+    fingerprint_bytes,
+)
+from lumen_core.transport import Client, Rejected, Server, WireLimits
+
+__all__ = [
+    "CheckpointInfo",
+    "EvictionPolicy",
+    "HolderStore",
+    "RestoreResult",
+    "RestoreStatus",
+    "remote_restore",
+    "restorable_tokens",
+]
+
+
+class EvictionPolicy(enum.Enum):
+    """Which checkpoint a full holder evicts: the shortest prefix (cheapest to re-prefill),
+    the least recently used, or none (refuse instead)."""
+
+    SHORTEST_PREFIX = 0
+    LRU = 1
+    NONE = 2
+
+
+class RestoreStatus(enum.Enum):
+    """Why a restore stopped where it did (anything but COMPLETE falls back to re-prefill of
+    the tokens after ``restored_tokens``)."""
+
+    COMPLETE = 0
+    MISSING = 1
+    FINGERPRINT_MISMATCH = 2
+    TOKEN_MISMATCH = 3
+    CRC_MISMATCH = 4
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """``restored_tokens`` leading tokens were written into the slots; the caller re-prefills
+    the other ``reprefill_tokens``. ``durable_tokens`` is what the holder had."""
+
+    status: RestoreStatus
+    restored_tokens: int
+    reprefill_tokens: int
+    durable_tokens: int
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    request_id: int
+    shard: int
+    epoch: int
+    record_bytes: int
+    opened: bool
+    durable_tokens: int
+    reserved_tokens: int
+
+
+def restorable_tokens(durable_per_shard: Sequence[int]) -> int:
+    """With tensor parallelism every shard must be restored to the same length: the minimum
+    of the shards' durable lengths (0 when a shard is missing)."""
+    if isinstance(durable_per_shard, (str, bytes)) or not isinstance(durable_per_shard, Sequence):
+        raise TypeError(
+            f"durable_per_shard must be a sequence of ints, got {type(durable_per_shard).__name__}"
+        )
+    if not durable_per_shard:
+        raise ValueError("durable_per_shard must name at least one shard, got 0")
+    return min(check_int("durable_per_shard[i]", d, 0, U64_MAX) for d in durable_per_shard)
+
+
+def _check_restore_args(
+    layout: object, slot_ids: object, token_ids: object, max_tokens: int | None
+) -> tuple[KVLayout, np.ndarray, np.ndarray, int]:
+    layout = check_layout(layout)
+    slots = as_array("slot_ids", slot_ids, np.int64)
+    tokens = as_array("token_ids", token_ids, np.uint32)
+    if slots.size and (slots.min() < 0 or slots.max() >= layout.num_slots):
+        raise IndexError(f"slot_ids must be in [0, {layout.num_slots}), got values outside")
+    if len(np.unique(slots)) != len(slots):
+        raise ValueError("slot_ids must not repeat")
+    limit = len(tokens) if max_tokens is None else check_int("max_tokens", max_tokens, 0, U64_MAX)
+    return layout, slots, tokens, min(limit, len(slots), len(tokens))
+
+
+class HolderStore:
+    """Budgeted host-memory store of checkpoints (native; see module doc).
+
+    ``budget_bytes`` bounds what checkpoints are charged: per checkpoint, the larger of its
+    reservation and what it holds, at ``record_bytes + 8`` bytes a token (record, token id,
+    crc). ``stats()`` counts every reservation refused, append refused for lack of budget,
+    gap, conflict, eviction, expiry and release.
+    """
+
+    def __init__(
+        self,
+        budget_bytes: int = U64_MAX,
+        *,
+        eviction: EvictionPolicy = EvictionPolicy.SHORTEST_PREFIX,
+    ) -> None:
+        check_int("budget_bytes", budget_bytes, 0, U64_MAX)
+        if not isinstance(eviction, EvictionPolicy):
+            raise TypeError(f"eviction must be an EvictionPolicy, got {type(eviction).__name__}")
+        self.eviction = eviction
+        self._native = _native.require_ucx().HolderStore(
+            budget_bytes=int(budget_bytes), policy=eviction.value
+        )
+
+    def serve(
+        self,
+        secret: bytes,
+        *,
+        address: str = "127.0.0.1",
+        port: int = 0,
+        tls: str = "",
+        limits: WireLimits = WireLimits(),
+        verify_records: bool = True,
+    ) -> Server:
+        """A transport ``Server`` that keeps what it receives in this store."""
+        return Server(
+            secret,
+            address=address,
+            port=port,
+            tls=tls,
+            limits=limits,
+            verify_records=verify_records,
+            store=self,
+        )
+
+    def reserve(self, request_id: int, num_tokens: int, record_bytes: int, *, shard: int = 0) -> bool:
+        """Placement: charge ``num_tokens`` records for (request_id, shard), evicting by policy
+        when needed. False (counted in stats) when the budget cannot make room."""
+        return bool(
+            self._native.reserve(
+                check_int("request_id", request_id, 0, U64_MAX),
+                check_int("shard", shard, 0, U32_MAX),
+                check_int("num_tokens", num_tokens, 0, U64_MAX),
+                check_int("record_bytes", record_bytes, 1, U32_MAX),
+            )
+        )
+
+    def expire(self, request_id: int) -> int:
+        """The request is gone: drop its checkpoints (every shard); how many were dropped."""
+        return int(self._native.expire(check_int("request_id", request_id, 0, U64_MAX)))
+
+    def expire_idle(self, max_idle_s: float) -> int:
+        """Drop checkpoints untouched for more than ``max_idle_s``; how many were dropped."""
+        return int(self._native.expire_idle(check_positive_float("max_idle_s", max_idle_s)))
+
+    def stats(self) -> dict[str, int]:
+        return dict(self._native.stats())
+
+    def checkpoints(self) -> list[CheckpointInfo]:
+        return [
+            CheckpointInfo(
+                request_id=int(c["request_id"]),
+                shard=int(c["shard"]),
+                epoch=int(c["epoch"]),
+                record_bytes=int(c["record_bytes"]),
+                opened=bool(c["opened"]),
+                durable_tokens=int(c["durable_tokens"]),
+                reserved_tokens=int(c["reserved_tokens"]),
+            )
+            for c in self._native.checkpoints()
+        ]
+
+    def durable_tokens(self, request_id: int, *, shard: int = 0) -> int:
+        """Durable length of (request_id, shard); 0 when the store has no such checkpoint."""
+        check_int("request_id", request_id, 0, U64_MAX)
+        check_int("shard", shard, 0, U32_MAX)
+        for c in self.checkpoints():
+            if c.request_id == request_id and c.shard == shard:
+                return c.durable_tokens
+        return 0
+
+    def restore(
+        self,
+        request_id: int,
+        layout: KVLayout,
+        slot_ids: object,
+        *,
+        token_ids: object,
+        model_fingerprint: str,
+        shard: int = 0,
+        max_tokens: int | None = None,
+    ) -> RestoreResult:
+        """Write the verified durable prefix of (request_id, shard) into ``slot_ids`` of
+        ``layout`` (newly allocated slots, one per position from 0).
+
+        ``token_ids`` are the request's known tokens (prompt, then outputs); the checkpoint
+        must name this layout and ``model_fingerprint``, each restored token must have the
+        expected id and its record its crc. The prefix up to the first failed check (at most
+        ``max_tokens``, e.g. the minimum over TP shards) is restored; the caller re-prefills
+        the rest (``reprefill_tokens`` of ``token_ids``).
+        """
+        layout, slots, tokens, limit = _check_restore_args(layout, slot_ids, token_ids, max_tokens)
+        check_str("model_fingerprint", model_fingerprint)
+        status, restored, durable = self._native.restore_into(
+            check_int("request_id", request_id, 0, U64_MAX),
+            check_int("shard", shard, 0, U32_MAX),
+            fingerprint_bytes(layout, model_fingerprint),
+            tokens[:limit],
+            layout.descriptors().numpy(),
+            slots[:limit],
+            layout.record_bytes,
+        )
+        return RestoreResult(
+            status=RestoreStatus(status),
+            restored_tokens=int(restored),
+            reprefill_tokens=len(tokens) - int(restored),
+            durable_tokens=int(durable),
+        )
+
+
+def remote_restore(
+    client: Client,
+    request_id: int,
+    layout: KVLayout,
+    slot_ids: object,
+    *,
+    token_ids: object,
+    model_fingerprint: str,
+    capability: bytes,
+    shard: int = 0,
+    epoch: int = 0,
+    max_tokens: int | None = None,
+    chunk_tokens: int = 1024,
+    timeout_s: float = 10.0,
+) -> RestoreResult:
+    """``HolderStore.restore`` for a checkpoint held by another process: reads it from the
+    holder over ``client`` (``chunk_tokens`` at a time) and checks fingerprints, token ids and
+    crcs here before scattering the verified prefix into ``slot_ids``."""
+    if not isinstance(client, Client):
+        raise TypeError(f"client must be a transport Client, got {type(client).__name__}")
+    layout, slots, tokens, limit = _check_restore_args(layout, slot_ids, token_ids, max_tokens)
+    check_str("model_fingerprint", model_fingerprint)
+    chunk = check_int("chunk_tokens", chunk_tokens, 1, client.limits.max_tokens_per_message)
+    expected = fingerprint_bytes(layout, model_fingerprint)
+    record_bytes = layout.record_bytes
+    restored = 0
+    durable = 0
+    status = RestoreStatus.COMPLETE
+    out = np.empty((chunk, record_bytes), dtype=np.uint8)
+    while restored < limit:
+        want = min(chunk, limit - restored)
+        try:
+            result = client.read(
+                request_id, shard, epoch, restored, want, record_bytes, capability,
+                out=out[:want] if want == chunk else np.empty((want, record_bytes), np.uint8),
+                timeout_s=timeout_s,
+            )
+        except Rejected:  # the holder has no such checkpoint (released, evicted, expired)
+            status = RestoreStatus.MISSING
+            break
+        durable = result.durable_tokens
+        if result.layout_fingerprint + result.model_fingerprint != expected:
+            status = RestoreStatus.FINGERPRINT_MISMATCH
+            break
+        n = len(result.token_ids)
+        if n == 0:
+            break
+        records = torch.from_numpy(result.records)
+        good = n
+        bad_tokens = np.nonzero(result.token_ids != tokens[restored : restored + n])[0]
+        if bad_tokens.size:
+            good, status = int(bad_tokens[0]), RestoreStatus.TOKEN_MISMATCH
+        bad_crcs = np.nonzero(checksum(records[:good]).numpy() != result.crcs[:good])[0]
+        if bad_crcs.size:
+            good, status = int(bad_crcs[0]), RestoreStatus.CRC_MISMATCH
+        if good:
+            scatter_tokens(
+                layout, torch.from_numpy(slots[restored : restored + good]), records[:good]
+            )
+        restored += good
+        if status != RestoreStatus.COMPLETE:
+            break
+    return RestoreResult(
+        status=status,
+        restored_tokens=restored,
+        reprefill_tokens=len(tokens) - restored,
+        durable_tokens=durable,
+    )

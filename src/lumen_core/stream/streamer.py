@@ -1,0 +1,229 @@
+"""The engine side of checkpoint streaming (DESIGN.md 3.3): a Python face over the native
+streamer, which gathers, checksums and sends on its own thread while the engine decodes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from lumen_core import _native
+from lumen_core.layouts import KVLayout
+from lumen_core.stream._common import (
+    U32_MAX,
+    U64_MAX,
+    as_array,
+    check_int,
+    check_layout,
+    check_positive_float,
+    check_str,
+    fingerprint_bytes,
+)
+from lumen_core.transport import CAPABILITY_BYTES, WireLimits
+
+__all__ = ["CheckpointStreamer", "ReplicaStats", "StreamStats"]
+
+Address = tuple[str, int]
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    holder: Address
+    sent_tokens: int
+    durable_tokens: int
+    live: bool
+
+
+@dataclass(frozen=True)
+class StreamStats:
+    """What the streamer did. ``counters``: steps enqueued/dropped, tokens saved/dropped/
+    deferred, bytes sent/acked/dropped, appends started/failed, holders gone, replicas lost,
+    replacements. ``durable``: per request, the longest durable prefix on a live replica;
+    ``saved``: per request, tokens saved; ``stale``: requests with saved tokens not durable on
+    any live replica; ``coverage``: durable over saved tokens, all requests together (1.0
+    when nothing is saved); ``gone_holders``: holders found dead or too slow."""
+
+    counters: dict[str, int]
+    saved: dict[int, int]
+    durable: dict[int, int]
+    replicas: dict[int, tuple[ReplicaStats, ...]]
+    stale: tuple[int, ...]
+    coverage: float
+    gone_holders: tuple[Address, ...]
+
+
+def _check_address(name: str, value: object) -> Address:
+    if (
+        not isinstance(value, tuple)
+        or len(value) != 2
+        or not isinstance(value[0], str)
+        or isinstance(value[1], bool)
+        or not isinstance(value[1], int)
+    ):
+        raise TypeError(f"{name} must be an (address, port) tuple, got {value!r}")
+    check_int(f"{name} port", value[1], 1, 65535)
+    return value[0], int(value[1])
+
+
+class CheckpointStreamer:
+    """Streams the token records of an engine's CPU KV cache to holders.
+
+    ``add_request`` names a request's holders (replicas) and its capability; ``save_step``
+    (once per engine step, accepted tokens only) only enqueues and returns a fence;
+    ``wait_for_save`` must return before the engine frees or reuses a request's pages;
+    ``release`` at completion. When the queue (``max_queued_steps``) or the staging pool
+    (``staging_buffers`` x ``staging_bytes``) is full, or a holder is slow (no ack within
+    ``ack_timeout_s``) or gone, tokens are not sent and the request is stale from there; its
+    next step catches up when there is room. Nothing here blocks the engine.
+    """
+
+    def __init__(
+        self,
+        layout: KVLayout,
+        secret: bytes,
+        *,
+        model_fingerprint: str,
+        shard: int = 0,
+        staging_buffers: int = 4,
+        staging_bytes: int = 64 << 20,
+        max_queued_steps: int = 8,
+        ack_timeout_s: float = 2.0,
+        connect_timeout_s: float = 2.0,
+        gather_threads: int = 1,
+        tls: str = "",
+        limits: WireLimits = WireLimits(),
+    ) -> None:
+        self.layout = check_layout(layout)
+        if not isinstance(secret, (bytes, bytearray)):
+            raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
+        self.model_fingerprint = check_str("model_fingerprint", model_fingerprint)
+        self.shard = check_int("shard", shard, 0, U32_MAX)
+        if not isinstance(tls, str):
+            raise TypeError(f"tls must be a str, got {type(tls).__name__}")
+        if not isinstance(limits, WireLimits):
+            raise TypeError(f"limits must be a WireLimits, got {type(limits).__name__}")
+        check_int("staging_buffers", staging_buffers, 1, 1 << 16)
+        check_int("staging_bytes", staging_bytes, layout.record_bytes, 1 << 40)
+        check_int("max_queued_steps", max_queued_steps, 1, 1 << 20)
+        check_int("gather_threads", gather_threads, 1, 256)
+        self._native = _native.require_ucx().Streamer(
+            secret=bytes(secret),
+            tls=tls,
+            shard=self.shard,
+            descriptors=layout.descriptors().numpy(),
+            record_bytes=layout.record_bytes,
+            fingerprints=fingerprint_bytes(layout, model_fingerprint),
+            staging_buffers=staging_buffers,
+            staging_bytes=staging_bytes,
+            max_queued_steps=max_queued_steps,
+            ack_timeout_s=check_positive_float("ack_timeout_s", ack_timeout_s),
+            connect_timeout_s=check_positive_float("connect_timeout_s", connect_timeout_s),
+            gather_threads=gather_threads,
+            **limits._kwargs(),
+        )
+
+    def add_request(
+        self,
+        request_id: int,
+        holders: Sequence[Address],
+        capability: bytes,
+        *,
+        epoch: int = 0,
+    ) -> None:
+        """Stream ``request_id`` to ``holders`` (each an (address, port)), with the capability
+        of (request_id, shard, epoch). ValueError if it is already added."""
+        check_int("request_id", request_id, 0, U64_MAX)
+        if isinstance(holders, (str, bytes)) or not isinstance(holders, Sequence) or not holders:
+            raise ValueError(f"holders must be a non-empty sequence of (address, port), got {holders!r}")
+        addresses = [_check_address("holders[i]", h) for h in holders]
+        if not isinstance(capability, (bytes, bytearray)):
+            raise TypeError(f"capability must be bytes, got {type(capability).__name__}")
+        if len(capability) != CAPABILITY_BYTES:
+            raise ValueError(f"capability must be {CAPABILITY_BYTES} bytes, got {len(capability)}")
+        check_int("epoch", epoch, 0, U32_MAX)
+        self._native.add_request(request_id, addresses, bytes(capability), epoch)
+
+    def save_step(
+        self, request_ids: object, positions: object, slot_ids: object, token_ids: object
+    ) -> int:
+        """Enqueue one step: token i of request ``request_ids[i]`` at position ``positions[i]``
+        was written into slot ``slot_ids[i]`` and is token ``token_ids[i]``. A request's tokens
+        are adjacent and consecutive. Returns the fence of the step (0: dropped, nothing to
+        wait for). ValueError: an unknown request, a gap, tokens out of order."""
+        ids = as_array("request_ids", request_ids, np.uint64)
+        pos = as_array("positions", positions, np.uint64)
+        slots = as_array("slot_ids", slot_ids, np.int64)
+        tokens = as_array("token_ids", token_ids, np.uint32)
+        if not len(ids) == len(pos) == len(slots) == len(tokens):
+            raise ValueError(
+                "request_ids, positions, slot_ids and token_ids must have one entry per token, "
+                f"got {len(ids)}, {len(pos)}, {len(slots)}, {len(tokens)}"
+            )
+        if slots.size and (slots.min() < 0 or slots.max() >= self.layout.num_slots):
+            raise IndexError(f"slot_ids must be in [0, {self.layout.num_slots}), got values outside")
+        return int(self._native.save_step(ids, pos, slots, tokens))
+
+    def wait_for_save(self, request_id: int, *, timeout_s: float = 10.0) -> None:
+        """Returns once no queued step still reads ``request_id``'s pages; TimeoutError if
+        that takes longer than ``timeout_s``."""
+        check_int("request_id", request_id, 0, U64_MAX)
+        if not self._native.wait_for_save(request_id, check_positive_float("timeout_s", timeout_s)):
+            raise TimeoutError(f"saves of request {request_id} still pending after {timeout_s} s")
+
+    def wait_fence(self, fence: int, *, timeout_s: float = 10.0) -> None:
+        """Returns once the step of ``fence`` has been gathered (its pages may be reused)."""
+        check_int("fence", fence, 0, U64_MAX)
+        if not self._native.wait_fence(fence, check_positive_float("timeout_s", timeout_s)):
+            raise TimeoutError(f"step {fence} not gathered after {timeout_s} s")
+
+    def flush(self, *, timeout_s: float = 10.0) -> bool:
+        """Waits until every queued step is sent and answered; False on timeout."""
+        return bool(self._native.flush(check_positive_float("timeout_s", timeout_s)))
+
+    def release(self, request_id: int) -> None:
+        """The request finished: forget it and free its checkpoints on its holders."""
+        self._native.release(check_int("request_id", request_id, 0, U64_MAX))
+
+    def replace_holder(self, old_holder: Address, new_holder: Address) -> int:
+        """Re-placement: every replica on ``old_holder`` moves to ``new_holder`` and its full
+        saved prefix is re-streamed with the request's next step. Returns the replicas moved."""
+        return int(
+            self._native.replace_holder(
+                _check_address("old_holder", old_holder), _check_address("new_holder", new_holder)
+            )
+        )
+
+    def stats(self) -> StreamStats:
+        saved: dict[int, int] = {}
+        durable: dict[int, int] = {}
+        replicas: dict[int, tuple[ReplicaStats, ...]] = {}
+        for request_id, num_saved, reps in self._native.requests():
+            states = tuple(
+                ReplicaStats((str(a), int(p)), int(s), int(d), bool(live))
+                for a, p, s, d, live in reps
+            )
+            saved[int(request_id)] = int(num_saved)
+            replicas[int(request_id)] = states
+            durable[int(request_id)] = max((r.durable_tokens for r in states if r.live), default=0)
+        total_saved = sum(saved.values())
+        total_durable = sum(min(durable[r], saved[r]) for r in saved)
+        return StreamStats(
+            counters=dict(self._native.stats()),
+            saved=saved,
+            durable=durable,
+            replicas=replicas,
+            stale=tuple(sorted(r for r in saved if durable[r] < saved[r])),
+            coverage=total_durable / total_saved if total_saved else 1.0,
+            gone_holders=tuple((str(a), int(p)) for a, p in self._native.gone_holders()),
+        )
+
+    def close(self) -> None:
+        self._native.close()
+
+    def __enter__(self) -> CheckpointStreamer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

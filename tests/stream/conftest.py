@@ -1,0 +1,124 @@
+"""Fixtures of the stream tests: the module check, a secret file, a small CPU KV cache, and
+holder / worker processes on loopback (killed and reaped after every test)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from lumen_core import _native
+from lumen_core.layouts import KVLayout
+from lumen_core.testing import make_paged_cache
+
+WORKER_PATH = Path(__file__).with_name("worker.py")
+TLS = "tcp"
+MODEL = "test-model"
+
+
+@pytest.fixture(autouse=True)
+def _ucx_module() -> None:
+    # Skipped only where the module was not asked for; with LUMEN_UCX=ON its absence fails.
+    if _native.C_ucx is None:
+        why = _native.IMPORT_ERRORS.get("_C_ucx", "not built")
+        if os.environ.get("LUMEN_UCX") == "ON":
+            pytest.fail(f"LUMEN_UCX=ON but lumen_core._C_ucx is unavailable: {why}")
+        pytest.skip(f"the UCX module is not built ({why})")
+
+
+@pytest.fixture
+def secret() -> bytes:
+    return os.urandom(32)
+
+
+@pytest.fixture
+def secret_file(tmp_path: Path, secret: bytes) -> Path:
+    path = tmp_path / "secret"
+    path.write_bytes(secret)
+    path.chmod(0o600)
+    return path
+
+
+def small_cache(seed: int = 0, num_blocks: int = 64, block_size: int = 16) -> KVLayout:
+    """A vLLM flash cache of 2 layers, 2 heads of 16 bf16: 256-byte records."""
+    return make_paged_cache(
+        "vllm_flash", num_layers=2, num_blocks=num_blocks, block_size=block_size,
+        num_kv_heads=2, head_dim=16, dtype=torch.bfloat16, seed=seed,
+    )
+
+
+@pytest.fixture(scope="session")
+def make_cache() -> Callable[..., KVLayout]:
+    """make_cache(seed=0, num_blocks=64, block_size=16): small_cache."""
+    return small_cache
+
+
+class Proc:
+    """A subprocess speaking JSON lines on stdout."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+
+    def read(self) -> dict[str, Any]:
+        # Blocking: every test carries a pytest timeout that bounds a hung process.
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"process exited with {self.proc.wait(timeout=5)}")
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def reap(self) -> None:
+        self.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[[list[str]], Proc]]:
+    procs: list[Proc] = []
+
+    def _spawn(args: list[str]) -> Proc:
+        proc = Proc(args)
+        procs.append(proc)
+        return proc
+
+    yield _spawn
+    for proc in procs:
+        proc.reap()
+
+
+@pytest.fixture
+def holder(spawn: Callable[[list[str]], Proc], secret_file: Path) -> Callable[..., Proc]:
+    """holder(budget_bytes=..., *extra) -> a `lumen holder` process; .port is its port."""
+
+    def _holder(budget_bytes: int = 1 << 30, *extra: str) -> Proc:
+        proc = spawn([
+            sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0",
+            "--budget-bytes", str(budget_bytes), "--secret-file", str(secret_file),
+            "--tls", TLS, *extra,
+        ])
+        proc.port = proc.read()["port"]  # type: ignore[attr-defined]
+        return proc
+
+    return _holder

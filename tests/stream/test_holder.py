@@ -1,0 +1,290 @@
+"""HolderStore as the transport sink: ordered appends, overlaps, gaps, budget, eviction,
+expiry, and the verified restore (local and remote). Real UCX on loopback, in process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from lumen_core.ops import checksum, gather_tokens
+from lumen_core.stream import (
+    EvictionPolicy,
+    HolderStore,
+    RestoreStatus,
+    fingerprint_bytes,
+    remote_restore,
+    restorable_tokens,
+)
+from lumen_core.testing import assert_kv_equal, slots_for_blocks
+from lumen_core.transport import Client, Conflict, Rejected, Server, issue_capability
+
+from lumen_core.layouts import KVLayout
+from lumen_core.testing import make_paged_cache
+
+MODEL = "test-model"
+TLS = "tcp"
+
+
+def small_cache(seed: int = 0, num_blocks: int = 64, block_size: int = 16) -> KVLayout:
+    return make_paged_cache(
+        "vllm_flash", num_layers=2, num_blocks=num_blocks, block_size=block_size,
+        num_kv_heads=2, head_dim=16, dtype=torch.bfloat16, seed=seed,
+    )
+
+pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
+
+SHARD = 0
+EPOCH = 0
+
+
+class Rig:
+    """A HolderStore served on loopback, a client to it, and a source cache."""
+
+    def __init__(self, secret: bytes, store: HolderStore, *, verify_records: bool = True) -> None:
+        self.secret = secret
+        self.store = store
+        self.server: Server = store.serve(secret, tls=TLS, verify_records=verify_records)
+        self.client = Client("127.0.0.1", self.server.port, secret, tls=TLS)
+        self.layout = small_cache(seed=0)
+        fp = fingerprint_bytes(self.layout, MODEL)
+        self.layout_fp, self.model_fp = fp[:32], fp[32:]
+
+    def cap(self, rid: int) -> bytes:
+        return issue_capability(self.secret, rid, SHARD, EPOCH)
+
+    def open(self, rid: int) -> int:
+        return self.client.open(
+            rid, SHARD, EPOCH, self.layout.record_bytes, self.layout_fp, self.model_fp, self.cap(rid)
+        )
+
+    def slots(self, rid: int, n: int) -> torch.Tensor:
+        return slots_for_blocks([rid * 4 + b for b in range(4)], block_size=16, num_tokens=n)
+
+    def tokens(self, rid: int, n: int) -> np.ndarray:
+        return (np.arange(n, dtype=np.uint32) * 7 + rid) % 1000
+
+    def append(self, rid: int, start: int, end: int) -> int:
+        records = gather_tokens(self.layout, self.slots(rid, end)[start:])
+        crcs = checksum(records).numpy()
+        return self.client.append(
+            rid, SHARD, EPOCH, start, self.tokens(rid, end)[start:], crcs, records.numpy(),
+            self.cap(rid),
+        )
+
+    def close(self) -> None:
+        self.client.close()
+        self.server.close()
+
+
+@pytest.fixture
+def rig(secret: bytes) -> Iterator[Rig]:
+    r = Rig(secret, HolderStore())
+    yield r
+    r.close()
+
+
+def test_appends_restore_bit_exact_into_other_slots(rig: Rig) -> None:
+    assert rig.open(1) == 0
+    assert rig.append(1, 0, 30) == 30
+    assert rig.append(1, 30, 50) == 50
+    assert rig.store.durable_tokens(1) == 50
+    target = small_cache(seed=9, num_blocks=128, block_size=8)
+    slots = slots_for_blocks(list(range(100, 110)), block_size=8, num_tokens=60)
+    result = rig.store.restore(
+        1, target, slots, token_ids=rig.tokens(1, 60), model_fingerprint=MODEL
+    )
+    assert result.status is RestoreStatus.COMPLETE
+    assert (result.restored_tokens, result.reprefill_tokens, result.durable_tokens) == (50, 10, 50)
+    assert_kv_equal(rig.layout, rig.slots(1, 50), target, slots[:50])
+
+
+def test_overlap_must_match_and_gap_is_refused(rig: Rig) -> None:
+    rig.open(2)
+    rig.append(2, 0, 10)
+    assert rig.append(2, 5, 15) == 15  # an overlap with the same crcs is accepted
+    other = gather_tokens(small_cache(seed=4), rig.slots(2, 15)[5:])  # other KV, valid crcs
+    with pytest.raises(Conflict):
+        rig.client.append(
+            2, SHARD, EPOCH, 5, rig.tokens(2, 15)[5:], checksum(other).numpy(), other.numpy(),
+            rig.cap(2),
+        )
+    with pytest.raises(Rejected):
+        rig.append(2, 20, 25)
+    stats = rig.store.stats()
+    assert stats["conflicts"] == 1 and stats["gaps_refused"] == 1
+    assert rig.store.durable_tokens(2) == 15
+
+
+def test_release_and_expiry_free_and_are_counted(rig: Rig) -> None:
+    for rid in (3, 4, 5):
+        rig.open(rid)
+        rig.append(rid, 0, 8)
+    rig.client.release(3, SHARD, EPOCH, rig.cap(3))
+    assert rig.store.expire(4) == 1
+    assert rig.store.durable_tokens(3) == 0 and rig.store.durable_tokens(4) == 0
+    assert rig.store.expire_idle(3600.0) == 0
+    stats = rig.store.stats()
+    assert (stats["releases"], stats["expirations"], stats["checkpoints"]) == (1, 1, 1)
+    assert stats["bytes_held"] == 8 * (rig.layout.record_bytes + 8)
+
+
+def token_bytes(layout_record_bytes: int) -> int:
+    return layout_record_bytes + 8
+
+
+@pytest.mark.parametrize("policy", [EvictionPolicy.SHORTEST_PREFIX, EvictionPolicy.LRU])
+def test_full_budget_evicts_by_policy(secret: bytes, policy: EvictionPolicy) -> None:
+    layout = small_cache()
+    per_token = token_bytes(layout.record_bytes)
+    rig = Rig(secret, HolderStore(60 * per_token, eviction=policy))
+    try:
+        # 20 tokens (oldest), then 10, then 25: 55 of 60 tokens charged.
+        for rid, n in ((1, 20), (2, 10), (3, 25)):
+            rig.open(rid)
+            rig.append(rid, 0, n)
+        assert rig.store.reserve(9, 12, layout.record_bytes)  # needs 7 more tokens
+        held = {c.request_id: c.durable_tokens for c in rig.store.checkpoints()}
+        evicted = 2 if policy is EvictionPolicy.SHORTEST_PREFIX else 1
+        assert evicted not in held and len(held) == 3
+        stats = rig.store.stats()
+        assert stats["evictions"] == 1
+        assert stats["evicted_tokens"] == {1: 20, 2: 10}[evicted]
+        with pytest.raises(Rejected):  # the evicted checkpoint is gone for its writer too
+            rig.append(evicted, 0, 4)
+    finally:
+        rig.close()
+
+
+def test_full_budget_without_eviction_refuses(secret: bytes) -> None:
+    layout = small_cache()
+    per_token = token_bytes(layout.record_bytes)
+    rig = Rig(secret, HolderStore(30 * per_token, eviction=EvictionPolicy.NONE))
+    try:
+        assert rig.store.reserve(1, 20, layout.record_bytes)
+        assert not rig.store.reserve(2, 20, layout.record_bytes)
+        rig.open(1)
+        assert rig.append(1, 0, 20) == 20  # inside its reservation
+        rig.open(3)
+        assert rig.append(3, 0, 10) == 10  # the last 10 tokens of budget
+        with pytest.raises(Rejected):
+            rig.append(3, 10, 11)
+        stats = rig.store.stats()
+        assert stats["reservations_refused"] == 1 and stats["appends_refused_budget"] == 1
+        assert stats["evictions"] == 0 and stats["bytes_charged"] == 30 * per_token
+    finally:
+        rig.close()
+
+
+def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: bytes) -> None:
+    # verify_records=False: the holder keeps what arrives, so corruption is caught at restore.
+    rig = Rig(secret, HolderStore(), verify_records=False)
+    try:
+        rig.open(1)
+        rig.append(1, 0, 20)
+        records = gather_tokens(rig.layout, rig.slots(1, 40)[20:]).clone()
+        crcs = checksum(records).numpy()
+        records[8, 3] ^= 0x40  # position 28 no longer matches its crc
+        rig.client.append(1, SHARD, EPOCH, 20, rig.tokens(1, 40)[20:], crcs, records.numpy(), rig.cap(1))
+        target = small_cache(seed=5)
+        slots = torch.arange(40, dtype=torch.int64)
+        tokens = rig.tokens(1, 40)
+
+        result = rig.store.restore(1, target, slots, token_ids=tokens, model_fingerprint=MODEL)
+        assert result.status is RestoreStatus.CRC_MISMATCH
+        assert (result.restored_tokens, result.reprefill_tokens) == (28, 12)
+        assert_kv_equal(rig.layout, rig.slots(1, 28), target, slots[:28])
+
+        other = rig.store.restore(1, target, slots, token_ids=tokens, model_fingerprint="other")
+        assert other.status is RestoreStatus.FINGERPRINT_MISMATCH and other.restored_tokens == 0
+
+        wrong = tokens.copy()
+        wrong[11] += 1
+        mismatch = rig.store.restore(1, target, slots, token_ids=wrong, model_fingerprint=MODEL)
+        assert mismatch.status is RestoreStatus.TOKEN_MISMATCH
+        assert mismatch.restored_tokens == 11 and mismatch.reprefill_tokens == 29
+
+        remote = remote_restore(
+            rig.client, 1, target, slots, token_ids=tokens, model_fingerprint=MODEL,
+            capability=rig.cap(1), chunk_tokens=8,
+        )
+        assert remote.status is RestoreStatus.CRC_MISMATCH and remote.restored_tokens == 28
+        missing = rig.store.restore(77, target, slots, token_ids=tokens, model_fingerprint=MODEL)
+        assert missing.status is RestoreStatus.MISSING and missing.reprefill_tokens == 40
+    finally:
+        rig.close()
+
+
+def test_remote_restore_matches_local(rig: Rig) -> None:
+    rig.open(6)
+    rig.append(6, 0, 45)
+    target = small_cache(seed=3)
+    slots = torch.arange(200, 250, dtype=torch.int64)
+    result = remote_restore(
+        rig.client, 6, target, slots, token_ids=rig.tokens(6, 50), model_fingerprint=MODEL,
+        capability=rig.cap(6), chunk_tokens=16,
+    )
+    assert (result.status, result.restored_tokens, result.reprefill_tokens) == (
+        RestoreStatus.COMPLETE, 45, 5
+    )
+    assert_kv_equal(rig.layout, rig.slots(6, 45), target, slots[:45])
+
+
+def test_restorable_tokens_is_the_shortest_shard() -> None:
+    assert restorable_tokens([64, 40, 80]) == 40
+    with pytest.raises(ValueError, match="at least one shard"):
+        restorable_tokens([])
+    with pytest.raises(TypeError, match="durable_per_shard must be a sequence"):
+        restorable_tokens(5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"durable_per_shard\[i\] must be in"):
+        restorable_tokens([3, -1])
+
+
+def test_store_arguments_are_checked(rig: Rig) -> None:
+    with pytest.raises(TypeError, match="eviction must be an EvictionPolicy"):
+        HolderStore(eviction="lru")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="budget_bytes must be in"):
+        HolderStore(-1)
+    with pytest.raises(ValueError, match="record_bytes must be in"):
+        rig.store.reserve(1, 4, 0)
+    with pytest.raises(ValueError, match="max_idle_s must be > 0"):
+        rig.store.expire_idle(0)
+    with pytest.raises(TypeError, match="store must be a HolderStore"):
+        Server(rig.secret, store=object())
+    target = small_cache(seed=2)
+    with pytest.raises(IndexError, match="slot_ids must be in"):
+        rig.store.restore(1, target, [0, 10**6], token_ids=[1, 2], model_fingerprint=MODEL)
+    with pytest.raises(ValueError, match="slot_ids must not repeat"):
+        rig.store.restore(1, target, [3, 3], token_ids=[1, 2], model_fingerprint=MODEL)
+    with pytest.raises(TypeError, match="layout must be a KVLayout"):
+        rig.store.restore(1, "cache", [3], token_ids=[1], model_fingerprint=MODEL)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="model_fingerprint must be a non-empty str"):
+        rig.store.restore(1, target, [3], token_ids=[1], model_fingerprint="")
+    with pytest.raises(TypeError, match="token_ids must hold ints"):
+        rig.store.restore(1, target, [3], token_ids=[1.5], model_fingerprint=MODEL)
+
+
+@pytest.mark.parametrize(
+    "kind", ["vllm_flash_hnd", "vllm_flashinfer", "sglang", "mla", "vllm_flash_fp8_scales"]
+)
+def test_restore_is_bit_exact_for_every_layout(secret: bytes, kind: str) -> None:
+    def layout(seed: int) -> KVLayout:
+        return make_paged_cache(kind, num_layers=2, num_blocks=16, block_size=8,
+                                num_kv_heads=2, head_dim=16, seed=seed)
+
+    source, target = layout(0), layout(1)
+    store = HolderStore()
+    fp = fingerprint_bytes(source, MODEL)
+    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    slots = torch.arange(5, 42, dtype=torch.int64)
+    records = gather_tokens(source, slots)
+    tokens = np.arange(37, dtype=np.uint32)
+    with store.serve(secret, tls=TLS) as server, Client("127.0.0.1", server.port, secret, tls=TLS) as c:
+        c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
+        c.append(1, SHARD, EPOCH, 0, tokens, checksum(records).numpy(), records.numpy(), cap)
+    into = torch.arange(60, 97, dtype=torch.int64).flip(0)
+    result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
+    assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, 37)
+    assert_kv_equal(source, slots, target, into)

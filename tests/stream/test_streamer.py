@@ -1,0 +1,248 @@
+"""CheckpointStreamer against `lumen holder` processes on loopback: durable streaming with
+replicas, fences, release, catch-up after a full staging buffer, a slow holder, a killed
+holder and its re-placement, and argument checks."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import gather_tokens, scatter_tokens
+from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore
+from lumen_core.testing import make_paged_cache
+from lumen_core.transport import Client, issue_capability
+
+pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
+
+MODEL = "stream-model"
+TLS = "tcp"
+SLOTS_PER_REQUEST = 128
+
+
+def cache(seed: int = 0) -> KVLayout:
+    return make_paged_cache(
+        "vllm_flash", num_layers=2, num_blocks=96, block_size=16, num_kv_heads=2, head_dim=16,
+        dtype=torch.bfloat16, seed=seed,
+    )
+
+
+class Loop:
+    """A decode loop stand-in: request i's position p lives in slot i * 128 + p and holds
+    fresh random KV written just before the step that saves it."""
+
+    def __init__(self, streamer: CheckpointStreamer, rids: list[int]) -> None:
+        self.streamer = streamer
+        self.layout = streamer.layout
+        self.rids = rids
+        self.length = {r: 0 for r in rids}
+        self.gen = torch.Generator().manual_seed(1)
+
+    def slots(self, rid: int, start: int, end: int) -> torch.Tensor:
+        base = self.rids.index(rid) * SLOTS_PER_REQUEST
+        return torch.arange(base + start, base + end, dtype=torch.int64)
+
+    def tokens(self, rid: int, n: int) -> np.ndarray:
+        return (np.arange(n, dtype=np.uint32) * 31 + rid) % 5000
+
+    def step(self, new: int = 1, rids: list[int] | None = None) -> int:
+        ids, positions, slots, tokens = [], [], [], []
+        for rid in rids or self.rids:
+            start, end = self.length[rid], self.length[rid] + new
+            s = self.slots(rid, start, end)
+            scatter_tokens(self.layout, s, torch.randint(0, 256, (new, self.layout.record_bytes), dtype=torch.uint8, generator=self.gen))
+            ids += [rid] * new
+            positions += list(range(start, end))
+            slots.append(s)
+            tokens.append(self.tokens(rid, end)[start:])
+            self.length[rid] = end
+        return self.streamer.save_step(ids, positions, torch.cat(slots), np.concatenate(tokens))
+
+    def check_holder(self, port: int, secret: bytes, rid: int) -> None:
+        """The holder at port restores rid's whole saved prefix bit-exact."""
+        n = self.length[rid]
+        target = cache(seed=3)
+        slots = torch.arange(n, dtype=torch.int64)
+        with Client("127.0.0.1", port, secret, tls=TLS) as client:
+            result = remote_restore(
+                client, rid, target, slots, token_ids=self.tokens(rid, n), model_fingerprint=MODEL,
+                capability=issue_capability(secret, rid, 0, 0),
+            )
+        assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, n)
+        assert torch.equal(gather_tokens(target, slots), gather_tokens(self.layout, self.slots(rid, 0, n)))
+
+
+@pytest.fixture
+def make_streamer(secret: bytes) -> Iterator[Any]:
+    made: list[CheckpointStreamer] = []
+
+    def _make(**kwargs: Any) -> CheckpointStreamer:
+        kwargs.setdefault("ack_timeout_s", 1.0)
+        kwargs.setdefault("connect_timeout_s", 1.0)
+        s = CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, tls=TLS, **kwargs)
+        made.append(s)
+        return s
+
+    yield _make
+    for s in made:
+        s.close()
+
+
+def add(streamer: CheckpointStreamer, secret: bytes, rid: int, *ports: int) -> None:
+    streamer.add_request(rid, [("127.0.0.1", p) for p in ports], issue_capability(secret, rid, 0, 0))
+
+
+def test_replicated_stream_is_durable_on_every_holder_and_released(
+    holder: Any, make_streamer: Any, secret: bytes
+) -> None:
+    a, b = holder(), holder()
+    streamer = make_streamer()
+    rids = [11, 12, 13, 14]
+    for rid in rids:
+        add(streamer, secret, rid, a.port, b.port)
+    loop = Loop(streamer, rids)
+    fence = loop.step(new=20)
+    streamer.wait_fence(fence)
+    for _ in range(30):
+        loop.step()
+    for rid in rids:
+        streamer.wait_for_save(rid)
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.coverage == 1.0 and stats.stale == ()
+    assert stats.saved == stats.durable == {r: 50 for r in rids}
+    assert all(r.live and r.durable_tokens == 50 for reps in stats.replicas.values() for r in reps)
+    c = stats.counters
+    assert c["bytes_acked"] == c["bytes_sent"] == 2 * 4 * 50 * (loop.layout.record_bytes + 8)
+    # A step finding the queue full is dropped; the next step of its requests catches up.
+    assert c["steps_enqueued"] + c["steps_dropped"] == 31 and c["appends_failed"] == 0
+    for port in (a.port, b.port):
+        for rid in rids:
+            loop.check_holder(port, secret, rid)
+    for rid in rids:
+        streamer.release(rid)
+    assert streamer.flush(timeout_s=10)
+    for h in (a, b):
+        store = h.ask("stats")["store"]
+        assert store["checkpoints"] == 0 and store["releases"] == 4
+
+
+def test_full_staging_buffer_defers_then_catches_up(holder: Any, make_streamer: Any, secret: bytes) -> None:
+    h = holder()
+    streamer = make_streamer(staging_buffers=1, staging_bytes=16 * cache().record_bytes)
+    rids = [1, 2, 3, 4, 5, 6, 7, 8]
+    for rid in rids:
+        add(streamer, secret, rid, h.port)
+    loop = Loop(streamer, rids)
+    loop.step(new=4)  # 32 tokens, room for 16: four requests wait
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.counters["tokens_deferred"] == 16 and len(stats.stale) == 4
+    assert stats.coverage == 0.5
+    for _ in range(6):
+        loop.step()
+        assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.coverage == 1.0 and stats.stale == ()
+    for rid in rids:
+        loop.check_holder(h.port, secret, rid)
+
+
+def test_slow_holder_drops_without_blocking_the_engine(holder: Any, make_streamer: Any, secret: bytes) -> None:
+    h = holder()
+    streamer = make_streamer(max_queued_steps=2, ack_timeout_s=0.5)
+    rids = [21, 22]
+    for rid in rids:
+        add(streamer, secret, rid, h.port)
+    loop = Loop(streamer, rids)
+    loop.step(new=8)
+    assert streamer.flush(timeout_s=10)
+    h.proc.send_signal(signal.SIGSTOP)
+    try:
+        worst = 0.0
+        for _ in range(40):
+            t0 = time.perf_counter()
+            loop.step()
+            worst = max(worst, time.perf_counter() - t0)
+            time.sleep(0.005)
+        assert worst < 0.05, f"save_step blocked for {worst:.3f} s"
+        assert streamer.flush(timeout_s=10)
+        stats = streamer.stats()
+        assert stats.counters["steps_dropped"] > 0 and stats.counters["tokens_dropped"] > 0
+        assert stats.gone_holders == (("127.0.0.1", h.port),)
+        assert stats.coverage < 1.0 and set(stats.stale) == set(rids)
+    finally:
+        h.proc.send_signal(signal.SIGCONT)
+
+
+def test_killed_holder_is_reported_and_replacement_restores_coverage(
+    holder: Any, make_streamer: Any, secret: bytes
+) -> None:
+    a, b = holder(), holder()
+    streamer = make_streamer()
+    rids = [31, 32, 33, 34]
+    for rid in rids:
+        add(streamer, secret, rid, a.port if rid % 2 else b.port)
+    loop = Loop(streamer, rids)
+    loop.step(new=16)
+    for _ in range(10):
+        loop.step()
+    assert streamer.flush(timeout_s=10)
+    assert streamer.stats().coverage == 1.0
+    a.kill()
+    worst = 0.0
+    for _ in range(20):
+        t0 = time.perf_counter()
+        loop.step()
+        worst = max(worst, time.perf_counter() - t0)
+    assert worst < 0.05, f"save_step blocked for {worst:.3f} s"
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.gone_holders == (("127.0.0.1", a.port),)
+    assert set(stats.stale) == {31, 33} and stats.coverage < 1.0
+    assert stats.durable[32] == stats.durable[34] == 46
+    c = holder()
+    assert streamer.replace_holder(("127.0.0.1", a.port), ("127.0.0.1", c.port)) == 2
+    loop.step()
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.coverage == 1.0 and stats.stale == ()
+    assert stats.counters["replacements"] == 1
+    for rid in (31, 33):
+        loop.check_holder(c.port, secret, rid)
+
+
+def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> None:
+    streamer = make_streamer()
+    cap = issue_capability(secret, 5, 0, 0)
+    with pytest.raises(TypeError, match="layout must be a KVLayout"):
+        CheckpointStreamer("cache", secret, model_fingerprint=MODEL)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="staging_bytes must be in"):
+        CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, staging_bytes=1)
+    with pytest.raises(ValueError, match="holders must be a non-empty sequence"):
+        streamer.add_request(5, [], cap)
+    with pytest.raises(TypeError, match=r"holders\[i\] must be an \(address, port\) tuple"):
+        streamer.add_request(5, ["127.0.0.1:1"], cap)
+    with pytest.raises(ValueError, match="capability must be 32 bytes"):
+        streamer.add_request(5, [("127.0.0.1", 1)], b"x")
+    streamer.add_request(5, [("127.0.0.1", 1)], cap)
+    with pytest.raises(ValueError, match="already registered"):
+        streamer.add_request(5, [("127.0.0.1", 1)], cap)
+    with pytest.raises(ValueError, match="was not added"):
+        streamer.save_step([6], [0], [0], [1])
+    with pytest.raises(ValueError, match="would have a gap"):
+        streamer.save_step([5], [3], [0], [1])
+    with pytest.raises(ValueError, match="must be consecutive"):
+        streamer.save_step([5, 5], [0, 2], [0, 1], [1, 1])
+    with pytest.raises(ValueError, match="one entry per token"):
+        streamer.save_step([5, 5], [0, 1], [0], [1, 1])
+    with pytest.raises(IndexError, match="slot_ids must be in"):
+        streamer.save_step([5], [0], [10**7], [1])
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        streamer.wait_for_save(5, timeout_s=0)
