@@ -120,6 +120,7 @@ def _holder(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from lumen_core.gateway.command import add_gateway_parser
     from lumen_core.worker.command import add_worker_parser
+    from lumen_core.worker.demo import add_demo_parser
     from lumen_core.policy.presets import POLICY_NAMES
     from lumen_core.sim.experiments import EXPERIMENTS, RATE_PER_WORKER
 
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     holder.set_defaults(func=_holder)
     add_gateway_parser(commands)
     add_worker_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 
