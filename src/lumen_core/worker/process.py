@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,9 @@ from lumen_core.gateway.client import (
     StaleEpochError,
 )
 from lumen_core.gateway.coordinator import (
+    ASSIST_DRAFT,
+    ASSIST_STOP,
+    ASSIST_VERIFY,
     CANCEL,
     HOLD,
     RECOVERING,
@@ -52,6 +56,7 @@ from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.stream import HolderStore
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
+from lumen_core.worker.assist import AssistedRequests, Assistant
 from lumen_core.worker.connector import GatewayConnector, RestoreSource, StreamGrant, parse_address
 
 EXIT_OK = 0
@@ -138,6 +143,9 @@ class Worker:
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
         self.counters = {"resumed": 0, "cancelled": 0}
+        self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
+        self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
+        self.assist_counts = {"steps": 0, "proposed": 0, "accepted": 0}
 
     # ---- models --------------------------------------------------------------------------
     def _load_full(self, modelled_s: float) -> None:
@@ -172,7 +180,32 @@ class Worker:
         engine = self.engine
         running = len(engine.scheduler.running) if engine is not None else 0
         waiting = len(engine.scheduler.waiting) if engine is not None else 0
-        return WorkerReport(num_running=running, num_waiting=waiting, held_bytes=held_bytes, held=held)
+        counts = self._assist_counts()
+        return WorkerReport(
+            num_running=running,
+            num_waiting=waiting,
+            held_bytes=held_bytes,
+            held=held,
+            assist_steps=counts["steps"],
+            proposed_draft_tokens=counts["proposed"],
+            accepted_draft_tokens=counts["accepted"],
+        )
+
+    def _assist_counts(self) -> dict[str, int]:
+        assistant = self.assistant
+        if assistant is None:
+            return dict(self.assist_counts)
+        return {
+            "steps": self.assist_counts["steps"] + assistant.steps,
+            "proposed": self.assist_counts["proposed"] + assistant.proposed,
+            "accepted": self.assist_counts["accepted"] + assistant.accepted,
+        }
+
+    def _stop_assistant(self) -> None:
+        if self.assistant is not None:
+            self.assist_counts = self._assist_counts()
+            self.assistant.stop()
+            self.assistant = None
 
     def _on_fenced(self, reason: str) -> None:
         self.fence_reason = reason
@@ -211,6 +244,13 @@ class Worker:
     # ---- directives ----------------------------------------------------------------------
     def _apply(self, directive: Directive) -> None:
         kind = directive.kind
+        if kind in (ASSIST_DRAFT, ASSIST_VERIFY, ASSIST_STOP):
+            print(
+                f"worker {self.config.worker_id}: {kind} peer {directive.peer_worker_id} "
+                f"k={directive.num_draft_tokens}: {directive.reason}",
+                file=sys.stderr,
+                flush=True,
+            )
         if kind == RELEASE:
             self.store.expire(directive.request_id)
         elif kind == HOLD:
@@ -222,6 +262,28 @@ class Worker:
             self._admit(directive)
         elif kind == STREAM:
             self._stream(directive)
+        elif kind == ASSIST_DRAFT:
+            self._stop_assistant()
+            if self.draft is not None and self.state == RECOVERING:
+                default_k = directive.num_draft_tokens
+                heartbeats = self.heartbeats
+                self.assistant = Assistant(
+                    self.draft,
+                    self.config.holder_host,
+                    self.server.port,
+                    lambda: (heartbeats.last_num_draft_tokens if heartbeats is not None else 0) or default_k,
+                    num_blocks=self.config.num_blocks,
+                ).start()
+        elif kind == ASSIST_VERIFY:
+            if self.assisted is not None:
+                self.assisted.close()
+            self.assisted = AssistedRequests(parse_address(directive.peer_address), directive.peer_worker_id)
+        elif kind == ASSIST_STOP:
+            if self.assisted is not None and self.assisted.peer_worker_id == directive.peer_worker_id:
+                self.assisted.close()
+                self.assisted = None
+            else:
+                self._stop_assistant()
 
     def _drop(self, request_id: int) -> None:
         self.served.pop(request_id, None)
@@ -290,7 +352,25 @@ class Worker:
 
     def _step(self) -> None:
         assert self.engine is not None
-        out = self.engine.step()
+        engine = self.engine
+        assisted = self.assisted
+        if assisted is not None:
+            for request_id, (position, drafts) in assisted.drafts().items():
+                request = engine.requests.get(str(request_id))
+                if request is None or request.num_uncomputed_tokens != 1:
+                    continue
+                # Drafts made for an earlier position still serve if their head came true.
+                offset = request.num_tokens - position
+                if 0 <= offset < len(drafts) and request.token_ids[position:] == drafts[:offset]:
+                    engine.set_drafts(str(request_id), drafts[offset:])
+        out = engine.step()
+        if assisted is not None:
+            for key in out.finished:
+                assisted.finished(int(key))
+            assisted.sync(
+                {int(r.request_id): list(r.token_ids) for r in engine.scheduler.running if r.request_id not in out.finished},
+                {int(k): (n, out.num_accepted.get(k, 0)) for k, n in out.num_draft_tokens.items()},
+            )
         reports = []
         for key, tokens in out.new_token_ids.items():
             served = self.served.get(int(key))
@@ -316,6 +396,9 @@ class Worker:
             "reprefilled": self.counters["resumed"] - restored,
             "restored_tokens": sum(r.restored_tokens for r in restores),
             "cancelled": self.counters["cancelled"],
+            "assist_steps": self._assist_counts()["steps"],
+            "proposed_drafts": self._assist_counts()["proposed"],
+            "accepted_drafts": self._assist_counts()["accepted"],
         }
 
     def run(self) -> int:
@@ -325,8 +408,9 @@ class Worker:
                 if self.load_error is not None:
                     raise self.load_error
                 self._build_engine()
-                self.client.model_loaded(budget_bytes=self.config.budget_bytes)
+                self._stop_assistant()
                 self.state = SERVING
+                self.client.model_loaded(budget_bytes=self.config.budget_bytes)
             try:
                 directive = self.directives.get(
                     timeout=0 if self.engine is not None and self.engine.has_unfinished() else self.config.idle_wait_s
@@ -334,7 +418,7 @@ class Worker:
             except queue.Empty:
                 directive = None
             while directive is not None:
-                if self.engine is not None or directive.kind in (RELEASE, HOLD):
+                if self.engine is not None or directive.kind in (RELEASE, HOLD, ASSIST_DRAFT, ASSIST_STOP):
                     self._apply(directive)
                 try:
                     directive = self.directives.get_nowait()
@@ -351,6 +435,9 @@ class Worker:
         self.stopping.set()
         if self.heartbeats is not None:
             self.heartbeats.stop()
+        self._stop_assistant()
+        if self.assisted is not None:
+            self.assisted.close()
         if self.connector is not None:
             self.connector.close()
         self.server.close()
