@@ -16,7 +16,9 @@ into a cache, against a one-thread memcpy of the same bytes.
 JSON rows: case (request count, or "4096 tokens"), metric, value, ratio:
 step_latency_p50_ratio / step_latency_p99_ratio (value: on-latency ms, ratio: on / off),
 stream_gb_per_s (value: GB/s acked, ratio: acked over produced bytes per second),
-restore_vs_memcpy (value: restore GB/s, ratio: restore / memcpy).
+restore_vs_memcpy (value: restore GB/s, ratio: restore / memcpy); and step_cpu_p50_ratio /
+step_cpu_p99_ratio, the same ratios of the decode thread's CPU time per step, which other
+tenants of a shared machine do not inflate (wall-clock latency includes their preemptions).
 """
 
 from __future__ import annotations
@@ -52,8 +54,12 @@ def make_layout(num_slots: int, layers: int) -> KVLayout:
     )
 
 
+CORES = os.sched_getaffinity(0)
+
+
 def pin(cores: set[int]) -> None:
-    if len(os.sched_getaffinity(0)) >= 2:
+    """Pins the calling thread (threads it starts inherit it) when there are two cores."""
+    if len(CORES) >= 2:
         os.sched_setaffinity(0, cores)
 
 
@@ -83,24 +89,37 @@ class Decode:
         scatter_tokens(self.layout, slots, self.rows, num_threads=1)
         return slots
 
+    def _median_step(self, reps: int) -> float:
+        self.reps = reps
+        times = []
+        for position in range(9):
+            t0 = time.perf_counter()
+            self.step(position % self.steps)
+            times.append(time.perf_counter() - t0)
+        return float(np.median(times))
+
     def _calibrate(self, step_ms: float) -> int:
-        t0 = time.perf_counter()
-        self.step(0)
-        base = time.perf_counter() - t0
-        reps = 20
-        t0 = time.perf_counter()
-        for _ in range(3):
-            c = self.a
-            for _ in range(reps):
-                c = torch.mm(c, self.b) * 1.0
-        per_rep = (time.perf_counter() - t0) / (3 * reps)
-        return max(1, round((step_ms / 1000 - base) / per_rep))
+        """Matmul repetitions that make one step last step_ms (a line through two sizes)."""
+        low, high = 4, 32
+        t_low, t_high = self._median_step(low), self._median_step(high)
+        per_rep = max((t_high - t_low) / (high - low), 1e-6)
+        reps = max(1, round(low + (step_ms / 1000 - t_low) / per_rep))
+        # One correction at the chosen size (the line is only as good as two noisy medians).
+        t_reps = self._median_step(reps)
+        return max(1, round(reps + (step_ms / 1000 - t_reps) / per_rep))
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process pid, all threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, secret: bytes,
-        port: int) -> tuple[list[float], float, int]:
-    """Latencies (s) of decode.steps steps; with a streamer also the seconds until every
-    append was acknowledged and the bytes acknowledged."""
+        port: int, holder_pid: int) -> tuple[list[float], list[float], float, int, float]:
+    """Wall-clock and decode-thread CPU latencies (s) of decode.steps steps; with a streamer
+    also the seconds until every append was acknowledged, the bytes acknowledged and the CPU
+    seconds of the data plane (this process's other threads and the holder process)."""
     rids = np.arange(request_base, request_base + decode.num_requests, dtype=np.uint64)
     if streamer is not None:
         for rid in rids:
@@ -108,25 +127,29 @@ def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, 
         acked_before = streamer.stats().counters["bytes_acked"]
     token_ids = np.zeros(decode.num_requests, dtype=np.uint32)
     latencies = []
+    cpu = []
     start = time.perf_counter()
+    cpu_start = process_cpu_s(os.getpid()) + process_cpu_s(holder_pid) - time.thread_time()
     for position in range(decode.steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         slots = decode.step(position)
         if streamer is not None:
             positions = np.full(decode.num_requests, position, dtype=np.uint64)
             streamer.save_step(rids, positions, slots.numpy(), token_ids + position)
         latencies.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
     if streamer is None:
-        return latencies, 0.0, 0
+        return latencies, cpu, 0.0, 0, 0.0
     streamer.flush(timeout_s=60)
     elapsed = time.perf_counter() - start
+    data_plane_cpu = process_cpu_s(os.getpid()) + process_cpu_s(holder_pid) - time.thread_time() - cpu_start
     stats = streamer.stats()
     acked = stats.counters["bytes_acked"] - acked_before
     for rid in rids:
         streamer.wait_for_save(int(rid))
         streamer.release(int(rid))
     streamer.flush(timeout_s=60)
-    return latencies, elapsed, acked
+    return latencies, cpu, elapsed, acked, data_plane_cpu
 
 
 def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> None:
@@ -202,6 +225,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2, help="off/on pairs per request count")
     parser.add_argument("--restore-tokens", type=int, default=4096)
     parser.add_argument("--tls", default="sm,tcp", help="UCX_TLS of the holder and the streamer")
+    parser.add_argument("--no-pin", action="store_true", help="leave thread placement to the OS")
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--quick", action="store_true", help="4 layers, 16 requests, 10 steps, 256 tokens")
     args = parser.parse_args()
@@ -209,13 +233,15 @@ def main() -> int:
     if args.quick:
         layers, args.requests, args.steps, args.restore_tokens, args.repeats = 4, [16], 10, 256, 1
     torch.set_num_threads(1)
+    if args.no_pin:
+        CORES.clear()
     rows: list[dict[str, object]] = []
     secret = os.urandom(32)
     with tempfile.TemporaryDirectory() as tmp:
         secret_file = Path(tmp) / "secret"
         secret_file.write_bytes(secret)
         secret_file.chmod(0o600)
-        data_core = {1} if len(os.sched_getaffinity(0)) >= 2 else None
+        data_core = {1} if len(CORES) >= 2 else None  # --no-pin: CORES is empty
         holder = subprocess.Popen(
             [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0", "--budget-bytes",
              str(64 << 30), "--secret-file", str(secret_file), "--tls", args.tls],
@@ -235,20 +261,30 @@ def main() -> int:
                 decode = Decode(layout, num_requests, args.steps, args.step_ms)
                 off: list[float] = []
                 on: list[float] = []
+                off_cpu: list[float] = []
+                on_cpu: list[float] = []
                 elapsed = 0.0
                 acked = 0
+                data_cpu = 0.0
                 for r in range(args.repeats):
-                    off += run(decode, None, 0, secret, port)[0]
-                    lat, el, ac = run(decode, streamer, (r + 1) << 32, secret, port)
+                    lat, cpu, _, _, _ = run(decode, None, 0, secret, port, holder.pid)
+                    off += lat
+                    off_cpu += cpu
+                    lat, cpu, el, ac, dc = run(decode, streamer, (r + 1) << 32, secret, port, holder.pid)
                     on += lat
+                    on_cpu += cpu
                     elapsed += el
                     acked += ac
+                    data_cpu += dc
                 counters = streamer.stats().counters
                 streamer.close()
-                pin({0, 1})
+                if CORES:
+                    pin(CORES)
                 produced = args.repeats * args.steps * num_requests * (layout.record_bytes + 8)
                 p50 = (np.percentile(on, 50), np.percentile(off, 50))
                 p99 = (np.percentile(on, 99), np.percentile(off, 99))
+                cpu50 = (np.percentile(on_cpu, 50), np.percentile(off_cpu, 50))
+                cpu99 = (np.percentile(on_cpu, 99), np.percentile(off_cpu, 99))
                 gbps = acked / elapsed / 1e9
                 demand = produced / (sum(on) if on else 1) / 1e9
                 case = f"{num_requests} requests"
@@ -256,11 +292,15 @@ def main() -> int:
                     {"case": case, "metric": "step_latency_p50_ratio", "value": p50[0] * 1e3, "ratio": p50[0] / p50[1]},
                     {"case": case, "metric": "step_latency_p99_ratio", "value": p99[0] * 1e3, "ratio": p99[0] / p99[1]},
                     {"case": case, "metric": "stream_gb_per_s", "value": gbps, "ratio": gbps / demand},
+                    {"case": case, "metric": "step_cpu_p50_ratio", "value": cpu50[0] * 1e3, "ratio": cpu50[0] / cpu50[1]},
+                    {"case": case, "metric": "step_cpu_p99_ratio", "value": cpu99[0] * 1e3, "ratio": cpu99[0] / cpu99[1]},
                 ]
                 print(f"{case}: off p50 {p50[1]*1e3:.1f} ms p99 {p99[1]*1e3:.1f} ms | on p50 {p50[0]*1e3:.1f} ms "
                       f"p99 {p99[0]*1e3:.1f} ms | p50 ratio {p50[0]/p50[1]:.3f} p99 ratio {p99[0]/p99[1]:.3f} | "
                       f"stream {gbps:.2f} GB/s acked (produced {demand:.2f} GB/s) | dropped steps "
-                      f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']}", flush=True)
+                      f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']} | decode-thread "
+                      f"CPU p50 ratio {cpu50[0]/cpu50[1]:.3f} p99 ratio {cpu99[0]/cpu99[1]:.3f} | data plane "
+                      f"{data_cpu / elapsed:.0%} of a core ({os.getloadavg()[0]:.1f} load)", flush=True)
                 del layout, decode
         finally:
             holder.terminate()

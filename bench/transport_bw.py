@@ -1,7 +1,7 @@
 """Transport-only bandwidth of lumen_core.transport against `ucx_perftest -t tag_bw`.
 
 Both run between two processes on loopback at the same message size and UCX_TLS, in the same
-run. Ours: a Server process (MemorySink; crc check on receipt off for the transport-only case,
+run. Ours: a Server process (its HolderStore; crc check on receipt off for the transport-only case,
 on for the "+verify" case) and a Client streaming prepared appends of [n, 32 KiB] records with
 `--window` appends in flight, in rounds of open / appends / release so the server's memory
 stays bounded. GB/s counts message payload bytes (records + token ids + crcs) per second.

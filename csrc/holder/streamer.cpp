@@ -131,6 +131,7 @@ uint64_t Streamer::save_step(const uint64_t* request_ids, const uint64_t* positi
       request.token_ids.resize(start);
       for (Replica& replica : request.replicas) replica.sent = std::min(replica.sent, start);
     }
+    request.readable_from = std::min(request.readable_from, start);
     request.slots.insert(request.slots.end(), slot_ids + i, slot_ids + j);
     request.token_ids.insert(request.token_ids.end(), token_ids + i, token_ids + j);
     work.request_ids.push_back(request_ids[i]);
@@ -158,10 +159,13 @@ uint64_t Streamer::save_step(const uint64_t* request_ids, const uint64_t* positi
 
 bool Streamer::wait_for_save(uint64_t request_id, double timeout_s) {
   std::unique_lock<std::mutex> lock(mutex_);
-  return changed_.wait_until(lock, deadline_after(timeout_s), [&] {
+  const bool done = changed_.wait_until(lock, deadline_after(timeout_s), [&] {
     auto it = requests_.find(request_id);
     return it == requests_.end() || it->second.queued_steps == 0 || stopping_;
   });
+  auto it = requests_.find(request_id);
+  if (done && it != requests_.end()) it->second.readable_from = it->second.slots.size();
+  return done;
 }
 
 bool Streamer::wait_fence(uint64_t fence, double timeout_s) {
@@ -336,7 +340,11 @@ void Streamer::process_step(const Work& work) {
       Request& request = it->second;
       const uint64_t to = request.slots.size();
       Range range{id, to, to, slots.size(), {}};
-      for (const Replica& replica : request.replicas) {
+      for (Replica& replica : request.replicas) {
+        if (replica.opened && !replica.lost && replica.sent < request.readable_from) {
+          replica.lost = true;  // its next records were in pages freed since
+          ++stats_.replicas_lost;
+        }
         if (replica.opened && !replica.lost && !replica.holder->gone && replica.sent < to) {
           range.from = std::min(range.from, replica.sent);
           range.targets.push_back({replica.holder, replica.sent});
@@ -381,6 +389,8 @@ void Streamer::process_step(const Work& work) {
     for (const auto& [holder, first] : range.targets) {
       bool ok = connect(holder);
       uint64_t sent_to = first;
+      uint64_t started = 0;
+      uint64_t started_bytes = 0;
       for (uint64_t pos = first; ok && pos < range.to;) {
         const uint64_t count = std::min(max_tokens, range.to - pos);
         const uint64_t index = range.offset + (pos - range.from);
@@ -399,6 +409,8 @@ void Streamer::process_step(const Work& work) {
           const uint64_t op_id = holder->client->start_append(args);
           batch.ops.push_back({holder, range.request_id, op_id, pos + count,
                                count * (record_bytes + 8)});
+          ++started;
+          started_bytes += count * (record_bytes + 8);
           pos += count;
           sent_to = pos;
         } catch (const TransportError&) {
@@ -407,12 +419,8 @@ void Streamer::process_step(const Work& work) {
       }
       std::lock_guard<std::mutex> lock(mutex_);
       if (!ok) mark_gone(holder);
-      for (const auto& op : batch.ops) {
-        if (op.holder == holder && op.request_id == range.request_id) {
-          ++stats_.appends_started;
-          stats_.bytes_sent += op.bytes;
-        }
-      }
+      stats_.appends_started += started;
+      stats_.bytes_sent += started_bytes;
       auto it = requests_.find(range.request_id);
       if (it == requests_.end()) continue;
       for (Replica& replica : it->second.replicas) {

@@ -80,7 +80,7 @@ Client::Client(const ClientOptions& options) : options_(options), worker_(Worker
   handshake->id = kHandshakeOp;
   handshake->kind = MessageKind::kAuth;
   ops_[kHandshakeOp] = handshake;
-  worker_.start([this] { shutdown(); }, [this] { return !ops_.empty(); });
+  worker_.start([this] { shutdown(); }, [this] { return !ops_.empty(); }, nullptr);
   try {
     await(handshake, options_.connect_timeout_s);
   } catch (...) {
@@ -528,7 +528,8 @@ ucs_status_t Client::handle(const WireHeader& h, void* data, bool rndv) {
     case MessageKind::kError:
       if (op) {
         fail(op, h.status,
-             handshaking ? std::string("the server refused the handshake (wrong secret?)")
+             handshaking ? std::string("the server refused the handshake") +
+                               (h.status == Status::kRejected ? " (wrong secret?)" : "")
                          : std::string(kind_name(op->kind)) + " of request " +
                                std::to_string(h.request_id) + " shard " +
                                std::to_string(h.shard) + " epoch " + std::to_string(h.epoch) +

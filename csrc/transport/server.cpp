@@ -46,6 +46,10 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
     : options_(options), sink_(std::move(sink)), worker_(WorkerOptions{options.tls}) {
   check_secret(options_.secret);
   if (!sink_) throw std::invalid_argument("sink must be a RecordSink, got null");
+  if (!(options_.handshake_timeout_s > 0.0)) {
+    throw std::invalid_argument("handshake_timeout_s must be > 0, got " +
+                                std::to_string(options_.handshake_timeout_s));
+  }
   socklen_t address_length = 0;
   const sockaddr_storage address = resolve_address(options_.address, options_.port,
                                                    &address_length);
@@ -79,7 +83,8 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
   port_ = attr.sockaddr.ss_family == AF_INET6
               ? ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port)
               : ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  worker_.start([this] { shutdown(); }, [this] { return !appends_.empty(); });
+  worker_.start([this] { shutdown(); }, [this] { return !appends_.empty(); },
+                [this] { expire_handshakes(); });
 }
 
 Server::~Server() { close(); }
@@ -118,6 +123,7 @@ void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   auto* self = static_cast<Server*>(arg);
   auto conn = std::make_unique<Conn>();
   conn->id = self->next_conn_id_++;
+  conn->accepted_at = std::chrono::steady_clock::now();
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -140,6 +146,22 @@ void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   challenge.payload_bytes = kNonceBytes;
   self->send(raw, challenge,
              std::make_shared<std::vector<uint8_t>>(raw->nonce.begin(), raw->nonce.end()));
+}
+
+bool Server::handshake_expired(const Conn& conn) const {
+  return std::chrono::steady_clock::now() - conn.accepted_at >
+         std::chrono::duration<double>(options_.handshake_timeout_s);
+}
+
+void Server::expire_handshakes() {
+  std::vector<Conn*> expired;
+  for (auto& [id, conn] : conns_) {
+    if (!conn->authenticated && handshake_expired(*conn)) expired.push_back(conn.get());
+  }
+  for (Conn* conn : expired) {
+    stats_.handshake_timeouts++;
+    drop(conn, /*force=*/true);
+  }
 }
 
 void Server::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t /*status*/) {
@@ -240,6 +262,10 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
     } else if (rndv) {
       stats_.malformed++;
       drop(conn, /*force=*/true);
+    } else if (handshake_expired(*conn)) {
+      stats_.handshake_timeouts++;
+      reply(conn, h, MessageKind::kError, Status::kTimeout, 0);
+      drop(conn, /*force=*/false);
     } else {
       handle_auth(conn, h, static_cast<const uint8_t*>(data));
     }

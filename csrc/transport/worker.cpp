@@ -19,7 +19,6 @@ using Clock = std::chrono::steady_clock;
 // How long the thread keeps polling after the last event before it sleeps in epoll: polling
 // keeps bulk transfers at full speed, sleeping keeps an idle endpoint off the CPU.
 constexpr auto kSpinAfterActivity = std::chrono::microseconds(200);
-constexpr int kSleepMs = 100;
 
 }  // namespace
 
@@ -138,9 +137,11 @@ void Worker::call(const std::function<void()>& fn) {
   if (error) std::rethrow_exception(error);
 }
 
-void Worker::start(std::function<void()> on_stop, std::function<bool()> busy) {
+void Worker::start(std::function<void()> on_stop, std::function<bool()> busy,
+                   std::function<void()> tick) {
   on_stop_ = std::move(on_stop);
   busy_ = std::move(busy);
+  tick_ = std::move(tick);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -175,10 +176,15 @@ bool Worker::progress_until(const std::function<bool()>& pred, double timeout_s)
 
 void Worker::loop() {
   auto last_activity = Clock::now();
+  auto last_tick = last_activity;
   while (!stopping_.load()) {
     bool active = run_posted();
     while (ucp_worker_progress(worker_) != 0) active = true;
     const auto now = Clock::now();
+    if (tick_ && now - last_tick >= std::chrono::milliseconds(kTickMs)) {
+      last_tick = now;
+      tick_();
+    }
     if (active) {
       last_activity = now;
       continue;
@@ -198,7 +204,7 @@ void Worker::loop() {
       if (!posted_.empty()) continue;
     }
     epoll_event event{};
-    epoll_wait(epoll_fd_, &event, 1, kSleepMs);
+    epoll_wait(epoll_fd_, &event, 1, kTickMs);
   }
   run_posted();
   if (on_stop_) on_stop_();

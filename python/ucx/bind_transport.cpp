@@ -1,4 +1,4 @@
-// Bindings of the native transport: Server (over a MemorySink), Client, capabilities and the
+// Bindings of the native transport: Server (made over a HolderStore by bind_holder.cpp), Client, capabilities and the
 // wire header codec. Unpack, check cheap invariants, release the GIL, call csrc.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
@@ -49,6 +49,7 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["connections_active"] = s.connections_active;
   d["handshakes_ok"] = s.handshakes_ok;
   d["handshakes_failed"] = s.handshakes_failed;
+  d["handshake_timeouts"] = s.handshake_timeouts;
   d["malformed"] = s.malformed;
   d["unauthenticated"] = s.unauthenticated;
   d["bad_capability"] = s.bad_capability;
@@ -166,23 +167,8 @@ void bind_transport(py::module_& m) {
       py::arg("max_record_bytes"), py::arg("max_payload_bytes"),
       "Validates a header as a receiver does; ValueError says what is wrong.");
 
+  // Constructed by serve_holder_store (bind_holder.cpp) over its HolderStore.
   py::class_<lt::Server>(m, "Server")
-      .def(py::init([](const py::bytes& secret, const std::string& address, uint16_t port,
-                       const std::string& tls, uint32_t max_tokens, uint32_t max_record_bytes,
-                       uint64_t max_payload_bytes, bool verify_records) {
-             lt::ServerOptions options;
-             options.secret = secret;
-             options.address = address;
-             options.port = port;
-             options.tls = tls;
-             options.limits = to_limits(max_tokens, max_record_bytes, max_payload_bytes);
-             options.verify_records = verify_records;
-             py::gil_scoped_release release;
-             return std::make_unique<lt::Server>(options, std::make_shared<lt::MemorySink>());
-           }),
-           py::kw_only(), py::arg("secret"), py::arg("address"), py::arg("port"), py::arg("tls"),
-           py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
-           py::arg("max_payload_bytes"), py::arg("verify_records"))
       .def_property_readonly("port", &lt::Server::port)
       .def("stats",
            [](lt::Server& s) {

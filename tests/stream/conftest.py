@@ -1,5 +1,5 @@
-"""Fixtures of the stream tests: the module check, a secret file, a small CPU KV cache, and
-holder / worker processes on loopback (killed and reaped after every test)."""
+"""Fixtures of the stream tests: the module check, a secret file, and `lumen holder` (or other)
+processes on loopback, killed and reaped after every test."""
 
 from __future__ import annotations
 
@@ -12,15 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from lumen_core import _native
-from lumen_core.layouts import KVLayout
-from lumen_core.testing import make_paged_cache
 
-WORKER_PATH = Path(__file__).with_name("worker.py")
 TLS = "tcp"
-MODEL = "test-model"
 
 
 @pytest.fixture(autouse=True)
@@ -44,20 +39,6 @@ def secret_file(tmp_path: Path, secret: bytes) -> Path:
     path.write_bytes(secret)
     path.chmod(0o600)
     return path
-
-
-def small_cache(seed: int = 0, num_blocks: int = 64, block_size: int = 16) -> KVLayout:
-    """A vLLM flash cache of 2 layers, 2 heads of 16 bf16: 256-byte records."""
-    return make_paged_cache(
-        "vllm_flash", num_layers=2, num_blocks=num_blocks, block_size=block_size,
-        num_kv_heads=2, head_dim=16, dtype=torch.bfloat16, seed=seed,
-    )
-
-
-@pytest.fixture(scope="session")
-def make_cache() -> Callable[..., KVLayout]:
-    """make_cache(seed=0, num_blocks=64, block_size=16): small_cache."""
-    return small_cache
 
 
 class Proc:

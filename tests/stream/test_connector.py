@@ -59,7 +59,7 @@ def test_engine_restores_streamed_checkpoints_and_continues_identically(
     server = store.serve(secret, tls="tcp") if source == "local" else None
     port = server.port if server is not None else holder().port
     saver = StreamingConnector(
-        secret, fingerprint, holders=[("127.0.0.1", port)], streamer_options={"tls": "tcp"}
+        secret, fingerprint, holders=[("127.0.0.1", port)], streamer_options={"tls": "tcp", "max_queued_steps": 256}
     )
     worker = Engine(model, CacheConfig(64, 4), connector=saver)
     before: dict[str, list[int]] = {f"r{j}": [] for j in range(len(PROMPTS))}
@@ -106,7 +106,7 @@ def test_mismatched_model_falls_back_to_reprefill(model: Llama, secret: bytes) -
     try:
         saver = StreamingConnector(
             secret, model_fingerprint(model), holders=[("127.0.0.1", server.port)],
-            streamer_options={"tls": "tcp"},
+            streamer_options={"tls": "tcp", "max_queued_steps": 256},
         )
         worker = Engine(model, CacheConfig(64, 4), connector=saver)
         worker.add_request("r0", PROMPTS[0], params)

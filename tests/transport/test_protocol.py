@@ -220,3 +220,25 @@ def test_newer_epoch_fences_an_append_in_flight(server, peer, secret) -> None:
         got = new.read(request_id, 0, 2, 0, 1, record_bytes, cap2)
         assert got.durable_tokens == durable_at_open == (n if landed else 0)
         assert old.connected and new.connected
+
+
+def test_close_is_idempotent_and_later_calls_are_peer_gone(server, secret) -> None:
+    client = tp.Client("127.0.0.1", server.port, secret, tls=TLS)
+    client.close()
+    client.close()
+    assert not client.connected
+    with pytest.raises(tp.PeerGone, match="the connection is closed"):
+        client.release(1, 0, 1, tp.issue_capability(secret, 1, 0, 1))
+    local = tp.Server(secret, tls=TLS)
+    local.close()
+    local.close()
+
+
+def test_connection_that_does_not_authenticate_in_time_is_dropped(secret) -> None:
+    # A deadline no handshake can meet: the proof arrives late (or never) and is refused.
+    with tp.Server(secret, tls=TLS, handshake_timeout_s=1e-6) as server:
+        with pytest.raises((tp.Timeout, tp.PeerGone)):
+            tp.Client("127.0.0.1", server.port, secret, tls=TLS, connect_timeout_s=5.0)
+        stats = server.stats()
+        assert stats["handshake_timeouts"] == 1 and stats["handshakes_ok"] == 0
+        assert stats["connections_active"] == 0

@@ -147,8 +147,10 @@ def test_no_default_or_short_secret(secret, error, match) -> None:
 
 def test_native_server_refuses_short_secret() -> None:
     with pytest.raises(ValueError, match="at least 16 bytes"):
-        _native_module().Server(secret=b"short", address="127.0.0.1", port=0, tls="tcp",
-                                verify_records=True, **LIMITS)
+        native = _native_module()
+        native.serve_holder_store(native.HolderStore(budget_bytes=1 << 20, policy=0),
+                                  secret=b"short", address="127.0.0.1", port=0, tls="tcp",
+                                  verify_records=True, handshake_timeout_s=10.0, **LIMITS)
 
 
 def test_read_secret_file(tmp_path: Path) -> None:
@@ -188,13 +190,17 @@ def test_server_argument_validation() -> None:
         tp.Server(secret, limits={})
     with pytest.raises(ValueError, match="address must be a host name or IP address"):
         tp.Server(secret, address="no such host.invalid")
+    with pytest.raises(ValueError, match="handshake_timeout_s must be > 0, got 0"):
+        tp.Server(secret, handshake_timeout_s=0)
+    with pytest.raises(TypeError, match="handshake_timeout_s must be a number, got str"):
+        tp.Server(secret, handshake_timeout_s="1")
 
 
 def test_client_argument_validation() -> None:
     secret = b"k" * 32
     with pytest.raises(ValueError, match=r"port must be in \[1, 65535\], got 0"):
         tp.Client("127.0.0.1", 0, secret)
-    with pytest.raises(ValueError, match="timeout_s must be > 0, got 0"):
+    with pytest.raises(ValueError, match="connect_timeout_s must be > 0, got 0"):
         tp.Client("127.0.0.1", 1, secret, connect_timeout_s=0)
     with pytest.raises(TypeError, match="limits must be a WireLimits, got int"):
         tp.Client("127.0.0.1", 1, secret, limits=3)

@@ -14,7 +14,7 @@ import stat
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -29,6 +29,9 @@ from lumen_core.transport.errors import (
     Timeout,
     TransportError,
 )
+
+if TYPE_CHECKING:
+    from lumen_core.stream.holder import HolderStore
 
 __all__ = [
     "Aborted",
@@ -123,11 +126,11 @@ def _check_secret(secret: object) -> bytes:
     return _check_bytes("secret", secret, min_size=MIN_SECRET_BYTES)
 
 
-def _check_timeout(timeout_s: object) -> float:
+def _check_timeout(timeout_s: object, name: str = "timeout_s") -> float:
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
-        raise TypeError(f"timeout_s must be a number, got {type(timeout_s).__name__}")
+        raise TypeError(f"{name} must be a number, got {type(timeout_s).__name__}")
     if not timeout_s > 0:
-        raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        raise ValueError(f"{name} must be > 0, got {timeout_s}")
     return float(timeout_s)
 
 
@@ -176,7 +179,8 @@ class Server:
     (budgeted host memory; a new unbudgeted one when not given).
 
     Runs its own UCX progress thread; ``stats()`` returns the counters of every refusal.
-    ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice).
+    ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice). A connection that has
+    not proven the secret within ``handshake_timeout_s`` is dropped.
     """
 
     def __init__(
@@ -188,7 +192,8 @@ class Server:
         tls: str = "",
         limits: WireLimits = WireLimits(),
         verify_records: bool = True,
-        store: Any = None,
+        handshake_timeout_s: float = 10.0,
+        store: HolderStore | None = None,
     ) -> None:
         key = _check_secret(secret)
         if not isinstance(address, str):
@@ -198,7 +203,7 @@ class Server:
             raise TypeError(f"tls must be a str, got {type(tls).__name__}")
         if not isinstance(limits, WireLimits):
             raise TypeError(f"limits must be a WireLimits, got {type(limits).__name__}")
-        from lumen_core.stream.holder import HolderStore
+        from lumen_core.stream.holder import HolderStore  # noqa: F811 - the run-time import
 
         if store is None:
             store = HolderStore()
@@ -211,6 +216,7 @@ class Server:
             port=port,
             tls=tls,
             verify_records=bool(verify_records),
+            handshake_timeout_s=_check_timeout(handshake_timeout_s, "handshake_timeout_s"),
             **limits._kwargs(),
         )
         self.address = address
@@ -218,12 +224,15 @@ class Server:
 
     @property
     def port(self) -> int:
+        """The port listened on (the one the OS chose when constructed with port 0)."""
         return int(self._native.port)
 
     def stats(self) -> dict[str, int]:
+        """Counters: connections, handshakes, every kind of refusal, committed appends/bytes."""
         return dict(self._native.stats())
 
     def close(self) -> None:
+        """Stops listening and drops every connection (appends in flight fail). Idempotent."""
         self._native.close()
 
     def __enter__(self) -> Server:
@@ -264,12 +273,13 @@ class Client:
             port=port,
             secret=key,
             tls=tls,
-            connect_timeout_s=_check_timeout(connect_timeout_s),
+            connect_timeout_s=_check_timeout(connect_timeout_s, "connect_timeout_s"),
             **limits._kwargs(),
         )
 
     @property
     def connected(self) -> bool:
+        """False once the connection failed or was closed; every call then raises PeerGone."""
         return bool(self._native.connected)
 
     def open(
@@ -441,9 +451,11 @@ class Client:
         return [(str(t), str(d)) for t, d in self._native.transports()]
 
     def stats(self) -> dict[str, int]:
+        """Counters: operations started and failed, bytes sent (acknowledged) and read."""
         return dict(self._native.stats())
 
     def close(self) -> None:
+        """Closes the connection; operations in flight fail with PeerGone. Idempotent."""
         self._native.close()
 
     def __enter__(self) -> Client:

@@ -93,7 +93,9 @@ class Streamer {
   // the step was dropped). std::invalid_argument: unknown request, a gap, non-consecutive.
   uint64_t save_step(const uint64_t* request_ids, const uint64_t* positions,
                      const int64_t* slot_ids, const uint32_t* token_ids, size_t n);
-  // True once no queued step still has to read request_id's pages (false on timeout).
+  // True once no queued step still has to read request_id's pages (false on timeout). The
+  // engine may then free them: what was saved so far is never read again (a replica still
+  // behind it is lost) until a save rewrites those positions.
   bool wait_for_save(uint64_t request_id, double timeout_s);
   // True once the step of `fence` has been gathered.
   bool wait_fence(uint64_t fence, double timeout_s);
@@ -131,6 +133,9 @@ class Streamer {
     std::vector<uint32_t> token_ids;
     std::vector<Replica> replicas;
     uint64_t queued_steps = 0;       // steps that still have to gather its pages
+    // Positions below this may live in freed pages (wait_for_save was called before a free):
+    // a replica that has not sent them cannot catch up any more.
+    uint64_t readable_from = 0;
   };
   struct Work {
     uint64_t fence = 0;                // a step (> 0) or a release (0)

@@ -3,6 +3,7 @@
 // received straight into the sink's buffers by the progress thread; no Python runs on it.
 #pragma once
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -23,6 +24,7 @@ struct ServerOptions {
   std::string tls;
   WireLimits limits;
   bool verify_records = true;  // recompute each record's crc32c on receipt
+  double handshake_timeout_s = 10.0;  // connections not authenticated by then are dropped
 };
 
 // Counters; every refusal and failure is visible here.
@@ -31,6 +33,7 @@ struct ServerStats {
   uint64_t connections_active = 0;
   uint64_t handshakes_ok = 0;
   uint64_t handshakes_failed = 0;
+  uint64_t handshake_timeouts = 0;
   uint64_t malformed = 0;         // messages that failed validation (connection dropped)
   uint64_t unauthenticated = 0;   // messages before the handshake (connection dropped)
   uint64_t bad_capability = 0;
@@ -63,6 +66,7 @@ class Server {
   struct Conn {
     uint64_t id = 0;
     ucp_ep_h ep = nullptr;
+    std::chrono::steady_clock::time_point accepted_at;
     Nonce nonce{};
     bool authenticated = false;
   };
@@ -97,6 +101,8 @@ class Server {
   Conn* find(ucp_ep_h ep);
   Conn* find(uint64_t conn_id);
   void count_refusal(Status status);
+  bool handshake_expired(const Conn& conn) const;
+  void expire_handshakes();
   void shutdown();
 
   ServerOptions options_;

@@ -34,8 +34,11 @@ class Worker {
   void call(const std::function<void()>& fn);
   // Starts the progress thread; on_stop runs on it once stop() is asked, before it exits,
   // and must leave no UCX request outstanding (it may progress the worker itself). While
-  // busy() (called on the thread) holds, the thread polls instead of sleeping.
-  void start(std::function<void()> on_stop, std::function<bool()> busy);
+  // busy() (called on the thread) holds, the thread polls instead of sleeping. tick runs on
+  // the thread about every kTickMs, busy or idle.
+  void start(std::function<void()> on_stop, std::function<bool()> busy,
+             std::function<void()> tick);
+  static constexpr int kTickMs = 50;
   // Stops and joins the progress thread (idempotent).
   void stop();
   bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
@@ -53,6 +56,7 @@ class Worker {
   std::thread thread_;
   std::function<void()> on_stop_;
   std::function<bool()> busy_;
+  std::function<void()> tick_;
   std::atomic<bool> stopping_{false};  // set under mutex_, so no post() slips past the end
   std::mutex mutex_;
   std::vector<std::function<void()>> posted_;
