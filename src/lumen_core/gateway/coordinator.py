@@ -492,10 +492,10 @@ class Coordinator:
             self._apply(WorkerRecovering(now_s, worker_id))
             if self.policy.planner is not None:
                 assist = self._pair(worker_id)
-        for report in running:
-            self._adopt(now_s, worker_id, report)
-        for report in held:
-            self._adopt_held(now_s, worker_id, report)
+        for running_report in running:
+            self._adopt(now_s, worker_id, running_report)
+        for held_report in held:
+            self._adopt_held(now_s, worker_id, held_report)
         return Registration(worker_id, epoch, assist)
 
     def _adopt(self, now_s: float, worker_id: int, report: RunningReport) -> None:
@@ -791,11 +791,11 @@ class Coordinator:
             routes.extend(decisions)
         replacements: list[PlacementDecision] = []
         for worker_id in failed:
-            decisions = self.policy.placement.replace(self.monitor, worker_id)
-            self._logged("replace", {"lost_holder_id": worker_id}, decisions)
-            for decision in decisions:
-                self._stream_to_new(self._requests[decision.request_id], decision)
-            replacements.extend(decisions)
+            replaced = self.policy.placement.replace(self.monitor, worker_id)
+            self._logged("replace", {"lost_holder_id": worker_id}, replaced)
+            for placed in replaced:
+                self._stream_to_new(self._requests[placed.request_id], placed)
+            replacements.extend(replaced)
         outcome = FailureOutcome(
             now_s, tuple(failed), tuple(routes), tuple(placements), tuple(replacements), tuple(lost), cause
         )

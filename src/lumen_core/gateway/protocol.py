@@ -21,8 +21,8 @@ _ACTION_TO_PB = {
     RecoveryAction.REPREFILL: pb.REPREFILL,
 }
 _ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
-_STATE_TO_PB = {SERVING: pb.SERVING, RECOVERING: pb.RECOVERING}
-_STATE_FROM_PB = {v: k for k, v in _STATE_TO_PB.items()}
+_STATE_TO_PB: dict[str, pb.WorkerState] = {SERVING: pb.SERVING, RECOVERING: pb.RECOVERING}
+_STATE_FROM_PB: dict[int, str] = {int(v): k for k, v in _STATE_TO_PB.items()}
 
 
 def method(name: str) -> str:
@@ -30,7 +30,7 @@ def method(name: str) -> str:
     return f"/{SERVICE}/{name}"
 
 
-def state_to_pb(state: str) -> int:
+def state_to_pb(state: str) -> pb.WorkerState:
     if state not in _STATE_TO_PB:
         raise ValueError(f"state must be 'serving' or 'recovering', got {state!r}")
     return _STATE_TO_PB[state]
