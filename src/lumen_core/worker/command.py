@@ -2,7 +2,8 @@
 
 Prints one JSON line ``{"event": "registered", ...}`` once it holds a lease (with its epoch
 and holder address), and ``{"event": "stopped", ...}`` with its counters when it ends.
-Exit status: 0 stopped, 3 fenced (the lease was lost), 2 bad arguments.
+Exit status: 0 stopped, 3 fenced (the lease was lost), 2 bad arguments or registration
+refused (no cluster secret, say).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
 
 def run_worker(args: argparse.Namespace) -> int:
     from lumen_core.gateway.auth import read_secret_file
+    from lumen_core.gateway.client import GatewayError
     from lumen_core.gateway.coordinator import RECOVERING, SERVING
     from lumen_core.worker.process import Worker, WorkerConfig
 
@@ -79,7 +81,11 @@ def run_worker(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: worker.stop())
     try:
-        worker.start()
+        try:
+            worker.start()
+        except GatewayError as exc:
+            print(f"lumen worker: the gateway refused registration: {exc}", file=sys.stderr)
+            return 2
         print(
             json.dumps(
                 {
