@@ -2,8 +2,6 @@
 
 import time
 
-import pytest
-
 from lumen_core.engine import DraftProposer, ModelConfig, build_draft_pair
 from lumen_core.worker.assist import Assistant, AssistedRequests
 

@@ -15,7 +15,7 @@ checkpoint is complete and no append of the old one is accepted.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -122,8 +122,10 @@ class GatewayConnector(KVConnector):
             ).durable_tokens,
         )
 
-    def _with_client(self, source: RestoreSource, call: object) -> int:
-        assert source.address is not None and callable(call)
+    def _with_client(self, source: RestoreSource, call: Callable[[Client], int]) -> int:
+        """``call`` on a connection to the source holder; 0 when it cannot be reached or
+        has no such checkpoint (the request is then re-prefilled)."""
+        assert source.address is not None
         try:
             client = Client(
                 source.address[0],

@@ -79,7 +79,8 @@ def run_demo(options: DemoOptions, workdir: Path, say) -> tuple[list[dict[str, o
         min_durable_tokens=options.min_durable_tokens,
     )
     rows: list[dict[str, object]] = []
-    timelines: dict[str, object] = {}
+    starts = np.arange(0.0, options.duration_s, options.window_s / 4)
+    timelines: dict[str, object] = {"failure-free": (starts, rolling_means(base_records, starts, options.window_s), math.nan)}
     for policy in options.policies:
         per_repeat: list[dict[str, object]] = []
         for repeat in range(options.repeats):
@@ -115,9 +116,7 @@ def run_demo(options: DemoOptions, workdir: Path, say) -> tuple[list[dict[str, o
                 }
             )
             if repeat == 0:
-                starts = np.arange(0.0, options.duration_s, options.window_s / 4)
-                means = rolling_means(records, starts, options.window_s)
-                timelines[policy] = (starts, means, result.failure_s)
+                timelines[policy] = (starts, rolling_means(records, starts, options.window_s), result.failure_s)
         row: dict[str, object] = {"policy": policy}
         for key in COLUMNS[1:]:
             values = [float(r[key]) for r in per_repeat]  # type: ignore[arg-type]
@@ -151,8 +150,9 @@ def plot_timeline(timelines: dict[str, object], path: Path) -> None:
 
     figure, axis = plt.subplots(figsize=(8, 4))
     for policy, (starts, means, failure_s) in timelines.items():  # type: ignore[misc]
-        line = axis.plot(starts, means[0], label=policy)[0]
-        axis.axvline(failure_s, color=line.get_color(), linestyle=":", linewidth=1)
+        line = axis.plot(starts, means[0], label=policy, color="black" if math.isnan(failure_s) else None)[0]
+        if not math.isnan(failure_s):
+            axis.axvline(failure_s, color=line.get_color(), linestyle=":", linewidth=1)
     axis.set_xlabel("arrival time (s); dotted: SIGKILL")
     axis.set_ylabel("rolling mean TTFT (s)")
     axis.set_title("Live loopback cluster, one worker killed (illustrative timings)")
@@ -176,7 +176,7 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
     parser.add_argument("--repeats", type=int, default=1, help="runs per policy (medians reported)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="one row per policy")
+    parser.add_argument("--json", default=None, metavar="PATH", help="one row per policy (null: undefined)")
     parser.add_argument("--plot", default="demo_timeline.png", metavar="PATH", help="PNG timeline ('' for none)")
     parser.add_argument("--workdir", default=None, metavar="DIR", help="secret, models, worker logs (default: temporary)")
     parser.set_defaults(func=run_demo_command)
@@ -213,7 +213,10 @@ def run_demo_command(args: argparse.Namespace) -> int:
     if failed:
         print(f"FAILED: requests lost or outputs differ under {', '.join(map(str, failed))}")
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+        finite = [
+            {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()} for row in rows
+        ]
+        Path(args.json).write_text(json.dumps(finite, indent=1, allow_nan=False) + "\n")
         print(f"json: {args.json}")
     if args.plot:
         plot_timeline(timelines, Path(args.plot))

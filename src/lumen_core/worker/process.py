@@ -108,7 +108,6 @@ class _Served:
 
     epoch: int
     num_outputs: int
-    max_new_tokens: int
 
 
 def _grant(directive: Directive, holders: tuple[HolderGrant, ...]) -> StreamGrant:
@@ -296,7 +295,7 @@ class Worker:
         key = str(request_id)
         self._drop(request_id)
         outputs = list(directive.output_token_ids)
-        self.served[request_id] = _Served(directive.epoch, len(outputs), directive.max_new_tokens)
+        self.served[request_id] = _Served(directive.epoch, len(outputs))
         if len(outputs) >= directive.max_new_tokens:
             self._report([RequestTokens(request_id, directive.epoch, len(outputs), (), True)])
             self.served.pop(request_id)
