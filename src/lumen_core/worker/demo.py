@@ -45,6 +45,7 @@ class DemoOptions:
     max_output_tokens: int = 384
     modelled_full_load_s: float = 6.0
     window_s: float = 3.0
+    trace_path: str | None = None  # None: data/traces (or LUMEN_TRACE_DIR)
     tolerance: float = 0.25  # recovery: rolling means within 25% of the failure-free run's (noisy machine)
 
 
@@ -62,7 +63,7 @@ def run_demo(options: DemoOptions, workdir: Path, say) -> tuple[list[dict[str, o
     from lumen_core.sim.workload import load_trace
     from lumen_core.worker.scenario import FailurePlan, arrivals_from_workload, run_scenario
 
-    trace = load_trace()
+    trace = load_trace(options.trace_path)
     num_requests = max(2, round(options.rate_per_s * options.duration_s))
     workload = trace.head(num_requests).scaled_to_rate(options.rate_per_s)
     arrivals = arrivals_from_workload(workload, seed=options.seed, max_output_tokens=options.max_output_tokens)
@@ -174,6 +175,7 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--duration", type=float, default=defaults.duration_s, help="seconds of replayed arrivals")
     parser.add_argument("--rate", type=float, default=defaults.rate_per_s, help="arrivals per second (whole cluster)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--trace", default=None, help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens")
     parser.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
     parser.add_argument("--repeats", type=int, default=1, help="runs per policy (medians reported)")
     parser.add_argument("--json", default=None, metavar="PATH", help="one row per policy (null: undefined)")
@@ -197,6 +199,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         policies=POLICIES if args.policy == "all" else (args.policy,),
         repeats=args.repeats,
+        trace_path=args.trace,
     )
     started = time.monotonic()
 

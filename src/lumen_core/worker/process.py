@@ -149,10 +149,8 @@ class Worker:
     # ---- models --------------------------------------------------------------------------
     def _load_full(self, modelled_s: float) -> None:
         try:
-            started = time.monotonic()
             model = load_model(self.config.model_path)
-            remaining = modelled_s - (time.monotonic() - started)
-            if remaining > 0 and self.stopping.wait(remaining):
+            if modelled_s > 0 and self.stopping.wait(modelled_s):  # the modelled load, after the real one
                 return
             self.model = model
             self.loaded.set()
