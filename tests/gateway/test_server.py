@@ -523,3 +523,27 @@ def test_heartbeat_loop_fences_when_a_worker_callback_fails(start_gateway, conne
         stream.close()
     finally:
         loop.stop()
+
+
+def test_a_worker_reaches_a_restarted_gateway_within_a_second_or_so(start_gateway, connect):
+    first = start_gateway()
+    worker = connect(first, timeout_s=0.5)
+    worker.register(0, budget_bytes=GIB)
+    port = first.port
+    first.stop(grace_s=0.1)
+    down_until = time.monotonic() + 3.0  # long enough for gRPC's default backoff to reach seconds
+    while time.monotonic() < down_until:
+        with pytest.raises(GatewayError, match="UNAVAILABLE|DEADLINE_EXCEEDED"):
+            worker.heartbeat()
+        time.sleep(0.1)
+    start_gateway(port=port)
+    started = time.monotonic()
+
+    def reached():
+        try:
+            return worker.heartbeat().reregister
+        except GatewayError:
+            return False
+
+    wait_until(reached, timeout_s=10.0, poll_s=0.05)
+    assert time.monotonic() - started < 2.5  # reconnect attempts at most 1 s apart

@@ -32,6 +32,16 @@ from lumen_core.gateway.protocol import (
 )
 
 
+# gRPC backs off reconnecting to an address that failed (up to 120 s by default): a worker
+# could then lose its lease after a gateway restart before it even tried the new gateway.
+# Reconnect attempts here are at most 1 s apart, well inside any sensible lease.
+_CHANNEL_OPTIONS = (
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+)
+
+
 class GatewayError(RuntimeError):
     """A call the gateway refused or that could not reach it; ``code`` is the gRPC status."""
 
@@ -121,7 +131,7 @@ class GatewayClient:
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
             raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
         self.timeout_s = float(timeout_s)
-        self._channel = grpc.insecure_channel(address)
+        self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.GatewayStub(self._channel)
         self._lock = threading.Lock()
         self.worker_id = -1
