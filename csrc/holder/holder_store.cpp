@@ -376,6 +376,12 @@ HolderStats HolderStore::stats() const {
   return stats;
 }
 
+uint64_t HolderStore::durable_tokens(uint64_t request_id, uint32_t shard) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = checkpoints_.find({request_id, shard});
+  return it == checkpoints_.end() || !it->second.opened ? 0 : it->second.durable_tokens;
+}
+
 std::vector<CheckpointInfo> HolderStore::checkpoints() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<CheckpointInfo> out;

@@ -61,6 +61,8 @@ void bind_holder(py::module_& m) {
       .def("expire_idle", &lh::HolderStore::expire_idle, py::arg("max_idle_s"),
            py::call_guard<py::gil_scoped_release>())
       .def("stats", [](lh::HolderStore& s) { return stats_dict(s.stats()); })
+      .def("durable_tokens", &lh::HolderStore::durable_tokens, py::arg("request_id"),
+           py::arg("shard"), py::call_guard<py::gil_scoped_release>())
       .def("checkpoints",
            [](lh::HolderStore& s) {
              py::list out;

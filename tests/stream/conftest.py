@@ -90,16 +90,31 @@ def spawn() -> Iterator[Callable[[list[str]], Proc]]:
 
 
 @pytest.fixture
-def holder(spawn: Callable[[list[str]], Proc], secret_file: Path) -> Callable[..., Proc]:
-    """holder(budget_bytes=..., *extra) -> a `lumen holder` process; .port is its port."""
+def holders(spawn: Callable[[list[str]], Proc], secret_file: Path) -> Callable[..., list[Proc]]:
+    """holders(n, budget_bytes=..., *extra) -> n `lumen holder` processes started together;
+    .port is each one's port."""
+
+    def _holders(n: int, budget_bytes: int = 1 << 30, *extra: str) -> list[Proc]:
+        procs = [
+            spawn([
+                sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0",
+                "--budget-bytes", str(budget_bytes), "--secret-file", str(secret_file),
+                "--tls", TLS, *extra,
+            ])
+            for _ in range(n)
+        ]
+        for proc in procs:
+            proc.port = proc.read()["port"]  # type: ignore[attr-defined]
+        return procs
+
+    return _holders
+
+
+@pytest.fixture
+def holder(holders: Callable[..., list[Proc]]) -> Callable[..., Proc]:
+    """holder(budget_bytes=..., *extra) -> one `lumen holder` process; .port is its port."""
 
     def _holder(budget_bytes: int = 1 << 30, *extra: str) -> Proc:
-        proc = spawn([
-            sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0",
-            "--budget-bytes", str(budget_bytes), "--secret-file", str(secret_file),
-            "--tls", TLS, *extra,
-        ])
-        proc.port = proc.read()["port"]  # type: ignore[attr-defined]
-        return proc
+        return holders(1, budget_bytes, *extra)[0]
 
     return _holder

@@ -1,4 +1,5 @@
-"""Fault tests on real processes: the serving worker SIGKILLed while appends are in flight."""
+"""Fault tests on real processes: the serving worker SIGKILLed while appends are in flight,
+alone or together with one of two holder replicas."""
 
 from __future__ import annotations
 
@@ -42,14 +43,18 @@ def _durable(client: Client, secret: bytes, rid: int, record_bytes: int) -> int:
     return result.durable_tokens
 
 
+@pytest.mark.parametrize("also_kill_a_holder", [False, True])
 def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
-    holder: Any, spawn: Any, secret: bytes, secret_file: Path
+    holders: Any, spawn: Any, secret: bytes, secret_file: Path, also_kill_a_holder: bool
 ) -> None:
+    """The worker streams to one holder, or to two replicas of which one dies with it."""
     w = _load_worker()
-    h = holder()
+    procs = holders(2 if also_kill_a_holder else 1)
+    h = procs[-1]  # the holder that survives
     worker = spawn([
-        sys.executable, str(WORKER_PATH), "--port", str(h.port), "--secret-file", str(secret_file),
-        "--requests", str(NUM_REQUESTS), "--max-tokens", str(MAX_TOKENS), "--step-ms", "5",
+        sys.executable, str(WORKER_PATH), "--port", *(str(p.port) for p in procs),
+        "--secret-file", str(secret_file), "--requests", str(NUM_REQUESTS),
+        "--max-tokens", str(MAX_TOKENS), "--step-ms", "5",
     ])
     rids = [w.request_id(i) for i in range(NUM_REQUESTS)]
     probe = w.make_layout(1)
@@ -66,6 +71,8 @@ def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
             time.sleep(0.01)
         assert worker.proc.poll() is None, "the worker finished before it was killed"
         worker.proc.send_signal(signal.SIGKILL)
+        if also_kill_a_holder:
+            procs[0].proc.send_signal(signal.SIGKILL)
         worker.proc.wait(timeout=10)
         time.sleep(0.2)  # whatever was in flight is settled (committed or aborted) by now
         held = [_durable(client, secret, r, record_bytes) for r in rids]

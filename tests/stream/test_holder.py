@@ -249,6 +249,8 @@ def test_store_arguments_are_checked(rig: Rig) -> None:
         HolderStore(-1)
     with pytest.raises(ValueError, match="record_bytes must be in"):
         rig.store.reserve(1, 4, 0)
+    with pytest.raises(ValueError, match="num_tokens must be in"):
+        rig.store.reserve(1, 2**62, 256)
     with pytest.raises(ValueError, match="max_idle_s must be > 0"):
         rig.store.expire_idle(0)
     with pytest.raises(TypeError, match="store must be a HolderStore"):

@@ -99,9 +99,9 @@ def add(streamer: CheckpointStreamer, secret: bytes, rid: int, *ports: int) -> N
 
 
 def test_replicated_stream_is_durable_on_every_holder_and_released(
-    holder: Any, make_streamer: Any, secret: bytes
+    holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
-    a, b = holder(), holder()
+    a, b = holders(2)
     streamer = make_streamer(max_queued_steps=64)  # no step dropped: every one is counted
     rids = [11, 12, 13, 14]
     for rid in rids:
@@ -181,9 +181,9 @@ def test_slow_holder_drops_without_blocking_the_engine(holder: Any, make_streame
 
 
 def test_killed_holder_is_reported_and_replacement_restores_coverage(
-    holder: Any, make_streamer: Any, secret: bytes
+    holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
-    a, b = holder(), holder()
+    a, b, c = holders(3)
     streamer = make_streamer(max_queued_steps=64)  # steps wait while A's failure is found
     rids = [31, 32, 33, 34]
     for rid in rids:
@@ -206,7 +206,6 @@ def test_killed_holder_is_reported_and_replacement_restores_coverage(
     assert stats.gone_holders == (("127.0.0.1", a.port),)
     assert set(stats.stale) == {31, 33} and stats.coverage < 1.0
     assert stats.durable[32] == stats.durable[34] == 46
-    c = holder()
     assert streamer.replace_holder(("127.0.0.1", a.port), ("127.0.0.1", c.port)) == 2
     loop.step()
     assert streamer.flush(timeout_s=10)
@@ -222,6 +221,18 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
     cap = issue_capability(secret, 5, 0, 0)
     with pytest.raises(TypeError, match="layout must be a KVLayout"):
         CheckpointStreamer("cache", secret, model_fingerprint=MODEL)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="secret must be bytes"):
+        CheckpointStreamer(cache(), "secret" * 4, model_fingerprint=MODEL)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="model_fingerprint must be a non-empty str"):
+        CheckpointStreamer(cache(), secret, model_fingerprint="")
+    with pytest.raises(TypeError, match="tls must be a str"):
+        CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, tls=None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="limits must be a WireLimits"):
+        CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, limits={})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ack_timeout_s must be > 0"):
+        CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, ack_timeout_s=0)
+    with pytest.raises(ValueError, match="secret must be at least 16 bytes, got 5"):
+        CheckpointStreamer(cache(), b"short", model_fingerprint=MODEL)
     with pytest.raises(ValueError, match="staging_bytes must be in"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, staging_bytes=1)
     with pytest.raises(ValueError, match="holders must be a non-empty sequence"):
@@ -245,6 +256,10 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
         streamer.save_step([5], [0], [10**7], [1])
     with pytest.raises(ValueError, match="timeout_s must be > 0"):
         streamer.wait_for_save(5, timeout_s=0)
+    with pytest.raises(TypeError, match="old_holder must be an"):
+        streamer.replace_holder("127.0.0.1", ("127.0.0.1", 2))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="request_ids must have 1 dimension"):
+        streamer.save_step([[5]], [0], [0], [1])
 
 
 def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: bytes) -> None:

@@ -3,7 +3,8 @@ by step (a prefill chunk, then one token per request per step) and streamed with
 CheckpointStreamer to one holder. The KV and token ids are deterministic functions of
 (request, position), so a test can check what a holder kept after this process is killed.
 
-    python worker.py --port P --secret-file F [--requests 8] [--max-tokens 480] [--step-ms 5]
+    python worker.py --port P [P ...] --secret-file F [--requests 8] [--max-tokens 480] [--step-ms 5]
+Each request is streamed to every holder port given (replicas).
 Prints one JSON line per step: {"step": k, "tokens": tokens per request}.
 """
 
@@ -56,7 +57,7 @@ def slots_for(index: int, n: int, blocks_per_request: int) -> torch.Tensor:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--port", type=int, nargs="+", required=True)
     parser.add_argument("--secret-file", required=True)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=480)
@@ -71,7 +72,8 @@ def main() -> int:
     all_tokens = [tokens_for(r, args.max_tokens) for r in rids]
     all_slots = [slots_for(i, args.max_tokens, blocks_per_request) for i in range(args.requests)]
     for rid in rids:
-        streamer.add_request(rid, [("127.0.0.1", args.port)], issue_capability(secret, rid, 0, 0))
+        holders = [("127.0.0.1", port) for port in args.port]
+        streamer.add_request(rid, holders, issue_capability(secret, rid, 0, 0))
     done = 0
     step = 0
     while done < args.max_tokens:

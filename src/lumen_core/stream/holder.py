@@ -156,14 +156,11 @@ class HolderStore:
     def reserve(self, request_id: int, num_tokens: int, record_bytes: int, *, shard: int = 0) -> bool:
         """Placement: charge ``num_tokens`` records for (request_id, shard), evicting by policy
         when needed. False (counted in stats) when the budget cannot make room."""
-        return bool(
-            self._native.reserve(
-                check_int("request_id", request_id, 0, U64_MAX),
-                check_int("shard", shard, 0, U32_MAX),
-                check_int("num_tokens", num_tokens, 0, U64_MAX),
-                check_int("record_bytes", record_bytes, 1, U32_MAX),
-            )
-        )
+        check_int("request_id", request_id, 0, U64_MAX)
+        check_int("shard", shard, 0, U32_MAX)
+        check_int("record_bytes", record_bytes, 1, U32_MAX)
+        check_int("num_tokens", num_tokens, 0, U64_MAX // (int(record_bytes) + 8))
+        return bool(self._native.reserve(request_id, shard, num_tokens, record_bytes))
 
     def expire(self, request_id: int) -> int:
         """The request is gone: drop its checkpoints (every shard); how many were dropped."""
@@ -192,12 +189,11 @@ class HolderStore:
 
     def durable_tokens(self, request_id: int, *, shard: int = 0) -> int:
         """Durable length of (request_id, shard); 0 when the store has no such checkpoint."""
-        check_int("request_id", request_id, 0, U64_MAX)
-        check_int("shard", shard, 0, U32_MAX)
-        for c in self.checkpoints():
-            if c.request_id == request_id and c.shard == shard:
-                return c.durable_tokens
-        return 0
+        return int(
+            self._native.durable_tokens(
+                check_int("request_id", request_id, 0, U64_MAX), check_int("shard", shard, 0, U32_MAX)
+            )
+        )
 
     def restore(
         self,

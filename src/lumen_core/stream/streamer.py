@@ -21,7 +21,7 @@ from lumen_core.stream._common import (
     check_str,
     fingerprint_bytes,
 )
-from lumen_core.transport import CAPABILITY_BYTES, WireLimits
+from lumen_core.transport import CAPABILITY_BYTES, MIN_SECRET_BYTES, WireLimits
 
 __all__ = ["CheckpointStreamer", "ReplicaStats", "StreamStats"]
 
@@ -98,6 +98,8 @@ class CheckpointStreamer:
         self.layout = check_layout(layout)
         if not isinstance(secret, (bytes, bytearray)):
             raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
+        if len(secret) < MIN_SECRET_BYTES:
+            raise ValueError(f"secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
         self.model_fingerprint = check_str("model_fingerprint", model_fingerprint)
         self.shard = check_int("shard", shard, 0, U32_MAX)
         if not isinstance(tls, str):

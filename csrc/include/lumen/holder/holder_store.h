@@ -96,6 +96,8 @@ class HolderStore final : public transport::RecordSink {
 
   HolderStats stats() const;
   std::vector<CheckpointInfo> checkpoints() const;
+  // Durable length of (request_id, shard); 0 when there is no such opened checkpoint.
+  uint64_t durable_tokens(uint64_t request_id, uint32_t shard) const;
 
   // Verified restore into a KV cache: compares the stored fingerprints with `fingerprints`
   // (2 * kFingerprintBytes), then walks the durable prefix in position order, stopping at the
