@@ -17,6 +17,7 @@ import math
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,7 +60,11 @@ def _mean(values: np.ndarray) -> float:
     return float(finite.mean()) if finite.size else math.nan
 
 
-def run_demo(options: DemoOptions, workdir: Path, say) -> tuple[list[dict[str, object]], dict[str, object]]:
+def run_demo(
+    options: DemoOptions, workdir: Path, say: Callable[[str], None]
+) -> tuple[list[dict[str, object]], dict[str, object]]:
+    """The failure-free run, then each policy ``repeats`` times; one row per policy (medians;
+    the worst of the correctness counts) and the first run's rolling means per policy."""
     from lumen_core.sim.workload import load_trace
     from lumen_core.worker.scenario import FailurePlan, arrivals_from_workload, run_scenario
 
@@ -121,8 +126,12 @@ def run_demo(options: DemoOptions, workdir: Path, say) -> tuple[list[dict[str, o
         row: dict[str, object] = {"policy": policy}
         for key in COLUMNS[1:]:
             values = [float(r[key]) for r in per_repeat]  # type: ignore[arg-type]
-            if key in ("lost", "identical", "total", "restored", "reprefilled", "accepted_drafts"):
-                row[key] = int(max(values)) if key == "lost" else int(min(values)) if key == "identical" else int(np.median(values))
+            if key == "lost":
+                row[key] = int(max(values))
+            elif key == "identical":
+                row[key] = int(min(values))
+            elif key in ("total", "restored", "reprefilled", "accepted_drafts"):
+                row[key] = int(np.median(values))
             else:
                 row[key] = _nanmedian(values)
         rows.append(row)
