@@ -225,8 +225,8 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
     }
     delete context;
     if (UCS_PTR_IS_ERR(request)) {
-      fail(op, Status::kPeerGone,
-           std::string("send failed: ") + ucs_status_string(UCS_PTR_STATUS(request)));
+      fail_connection(Status::kPeerGone,
+                      std::string("send failed: ") + ucs_status_string(UCS_PTR_STATUS(request)));
     }
   });
   if (!posted) {  // closing: the op never reaches the progress thread, so finish it here
@@ -247,7 +247,8 @@ void Client::on_send_done(void* request, ucs_status_t status, void* user_data) {
   ucp_request_free(request);
   op->inflight--;
   if (status != UCS_OK) {
-    self->fail(op, Status::kPeerGone, std::string("send failed: ") + ucs_status_string(status));
+    self->fail_connection(Status::kPeerGone,
+                          std::string("send failed: ") + ucs_status_string(status));
   }
   self->maybe_finish(op);
 }
@@ -261,7 +262,8 @@ void Client::on_recv_done(void* request, ucs_status_t status, size_t /*length*/,
   ucp_request_free(request);
   op->inflight--;
   if (status != UCS_OK) {
-    self->fail(op, Status::kPeerGone, std::string("receive failed: ") + ucs_status_string(status));
+    self->fail_connection(Status::kPeerGone,
+                          std::string("receive failed: ") + ucs_status_string(status));
   }
   self->maybe_finish(op);
 }

@@ -15,33 +15,37 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import secrets
-import stat
 import struct
 import threading
 import time
-from pathlib import Path
 
-MIN_SECRET_BYTES = 16
-SECRET_FILE_BYTES = 32
+from lumen_core.secret import (
+    MIN_SECRET_BYTES,
+    SECRET_FILE_BYTES,
+    check_secret,
+    read_secret_file,
+    write_secret_file,
+)
+
+__all__ = [
+    "AUTH_METADATA_KEY",
+    "MIN_SECRET_BYTES",
+    "SECRET_FILE_BYTES",
+    "CallVerifier",
+    "check_secret",
+    "issue_capability",
+    "read_secret_file",
+    "sign_call",
+    "write_secret_file",
+]
+
 AUTH_METADATA_KEY = "lumen-auth-v1"
 _CAPABILITY_LABEL = b"lumen-cap-v1"
 _CALL_LABEL = b"lumen-gateway-v1|"
 _NONCE_BYTES = 16
 _U64_MAX = 2**64 - 1
 _U32_MAX = 2**32 - 1
-
-
-def check_secret(secret: object) -> bytes:
-    """Return the secret as bytes; there is no default, so None is refused."""
-    if secret is None:
-        raise ValueError("secret must be given: there is no default cluster secret")
-    if not isinstance(secret, (bytes, bytearray)):
-        raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
-    if len(secret) < MIN_SECRET_BYTES:
-        raise ValueError(f"secret must be at least {MIN_SECRET_BYTES} bytes, got {len(secret)}")
-    return bytes(secret)
 
 
 def _check_int(name: str, value: object, high: int) -> int:
@@ -63,31 +67,6 @@ def issue_capability(secret: bytes, request_id: int, shard: int, epoch: int) -> 
         _check_int("epoch", epoch, _U32_MAX),
     )
     return hmac.new(key, message, hashlib.sha256).digest()
-
-
-def write_secret_file(path: str | os.PathLike[str], *, num_bytes: int = SECRET_FILE_BYTES) -> bytes:
-    """Create ``path`` (0600, must not exist) holding ``num_bytes`` random bytes; return them.
-    Raises FileExistsError rather than overwrite a secret other processes may be using."""
-    num_bytes = _check_int("num_bytes", num_bytes, 1 << 20)
-    if num_bytes < MIN_SECRET_BYTES:
-        raise ValueError(f"num_bytes must be >= {MIN_SECRET_BYTES}, got {num_bytes}")
-    secret = secrets.token_bytes(num_bytes)
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as handle:
-        handle.write(secret)
-    return secret
-
-
-def read_secret_file(path: str | os.PathLike[str]) -> bytes:
-    """The cluster secret stored in ``path``. Raises FileNotFoundError, PermissionError for a
-    file its group or others can access, ValueError for a secret under 16 bytes."""
-    file = Path(path)
-    mode = file.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(
-            f"secret file must be accessible by its owner only (0600), got {oct(mode & 0o777)}"
-        )
-    return check_secret(file.read_bytes())
 
 
 def _call_mac(secret: bytes, method: str, timestamp: str, nonce: str) -> str:

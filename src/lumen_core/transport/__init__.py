@@ -10,15 +10,14 @@ on a progress thread with no GIL. Failures raise the typed errors of ``errors``.
 from __future__ import annotations
 
 import os
-import stat
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lumen_core import _native
+from lumen_core.secret import check_secret, read_secret_file
 from lumen_core.transport.errors import (
     Aborted,
     Conflict,
@@ -51,7 +50,6 @@ __all__ = [
     "read_secret_file",
 ]
 
-MIN_SECRET_BYTES = 16
 FINGERPRINT_BYTES = 32
 CAPABILITY_BYTES = 32
 _U32_MAX = 2**32 - 1
@@ -110,20 +108,12 @@ def _check_int(name: str, value: object, low: int, high: int) -> int:
     return int(value)
 
 
-def _check_bytes(name: str, value: object, size: int | None = None, min_size: int = 0) -> bytes:
+def _check_bytes(name: str, value: object, size: int | None = None) -> bytes:
     if not isinstance(value, (bytes, bytearray)):
         raise TypeError(f"{name} must be bytes, got {type(value).__name__}")
     if size is not None and len(value) != size:
         raise ValueError(f"{name} must be {size} bytes, got {len(value)}")
-    if len(value) < min_size:
-        raise ValueError(f"{name} must be at least {min_size} bytes, got {len(value)}")
     return bytes(value)
-
-
-def _check_secret(secret: object) -> bytes:
-    if secret is None:
-        raise ValueError("secret must be given: there is no default cluster secret")
-    return _check_bytes("secret", secret, min_size=MIN_SECRET_BYTES)
 
 
 def _check_timeout(timeout_s: object, name: str = "timeout_s") -> float:
@@ -157,21 +147,9 @@ def _check_key(request_id: object, shard: object, epoch: object) -> tuple[int, i
 def issue_capability(secret: bytes, request_id: int, shard: int, epoch: int) -> bytes:
     """The 32-byte capability HMAC-SHA256(secret, request_id, shard, epoch) that lets a peer
     open, append to, read and release exactly this checkpoint at this epoch."""
-    key = _check_secret(secret)
+    key = check_secret(secret)
     request_id, shard, epoch = _check_key(request_id, shard, epoch)
     return bytes(_native.require_ucx().issue_capability(key, request_id, shard, epoch))
-
-
-def read_secret_file(path: str | os.PathLike[str]) -> bytes:
-    """The cluster secret stored in ``path``; refuses a file others can read or write, and a
-    secret shorter than 16 bytes. Raises FileNotFoundError, PermissionError, ValueError."""
-    file = Path(path)
-    mode = file.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(
-            f"secret file must be accessible by its owner only (0600), got {oct(mode & 0o777)}"
-        )
-    return _check_secret(file.read_bytes())
 
 
 class Server:
@@ -195,7 +173,7 @@ class Server:
         handshake_timeout_s: float = 10.0,
         store: HolderStore | None = None,
     ) -> None:
-        key = _check_secret(secret)
+        key = check_secret(secret)
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         _check_int("port", port, 0, 65535)
@@ -261,7 +239,7 @@ class Client:
         connect_timeout_s: float = 10.0,
         limits: WireLimits = WireLimits(),
     ) -> None:
-        key = _check_secret(secret)
+        key = check_secret(secret)
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         _check_int("port", port, 1, 65535)
