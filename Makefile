@@ -30,9 +30,11 @@ install: $(VENV)/.installed
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Until the cluster demo exists, the demo is the gather benchmark's table.
+# The live loopback cluster (gateway + 4 workers, one SIGKILL) under S&R, FC and LUMEN (issue 9).
+# Needs the UCX module (LUMEN_UCX=ON or AUTO with libucx found). DEMO_ARGS: e.g. --repeats 3.
+DEMO_ARGS ?=
 demo: install
-	$(BIN)/python bench/gather_bw.py
+	$(BIN)/lumen demo --json demo.json --plot demo_timeline.png $(DEMO_ARGS)
 
 # Every bench script under pytest-benchmark (scripts are not named test_*, so list them).
 bench: install

@@ -119,6 +119,8 @@ def _holder(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from lumen_core.gateway.command import add_gateway_parser
+    from lumen_core.worker.command import add_worker_parser
+    from lumen_core.worker.demo import add_demo_parser
     from lumen_core.policy.presets import POLICY_NAMES
     from lumen_core.sim.experiments import EXPERIMENTS, RATE_PER_WORKER
 
@@ -156,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     holder.add_argument("--no-verify-records", action="store_true", help="skip crc checks on receipt")
     holder.set_defaults(func=_holder)
     add_gateway_parser(commands)
+    add_worker_parser(commands)
+    add_demo_parser(commands)
     return parser
 
 

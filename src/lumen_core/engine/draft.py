@@ -96,6 +96,9 @@ class DraftProposer:
                 if a != b:
                     break
                 common += 1
+            # Recompute at least the last token: its logits give the first draft (the KV of
+            # every token may already be there when the tokens grew by drafts it made).
+            common = min(common, len(tokens) - 1)
             request.num_computed_tokens = common
             self.block_manager.truncate(request, common)
             request.token_ids = [int(t) for t in tokens]

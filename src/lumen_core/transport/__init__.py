@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lumen_core import _native
-from lumen_core.secret import check_secret, read_secret_file
+from lumen_core.secret import MIN_SECRET_BYTES, check_secret, read_secret_file
 from lumen_core.transport.errors import (
     Aborted,
     Conflict,
@@ -46,6 +46,7 @@ __all__ = [
     "Timeout",
     "TransportError",
     "WireLimits",
+    "MIN_SECRET_BYTES",
     "issue_capability",
     "read_secret_file",
 ]

@@ -1,0 +1,243 @@
+"""``LocalCluster``: a gateway (in this process) and worker processes on loopback.
+
+What the demo and the end-to-end tests drive: it writes a random cluster secret (0600) and
+the model files into ``workdir``, starts the gateway, spawns ``lumen worker`` processes
+(each in its own process group), SIGKILLs and restarts them (reporting the exit to the
+gateway as a supervisor would), submits requests and records every token's arrival time.
+``close`` reaps every process it started (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from lumen_core.engine import ModelConfig, build_draft_pair, save_model
+from lumen_core.gateway.auth import read_secret_file, write_secret_file
+from lumen_core.gateway.client import GatewayClient
+from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.server import GatewayServer
+from lumen_core.policy.load import LoadConfig
+
+TINY_MODEL = ModelConfig()
+DRAFT_NUM_LAYERS = 1
+LATE_LAYER_SCALE = 0.15  # how far the target's late layers move it from the draft (acceptance)
+
+
+def write_models(directory: Path, *, seed: int) -> tuple[Path, Path]:
+    """The tiny float64 target and its truncated draft, saved as ``target.pt``, ``draft.pt``."""
+    target, draft = build_draft_pair(
+        TINY_MODEL,
+        seed=seed,
+        draft_num_layers=DRAFT_NUM_LAYERS,
+        late_layer_scale=LATE_LAYER_SCALE,
+        dtype="float64",
+    )
+    paths = (directory / "target.pt", directory / "draft.pt")
+    save_model(target, paths[0])
+    save_model(draft, paths[1])
+    return paths
+
+
+@dataclass
+class RequestResult:
+    """One client request as the client saw it (times on the driver's monotonic clock)."""
+
+    index: int
+    arrival_s: float
+    request_id: int = -1
+    token_ids: list[int] = field(default_factory=list)
+    token_times_s: list[float] = field(default_factory=list)
+    finished: bool = False
+    error: str = ""
+
+
+@dataclass
+class WorkerProcess:
+    worker_id: int
+    process: subprocess.Popen[str]
+    registered: threading.Event
+    events: list[dict[str, object]]
+    stderr_path: Path
+
+
+class LocalCluster:
+    """See module doc. ``kv_bytes_per_token`` (the tiny model's record size) makes L(w)'s
+    held-token term count real checkpoint sizes."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        policy: str,
+        num_workers: int,
+        seed: int = 0,
+        lease_s: float = 10.0,
+        heartbeat_s: float = 0.25,
+        modelled_full_load_s: float = 2.0,
+        modelled_draft_load_s: float = 0.05,
+        budget_bytes: int = 1 << 30,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        if num_workers < 2:
+            raise ValueError(f"num_workers must be >= 2, got {num_workers}")
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.num_workers = num_workers
+        self.modelled_full_load_s = modelled_full_load_s
+        self.modelled_draft_load_s = modelled_draft_load_s
+        self.budget_bytes = budget_bytes
+        self.start_timeout_s = start_timeout_s
+        self.secret_path = self.workdir / "cluster.secret"
+        if not self.secret_path.exists():
+            write_secret_file(self.secret_path)
+        self.secret = read_secret_file(self.secret_path)
+        self.model_path = self.workdir / "target.pt"
+        self.draft_path = self.workdir / "draft.pt"
+        if not self.model_path.exists() or not self.draft_path.exists():
+            write_models(self.workdir, seed=seed)
+        record_bytes = 2 * TINY_MODEL.num_layers * TINY_MODEL.num_kv_heads * TINY_MODEL.head_dim * 8
+        self.gateway = GatewayServer(
+            GatewayConfig(
+                policy=policy,
+                lease_s=lease_s,
+                heartbeat_s=heartbeat_s,
+                load_config=LoadConfig(kv_bytes_per_token=record_bytes),
+            ),
+            self.secret,
+            port=0,
+            max_streams=256,
+        )
+        self.gateway.start()
+        self.client = GatewayClient(self.gateway.address, self.secret, timeout_s=10.0)
+        self.workers: dict[int, WorkerProcess] = {}
+        self.exited: list[WorkerProcess] = []
+        self.clock0 = time.monotonic()
+
+    def now_s(self) -> float:
+        return time.monotonic() - self.clock0
+
+    # ---- processes -----------------------------------------------------------------------
+    def spawn(self, worker_id: int, *, recovering: bool = False) -> WorkerProcess:
+        command = [
+            sys.executable, "-m", "lumen_core.cli", "worker",
+            "--worker-id", str(worker_id),
+            "--gateway", self.gateway.address,
+            "--secret-file", str(self.secret_path),
+            "--model", str(self.model_path),
+            "--draft", str(self.draft_path),
+            "--budget-bytes", str(self.budget_bytes),
+            "--modelled-full-load-s", str(self.modelled_full_load_s),
+            "--modelled-draft-load-s", str(self.modelled_draft_load_s),
+        ]  # fmt: skip
+        if recovering:
+            command.append("--recovering")
+        stderr_path = self.workdir / f"worker{worker_id}-{len(self.exited)}.log"
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        with open(stderr_path, "w") as stderr:
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, start_new_session=True
+            )
+        worker = WorkerProcess(worker_id, process, threading.Event(), [], stderr_path)
+        threading.Thread(target=self._read, args=(worker,), daemon=True).start()
+        self.workers[worker_id] = worker
+        return worker
+
+    def _read(self, worker: WorkerProcess) -> None:
+        assert worker.process.stdout is not None
+        for line in worker.process.stdout:
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            worker.events.append(event)
+            if event.get("event") == "registered":
+                worker.registered.set()
+
+    def wait_registered(self, worker: WorkerProcess) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while not worker.registered.wait(0.1):
+            if worker.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"worker {worker.worker_id} did not register (exit {worker.process.poll()}): "
+                    f"{worker.stderr_path.read_text()[-2000:]}"
+                )
+
+    def start(self) -> None:
+        started = [self.spawn(w) for w in range(self.num_workers)]
+        for worker in started:
+            self.wait_registered(worker)
+
+    def epoch(self, worker_id: int) -> int:
+        for status in self.client.status().workers:
+            if status.worker_id == worker_id:
+                return int(status.epoch)
+        raise KeyError(worker_id)
+
+    def kill(self, worker_id: int) -> float:
+        """SIGKILL the worker's process group, reap it, report the exit; the failure time."""
+        worker = self.workers.pop(worker_id)
+        epoch = self.epoch(worker_id)
+        os.killpg(worker.process.pid, signal.SIGKILL)
+        failure_s = self.now_s()
+        worker.process.wait(timeout=30)
+        self.exited.append(worker)
+        self.client.report_exit(worker_id, epoch, "SIGKILL by the demo")
+        return failure_s
+
+    def restart(self, worker_id: int) -> WorkerProcess:
+        worker = self.spawn(worker_id, recovering=True)
+        self.wait_registered(worker)
+        return worker
+
+    def worker_stats(self) -> list[dict[str, object]]:
+        """The ``stopped`` line of every worker that ended cleanly."""
+        return [e for w in self.exited for e in w.events if e.get("event") == "stopped"]
+
+    # ---- requests ------------------------------------------------------------------------
+    def run_request(self, result: RequestResult, prompt: list[int], max_new_tokens: int, timeout_s: float) -> None:
+        """Submit one request and record its tokens (blocking; one thread per request)."""
+        try:
+            for chunk in self.client.submit(prompt, max_new_tokens, timeout_s=timeout_s):
+                now = self.now_s()
+                result.request_id = chunk.request_id
+                if chunk.start_position != len(result.token_ids):
+                    raise RuntimeError(
+                        f"chunk at {chunk.start_position} after {len(result.token_ids)} tokens"
+                    )
+                result.token_ids.extend(chunk.token_ids)
+                result.token_times_s.extend([now] * len(chunk.token_ids))
+                if chunk.finished:
+                    result.finished = True
+        except Exception as exc:  # noqa: BLE001 - recorded: the request counts as lost
+            result.error = f"{type(exc).__name__}: {exc}"
+
+    # ---- teardown ------------------------------------------------------------------------
+    def close(self, grace_s: float = 10.0) -> None:
+        for worker in self.workers.values():
+            if worker.process.poll() is None:
+                os.killpg(worker.process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for worker in list(self.workers.values()):
+            try:
+                worker.process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+                worker.process.wait(timeout=30)
+            self.exited.append(worker)
+        self.workers.clear()
+        self.client.close()
+        self.gateway.stop()
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,105 @@
+"""``lumen worker``: one worker process of a live cluster, until SIGTERM/SIGINT or fencing.
+
+Prints one JSON line ``{"event": "registered", ...}`` once it holds a lease (with its epoch
+and holder address), and ``{"event": "stopped", ...}`` with its counters when it ends.
+Exit status: 0 stopped, 3 fenced (the lease was lost), 2 bad arguments or registration
+refused (no cluster secret, say).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+
+def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
+
+    parser = commands.add_parser(
+        "worker",
+        help="run a worker: reference engine, checkpoint streaming, embedded holder",
+        description="Serve requests the gateway sends until SIGTERM/SIGINT or until the lease is lost.",
+    )
+    parser.add_argument("--worker-id", type=int, required=True)
+    parser.add_argument("--gateway", required=True, metavar="HOST:PORT")
+    parser.add_argument("--secret-file", required=True, metavar="PATH", help="cluster secret (0600 file)")
+    parser.add_argument("--model", required=True, metavar="PATH", help="weights written by engine.save_model")
+    parser.add_argument("--draft", default=None, metavar="PATH", help="draft weights (loaded first on restart)")
+    parser.add_argument("--recovering", action="store_true", help="a restart after a failure")
+    parser.add_argument("--budget-bytes", type=int, default=1 << 30, help="holder budget for others' checkpoints")
+    parser.add_argument("--holder-host", default="127.0.0.1", help="holder listen address (default: loopback)")
+    parser.add_argument("--num-blocks", type=int, default=1024, help="KV cache pages")
+    parser.add_argument(
+        "--modelled-full-load-s",
+        type=float,
+        default=MODELLED_FULL_LOAD_S,
+        help="modelled load time of the full model on restart (default: 32B bf16 from NVMe)",
+    )
+    parser.add_argument(
+        "--modelled-draft-load-s",
+        type=float,
+        default=MODELLED_DRAFT_LOAD_S,
+        help="modelled load time of the draft on restart (default: 0.6B bf16 from NVMe)",
+    )
+    parser.set_defaults(func=run_worker)
+    return parser
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from lumen_core.gateway.auth import read_secret_file
+    from lumen_core.gateway.client import GatewayError
+    from lumen_core.gateway.coordinator import RECOVERING, SERVING
+    from lumen_core.worker.process import Worker, WorkerConfig
+
+    try:
+        secret = read_secret_file(args.secret_file)
+        config = WorkerConfig(
+            worker_id=args.worker_id,
+            gateway=args.gateway,
+            model_path=args.model,
+            draft_path=args.draft,
+            state=RECOVERING if args.recovering else SERVING,
+            budget_bytes=args.budget_bytes,
+            holder_host=args.holder_host,
+            num_blocks=args.num_blocks,
+            modelled_full_load_s=args.modelled_full_load_s,
+            modelled_draft_load_s=args.modelled_draft_load_s,
+        )
+    except (OSError, ValueError) as exc:
+        print(f"lumen worker: {exc}", file=sys.stderr)
+        return 2
+    if config.state == RECOVERING:
+        print(
+            f"worker {config.worker_id}: modelled load delays (not measurements): draft "
+            f"{config.modelled_draft_load_s:.2f} s, full model {config.modelled_full_load_s:.2f} s",
+            file=sys.stderr,
+            flush=True,
+        )
+    worker = Worker(config, secret)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: worker.stop())
+    try:
+        try:
+            worker.start()
+        except GatewayError as exc:
+            print(f"lumen worker: the gateway refused registration: {exc}", file=sys.stderr)
+            return 2
+        print(
+            json.dumps(
+                {
+                    "event": "registered",
+                    "worker_id": config.worker_id,
+                    "epoch": worker.client.epoch,
+                    "state": config.state,
+                    "holder": worker.holder_address,
+                }
+            ),
+            flush=True,
+        )
+        status = worker.run()
+    finally:
+        worker.close()
+    print(json.dumps({"event": "stopped", "status": status, "reason": worker.fence_reason, **worker.stats()}), flush=True)
+    return status

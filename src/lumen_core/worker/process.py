@@ -1,0 +1,441 @@
+"""A worker process of a live cluster (DESIGN.md sections 3 and 4).
+
+``Worker`` = the reference engine + a ``GatewayConnector`` (checkpoint streaming to the
+holders the gateway grants, restore on RESUME) + an embedded ``HolderStore`` served on the
+transport (this worker holds other workers' checkpoints) + a ``GatewayClient`` with its
+``HeartbeatLoop`` (registration, lease, directives, fencing).
+
+Threads: the heartbeat thread only queues directives; the main thread (``run``) applies
+them between engine steps, steps the engine and reports each step's tokens in one call. A
+worker whose lease is lost (fenced reply, gateway unreachable for a lease, a token report
+refused for its epoch) stops serving and ``run`` returns ``EXIT_FENCED``.
+
+A worker started as ``recovering`` (restarted after a failure) loads the draft's weights
+first and the full model in the background; ``modelled_*_load_s`` add the load times of a
+32B model and its draft from NVMe on top of the real loads (modelled, not measured), then it
+tells the gateway ``ModelLoaded`` and serves.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from lumen_core.engine import CacheConfig, Engine, SamplingParams, SchedulerConfig, load_model, model_fingerprint
+from lumen_core.engine.connector import SavedTokens
+from lumen_core.engine.model import Llama
+from lumen_core.gateway.client import (
+    FencedError,
+    GatewayClient,
+    GatewayError,
+    RequestTokens,
+    StaleEpochError,
+)
+from lumen_core.gateway.coordinator import (
+    ASSIST_DRAFT,
+    ASSIST_STOP,
+    ASSIST_VERIFY,
+    CANCEL,
+    HOLD,
+    RECOVERING,
+    RELEASE,
+    RESUME,
+    RUN,
+    SERVING,
+    STREAM,
+    Directive,
+    HeldReport,
+    HolderGrant,
+)
+from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+from lumen_core.policy.events import RecoveryAction
+from lumen_core.stream import HolderStore
+from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
+from lumen_core.worker.assist import AssistedRequests, Assistant
+from lumen_core.worker.connector import GatewayConnector, RestoreSource, StreamGrant, parse_address
+
+EXIT_OK = 0
+EXIT_FENCED = 3
+
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path (and
+    draft_path): files written by ``engine.save_model``. state: "serving", or "recovering"
+    for a restart after a failure. budget_bytes: host memory offered to other workers'
+    checkpoints. holder_host: where the embedded holder listens."""
+
+    worker_id: int
+    gateway: str
+    model_path: str
+    draft_path: str | None = None
+    state: str = SERVING
+    budget_bytes: int = 1 << 30
+    holder_host: str = "127.0.0.1"
+    num_blocks: int = 1024
+    block_size: int = 16
+    max_num_seqs: int = 64
+    modelled_full_load_s: float = MODELLED_FULL_LOAD_S
+    modelled_draft_load_s: float = MODELLED_DRAFT_LOAD_S
+    idle_wait_s: float = 0.02
+
+    def __post_init__(self) -> None:
+        if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
+            raise ValueError(f"worker_id must be an int >= 0, got {self.worker_id!r}")
+        if self.state not in (SERVING, RECOVERING):
+            raise ValueError(f"state must be 'serving' or 'recovering', got {self.state!r}")
+        if not Path(self.model_path).is_file():
+            raise ValueError(f"model_path must be a file written by save_model, got {self.model_path!r}")
+        if self.draft_path is not None and not Path(self.draft_path).is_file():
+            raise ValueError(f"draft_path must be a file written by save_model, got {self.draft_path!r}")
+        for name in ("modelled_full_load_s", "modelled_draft_load_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
+            raise ValueError(f"budget_bytes must be an int >= 0, got {self.budget_bytes!r}")
+
+
+@dataclass
+class _Served:
+    """A request this worker serves: the gateway's epoch and how many outputs it has."""
+
+    epoch: int
+    num_outputs: int
+
+
+def _grant(directive: Directive, holders: tuple[HolderGrant, ...]) -> StreamGrant:
+    if not holders:
+        return StreamGrant(directive.epoch, (), b"")
+    return StreamGrant(
+        directive.epoch, tuple(parse_address(h.address) for h in holders), holders[0].capabilities[0]
+    )
+
+
+class Worker:
+    """One worker process's state (see module doc). ``run`` serves until ``stop`` or fencing."""
+
+    def __init__(self, config: WorkerConfig, secret: bytes) -> None:
+        self.config = config
+        self.secret = secret
+        self.store = HolderStore(config.budget_bytes)
+        self.server = self.store.serve(secret, address=config.holder_host, port=0)
+        self.holder_address = f"{config.holder_host}:{self.server.port}"
+        self.client = GatewayClient(config.gateway, secret)
+        self.engine: Engine | None = None
+        self.connector: GatewayConnector | None = None
+        self.model: Llama | None = None
+        self.draft: Llama | None = None
+        self.state = config.state
+        self.served: dict[int, _Served] = {}
+        self.directives: queue.Queue[Directive] = queue.Queue()
+        self.fenced = threading.Event()
+        self.stopping = threading.Event()
+        self.fence_reason = ""
+        self.heartbeats: HeartbeatLoop | None = None
+        self.loaded = threading.Event()
+        self.load_error: BaseException | None = None
+        self.counters = {"resumed": 0, "cancelled": 0}
+        self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
+        self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
+        self.assist_counts = {"steps": 0, "proposed": 0, "accepted": 0}
+
+    # ---- models --------------------------------------------------------------------------
+    def _load_full(self, modelled_s: float) -> None:
+        try:
+            model = load_model(self.config.model_path)
+            if modelled_s > 0 and self.stopping.wait(modelled_s):  # the modelled load, after the real one
+                return
+            self.model = model
+            self.loaded.set()
+        except BaseException as exc:  # noqa: BLE001 - reported by run()
+            self.load_error = exc
+            self.loaded.set()
+
+    def _build_engine(self) -> None:
+        assert self.model is not None
+        self.connector = GatewayConnector(self.secret, model_fingerprint(self.model), self.store)
+        self.engine = Engine(
+            self.model,
+            CacheConfig(num_blocks=self.config.num_blocks, block_size=self.config.block_size),
+            SchedulerConfig(max_num_seqs=self.config.max_num_seqs),
+            connector=self.connector,
+        )
+
+    # ---- gateway -------------------------------------------------------------------------
+    def report(self) -> WorkerReport:
+        held = tuple(
+            HeldReport(c.request_id, c.epoch, c.durable_tokens) for c in self.store.checkpoints() if c.shard == 0
+        )
+        held_bytes = sum(c.durable_tokens * (c.record_bytes + 8) for c in self.store.checkpoints())
+        engine = self.engine
+        running = len(engine.scheduler.running) if engine is not None else 0
+        waiting = len(engine.scheduler.waiting) if engine is not None else 0
+        counts = self._assist_counts()
+        return WorkerReport(
+            num_running=running,
+            num_waiting=waiting,
+            held_bytes=held_bytes,
+            held=held,
+            assist_steps=counts["steps"],
+            proposed_draft_tokens=counts["proposed"],
+            accepted_draft_tokens=counts["accepted"],
+        )
+
+    def _assist_counts(self) -> dict[str, int]:
+        assistant = self.assistant
+        if assistant is None:
+            return dict(self.assist_counts)
+        return {
+            "steps": self.assist_counts["steps"] + assistant.steps,
+            "proposed": self.assist_counts["proposed"] + assistant.proposed,
+            "accepted": self.assist_counts["accepted"] + assistant.accepted,
+        }
+
+    def _stop_assistant(self) -> None:
+        if self.assistant is not None:
+            self.assist_counts = self._assist_counts()
+            self.assistant.stop()
+            self.assistant = None
+
+    def _on_fenced(self, reason: str) -> None:
+        self.fence_reason = reason
+        self.fenced.set()
+
+    def start(self) -> None:
+        """Load (the draft first when recovering), register, start heartbeating."""
+        if self.state == RECOVERING:
+            if self.config.draft_path is not None:
+                self.draft = load_model(self.config.draft_path)
+                time.sleep(self.config.modelled_draft_load_s)
+            threading.Thread(
+                target=self._load_full, args=(self.config.modelled_full_load_s,), daemon=True
+            ).start()
+        else:
+            self._load_full(0.0)
+            if self.load_error is not None:
+                raise self.load_error
+            self._build_engine()
+        registration = self.client.register(
+            self.config.worker_id,
+            state=self.state,
+            budget_bytes=self.config.budget_bytes,
+            holder_address=self.holder_address,
+        )
+        for directive in registration.directives:
+            self.directives.put(directive)
+        self.heartbeats = HeartbeatLoop(
+            self.client, self.report, self._queue_directives, self._on_fenced
+        ).start()
+
+    def _queue_directives(self, directives: tuple[Directive, ...]) -> None:
+        for directive in directives:
+            self.directives.put(directive)
+
+    # ---- directives ----------------------------------------------------------------------
+    def _apply(self, directive: Directive) -> None:
+        kind = directive.kind
+        if kind in (ASSIST_DRAFT, ASSIST_VERIFY, ASSIST_STOP):
+            print(
+                f"worker {self.config.worker_id}: {kind} peer {directive.peer_worker_id} "
+                f"k={directive.num_draft_tokens}: {directive.reason}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if kind == RELEASE:
+            self.store.expire(directive.request_id)
+        elif kind == HOLD:
+            pass  # appends at the directive's epoch open (or re-epoch) the checkpoint
+        elif kind == CANCEL:
+            self._drop(directive.request_id)
+            self.counters["cancelled"] += 1
+        elif kind in (RUN, RESUME):
+            self._admit(directive)
+        elif kind == STREAM:
+            self._stream(directive)
+        elif kind == ASSIST_DRAFT:
+            self._stop_assistant()
+            if self.draft is not None and self.state == RECOVERING:
+                default_k = directive.num_draft_tokens
+                heartbeats = self.heartbeats
+                self.assistant = Assistant(
+                    self.draft,
+                    self.config.holder_host,
+                    self.server.port,
+                    lambda: (heartbeats.last_num_draft_tokens if heartbeats is not None else 0) or default_k,
+                    num_blocks=self.config.num_blocks,
+                ).start()
+        elif kind == ASSIST_VERIFY:
+            if self.assisted is not None:
+                self.assisted.close()
+            self.assisted = AssistedRequests(parse_address(directive.peer_address), directive.peer_worker_id)
+        elif kind == ASSIST_STOP:
+            if self.assisted is not None and self.assisted.peer_worker_id == directive.peer_worker_id:
+                self.assisted.close()
+                self.assisted = None
+            else:
+                self._stop_assistant()
+
+    def _drop(self, request_id: int) -> None:
+        self.served.pop(request_id, None)
+        if self.engine is not None and str(request_id) in self.engine.requests:
+            self.engine.abort(str(request_id))
+
+    def _admit(self, directive: Directive) -> None:
+        assert self.engine is not None and self.connector is not None
+        request_id = directive.request_id
+        key = str(request_id)
+        self._drop(request_id)
+        outputs = list(directive.output_token_ids)
+        self.served[request_id] = _Served(directive.epoch, len(outputs))
+        if len(outputs) >= directive.max_new_tokens:
+            self._report([RequestTokens(request_id, directive.epoch, len(outputs), (), True)])
+            self.served.pop(request_id)
+            return
+        self.connector.grant(key, _grant(directive, directive.holders))
+        if directive.kind == RESUME:
+            self.counters["resumed"] += 1
+            action = directive.action
+            if action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE) and directive.source is not None:
+                local = directive.source.worker_id == self.config.worker_id
+                source = RestoreSource(
+                    directive.epoch,
+                    None if local else parse_address(directive.source.address),
+                    directive.source.capabilities[0] if directive.source.capabilities else b"",
+                )
+                self.connector.restore_from(key, source)
+        self.engine.add_request(
+            key,
+            list(directive.prompt_token_ids),
+            SamplingParams(max_tokens=directive.max_new_tokens),
+            output_token_ids=outputs,
+        )
+
+    def _stream(self, directive: Directive) -> None:
+        """New holders for a request served here: stream its whole checkpoint to them (the
+        streamer starts the request again from position 0 over its computed tokens)."""
+        assert self.engine is not None and self.connector is not None
+        key = str(directive.request_id)
+        request = self.engine.requests.get(key)
+        if request is None:
+            return
+        self.connector.request_finished(key)
+        self.connector.grant(key, _grant(directive, directive.holders))
+        n = request.num_computed_tokens
+        if n:
+            slots = self.engine.block_manager.slot_ids(request, 0, n)
+            self.connector.save_kv([SavedTokens(key, 0, tuple(slots), tuple(request.token_ids[:n]))])
+
+    # ---- serving -------------------------------------------------------------------------
+    def _report(self, reports: list[RequestTokens]) -> None:
+        if not reports:
+            return
+        try:
+            acks = self.client.report_tokens_batch(reports)
+        except (FencedError, StaleEpochError) as exc:
+            self._on_fenced(str(exc))
+            return
+        except GatewayError:
+            return  # the gateway is unreachable: the lease decides
+        for ack in acks:
+            if ack.code != 0:  # the request moved on (re-routed at a newer epoch): drop it here
+                self._drop(ack.request_id)
+
+    def _step(self) -> None:
+        assert self.engine is not None
+        engine = self.engine
+        assisted = self.assisted
+        if assisted is not None:
+            for request_id, (position, drafts) in assisted.drafts().items():
+                request = engine.requests.get(str(request_id))
+                if request is None or request.num_uncomputed_tokens != 1:
+                    continue
+                # Drafts made for an earlier position still serve if their head came true.
+                offset = request.num_tokens - position
+                if 0 <= offset < len(drafts) and request.token_ids[position:] == drafts[:offset]:
+                    engine.set_drafts(str(request_id), drafts[offset:])
+        out = engine.step()
+        if assisted is not None:
+            for key in out.finished:
+                assisted.finished(int(key))
+            assisted.sync(
+                {int(r.request_id): list(r.token_ids) for r in engine.scheduler.running if r.request_id not in out.finished},
+                {int(k): (n, out.num_accepted.get(k, 0)) for k, n in out.num_draft_tokens.items()},
+            )
+        reports = []
+        for key, tokens in out.new_token_ids.items():
+            served = self.served.get(int(key))
+            if served is None:
+                continue
+            reports.append(
+                RequestTokens(int(key), served.epoch, served.num_outputs, tuple(tokens), key in out.finished)
+            )
+            served.num_outputs += len(tokens)
+        for key in out.finished:
+            self.served.pop(int(key), None)
+        self._report(reports)
+
+    def stats(self) -> dict[str, int]:
+        """Counters: requests resumed here, of which restored (a prefix came from a holder) and
+        re-prefilled; tokens restored; requests cancelled."""
+        restores = list(self.connector.restores.values()) if self.connector is not None else []
+        restored = sum(1 for r in restores if r.restored_tokens > 0)
+        return {
+            "worker_id": self.config.worker_id,
+            "resumed": self.counters["resumed"],
+            "restored": restored,
+            "reprefilled": self.counters["resumed"] - restored,
+            "restored_tokens": sum(r.restored_tokens for r in restores),
+            "cancelled": self.counters["cancelled"],
+            "assist_steps": self._assist_counts()["steps"],
+            "proposed_drafts": self._assist_counts()["proposed"],
+            "accepted_drafts": self._assist_counts()["accepted"],
+        }
+
+    def run(self) -> int:
+        """Serve until ``stop`` (EXIT_OK) or until the lease is lost (EXIT_FENCED)."""
+        while not self.stopping.is_set() and not self.fenced.is_set():
+            if self.engine is None and self.loaded.is_set():
+                if self.load_error is not None:
+                    raise self.load_error
+                self._build_engine()
+                self._stop_assistant()
+                self.state = SERVING
+                self.client.model_loaded(budget_bytes=self.config.budget_bytes)
+            try:
+                directive = self.directives.get(
+                    timeout=0 if self.engine is not None and self.engine.has_unfinished() else self.config.idle_wait_s
+                )
+            except queue.Empty:
+                directive = None
+            while directive is not None:
+                if self.engine is not None or directive.kind in (RELEASE, HOLD, ASSIST_DRAFT, ASSIST_STOP):
+                    self._apply(directive)
+                try:
+                    directive = self.directives.get_nowait()
+                except queue.Empty:
+                    directive = None
+            if self.engine is not None and self.engine.has_unfinished() and self.client.lease_valid():
+                self._step()
+        return EXIT_FENCED if self.fenced.is_set() else EXIT_OK
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+    def close(self) -> None:
+        self.stopping.set()
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+        self._stop_assistant()
+        if self.assisted is not None:
+            self.assisted.close()
+        if self.connector is not None:
+            self.connector.close()
+        self.server.close()
+        self.client.close()

@@ -1,0 +1,216 @@
+"""One live scenario: a ``LocalCluster`` replays arrivals, optionally SIGKILLs a worker that
+runs enough requests with durable checkpoints and restarts it; the client-side records.
+
+``run_scenario`` is what ``lumen demo`` runs once per policy (plus once failure-free) and
+what the end-to-end tests run with fewer workers and requests.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from lumen_core.metrics import RequestRecords
+from lumen_core.policy.events import RouteDecision
+from lumen_core.sim.workload import Workload
+from lumen_core.worker.cluster import TINY_MODEL, LocalCluster, RequestResult
+
+
+@dataclass(frozen=True)
+class Arrival:
+    time_s: float
+    prompt_token_ids: tuple[int, ...]
+    max_new_tokens: int
+
+
+def arrivals_from_workload(
+    workload: Workload,
+    *,
+    seed: int,
+    prompt_scale: float = 1 / 8,
+    output_scale: float = 1.0,
+    max_prompt_tokens: int = 192,
+    max_output_tokens: int = 192,
+    min_output_tokens: int = 24,
+) -> list[Arrival]:
+    """Trace requests as tiny-model requests: token counts scaled and clipped, prompt token
+    ids drawn from ``seed`` (the same arrivals for every policy)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for t, p, o in zip(workload.arrival_s, workload.prompt_tokens, workload.output_tokens, strict=True):
+        n_prompt = int(np.clip(round(p * prompt_scale), 4, max_prompt_tokens))
+        n_out = int(np.clip(round(o * output_scale), min_output_tokens, max_output_tokens))
+        prompt = tuple(int(x) for x in rng.integers(0, TINY_MODEL.vocab_size, size=n_prompt))
+        out.append(Arrival(float(t), prompt, n_out))
+    return out
+
+
+@dataclass(frozen=True)
+class FailurePlan:
+    """Kill a worker once one runs at least ``min_requests`` requests whose checkpoints hold
+    at least ``min_durable_tokens`` durable tokens each (requests the policy does not
+    checkpoint: that many tokens computed), not before ``not_before_s``; restart
+    it at once (as a recovering worker)."""
+
+    not_before_s: float
+    min_requests: int = 4
+    min_durable_tokens: int = 16
+    give_up_s: float = 60.0
+
+
+@dataclass
+class ScenarioResult:
+    policy: str
+    results: list[RequestResult]
+    failure_s: float = math.nan
+    failed_worker_id: int = -1
+    restart_s: float = math.nan
+    interrupted_ids: tuple[int, ...] = ()
+    routes: tuple[RouteDecision, ...] = ()  # the router's decisions at the failure
+    coverage: float = math.nan
+    holder_balance: float = math.nan
+    acceptance: float = math.nan
+    proposed_drafts: int = 0
+    accepted_drafts: int = 0
+    worker_stats: list[dict[str, object]] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def records(self) -> RequestRecords:
+        """Per-request times for ``lumen_core.metrics`` (NaN where never reached)."""
+        n = len(self.results)
+        first = np.full(n, np.nan)
+        finish = np.full(n, np.nan)
+        replay = np.full(n, np.nan)
+        interrupted = np.zeros(n, dtype=bool)
+        ids = set(self.interrupted_ids)
+        for i, r in enumerate(self.results):
+            if r.token_times_s:
+                first[i] = r.token_times_s[0]
+            if r.finished:
+                finish[i] = r.token_times_s[-1] if r.token_times_s else np.nan
+            if r.request_id in ids:
+                interrupted[i] = True
+                later = [t for t in r.token_times_s if t > self.failure_s]
+                replay[i] = later[0] if later else np.nan
+        return RequestRecords(
+            arrival_s=np.array([r.arrival_s for r in self.results]),
+            first_token_s=first,
+            finish_s=finish,
+            num_output_tokens=np.array([len(r.token_ids) for r in self.results]),
+            interrupted=interrupted,
+            replay_token_s=replay,
+        )
+
+    @property
+    def restored(self) -> int:
+        return sum(int(s.get("restored", 0)) for s in self.worker_stats)  # type: ignore[call-overload]
+
+    @property
+    def reprefilled(self) -> int:
+        return sum(int(s.get("reprefilled", 0)) for s in self.worker_stats)  # type: ignore[call-overload]
+
+
+def _victim(cluster: LocalCluster, plan: FailurePlan) -> int | None:
+    with cluster.gateway.condition:
+        monitor = cluster.gateway.coordinator.monitor
+        for worker_id in sorted(monitor.live_worker_ids()):
+            durable = 0
+            for request_id in monitor.running_on(worker_id):
+                view = monitor.request(request_id)
+                # A request its policy keeps no checkpoint of (S&R) counts once it has run
+                # as long as a checkpointed one would have to.
+                tokens = max((d for _, d in view.durable_tokens), default=0) if view.holder_ids else (
+                    view.prompt_tokens + len(cluster.gateway.coordinator.tokens(request_id)[0])
+                )
+                if tokens >= plan.min_durable_tokens:
+                    durable += 1
+            if durable >= plan.min_requests:
+                return worker_id
+    return None
+
+
+def run_scenario(
+    workdir: Path,
+    policy: str,
+    arrivals: list[Arrival],
+    *,
+    num_workers: int,
+    failure: FailurePlan | None,
+    request_timeout_s: float = 120.0,
+    progress: Callable[[str], None] | None = None,
+    **cluster_options: object,
+) -> ScenarioResult:
+    """Run the arrivals on a fresh cluster; see module doc. Every process is reaped."""
+    say = progress or (lambda _: None)
+    cluster = LocalCluster(workdir, policy=policy, num_workers=num_workers, **cluster_options)  # type: ignore[arg-type]
+    result = ScenarioResult(policy, [])
+    try:
+        cluster.start()
+        cluster.clock0 = time.monotonic()
+        threads: list[threading.Thread] = []
+        results = [RequestResult(i, a.time_s) for i, a in enumerate(arrivals)]
+        result.results = results
+
+        def submit_all() -> None:
+            for arrival, record in zip(arrivals, results, strict=True):
+                delay = arrival.time_s - cluster.now_s()
+                if delay > 0:
+                    time.sleep(delay)
+                record.arrival_s = cluster.now_s()
+                thread = threading.Thread(
+                    target=cluster.run_request,
+                    args=(record, list(arrival.prompt_token_ids), arrival.max_new_tokens, request_timeout_s),
+                    daemon=True,
+                )
+                thread.start()
+                threads.append(thread)
+
+        submitter = threading.Thread(target=submit_all, daemon=True)
+        submitter.start()
+        if failure is not None:
+            deadline = failure.not_before_s + failure.give_up_s
+            victim = None
+            while victim is None and cluster.now_s() < deadline:
+                time.sleep(0.05)
+                if cluster.now_s() >= failure.not_before_s:
+                    victim = _victim(cluster, failure)
+            if victim is None:
+                raise RuntimeError(
+                    f"no worker ran {failure.min_requests} requests with >= {failure.min_durable_tokens} "
+                    f"durable tokens within {failure.give_up_s} s"
+                )
+            with cluster.gateway.condition:
+                metrics = cluster.gateway.coordinator.metrics()
+            result.coverage, result.holder_balance = metrics.coverage, metrics.holder_balance
+            result.failed_worker_id = victim
+            result.failure_s = cluster.kill(victim)
+            with cluster.gateway.condition:
+                outcome = cluster.gateway.coordinator.failures[-1]
+            interrupted = tuple(route.request_id for route in outcome.routes)
+            result.interrupted_ids = interrupted
+            result.routes = outcome.routes
+            say(f"{policy}: SIGKILL worker {victim} at {result.failure_s:.1f} s ({len(interrupted)} requests running)")
+            cluster.restart(victim)
+            result.restart_s = cluster.now_s()
+            say(f"{policy}: worker {victim} restarted (recovering) at {result.restart_s:.1f} s")
+        submitter.join(timeout=max(1.0, arrivals[-1].time_s - cluster.now_s() + 30.0) if arrivals else 1.0)
+        end = time.monotonic() + request_timeout_s
+        for thread in list(threads):
+            thread.join(timeout=max(0.1, end - time.monotonic()))
+        say(f"{policy}: {sum(r.finished for r in results)}/{len(results)} requests finished")
+        with cluster.gateway.condition:
+            metrics = cluster.gateway.coordinator.metrics()
+        result.acceptance = metrics.acceptance
+        result.duration_s = cluster.now_s()
+    finally:
+        cluster.close()
+    result.worker_stats = cluster.worker_stats()
+    result.proposed_drafts = sum(int(s.get("proposed_drafts", 0)) for s in result.worker_stats)  # type: ignore[call-overload]
+    result.accepted_drafts = sum(int(s.get("accepted_drafts", 0)) for s in result.worker_stats)  # type: ignore[call-overload]
+    return result

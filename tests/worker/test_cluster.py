@@ -1,0 +1,68 @@
+"""End to end on loopback: a gateway, 3 worker processes, a SIGKILL while requests run with
+durable checkpoints, a restart; every request completes with the failure-free output."""
+
+from pathlib import Path
+
+import pytest
+
+from lumen_core import _native
+from lumen_core.policy.events import RecoveryAction
+from lumen_core.engine import Engine, SamplingParams, load_model
+from lumen_core.sim.workload import Workload
+from lumen_core.worker.scenario import FailurePlan, arrivals_from_workload, run_scenario
+
+import numpy as np
+
+pytestmark = [
+    pytest.mark.ucx,
+    pytest.mark.skipif(not _native.HAS_UCX, reason="lumen_core._C_ucx is not built (LUMEN_UCX=ON)"),
+    pytest.mark.timeout(240),
+]
+
+
+def _arrivals(n: int, span_s: float, output_tokens: int, seed: int = 3):
+    workload = Workload(
+        arrival_s=np.linspace(0.0, span_s, n),
+        prompt_tokens=np.full(n, 320),
+        output_tokens=np.full(n, output_tokens),
+    )
+    return arrivals_from_workload(workload, seed=seed, max_output_tokens=output_tokens)
+
+
+def _reference(workdir: Path, arrivals) -> list[list[int]]:
+    """The failure-free outputs: one engine, all requests in one batch (float64 greedy
+    decoding does not depend on the batch)."""
+    engine = Engine(load_model(workdir / "target.pt"))
+    return engine.generate(
+        [list(a.prompt_token_ids) for a in arrivals],
+        [SamplingParams(max_tokens=a.max_new_tokens) for a in arrivals],
+    )
+
+
+@pytest.mark.parametrize("policy", ["S&R", "FC", "LUMEN"])
+def test_one_failure_loses_nothing_and_outputs_match(tmp_path: Path, policy: str) -> None:
+    # LUMEN: arrivals go on after the restart, so the recovering worker assists a survivor.
+    arrivals = _arrivals(40, 14.0, 400) if policy == "LUMEN" else _arrivals(9, 1.0, 160)
+    result = run_scenario(
+        tmp_path,
+        policy,
+        arrivals,
+        num_workers=3,
+        failure=FailurePlan(not_before_s=0.3, min_requests=2, min_durable_tokens=16, give_up_s=30.0),
+        request_timeout_s=90.0,
+        modelled_full_load_s=3.0,
+    )
+    assert result.failed_worker_id >= 0 and len(result.interrupted_ids) >= 2
+    assert [r.error for r in result.results] == [""] * len(arrivals)
+    assert all(r.finished for r in result.results)
+    reference = _reference(tmp_path, arrivals)
+    assert [r.token_ids for r in result.results] == reference
+    interrupted = len(result.interrupted_ids)
+    assert result.restored + result.reprefilled == interrupted
+    restores = [d for d in result.routes if d.action != RecoveryAction.REPREFILL]
+    if policy == "S&R":
+        assert result.restored == 0 and not restores
+    else:  # every restore the router decided happened (a holder is never overloaded here)
+        assert restores and result.restored == len(restores)
+    if policy == "LUMEN":  # the restarted worker drafted and the survivor accepted drafts
+        assert result.accepted_drafts > 0 and 0 < result.acceptance <= 1

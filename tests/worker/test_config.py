@@ -1,0 +1,67 @@
+"""Argument checks of the worker's configuration, address parsing and `lumen worker`/`lumen demo`."""
+
+from pathlib import Path
+
+import pytest
+
+from lumen_core.cli import main
+from lumen_core.worker.process import WorkerConfig
+from lumen_core.worker.connector import parse_address
+
+
+@pytest.fixture
+def model_file(tmp_path: Path) -> str:
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"x")
+    return str(path)
+
+
+def test_parse_address() -> None:
+    assert parse_address("127.0.0.1:7000") == ("127.0.0.1", 7000)
+    for bad in ("127.0.0.1", ":7000", "host:0", "host:70000", "host:x"):
+        with pytest.raises(ValueError, match="address must be 'host:port'"):
+            parse_address(bad)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"worker_id": -1}, "worker_id must be an int >= 0"),
+        ({"worker_id": True}, "worker_id must be an int >= 0"),
+        ({"state": "failed"}, "state must be 'serving' or 'recovering'"),
+        ({"model_path": "/nonexistent/model.pt"}, "model_path must be a file"),
+        ({"draft_path": "/nonexistent/draft.pt"}, "draft_path must be a file"),
+        ({"modelled_full_load_s": -1.0}, "modelled_full_load_s must be a finite number >= 0"),
+        ({"modelled_draft_load_s": float("inf")}, "modelled_draft_load_s must be a finite number >= 0"),
+        ({"budget_bytes": -1}, "budget_bytes must be an int >= 0"),
+    ],
+)
+def test_worker_config_refuses(model_file: str, changes: dict, message: str) -> None:
+    arguments = {"worker_id": 0, "gateway": "127.0.0.1:1", "model_path": model_file, **changes}
+    with pytest.raises(ValueError, match=message):
+        WorkerConfig(**arguments)
+
+
+def test_lumen_worker_refuses_a_missing_secret_file(tmp_path: Path, model_file: str, capsys) -> None:
+    status = main(
+        ["worker", "--worker-id", "0", "--gateway", "127.0.0.1:1", "--secret-file",
+         str(tmp_path / "missing"), "--model", model_file]
+    )  # fmt: skip
+    assert status == 2
+    assert "lumen worker:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [(["--workers", "2"], "--workers must be >= 3"), (["--repeats", "0"], "--repeats must be >= 1")],
+)
+def test_lumen_demo_refuses(arguments: list[str], message: str, capsys) -> None:
+    assert main(["demo", *arguments]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_local_cluster_needs_two_workers(tmp_path: Path) -> None:
+    from lumen_core.worker.cluster import LocalCluster
+
+    with pytest.raises(ValueError, match="num_workers must be >= 2"):
+        LocalCluster(tmp_path, policy="LUMEN", num_workers=1)

@@ -1,0 +1,47 @@
+"""`lumen demo`: the table and figure from rows (fast), and a short full run (slow)."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lumen_core import _native
+from lumen_core.cli import main
+from lumen_core.worker.demo import COLUMNS, plot_timeline, print_table
+
+
+def test_table_has_every_column_and_shows_undefined_as_dash(capsys) -> None:
+    row = {c: 0 for c in COLUMNS} | {"policy": "LUMEN", "recovery_s": math.nan, "acceptance": 0.5}
+    print_table([row])
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split() == list(COLUMNS)
+    assert line.split()[COLUMNS.index("recovery_s")] == "-"
+    assert line.split()[COLUMNS.index("acceptance")] == "0.500"
+
+
+def test_timeline_png(tmp_path: Path) -> None:
+    starts = np.arange(0.0, 10.0, 1.0)
+    means = (np.linspace(0.1, 0.2, 10), np.full(10, 0.01), np.ones(10))
+    path = tmp_path / "t.png"
+    plot_timeline({"failure-free": (starts, means, math.nan), "LUMEN": (starts, means, 4.0)}, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+@pytest.mark.ucx
+@pytest.mark.skipif(not _native.HAS_UCX, reason="lumen_core._C_ucx is not built (LUMEN_UCX=ON)")
+@pytest.mark.timeout(420)
+def test_short_demo_end_to_end(tmp_path: Path) -> None:
+    rows_path = tmp_path / "rows.json"
+    status = main(
+        ["demo", "--workers", "3", "--duration", "16", "--rate", "6", "--json", str(rows_path),
+         "--plot", str(tmp_path / "t.png"), "--workdir", str(tmp_path / "work")]
+    )  # fmt: skip
+    rows = json.loads(rows_path.read_text())
+    assert status == 0
+    assert [r["policy"] for r in rows] == ["S&R", "FC", "LUMEN"]
+    assert all(set(r) == set(COLUMNS) for r in rows)
+    assert all(r["lost"] == 0 and r["identical"] == r["total"] for r in rows)
+    assert (tmp_path / "t.png").is_file()
