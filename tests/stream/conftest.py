@@ -4,7 +4,6 @@ processes on loopback, killed and reaped after every test."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -13,32 +12,13 @@ from typing import Any
 
 import pytest
 
-from lumen_core import _native
 
 TLS = "tcp"
 
 
 @pytest.fixture(autouse=True)
-def _ucx_module() -> None:
-    # Skipped only where the module was not asked for; with LUMEN_UCX=ON its absence fails.
-    if _native.C_ucx is None:
-        why = _native.IMPORT_ERRORS.get("_C_ucx", "not built")
-        if os.environ.get("LUMEN_UCX") == "ON":
-            pytest.fail(f"LUMEN_UCX=ON but lumen_core._C_ucx is unavailable: {why}")
-        pytest.skip(f"the UCX module is not built ({why})")
-
-
-@pytest.fixture
-def secret() -> bytes:
-    return os.urandom(32)
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path, secret: bytes) -> Path:
-    path = tmp_path / "secret"
-    path.write_bytes(secret)
-    path.chmod(0o600)
-    return path
+def _ucx_module(ucx_module: None) -> None:
+    """Every test here needs the UCX module (tests/conftest.py)."""
 
 
 class Proc:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from lumen_core import _native
 
 PEER_PATH = Path(__file__).with_name("peer.py")
 TLS = "tcp"  # the server's UCX_TLS; the tests' clients use the same
@@ -35,26 +33,8 @@ def peer() -> ModuleType:
 
 
 @pytest.fixture(autouse=True)
-def _ucx_module() -> None:
-    # Skipped only where the module was not asked for; with LUMEN_UCX=ON its absence fails.
-    if _native.C_ucx is None:
-        why = _native.IMPORT_ERRORS.get("_C_ucx", "not built")
-        if os.environ.get("LUMEN_UCX") == "ON":
-            pytest.fail(f"LUMEN_UCX=ON but lumen_core._C_ucx is unavailable: {why}")
-        pytest.skip(f"the UCX transport module is not built ({why})")
-
-
-@pytest.fixture
-def secret() -> bytes:
-    return os.urandom(32)
-
-
-@pytest.fixture
-def secret_file(tmp_path: Path, secret: bytes) -> Path:
-    path = tmp_path / "secret"
-    path.write_bytes(secret)
-    path.chmod(0o600)
-    return path
+def _ucx_module(ucx_module: None) -> None:
+    """Every test here needs the UCX module (tests/conftest.py)."""
 
 
 class PeerProcess:
