@@ -1,9 +1,14 @@
 """The assist channel in one process: an Assistant drafting for an AssistedRequests survivor."""
 
+import socket
 import time
 
+import pytest
+
 from lumen_core.engine import DraftProposer, ModelConfig, build_draft_pair
-from lumen_core.worker.assist import Assistant, AssistedRequests
+from lumen_core.worker.assist import Assistant, AssistedRequests, seal, unseal
+
+SECRET = b"assist-test-secret-0123456789"
 
 
 def _pair():
@@ -22,9 +27,9 @@ def test_proposer_drafts_again_after_its_own_draft_came_true() -> None:
 
 def test_assistant_answers_syncs_with_drafts_the_target_accepts() -> None:
     target, draft = _pair()  # late_layer_scale 0: the draft is the target, every draft is right
-    assistant = Assistant(draft, "127.0.0.1", 0, lambda: 3).start()
+    assistant = Assistant(draft, "127.0.0.1", 0, lambda: 3, secret=SECRET).start()
     port = assistant.socket.getsockname()[1]
-    survivor = AssistedRequests(("127.0.0.1", port), peer_worker_id=1)
+    survivor = AssistedRequests(("127.0.0.1", port), peer_worker_id=1, secret=SECRET)
     try:
         tokens = [5, 6, 7, 8, 9]
         survivor.sync({7: tokens}, {})
@@ -48,12 +53,47 @@ def test_assistant_answers_syncs_with_drafts_the_target_accepts() -> None:
 
 def test_assistant_ignores_syncs_while_unpaired() -> None:
     _, draft = _pair()
-    assistant = Assistant(draft, "127.0.0.1", 0, lambda: 0).start()
-    survivor = AssistedRequests(("127.0.0.1", assistant.socket.getsockname()[1]), peer_worker_id=1)
+    assistant = Assistant(draft, "127.0.0.1", 0, lambda: 0, secret=SECRET).start()
+    survivor = AssistedRequests(("127.0.0.1", assistant.socket.getsockname()[1]), peer_worker_id=1, secret=SECRET)
     try:
         survivor.sync({1: [1, 2, 3]}, {})
         time.sleep(0.3)
         assert survivor.drafts() == {} and assistant.steps == 0
     finally:
         survivor.close()
+        assistant.stop()
+
+
+def test_seal_round_trip_and_refusals() -> None:
+    message = {"r": [[1, 0, [5, 6], 0, 0]], "f": []}
+    sealed = seal(SECRET, message)
+    assert unseal(SECRET, sealed) == message
+    assert unseal(b"another-cluster-secret-000000", sealed) is None
+    tampered = sealed[:-2] + b"9]"
+    assert unseal(SECRET, tampered) is None
+    assert unseal(SECRET, sealed[:10]) is None
+    assert unseal(SECRET, seal(SECRET, {"r": []})[:32] + b"not json") is None
+    with pytest.raises(ValueError, match="secret must be given"):
+        AssistedRequests(("127.0.0.1", 9), peer_worker_id=1, secret=None)  # type: ignore[arg-type]
+
+
+def test_assistant_drops_datagrams_without_the_secret() -> None:
+    _, draft = _pair()
+    assistant = Assistant(draft, "127.0.0.1", 0, lambda: 3, secret=SECRET).start()
+    address = ("127.0.0.1", assistant.socket.getsockname()[1])
+    rogue = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    forged = AssistedRequests(address, peer_worker_id=1, secret=b"not-the-cluster-secret-00000")
+    try:
+        rogue.sendto(b'{"r": [[1, 0, [1, 2, 3], 0, 0]], "f": []}', address)  # unsealed
+        rogue.sendto(b"\xff" * 40, address)  # garbage
+        forged.sync({1: [1, 2, 3]}, {})  # sealed under another secret
+        deadline = time.monotonic() + 10
+        while assistant.num_refused < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert assistant.num_refused == 3
+        assert assistant.steps == 0 and forged.drafts() == {}
+    finally:
+        rogue.close()
+        forged.close()
         assistant.stop()

@@ -12,21 +12,51 @@ and the drafted / accepted counts of the survivor's last verify of that request.
 Assistant -> survivor: per request, how many tokens it now knows (the next ``base``) and
 ``k`` greedy draft tokens that follow them. The assistant keeps its own draft KV per request
 (``DraftProposer``: rolled back to the longest prefix that still matches).
+
+Every datagram is sealed with the cluster secret: ``HMAC-SHA256(secret, label || payload)``
+then the JSON payload. A datagram whose MAC does not verify, or that is not a JSON object, is
+dropped and counted (``num_refused``); verify_draft keeps the output exact whatever the
+drafts, so what the seal protects is the assistant's compute and the acceptance figures.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import socket
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from lumen_core.engine import DraftProposer
 from lumen_core.engine.config import CacheConfig
 from lumen_core.engine.model import Llama
+from lumen_core.secret import check_secret
 from lumen_core.worker.connector import Address
 
 MAX_DATAGRAM = 65000
+_MAC_BYTES = 32
+_SEAL_LABEL = b"lumen-assist-v1|"
+
+
+def seal(secret: bytes, message: dict[str, Any]) -> bytes:
+    """``message`` as JSON behind its HMAC-SHA256 under the cluster secret."""
+    payload = json.dumps(message).encode()
+    return hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest() + payload
+
+
+def unseal(secret: bytes, data: bytes) -> dict[str, Any] | None:
+    """The message of a sealed datagram, or None if its MAC or its JSON is wrong."""
+    mac, payload = data[:_MAC_BYTES], data[_MAC_BYTES:]
+    expected = hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest()
+    if len(mac) != _MAC_BYTES or not hmac.compare_digest(mac, expected):
+        return None
+    try:
+        message = json.loads(payload)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
 
 
 class Assistant:
@@ -36,8 +66,17 @@ class Assistant:
     0 = paired with nobody, syncs are ignored. Counters are cumulative since start."""
 
     def __init__(
-        self, draft: Llama, host: str, port: int, num_draft_tokens: Callable[[], int], *, num_blocks: int = 1024
+        self,
+        draft: Llama,
+        host: str,
+        port: int,
+        num_draft_tokens: Callable[[], int],
+        *,
+        secret: bytes,
+        num_blocks: int = 1024,
     ) -> None:
+        self.secret = check_secret(secret)
+        self.num_refused = 0
         self.proposer = DraftProposer(draft, CacheConfig(num_blocks=num_blocks))
         self.num_draft_tokens = num_draft_tokens
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -62,12 +101,12 @@ class Assistant:
                 continue
             except OSError:
                 return
-            messages = [json.loads(data)]
+            messages = self._take([], data)
             self.socket.setblocking(False)
             try:  # syncs that queued while drafting: take their tokens, draft once for all
                 while True:
                     data, sender = self.socket.recvfrom(MAX_DATAGRAM)
-                    messages.append(json.loads(data))
+                    messages = self._take(messages, data)
             except (BlockingIOError, InterruptedError):
                 pass
             except OSError:
@@ -75,13 +114,20 @@ class Assistant:
             finally:
                 self.socket.settimeout(0.1)
             k = self.num_draft_tokens()
-            if k <= 0:
+            if k <= 0 or not messages:
                 continue
             reply = self.answer(messages, k)
             try:
-                self.socket.sendto(json.dumps(reply).encode(), sender)
+                self.socket.sendto(seal(self.secret, reply), sender)
             except OSError:
                 continue  # the survivor is gone; it decodes without us
+
+    def _take(self, messages: list[dict[str, Any]], data: bytes) -> list[dict[str, Any]]:
+        message = unseal(self.secret, data)
+        if message is None:
+            self.num_refused += 1
+            return messages
+        return [*messages, message]
 
     def answer(self, messages: list[dict[str, list[list[object]]]], k: int) -> dict[str, list[list[object]]]:
         """Take the tokens of each sync in order, then draft ``k`` tokens for every request
@@ -113,7 +159,11 @@ class Assistant:
 class AssistedRequests:
     """The survivor's side: ``sync`` after a step, ``drafts`` before the next (never blocks)."""
 
-    def __init__(self, peer: Address, peer_worker_id: int, max_requests: int = 32) -> None:
+    def __init__(
+        self, peer: Address, peer_worker_id: int, *, secret: bytes, max_requests: int = 32
+    ) -> None:
+        self.secret = check_secret(secret)
+        self.num_refused = 0
         self.peer = peer
         self.peer_worker_id = peer_worker_id
         self.max_requests = max_requests
@@ -133,7 +183,11 @@ class AssistedRequests:
                 return out
             except OSError:
                 return out
-            for request_id, have, tokens in json.loads(data).get("r", []):
+            message = unseal(self.secret, data)
+            if message is None:
+                self.num_refused += 1
+                continue
+            for request_id, have, tokens in message.get("r", []):
                 self._sent[int(request_id)] = min(self._sent.get(int(request_id), 0), int(have))
                 if tokens:
                     out[int(request_id)] = (int(have), [int(t) for t in tokens])
@@ -151,7 +205,7 @@ class AssistedRequests:
             proposed, accepted = counts.get(request_id, (0, 0))
             entries.append([request_id, base, tokens[base:], proposed, accepted])
             self._sent[request_id] = len(tokens)
-        message = json.dumps({"r": entries, "f": self._finished}).encode()
+        message = seal(self.secret, {"r": entries, "f": self._finished})
         self._finished = []
         if len(message) > MAX_DATAGRAM:
             return  # too long to sync in one datagram this step: no drafts for now

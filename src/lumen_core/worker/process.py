@@ -269,12 +269,15 @@ class Worker:
                     self.config.holder_host,
                     self.server.port,
                     lambda: (heartbeats.last_num_draft_tokens if heartbeats is not None else 0) or default_k,
+                    secret=self.secret,
                     num_blocks=self.config.num_blocks,
                 ).start()
         elif kind == ASSIST_VERIFY:
             if self.assisted is not None:
                 self.assisted.close()
-            self.assisted = AssistedRequests(parse_address(directive.peer_address), directive.peer_worker_id)
+            self.assisted = AssistedRequests(
+                parse_address(directive.peer_address), directive.peer_worker_id, secret=self.secret
+            )
         elif kind == ASSIST_STOP:
             if self.assisted is not None and self.assisted.peer_worker_id == directive.peer_worker_id:
                 self.assisted.close()
