@@ -240,21 +240,16 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
 }
 
 void Client::on_send_done(void* request, ucs_status_t status, void* user_data) {
-  auto* context = static_cast<RequestContext*>(user_data);
-  auto op = std::static_pointer_cast<Op>(context->op);
-  Client* self = context->client;
-  delete context;
-  ucp_request_free(request);
-  op->inflight--;
-  if (status != UCS_OK) {
-    self->fail_connection(Status::kPeerGone,
-                          std::string("send failed: ") + ucs_status_string(status));
-  }
-  self->maybe_finish(op);
+  finish_transfer(request, status, user_data, "send failed: ");
 }
 
 void Client::on_recv_done(void* request, ucs_status_t status, size_t /*length*/,
                           void* user_data) {
+  finish_transfer(request, status, user_data, "receive failed: ");
+}
+
+void Client::finish_transfer(void* request, ucs_status_t status, void* user_data,
+                             const char* what) {
   auto* context = static_cast<RequestContext*>(user_data);
   auto op = std::static_pointer_cast<Op>(context->op);
   Client* self = context->client;
@@ -262,8 +257,7 @@ void Client::on_recv_done(void* request, ucs_status_t status, size_t /*length*/,
   ucp_request_free(request);
   op->inflight--;
   if (status != UCS_OK) {
-    self->fail_connection(Status::kPeerGone,
-                          std::string("receive failed: ") + ucs_status_string(status));
+    self->fail_connection(Status::kPeerGone, std::string(what) + ucs_status_string(status));
   }
   self->maybe_finish(op);
 }

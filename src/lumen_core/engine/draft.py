@@ -213,16 +213,4 @@ class SpeculativeDecoder:
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[list[int]]:
         """Like ``Engine.generate``, with drafts verified at every decode step."""
-        all_params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        ids = [f"spec-{len(self.engine.requests)}-{i}" for i in range(len(prompts))]
-        outputs: dict[str, list[int]] = {i: [] for i in ids}
-        for request_id, prompt, p in zip(ids, prompts, all_params, strict=True):
-            self.engine.add_request(request_id, prompt, p)
-        pending = set(ids)
-        while pending:
-            step = self.step()
-            for request_id, tokens in step.new_token_ids.items():
-                if request_id in outputs:
-                    outputs[request_id].extend(tokens)
-            pending -= step.finished.keys()
-        return [outputs[i] for i in ids]
+        return self.engine.generate(prompts, params, step=self.step, id_prefix="spec")

@@ -3,7 +3,7 @@ forward pass over a continuous batch."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -238,21 +238,29 @@ class Engine:
         return out
 
     def generate(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams | Sequence[SamplingParams],
+        *,
+        step: Callable[[], StepOutput] | None = None,
+        id_prefix: str = "generate",
     ) -> list[list[int]]:
-        """Run ``prompts`` to completion together; the output token ids of each, in order."""
+        """Run ``prompts`` to completion together; the output token ids of each, in order.
+        ``step`` advances the engine (default ``self.step``; a speculative decoder passes its
+        own draft-and-verify step)."""
+        step = self.step if step is None else step
         all_params = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        ids = [f"generate-{len(self.requests)}-{i}" for i in range(len(prompts))]
+        ids = [f"{id_prefix}-{len(self.requests)}-{i}" for i in range(len(prompts))]
         outputs: dict[str, list[int]] = {i: [] for i in ids}
         for request_id, prompt, p in zip(ids, prompts, all_params, strict=True):
             self.add_request(request_id, prompt, p)
         pending = set(ids)
         while pending:
-            step = self.step()
-            for request_id, tokens in step.new_token_ids.items():
+            out = step()
+            for request_id, tokens in out.new_token_ids.items():
                 if request_id in outputs:
                     outputs[request_id].extend(tokens)
-            pending -= step.finished.keys()
+            pending -= out.finished.keys()
         return [outputs[i] for i in ids]
 
     # ---------------------------------------------------------------- internals

@@ -131,6 +131,9 @@ class Client {
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void on_send_done(void* request, ucs_status_t status, void* user_data);
   static void on_recv_done(void* request, ucs_status_t status, size_t length, void* user_data);
+  // Shared tail of both callbacks: a failed transfer means the endpoint is dead.
+  static void finish_transfer(void* request, ucs_status_t status, void* user_data,
+                              const char* what);
 
   OpPtr new_op(MessageKind kind);
   uint64_t run(const OpPtr& op, const WireHeader& h, const void* header_bytes,
