@@ -448,8 +448,9 @@ def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_w
         port = first.port
         first.stop(grace_s=0.1)
         second = start_gateway(config, port=port, reap_interval_s=0.02)
-        wait_until(lambda: second.coordinator.has_request(request_id), timeout_s=10.0)
-        assert second.coordinator.request_worker(request_id) == (0, 1) and worker.epoch == 2
+        # The gateway rebuilds the request before the worker has read the register reply.
+        wait_until(lambda: second.coordinator.has_request(request_id) and worker.epoch == 2, timeout_s=10.0)
+        assert second.coordinator.request_worker(request_id) == (0, 1)
         second.stop(grace_s=0.1)  # cut off: the worker must stop on its own clock
         wait_until(lambda: bool(fenced), timeout_s=10.0)
         assert "no heartbeat acknowledged for 1.5 s" in fenced[0] and loop.num_errors > 0
