@@ -332,6 +332,17 @@ def test_a_request_whose_last_worker_dies_ends_its_stream_with_unavailable(start
         next(stream)
 
 
+def test_parse_address():
+    from lumen_core.gateway.protocol import parse_address
+
+    assert parse_address("127.0.0.1:7000") == ("127.0.0.1", 7000)
+    for bad in ("127.0.0.1", ":7000", "host:0", "host:70000", "host:x"):
+        with pytest.raises(ValueError, match="address must be 'host:port'"):
+            parse_address(bad)
+    with pytest.raises(TypeError, match="address must be a str, got int"):
+        parse_address(7000)
+
+
 def test_server_and_client_validation(start_gateway, connect):
     from lumen_core.gateway.client import GatewayClient
     from lumen_core.gateway.protocol import state_to_pb

@@ -1,6 +1,7 @@
 """The reference engine (float64) streaming through StreamingConnector to a `lumen holder`
 process, then a fresh engine restoring from it (over the transport, or from a local
-HolderStore) and continuing with exactly the tokens of an uninterrupted run."""
+HolderStore) and continuing with exactly the tokens of an uninterrupted run; the same driven
+by a gateway's per-request grants and restore sources (request epochs, its capabilities)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from lumen_core.engine import (
     model_fingerprint,
     random_weights,
 )
-from lumen_core.stream import HolderStore, RestoreStatus, StreamingConnector
-from lumen_core.transport import Client
+from lumen_core.stream import HolderStore, RestoreSource, RestoreStatus, StreamGrant, StreamingConnector
+from lumen_core.transport import Client, issue_capability
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(90)]
 
@@ -59,7 +60,7 @@ def test_engine_restores_streamed_checkpoints_and_continues_identically(
     server = store.serve(secret, tls="tcp") if source == "local" else None
     port = server.port if server is not None else holder().port
     saver = StreamingConnector(
-        secret, fingerprint, holders=[("127.0.0.1", port)], streamer_options={"tls": "tcp", "max_queued_steps": 256}
+        secret, fingerprint, holders=[("127.0.0.1", port)], tls="tcp", streamer_options={"max_queued_steps": 256}
     )
     worker = Engine(model, CacheConfig(64, 4), connector=saver)
     before: dict[str, list[int]] = {f"r{j}": [] for j in range(len(PROMPTS))}
@@ -105,8 +106,8 @@ def test_mismatched_model_falls_back_to_reprefill(model: Llama, secret: bytes) -
     server = store.serve(secret, tls="tcp")
     try:
         saver = StreamingConnector(
-            secret, model_fingerprint(model), holders=[("127.0.0.1", server.port)],
-            streamer_options={"tls": "tcp", "max_queued_steps": 256},
+            secret, model_fingerprint(model), holders=[("127.0.0.1", server.port)], tls="tcp",
+            streamer_options={"max_queued_steps": 256},
         )
         worker = Engine(model, CacheConfig(64, 4), connector=saver)
         worker.add_request("r0", PROMPTS[0], params)
@@ -128,6 +129,112 @@ def test_mismatched_model_falls_back_to_reprefill(model: Llama, secret: bytes) -
         server.close()
 
 
+GATEWAY_PROMPT = [3, 14, 15, 92, 65, 35, 89, 79, 32, 38, 46, 26, 43, 38, 32, 79, 50, 28, 84, 19]
+GATEWAY_MAX_TOKENS = 48
+
+
+def _gateway_connector(secret: bytes, model: Llama, **options: Any) -> StreamingConnector:
+    """As `lumen worker` builds it: the gateway's decimal u64 request ids are the wire keys."""
+    return StreamingConnector(secret, model_fingerprint(model), key_for=int, tls="tcp", **options)
+
+
+def _interrupted(model: Llama, secret: bytes, holder_port: int) -> tuple[list[int], int]:
+    """Request 1 runs 20 steps streaming to the holder at epoch 1 as granted; request 2 has
+    an empty grant (not checkpointed). Request 1's outputs so far and its durable length."""
+    connector = _gateway_connector(secret, model)
+    engine = Engine(model, connector=connector)
+    connector.grant("1", StreamGrant(1, (("127.0.0.1", holder_port),), issue_capability(secret, 1, 0, 1)))
+    connector.grant("2", StreamGrant(1, (), b""))
+    params = SamplingParams(max_tokens=GATEWAY_MAX_TOKENS)
+    engine.add_request("1", GATEWAY_PROMPT, params)
+    engine.add_request("2", GATEWAY_PROMPT[:7], params)
+    outputs: list[int] = []
+    for _ in range(20):
+        outputs += engine.step().new_token_ids.get("1", [])
+    assert connector.streamer is not None and connector.streamer.flush(timeout_s=10)
+    durable = connector.durable_tokens()
+    assert list(durable) == ["1"]  # request 2 streamed nowhere
+    connector.close()
+    return outputs, durable["1"]
+
+
+def _resume(model: Llama, connector: StreamingConnector, outputs: list[int]) -> tuple[list[int], Engine]:
+    engine = Engine(model, connector=connector)
+    engine.add_request(
+        "1", GATEWAY_PROMPT, SamplingParams(max_tokens=GATEWAY_MAX_TOKENS), output_token_ids=outputs
+    )
+    rest = list(engine.step().new_token_ids.get("1", []))
+    return outputs + rest, engine
+
+
+@pytest.mark.parametrize("remote", [True, False])
+def test_granted_request_resumes_at_its_next_epoch_and_is_streamed_again(
+    model: Llama, secret: bytes, remote: bool
+) -> None:
+    reference = Engine(model).generate([GATEWAY_PROMPT], SamplingParams(max_tokens=GATEWAY_MAX_TOKENS))[0]
+    holder = HolderStore()
+    server = holder.serve(secret, tls="tcp")
+    next_holder = HolderStore()
+    next_server = next_holder.serve(secret, tls="tcp")
+    try:
+        outputs, durable = _interrupted(model, secret, server.port)
+        assert durable >= len(GATEWAY_PROMPT) + len(outputs) - 2 > 0
+        if remote:  # a survivor pulls the checkpoint at the request's next epoch
+            connector = _gateway_connector(secret, model)
+            source = RestoreSource(2, ("127.0.0.1", server.port), issue_capability(secret, 1, 0, 2))
+        else:  # the holder itself resumes the request from its own store
+            connector = _gateway_connector(secret, model, store=holder)
+            source = RestoreSource(2, None, b"")
+        connector.set_restore_source("1", source)
+        connector.grant("1", StreamGrant(2, (("127.0.0.1", next_server.port),), issue_capability(secret, 1, 0, 2)))
+        tokens, engine = _resume(model, connector, outputs)
+        restored = connector.restores["1"].restored_tokens
+        assert connector.restores["1"].status is RestoreStatus.COMPLETE and restored >= durable - 16 > 0
+        # The restored prefix went to the new holder at epoch 2 before the request went on.
+        assert connector.streamer is not None and connector.streamer.flush(timeout_s=10)
+        [checkpoint] = next_holder.checkpoints()
+        assert (checkpoint.request_id, checkpoint.epoch) == (1, 2)
+        assert checkpoint.durable_tokens == len(GATEWAY_PROMPT) + len(tokens) - 1
+        assert connector.durable_tokens() == {"1": checkpoint.durable_tokens}
+        while engine.has_unfinished():
+            tokens += engine.step().new_token_ids.get("1", [])
+        assert tokens == reference
+        connector.close()
+    finally:
+        server.close()
+        next_server.close()
+
+
+@pytest.mark.parametrize("source", ["forged capability", "unreachable holder"])
+def test_a_source_that_cannot_serve_the_checkpoint_means_reprefill(
+    model: Llama, secret: bytes, source: str
+) -> None:
+    reference = Engine(model).generate([GATEWAY_PROMPT], SamplingParams(max_tokens=GATEWAY_MAX_TOKENS))[0]
+    holder = HolderStore()
+    server = holder.serve(secret, tls="tcp")
+    try:
+        outputs, _ = _interrupted(model, secret, server.port)
+        connector = _gateway_connector(secret, model, connect_timeout_s=0.5)
+        if source == "forged capability":
+            address = ("127.0.0.1", server.port)
+            capability = issue_capability(b"another-secret-0123456789abcdefgh", 1, 0, 2)
+        else:
+            closed = HolderStore().serve(secret, tls="tcp")
+            address = ("127.0.0.1", closed.port)
+            closed.close()
+            capability = issue_capability(secret, 1, 0, 2)
+        connector.set_restore_source("1", RestoreSource(2, address, capability))
+        tokens, engine = _resume(model, connector, outputs)
+        while engine.has_unfinished():
+            tokens += engine.step().new_token_ids.get("1", [])
+        assert tokens == reference
+        assert "1" not in connector.restores  # nothing matched: the prefix was recomputed
+        assert connector.streamer is None  # no grant, no default holders: nothing streamed
+        connector.close()
+    finally:
+        server.close()
+
+
 def test_connector_arguments_are_checked(secret: bytes) -> None:
     with pytest.raises(TypeError, match="secret must be bytes"):
         StreamingConnector("s", "m")  # type: ignore[arg-type]
@@ -135,3 +242,33 @@ def test_connector_arguments_are_checked(secret: bytes) -> None:
         StreamingConnector(secret, "")
     with pytest.raises(TypeError, match="restore_from must be a HolderStore or a Client"):
         StreamingConnector(secret, "m", restore_from=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="store must be a HolderStore, got dict"):
+        StreamingConnector(secret, "m", store={})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="key_for must be callable, got int"):
+        StreamingConnector(secret, "m", key_for=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="tls must be a str, got int"):
+        StreamingConnector(secret, "m", tls=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="connect_timeout_s must be > 0, got 0"):
+        StreamingConnector(secret, "m", connect_timeout_s=0)
+    with pytest.raises(TypeError, match=r"holders\[i\] must be an \(address, port\) tuple"):
+        StreamingConnector(secret, "m", holders=["127.0.0.1:1"])  # type: ignore[list-item]
+    capability = issue_capability(secret, 1, 0, 1)
+    with pytest.raises(ValueError, match=r"epoch must be in \[0, 4294967295\], got -1"):
+        StreamGrant(-1, (), b"")
+    with pytest.raises(TypeError, match="holders must be a tuple of"):
+        StreamGrant(1, [("127.0.0.1", 1)], capability)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="holders\\[i\\] port must be in"):
+        StreamGrant(1, (("127.0.0.1", 0),), capability)
+    with pytest.raises(ValueError, match="capability must be 32 bytes, got 3"):
+        StreamGrant(1, (("127.0.0.1", 1),), b"cap")
+    with pytest.raises(TypeError, match="capability must be bytes, got str"):
+        RestoreSource(1, ("127.0.0.1", 1), "cap")  # type: ignore[arg-type]
+    connector = StreamingConnector(secret, "m")
+    with pytest.raises(TypeError, match="grant must be a StreamGrant, got tuple"):
+        connector.grant("1", (1, (), b""))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="request_id must be a non-empty str"):
+        connector.grant("", StreamGrant(1, (), b""))
+    with pytest.raises(TypeError, match="source must be a RestoreSource, got NoneType"):
+        connector.set_restore_source("1", None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="source must name an address: this connector has no store"):
+        connector.set_restore_source("1", RestoreSource(2, None, b""))

@@ -1,4 +1,4 @@
-"""Argument checks of the worker's configuration, address parsing and `lumen worker`/`lumen demo`."""
+"""Argument checks of the worker's configuration and `lumen worker`/`lumen demo`."""
 
 from pathlib import Path
 
@@ -6,7 +6,6 @@ import pytest
 
 from lumen_core.cli import main
 from lumen_core.worker.process import WorkerConfig
-from lumen_core.worker.connector import parse_address
 
 
 @pytest.fixture
@@ -14,13 +13,6 @@ def model_file(tmp_path: Path) -> str:
     path = tmp_path / "model.pt"
     path.write_bytes(b"x")
     return str(path)
-
-
-def test_parse_address() -> None:
-    assert parse_address("127.0.0.1:7000") == ("127.0.0.1", 7000)
-    for bad in ("127.0.0.1", ":7000", "host:0", "host:70000", "host:x"):
-        with pytest.raises(ValueError, match="address must be 'host:port'"):
-            parse_address(bad)
 
 
 @pytest.mark.parametrize(

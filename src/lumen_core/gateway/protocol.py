@@ -30,6 +30,17 @@ def method(name: str) -> str:
     return f"/{SERVICE}/{name}"
 
 
+def parse_address(address: str) -> tuple[str, int]:
+    """A data-plane address as directives and registrations carry it (``"host:port"``) ->
+    ``(host, port)``. ValueError on anything else."""
+    if not isinstance(address, str):
+        raise TypeError(f"address must be a str, got {type(address).__name__}")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"address must be 'host:port' with a port in [1, 65535], got {address!r}")
+    return host, int(port)
+
+
 def state_to_pb(state: str) -> pb.WorkerState:
     if state not in _STATE_TO_PB:
         raise ValueError(f"state must be 'serving' or 'recovering', got {state!r}")

@@ -11,17 +11,20 @@ from lumen_core.stream.holder import (
     remote_restore,
     restorable_tokens,
 )
-from lumen_core.stream.streamer import CheckpointStreamer, ReplicaStats, StreamStats
-from lumen_core.stream.connector import StreamingConnector
+from lumen_core.stream.streamer import Address, CheckpointStreamer, ReplicaStats, StreamStats
+from lumen_core.stream.connector import RestoreSource, StreamGrant, StreamingConnector
 
 __all__ = [
+    "Address",
     "CheckpointInfo",
     "CheckpointStreamer",
     "EvictionPolicy",
     "HolderStore",
     "ReplicaStats",
+    "RestoreSource",
     "RestoreResult",
     "RestoreStatus",
+    "StreamGrant",
     "StreamStats",
     "StreamingConnector",
     "fingerprint_bytes",

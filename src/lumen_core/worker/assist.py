@@ -33,7 +33,7 @@ from lumen_core.engine import DraftProposer
 from lumen_core.engine.config import CacheConfig
 from lumen_core.engine.model import Llama
 from lumen_core.secret import check_secret
-from lumen_core.worker.connector import Address
+from lumen_core.stream import Address
 
 MAX_DATAGRAM = 65000
 _MAC_BYTES = 32

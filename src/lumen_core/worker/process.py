@@ -1,7 +1,7 @@
 """A worker process of a live cluster (DESIGN.md sections 3 and 4).
 
-``Worker`` = the reference engine + a ``GatewayConnector`` (checkpoint streaming to the
-holders the gateway grants, restore on RESUME) + an embedded ``HolderStore`` served on the
+``Worker`` = the reference engine + a ``StreamingConnector`` (checkpoint streaming to the
+holders the gateway grants each request, restore on RESUME) + an embedded ``HolderStore`` served on the
 transport (this worker holds other workers' checkpoints) + a ``GatewayClient`` with its
 ``HeartbeatLoop`` (registration, lease, directives, fencing).
 
@@ -54,10 +54,10 @@ from lumen_core.gateway.coordinator import (
 )
 from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
 from lumen_core.policy.events import RecoveryAction
-from lumen_core.stream import HolderStore
+from lumen_core.gateway.protocol import parse_address
+from lumen_core.stream import HolderStore, RestoreSource, StreamGrant, StreamingConnector
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import AssistedRequests, Assistant
-from lumen_core.worker.connector import GatewayConnector, RestoreSource, StreamGrant, parse_address
 
 EXIT_OK = 0
 EXIT_FENCED = 3
@@ -129,7 +129,7 @@ class Worker:
         self.holder_address = f"{config.holder_host}:{self.server.port}"
         self.client = GatewayClient(config.gateway, secret)
         self.engine: Engine | None = None
-        self.connector: GatewayConnector | None = None
+        self.connector: StreamingConnector | None = None
         self.model: Llama | None = None
         self.draft: Llama | None = None
         self.state = config.state
@@ -160,7 +160,11 @@ class Worker:
 
     def _build_engine(self) -> None:
         assert self.model is not None
-        self.connector = GatewayConnector(self.secret, model_fingerprint(self.model), self.store)
+        # Engine ids are the gateway's u64 request ids in decimal: capabilities the gateway
+        # issued are valid on the holders as they are.
+        self.connector = StreamingConnector(
+            self.secret, model_fingerprint(self.model), store=self.store, key_for=int
+        )
         self.engine = Engine(
             self.model,
             CacheConfig(num_blocks=self.config.num_blocks, block_size=self.config.block_size),
@@ -312,7 +316,7 @@ class Worker:
                     None if local else parse_address(directive.source.address),
                     directive.source.capabilities[0] if directive.source.capabilities else b"",
                 )
-                self.connector.restore_from(key, source)
+                self.connector.set_restore_source(key, source)
         self.engine.add_request(
             key,
             list(directive.prompt_token_ids),
