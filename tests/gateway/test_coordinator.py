@@ -187,6 +187,23 @@ def test_refused_checkpoint_is_placed_elsewhere_and_evictions_are_recorded():
     assert coordinator.monitor.request(admission.request_id).holder_ids == ()
 
 
+def test_a_refused_checkpoint_with_no_other_holder_degrades_to_reprefill():
+    coordinator = cluster(2, policy="LUMEN")
+    admission = coordinator.admit(0.0, [1] * 10, 4)
+    (holder,) = admission.placement.holder_ids
+    (hold,) = coordinator.take_directives(holder)
+    assert hold.kind == HOLD and hold.reserved_bytes == admission.placement.reserved_bytes > 0
+    coordinator.take_directives(admission.worker_id)
+    coordinator.heartbeat(0.5, holder, 1, refused_request_ids=[admission.request_id])
+    assert coordinator.monitor.request(admission.request_id).holder_ids == ()
+    assert coordinator.monitor.refused_by(admission.request_id) == {holder}
+    assert coordinator.take_directives(holder) == []
+    (stream,) = coordinator.take_directives(admission.worker_id)  # stream it nowhere
+    assert (stream.kind, stream.request_id, stream.epoch, stream.holders) == (STREAM, admission.request_id, 1, ())
+    outcome = coordinator.fail(1.0, [admission.worker_id], cause="test")
+    assert [r.action for r in outcome.routes] == [RecoveryAction.REPREFILL]
+
+
 def test_when_no_worker_is_left_the_requests_are_lost_and_said_so():
     coordinator = cluster(1, policy="S&R")
     rid = coordinator.admit(0.0, [1], 2).request_id

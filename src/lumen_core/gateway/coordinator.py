@@ -591,7 +591,10 @@ class Coordinator:
         self, now_s: float, holder_id: int, request_id: int, *, refused: bool
     ) -> PlacementDecision | None:
         """The holder refused (budget) or evicted a checkpoint; a refused one is placed again
-        (placement avoids holders that refused) and streamed to the new holder in full."""
+        (placement avoids holders that refused) and streamed to the new holder in full. When
+        no holder is left to take it, the request degrades to no checkpoint: its serving
+        worker is told to stream it nowhere (STREAM without holders), and a failure
+        re-prefills it."""
         request = self._requests.get(request_id)
         if request is None or request.finished:
             return None
@@ -602,7 +605,13 @@ class Coordinator:
         if self._workers[request.worker_id].state != SERVING:
             return None
         decision = self._place(request_id)
-        self._stream_to_new(request, decision)
+        if decision.new_holder_ids:
+            self._stream_to_new(request, decision)
+        elif not self.monitor.request(request_id).holder_ids:
+            self._send(
+                request.worker_id,
+                Directive(STREAM, request_id=request_id, epoch=request.epoch, reason=decision.reason),
+            )
         return decision
 
     def _stream_to_new(self, request: _Request, decision: PlacementDecision) -> None:

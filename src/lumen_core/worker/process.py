@@ -145,6 +145,11 @@ class Worker:
         self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
         self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
         self.assist_counts = {"steps": 0, "proposed": 0, "accepted": 0}
+        # HOLDs refused and checkpoints evicted since the last heartbeat (applied on the main
+        # thread, reported from the heartbeat thread).
+        self._dropped_lock = threading.Lock()
+        self._refused: set[int] = set()
+        self._evicted: set[int] = set()
 
     # ---- models --------------------------------------------------------------------------
     def _load_full(self, modelled_s: float) -> None:
@@ -174,10 +179,15 @@ class Worker:
 
     # ---- gateway -------------------------------------------------------------------------
     def report(self) -> WorkerReport:
+        """This heartbeat's report; the refusals and evictions in it are reported once."""
+        checkpoints = self.store.checkpoints()
         held = tuple(
-            HeldReport(c.request_id, c.epoch, c.durable_tokens) for c in self.store.checkpoints() if c.shard == 0
+            HeldReport(c.request_id, c.epoch, c.durable_tokens) for c in checkpoints if c.shard == 0 and c.opened
         )
-        held_bytes = sum(c.durable_tokens * (c.record_bytes + 8) for c in self.store.checkpoints())
+        held_bytes = sum(c.durable_tokens * (c.record_bytes + 8) for c in checkpoints)
+        with self._dropped_lock:
+            refused, self._refused = tuple(sorted(self._refused)), set()
+            evicted, self._evicted = tuple(sorted(self._evicted)), set()
         engine = self.engine
         running = len(engine.scheduler.running) if engine is not None else 0
         waiting = len(engine.scheduler.waiting) if engine is not None else 0
@@ -187,6 +197,8 @@ class Worker:
             num_waiting=waiting,
             held_bytes=held_bytes,
             held=held,
+            refused_request_ids=refused,
+            evicted_request_ids=evicted,
             assist_steps=counts["steps"],
             proposed_draft_tokens=counts["proposed"],
             accepted_draft_tokens=counts["accepted"],
@@ -255,7 +267,7 @@ class Worker:
         if kind == RELEASE:
             self.store.expire(directive.request_id)
         elif kind == HOLD:
-            pass  # appends at the directive's epoch open (or re-epoch) the checkpoint
+            self._reserve(directive)
         elif kind == CANCEL:
             self._drop(directive.request_id)
             self.counters["cancelled"] += 1
@@ -288,6 +300,36 @@ class Worker:
                 self.assisted = None
             else:
                 self._stop_assistant()
+
+    def _reserve(self, directive: Directive) -> None:
+        """HOLD (placement): charge ``reserved_bytes`` of the embedded store for each shard of
+        the request, as tokens of this worker's record size (plus 8 bytes of token id and crc
+        each), evicting by the store's policy if needed. A refused reservation keeps no copy
+        and is reported with the next heartbeat, as are the checkpoints evicted to make room;
+        the gateway then places the copy elsewhere or keeps none. A worker whose full model is
+        not loaded cannot size the records and refuses. (Appends at the directive's epoch open,
+        or re-epoch, the checkpoint; a HOLD that only bumps the epoch reserves nothing.)"""
+        if directive.reserved_bytes == 0:
+            return
+        request_id = directive.request_id
+        evicted: set[int] = set()
+        if self.connector is None:
+            refused = True
+        else:
+            record_bytes = self.connector.layout.record_bytes
+            num_tokens = -(-directive.reserved_bytes // (record_bytes + 8))
+            shards = len(directive.holders[0].capabilities) if directive.holders else 1
+            before = {c.request_id for c in self.store.checkpoints()}
+            refused = not all(
+                self.store.reserve(request_id, num_tokens, record_bytes, shard=shard) for shard in range(shards)
+            )
+            if refused:
+                self.store.expire(request_id)  # the shards reserved before the refusal
+            evicted = before - {c.request_id for c in self.store.checkpoints()} - {request_id}
+        with self._dropped_lock:
+            if refused:
+                self._refused.add(request_id)
+            self._evicted |= evicted
 
     def _drop(self, request_id: int) -> None:
         self.served.pop(request_id, None)
