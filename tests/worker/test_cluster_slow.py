@@ -1,18 +1,25 @@
-"""Slower live-cluster scenarios: two failures (a holder dies with the worker it holds for),
-a worker without the cluster secret, a worker whose lease runs out while it is alive."""
+"""Slower live-cluster scenarios: a holder dies with the worker it holds for, two failures one
+after the other, a worker without the cluster secret, a rogue worker acting with its epochs
+after it was declared failed, a worker whose lease runs out while it is alive."""
 
+import json
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from lumen_core import _native
 from lumen_core.engine import Engine, SamplingParams, load_model
 from lumen_core.gateway.auth import write_secret_file
+from lumen_core.policy.events import RecoveryAction
 from lumen_core.sim.workload import Workload
 from lumen_core.worker.cluster import LocalCluster, RequestResult
-from lumen_core.worker.scenario import arrivals_from_workload
+from lumen_core.worker.scenario import Arrival, arrivals_from_workload
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,22 +38,57 @@ def _wait(predicate, timeout_s: float) -> bool:
     return False
 
 
-def test_worker_and_its_holder_killed_nothing_lost(tmp_path: Path) -> None:
-    import threading
+def _submit_all(cluster: LocalCluster, arrivals: list[Arrival]) -> tuple[list[RequestResult], list[threading.Thread]]:
+    """One thread per request, each submitting at its arrival time (from now)."""
+    start_s = time.monotonic()
+    results = [RequestResult(i, a.time_s) for i, a in enumerate(arrivals)]
 
+    def run(result: RequestResult, arrival: Arrival) -> None:
+        time.sleep(max(0.0, start_s + arrival.time_s - time.monotonic()))
+        cluster.run_request(result, list(arrival.prompt_token_ids), arrival.max_new_tokens, 150.0)
+
+    threads = [threading.Thread(target=run, args=(r, a)) for r, a in zip(results, arrivals, strict=True)]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+def _reference(workdir: Path, arrivals: list[Arrival]) -> list[list[int]]:
+    """The failure-free outputs (float64 greedy decoding does not depend on the batch). One
+    torch thread: on a loaded 2-core machine spinning intra-op threads can be 100x slower."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine = Engine(load_model(workdir / "target.pt"))
+        return engine.generate(
+            [list(a.prompt_token_ids) for a in arrivals], [SamplingParams(max_tokens=a.max_new_tokens) for a in arrivals]
+        )
+    finally:
+        torch.set_num_threads(previous)
+
+
+def _checkpointed_worker(cluster: LocalCluster, exclude: set[int], min_tokens: int = 32) -> int | None:
+    """A serving worker outside ``exclude`` running a request with ``min_tokens`` durable."""
+    with cluster.gateway.condition:
+        monitor = cluster.gateway.coordinator.monitor
+        for worker_id in monitor.live_worker_ids():
+            if worker_id in exclude:
+                continue
+            for request_id in monitor.running_on(worker_id):
+                view = monitor.request(request_id)
+                if view.durable_tokens and max(d for _, d in view.durable_tokens) >= min_tokens:
+                    return worker_id
+    return None
+
+
+def test_worker_and_its_holder_killed_nothing_lost(tmp_path: Path) -> None:
     n = 12
     arrivals = arrivals_from_workload(
         Workload(np.linspace(0, 1.0, n), np.full(n, 320), np.full(n, 300)), seed=5, max_output_tokens=300
     )
     with LocalCluster(tmp_path, policy="LUMEN", num_workers=4) as cluster:
         cluster.start()
-        results = [RequestResult(i, 0.0) for i in range(n)]
-        threads = [
-            threading.Thread(target=cluster.run_request, args=(r, list(a.prompt_token_ids), a.max_new_tokens, 120.0))
-            for r, a in zip(results, arrivals, strict=True)
-        ]
-        for thread in threads:
-            thread.start()
+        results, threads = _submit_all(cluster, arrivals)
 
         def victim_and_holder() -> tuple[int, int] | None:
             with cluster.gateway.condition:
@@ -65,12 +107,54 @@ def test_worker_and_its_holder_killed_nothing_lost(tmp_path: Path) -> None:
         for thread in threads:
             thread.join(120)
     assert all(r.finished and not r.error for r in results)
-    engine = Engine(load_model(tmp_path / "target.pt"))
-    reference = engine.generate(
-        [list(a.prompt_token_ids) for a in arrivals], [SamplingParams(max_tokens=a.max_new_tokens) for a in arrivals]
-    )
-    assert [r.token_ids for r in results] == reference
+    assert [r.token_ids for r in results] == _reference(tmp_path, arrivals)
     assert len(cluster.gateway.coordinator.failures) == 2
+
+
+@pytest.mark.timeout(180)
+def test_two_failures_one_after_the_other_lose_nothing(tmp_path: Path) -> None:
+    n = 40  # arrivals over 20 s: requests with checkpoints run at both failures
+    arrivals = arrivals_from_workload(
+        Workload(np.linspace(0, 20.0, n), np.full(n, 320), np.full(n, 360)), seed=6, max_output_tokens=360
+    )
+    with LocalCluster(tmp_path, policy="LUMEN", num_workers=4, modelled_full_load_s=1.0) as cluster:
+        cluster.start()
+        results, threads = _submit_all(cluster, arrivals)
+        victims: list[int] = []
+        for failure in range(2):
+            assert _wait(lambda: _checkpointed_worker(cluster, set(victims)) is not None, 60), (
+                f"failure {failure}: no worker outside {victims} runs a checkpointed request at {cluster.now_s():.1f} s"
+            )
+            victim = _checkpointed_worker(cluster, set(victims))
+            assert victim is not None
+            cluster.kill(victim)
+            with cluster.gateway.condition:
+                interrupted = [r.request_id for r in cluster.gateway.coordinator.failures[-1].routes]
+            assert interrupted
+            cluster.restart(victim)
+            victims.append(victim)
+            # The first failure's requests run again before the second worker dies.
+            with cluster.gateway.condition:
+                before = {r: len(cluster.gateway.coordinator.tokens(r)[0]) for r in interrupted}
+
+            def resumed() -> bool:
+                with cluster.gateway.condition:
+                    return all(
+                        len(tokens) > before[r] or finished
+                        for r in interrupted
+                        for tokens, finished, _ in [cluster.gateway.coordinator.tokens(r)]
+                    )
+
+            assert _wait(resumed, 60)
+        for thread in threads:
+            thread.join(150)
+        with cluster.gateway.condition:
+            failures = cluster.gateway.coordinator.failures
+    assert [f.worker_ids for f in failures] == [(victims[0],), (victims[1],)] and victims[0] != victims[1]
+    assert [(r.error, r.finished) for r in results] == [("", True)] * n
+    assert [r.token_ids for r in results] == _reference(tmp_path, arrivals)
+    # Checkpoints served the failures (the router restored rather than re-prefilled).
+    assert any(r.action is not RecoveryAction.REPREFILL for f in failures for r in f.routes)
 
 
 def test_worker_without_the_secret_is_refused(tmp_path: Path) -> None:
@@ -82,6 +166,74 @@ def test_worker_without_the_secret_is_refused(tmp_path: Path) -> None:
         assert rogue.process.wait(timeout=60) == 2
         assert "UNAUTHENTICATED" in rogue.stderr_path.read_text()
         assert 7 not in [w.worker_id for w in cluster.client.status().workers]
+
+
+@pytest.mark.timeout(180)
+def test_rogue_worker_acting_with_its_old_epochs_is_refused(tmp_path: Path) -> None:
+    n = 8
+    arrivals = arrivals_from_workload(
+        Workload(np.zeros(n), np.full(n, 320), np.full(n, 400)), seed=7, max_output_tokens=400
+    )
+    with LocalCluster(tmp_path, policy="LUMEN", num_workers=3) as cluster:
+        cluster.start()
+        rogue = subprocess.Popen(
+            [
+                sys.executable, str(Path(__file__).with_name("rogue.py")), "--gateway", cluster.gateway.address,
+                "--secret-file", str(cluster.secret_path), "--worker-id", "3",
+            ],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert rogue.stdin is not None and rogue.stdout is not None
+            rogue_epoch = json.loads(rogue.stdout.readline())["epoch"]
+            results, threads = _submit_all(cluster, arrivals)
+
+            def rogue_requests() -> list[int]:
+                with cluster.gateway.condition:
+                    return cluster.gateway.coordinator.monitor.running_on(3)
+
+            assert _wait(lambda: bool(rogue_requests()), 30)
+            rogue.stdin.write("take\n")
+            rogue.stdin.flush()
+            taken = json.loads(rogue.stdout.readline())["requests"]
+            assert taken and all(t["epoch"] == 1 for t in taken)
+            assert cluster.client.report_exit(3, rogue_epoch, "declared failed by the test")
+            # Each request it had resumes on a real worker at epoch 2 and streams its new
+            # checkpoint; the rogue then attacks the holder of one of them.
+            coordinator = cluster.gateway.coordinator
+            monitor = coordinator.monitor
+
+            def current_holder() -> tuple[int, int] | None:
+                with cluster.gateway.condition:
+                    for t in taken:
+                        rid = t["request_id"]
+                        if not monitor.has_request(rid) or coordinator.request_worker(rid)[1] != 2:
+                            continue
+                        for holder_id, durable in monitor.request(rid).durable_tokens:
+                            if durable > 0:  # reported for epoch 2 (older reports are dropped)
+                                return rid, holder_id
+                return None
+
+            assert _wait(lambda: current_holder() is not None, 60)
+            request_id, holder_id = current_holder()  # type: ignore[misc]
+            holder = next(e["holder"] for e in cluster.workers[holder_id].events if e.get("event") == "registered")
+            rogue.stdin.write(f"attack {request_id} {holder}\n")
+            rogue.stdin.flush()
+            attack = json.loads(rogue.stdout.readline())
+            for thread in threads:
+                thread.join(150)
+        finally:
+            rogue.kill()
+            rogue.communicate(timeout=10)
+    assert attack == {
+        "heartbeat_fenced": True,
+        "report": "FAILED_PRECONDITION",  # a fenced worker epoch: the whole report is refused
+        "open": "StaleEpoch",
+        "append": "StaleEpoch",
+        "release": "StaleEpoch",
+    }
+    assert [(r.error, r.finished) for r in results] == [("", True)] * n
+    assert [r.token_ids for r in results] == _reference(tmp_path, arrivals)  # no fake token landed
 
 
 def test_worker_whose_lease_runs_out_fences_itself(tmp_path: Path) -> None:
