@@ -1,6 +1,6 @@
 """Slower live-cluster scenarios: a holder dies with the worker it holds for, two failures one
-after the other, a worker without the cluster secret, a rogue worker acting with its epochs
-after it was declared failed, a worker whose lease runs out while it is alive."""
+after the other, a remote restore, a worker without the cluster secret, a rogue worker acting
+with its epochs after it was declared failed, a worker whose lease runs out while it is alive."""
 
 import json
 import subprocess
@@ -17,6 +17,7 @@ from lumen_core import _native
 from lumen_core.engine import Engine, SamplingParams, load_model
 from lumen_core.gateway.auth import write_secret_file
 from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.routing import RouterConfig
 from lumen_core.sim.workload import Workload
 from lumen_core.worker.cluster import LocalCluster, RequestResult
 from lumen_core.worker.scenario import Arrival, arrivals_from_workload
@@ -155,6 +156,46 @@ def test_two_failures_one_after_the_other_lose_nothing(tmp_path: Path) -> None:
     assert [r.token_ids for r in results] == _reference(tmp_path, arrivals)
     # Checkpoints served the failures (the router restored rather than re-prefilled).
     assert any(r.action is not RecoveryAction.REPREFILL for f in failures for r in f.routes)
+
+
+@pytest.mark.timeout(180)
+def test_remote_restore_pulls_a_checkpoint_from_a_busier_holder(tmp_path: Path) -> None:
+    # theta 0: every holder counts as overloaded, so a prefix over tau (16 tokens) is pulled by
+    # the least-loaded survivor when that one is less loaded than the holder.
+    router = RouterConfig(remote_restore=True, theta_multiple=0.0, tau_tokens=16)
+    n = 24
+    arrivals = arrivals_from_workload(
+        Workload(np.linspace(0, 6.0, n), np.full(n, 320), np.full(n, 360)), seed=8, max_output_tokens=360
+    )
+    with LocalCluster(tmp_path, policy="LUMEN", num_workers=4, router_config=router) as cluster:
+        cluster.start()
+        results, threads = _submit_all(cluster, arrivals)
+        monitor = cluster.gateway.coordinator.monitor
+
+        def victim() -> int | None:
+            """A worker running a checkpointed request whose holder is busier than another
+            survivor (so the router pulls it to that one)."""
+            with cluster.gateway.condition:
+                live = monitor.live_worker_ids()
+                for worker_id in live:
+                    for request_id in monitor.running_on(worker_id):
+                        for holder_id, durable in monitor.request(request_id).durable_tokens:
+                            others = [monitor.load(w) for w in live if w not in (worker_id, holder_id)]
+                            if durable >= 32 and others and min(others) + 1 < monitor.load(holder_id):
+                                return worker_id
+            return None
+
+        assert _wait(lambda: victim() is not None, 60)
+        cluster.kill(victim())  # type: ignore[arg-type]
+        with cluster.gateway.condition:
+            routes = cluster.gateway.coordinator.failures[-1].routes
+        for thread in threads:
+            thread.join(150)
+    remote = [r for r in routes if r.action is RecoveryAction.REMOTE_RESTORE]
+    assert remote and all(r.target_worker_id != r.source_holder_id for r in remote)
+    assert sum(int(s["remote_restored"]) for s in cluster.worker_stats()) == len(remote)
+    assert [(r.error, r.finished) for r in results] == [("", True)] * n
+    assert [r.token_ids for r in results] == _reference(tmp_path, arrivals)
 
 
 def test_worker_without_the_secret_is_refused(tmp_path: Path) -> None:

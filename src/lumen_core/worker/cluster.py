@@ -25,6 +25,7 @@ from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.coordinator import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
+from lumen_core.policy.routing import RouterConfig
 
 TINY_MODEL = ModelConfig()
 DRAFT_NUM_LAYERS = 1
@@ -70,7 +71,8 @@ class WorkerProcess:
 
 class LocalCluster:
     """See module doc. ``kv_bytes_per_token`` (the tiny model's record size) makes L(w)'s
-    held-token term count real checkpoint sizes."""
+    held-token term count real checkpoint sizes. ``router_config`` goes to the gateway (e.g.
+    ``remote_restore``)."""
 
     def __init__(
         self,
@@ -85,6 +87,7 @@ class LocalCluster:
         modelled_draft_load_s: float = 0.05,
         budget_bytes: int = 1 << 30,
         start_timeout_s: float = 60.0,
+        router_config: RouterConfig = RouterConfig(),
     ) -> None:
         if num_workers < 2:
             raise ValueError(f"num_workers must be >= 2, got {num_workers}")
@@ -110,6 +113,7 @@ class LocalCluster:
                 lease_s=lease_s,
                 heartbeat_s=heartbeat_s,
                 load_config=LoadConfig(kv_bytes_per_token=record_bytes),
+                router_config=router_config,
             ),
             self.secret,
             port=0,

@@ -142,6 +142,7 @@ class Worker:
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
         self.counters = {"resumed": 0, "cancelled": 0}
+        self.remote_sources: set[str] = set()  # requests resumed from another worker's holder
         self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
         self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
         self.assist_counts = {"steps": 0, "proposed": 0, "accepted": 0}
@@ -359,6 +360,8 @@ class Worker:
                     directive.source.capabilities[0] if directive.source.capabilities else b"",
                 )
                 self.connector.set_restore_source(key, source)
+                if not local:
+                    self.remote_sources.add(key)
         self.engine.add_request(
             key,
             list(directive.prompt_token_ids),
@@ -431,16 +434,20 @@ class Worker:
         self._report(reports)
 
     def stats(self) -> dict[str, int]:
-        """Counters: requests resumed here, of which restored (a prefix came from a holder) and
-        re-prefilled; tokens restored; requests cancelled."""
-        restores = list(self.connector.restores.values()) if self.connector is not None else []
-        restored = sum(1 for r in restores if r.restored_tokens > 0)
+        """Counters: requests resumed here, of which restored (a prefix came from a holder; of
+        those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
+        restored; requests cancelled."""
+        restores = self.connector.restores if self.connector is not None else {}
+        restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
         return {
             "worker_id": self.config.worker_id,
             "resumed": self.counters["resumed"],
             "restored": restored,
+            "remote_restored": sum(
+                1 for k, r in restores.items() if r.restored_tokens > 0 and k in self.remote_sources
+            ),
             "reprefilled": self.counters["resumed"] - restored,
-            "restored_tokens": sum(r.restored_tokens for r in restores),
+            "restored_tokens": sum(r.restored_tokens for r in restores.values()),
             "cancelled": self.counters["cancelled"],
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
