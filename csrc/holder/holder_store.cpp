@@ -156,7 +156,40 @@ Status HolderStore::open(const WireHeader& h, const uint8_t* fingerprints,
                          uint64_t* durable_tokens, std::vector<AppendOutcome>* outcomes) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Key key{h.request_id, h.shard};
+  const bool fresh = checkpoints_.count(key) == 0;
   Checkpoint& checkpoint = checkpoints_[key];  // a reservation, or a new entry
+  const bool was_opened = checkpoint.opened;
+  const Status status = open_checkpoint(h, fingerprints, &checkpoint, durable_tokens, outcomes);
+  // The opener's reservation (placement's expected size): refused, the open is refused.
+  if (status == Status::kOk && h.durable_tokens > 0 &&
+      !raise_reservation(key, &checkpoint, h.durable_tokens)) {
+    if (fresh) {
+      drop(checkpoints_.find(key));
+    } else {
+      checkpoint.opened = was_opened;
+    }
+    return Status::kRejected;
+  }
+  return status;
+}
+
+bool HolderStore::raise_reservation(const Key& key, Checkpoint* checkpoint, uint64_t tokens) {
+  const uint64_t previous = checkpoint->reserved_tokens;
+  checkpoint->reserved_tokens = std::max(previous, tokens);
+  if (!charge(key, checkpoint, checkpoint->next_pos)) {
+    checkpoint->reserved_tokens = previous;
+    ++stats_.reservations_refused;
+    return false;
+  }
+  ++stats_.reservations;
+  return true;
+}
+
+Status HolderStore::open_checkpoint(const WireHeader& h, const uint8_t* fingerprints,
+                                    Checkpoint* checkpoint_ptr, uint64_t* durable_tokens,
+                                    std::vector<AppendOutcome>* outcomes) {
+  Checkpoint& checkpoint = *checkpoint_ptr;
+  const Key key{h.request_id, h.shard};
   checkpoint.last_access_ns = now_ns();
   if (!checkpoint.opened) {
     checkpoint.request_id = h.request_id;
@@ -356,15 +389,8 @@ bool HolderStore::reserve(uint64_t request_id, uint32_t shard, uint64_t num_toke
     checkpoint.record_bytes = record_bytes;
     checkpoint.last_access_ns = now_ns();
   }
-  const uint64_t previous = checkpoint.reserved_tokens;
-  checkpoint.reserved_tokens = std::max(previous, num_tokens);
-  if (!charge(key, &checkpoint, checkpoint.next_pos)) {
-    checkpoint.reserved_tokens = previous;
-    ++stats_.reservations_refused;
-    return false;
-  }
+  if (!raise_reservation(key, &checkpoint, num_tokens)) return false;
   if (fresh) checkpoints_.emplace(key, std::move(scratch));
-  ++stats_.reservations;
   return true;
 }
 

@@ -136,6 +136,34 @@ def token_bytes(layout_record_bytes: int) -> int:
     return layout_record_bytes + 8
 
 
+def test_open_reserves_the_expected_size_or_is_refused(secret: bytes) -> None:
+    layout = small_cache()
+    per_token = token_bytes(layout.record_bytes)
+    rig = Rig(secret, HolderStore(100 * per_token, eviction=EvictionPolicy.NONE))
+    fps = (rig.layout_fp, rig.model_fp)
+    try:
+        assert rig.client.open(1, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(1),
+                               reserve_tokens=70) == 0
+        assert rig.store.stats()["bytes_charged"] == 70 * per_token
+        with pytest.raises(Rejected):  # 40 more do not fit: the open is refused
+            rig.client.open(2, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(2),
+                            reserve_tokens=40)
+        with pytest.raises(Rejected):  # and nothing of it was kept
+            rig.append(2, 0, 1)
+        assert rig.client.open(3, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(3),
+                               reserve_tokens=30) == 0
+        stats = rig.store.stats()
+        assert (stats["reservations"], stats["reservations_refused"]) == (2, 1)
+        assert stats["checkpoints"] == 2 and stats["bytes_charged"] == 100 * per_token
+        reserved = {c.request_id: c.reserved_tokens for c in rig.store.checkpoints()}
+        assert reserved == {1: 70, 3: 30}
+        with pytest.raises(ValueError, match="reserve_tokens must be in"):
+            rig.client.open(4, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(4),
+                            reserve_tokens=-1)
+    finally:
+        rig.close()
+
+
 @pytest.mark.parametrize("policy", [EvictionPolicy.SHORTEST_PREFIX, EvictionPolicy.LRU])
 def test_full_budget_evicts_by_policy(secret: bytes, policy: EvictionPolicy) -> None:
     layout = small_cache()

@@ -180,6 +180,13 @@ class HolderStore final : public transport::RecordSink {
   // false (nothing changed) when the budget cannot cover it.
   bool charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens);
   bool make_room(uint64_t bytes, const Key& keep);
+  // Raises checkpoint's reservation to tokens (never lowers it) and charges it; false
+  // (counted, nothing changed) when the budget cannot make room.
+  bool raise_reservation(const Key& key, Checkpoint* checkpoint, uint64_t tokens);
+  transport::Status open_checkpoint(const transport::WireHeader& header,
+                                    const uint8_t* fingerprints, Checkpoint* checkpoint,
+                                    uint64_t* durable_tokens,
+                                    std::vector<transport::AppendOutcome>* outcomes);
   void drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it);
   transport::Status commit(Checkpoint* checkpoint, Pending* pending);
   void abort_pending(Checkpoint* checkpoint, transport::Status status,
