@@ -19,6 +19,17 @@ using transport::WireHeader;
 
 namespace {
 
+// Slabs of up to 32 MiB, smaller for a small budget; two slabs' worth of free chunks stay
+// mapped for reuse.
+constexpr uint64_t kMaxSlabBytes = 32ull << 20;
+
+uint64_t slab_bytes(const HolderOptions& options) {
+  const uint64_t chunk = options.chunk_bytes;
+  if (chunk == 0) return 0;  // refused by ChunkArena
+  const uint64_t chunks_in_budget = options.budget_bytes / chunk + 1;
+  return chunk * std::max<uint64_t>(1, std::min(kMaxSlabBytes / chunk, chunks_in_budget));
+}
+
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now().time_since_epoch())
@@ -27,7 +38,9 @@ uint64_t now_ns() {
 
 }  // namespace
 
-HolderStore::HolderStore(const HolderOptions& options) : options_(options) {
+HolderStore::HolderStore(const HolderOptions& options)
+    : options_(options),
+      arena_(options.chunk_bytes, slab_bytes(options), 2 * slab_bytes(options), options.pinned) {
   stats_.budget_bytes = options.budget_bytes;
 }
 
@@ -99,23 +112,8 @@ bool HolderStore::charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens
 
 void HolderStore::drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it) {
   charged_bytes_ -= it->second.charged_bytes;
+  it->second.records.release(&arena_);
   checkpoints_.erase(it);
-}
-
-void HolderStore::grow(Checkpoint* checkpoint, uint64_t tokens) {
-  if (tokens <= checkpoint->capacity_tokens) return;
-  const uint64_t capacity =
-      std::max({tokens, 2 * checkpoint->capacity_tokens, checkpoint->reserved_tokens});
-  const uint64_t record_bytes = checkpoint->record_bytes;
-  std::unique_ptr<uint8_t[]> records(new uint8_t[capacity * record_bytes]);
-  if (checkpoint->durable_tokens > 0) {
-    std::memcpy(records.get(), checkpoint->records.get(),
-                checkpoint->durable_tokens * record_bytes);
-  }
-  checkpoint->records = std::move(records);
-  checkpoint->capacity_tokens = capacity;
-  checkpoint->token_ids.reserve(capacity);
-  checkpoint->crcs.reserve(capacity);
 }
 
 bool HolderStore::advance_epoch(Checkpoint* checkpoint, uint32_t epoch,
@@ -130,9 +128,24 @@ bool HolderStore::advance_epoch(Checkpoint* checkpoint, uint32_t epoch,
 
 void HolderStore::abort_pending(Checkpoint* checkpoint, Status status,
                                 std::vector<AppendOutcome>* outcomes) {
+  // Receives still landing in the chunks past the durable prefix keep those chunks to
+  // themselves: the checkpoint goes on in fresh ones.
+  std::shared_ptr<ChunkHold> hold;
+  for (const Pending& pending : checkpoint->pending) {
+    if (pending.in_place && !pending.received && !hold) {
+      hold = std::make_shared<ChunkHold>();
+      hold->arena = &arena_;
+      checkpoint->records.detach_from(&arena_, checkpoint->durable_tokens, &hold->chunks);
+    }
+  }
   for (Pending& pending : checkpoint->pending) {
     ticket_keys_.erase(pending.ticket);
-    if (!pending.received) orphans_.emplace(pending.ticket, std::move(pending.payload));
+    if (!pending.received) {
+      orphans_.emplace(pending.ticket,
+                       Orphan{std::move(pending.buffer), pending.in_place ? hold : nullptr});
+    } else {
+      give_buffer(pending.buffer_bytes, std::move(pending.buffer));
+    }
     outcomes->push_back({pending.ticket, status, checkpoint->durable_tokens});
   }
   checkpoint->pending.clear();
@@ -143,7 +156,40 @@ Status HolderStore::open(const WireHeader& h, const uint8_t* fingerprints,
                          uint64_t* durable_tokens, std::vector<AppendOutcome>* outcomes) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Key key{h.request_id, h.shard};
+  const bool fresh = checkpoints_.count(key) == 0;
   Checkpoint& checkpoint = checkpoints_[key];  // a reservation, or a new entry
+  const bool was_opened = checkpoint.opened;
+  const Status status = open_checkpoint(h, fingerprints, &checkpoint, durable_tokens, outcomes);
+  // The opener's reservation (placement's expected size): refused, the open is refused.
+  if (status == Status::kOk && h.durable_tokens > 0 &&
+      !raise_reservation(key, &checkpoint, h.durable_tokens)) {
+    if (fresh) {
+      drop(checkpoints_.find(key));
+    } else {
+      checkpoint.opened = was_opened;
+    }
+    return Status::kRejected;
+  }
+  return status;
+}
+
+bool HolderStore::raise_reservation(const Key& key, Checkpoint* checkpoint, uint64_t tokens) {
+  const uint64_t previous = checkpoint->reserved_tokens;
+  checkpoint->reserved_tokens = std::max(previous, tokens);
+  if (!charge(key, checkpoint, checkpoint->next_pos)) {
+    checkpoint->reserved_tokens = previous;
+    ++stats_.reservations_refused;
+    return false;
+  }
+  ++stats_.reservations;
+  return true;
+}
+
+Status HolderStore::open_checkpoint(const WireHeader& h, const uint8_t* fingerprints,
+                                    Checkpoint* checkpoint_ptr, uint64_t* durable_tokens,
+                                    std::vector<AppendOutcome>* outcomes) {
+  Checkpoint& checkpoint = *checkpoint_ptr;
+  const Key key{h.request_id, h.shard};
   checkpoint.last_access_ns = now_ns();
   if (!checkpoint.opened) {
     checkpoint.request_id = h.request_id;
@@ -151,6 +197,7 @@ Status HolderStore::open(const WireHeader& h, const uint8_t* fingerprints,
     checkpoint.opened = true;
     checkpoint.epoch = h.epoch;
     checkpoint.fingerprints.assign(fingerprints, fingerprints + 2 * kFingerprintBytes);
+    checkpoint.records = RecordChunks(h.record_bytes);
     if (checkpoint.record_bytes != h.record_bytes) {
       // A reservation made for another record size is re-charged at this one.
       const uint64_t reserved = checkpoint.reserved_tokens;
@@ -197,12 +244,28 @@ Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
   pending.ticket = next_ticket_++;
   pending.start_pos = h.start_pos;
   pending.num_tokens = h.num_tokens;
-  pending.payload_bytes = h.payload_bytes;
-  pending.payload = take_buffer(h.payload_bytes);
+  // A plain append lands where it belongs; one that overlaps what is durable or pending is
+  // received aside and compared with it on commit.
+  pending.in_place = h.start_pos == checkpoint.next_pos;
+  const uint64_t record_bytes = uint64_t(h.num_tokens) * h.record_bytes;
+  pending.buffer_bytes = 8ull * h.num_tokens + (pending.in_place ? 0 : record_bytes);
+  try {
+    pending.buffer = take_buffer(pending.buffer_bytes);
+    target->records.clear();
+    if (pending.in_place) {
+      checkpoint.records.reserve(&arena_, end);
+      checkpoint.records.pieces(arena_, h.start_pos, h.num_tokens, &target->records);
+    } else {
+      target->records.push_back({pending.buffer.get() + 8ull * h.num_tokens, record_bytes});
+    }
+  } catch (const std::bad_alloc&) {
+    ++stats_.appends_refused_budget;  // the host is out of memory before the budget is
+    return Status::kRejected;
+  }
+  stats_.appends_in_place += pending.in_place ? 1 : 0;
   target->ticket = pending.ticket;
-  target->token_ids = reinterpret_cast<uint32_t*>(pending.payload.get());
+  target->token_ids = reinterpret_cast<uint32_t*>(pending.buffer.get());
   target->crcs = target->token_ids + h.num_tokens;
-  target->records = pending.payload.get() + 8ull * h.num_tokens;
   checkpoint.next_pos = end;
   checkpoint.pending.push_back(std::move(pending));
   ticket_keys_.emplace(target->ticket, key);
@@ -211,11 +274,18 @@ Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
 
 Status HolderStore::commit(Checkpoint* checkpoint, Pending* pending) {
   const uint32_t n = pending->num_tokens;
-  const auto* token_ids = reinterpret_cast<const uint32_t*>(pending->payload.get());
+  const auto* token_ids = reinterpret_cast<const uint32_t*>(pending->buffer.get());
   const uint32_t* crcs = token_ids + n;
-  const uint8_t* records = pending->payload.get() + 8ull * n;
   const uint64_t start = pending->start_pos;
   const uint64_t end = start + n;
+  if (pending->in_place) {  // begun at the end of what was pending: it follows the durable
+    checkpoint->token_ids.insert(checkpoint->token_ids.end(), token_ids, token_ids + n);
+    checkpoint->crcs.insert(checkpoint->crcs.end(), crcs, crcs + n);
+    checkpoint->durable_tokens = end;
+    stats_.tokens_committed += n;
+    return Status::kOk;
+  }
+  const uint8_t* records = pending->buffer.get() + 8ull * n;
   const uint64_t overlap_end = std::min(end, checkpoint->durable_tokens);
   for (uint64_t pos = start; pos < overlap_end; ++pos) {
     if (checkpoint->crcs[pos] != crcs[pos - start] ||
@@ -228,9 +298,9 @@ Status HolderStore::commit(Checkpoint* checkpoint, Pending* pending) {
     const uint64_t skip = checkpoint->durable_tokens - start;
     const uint64_t keep = end - checkpoint->durable_tokens;
     const uint64_t record_bytes = checkpoint->record_bytes;
-    grow(checkpoint, end);
-    std::memcpy(checkpoint->records.get() + checkpoint->durable_tokens * record_bytes,
-                records + skip * record_bytes, keep * record_bytes);
+    checkpoint->records.reserve(&arena_, end);
+    checkpoint->records.copy_in(arena_, checkpoint->durable_tokens, keep,
+                                records + skip * record_bytes);
     checkpoint->token_ids.insert(checkpoint->token_ids.end(), token_ids + skip, token_ids + n);
     checkpoint->crcs.insert(checkpoint->crcs.end(), crcs + skip, crcs + n);
     checkpoint->durable_tokens = end;
@@ -257,7 +327,7 @@ void HolderStore::finish_append(uint64_t ticket, bool received_ok,
     checkpoint.pending.pop_front();
     ticket_keys_.erase(pending.ticket);
     const Status status = pending.ok ? commit(&checkpoint, &pending) : Status::kAborted;
-    give_buffer(pending.payload_bytes, std::move(pending.payload));
+    give_buffer(pending.buffer_bytes, std::move(pending.buffer));
     outcomes->push_back({pending.ticket, status, checkpoint.durable_tokens});
     // Later appends of this checkpoint were sent after the failed one: they cannot land.
     if (status != Status::kOk) abort_pending(&checkpoint, Status::kAborted, outcomes);
@@ -295,8 +365,7 @@ Status HolderStore::read(const WireHeader& h, transport::ReadResult* result,
   if (n > 0) {
     std::memcpy(tokens, checkpoint.token_ids.data() + start, n * 4);
     std::memcpy(tokens + n, checkpoint.crcs.data() + start, n * 4);
-    std::memcpy(tokens + 2 * n, checkpoint.records.get() + start * record_bytes,
-                n * record_bytes);
+    checkpoint.records.copy_out(arena_, start, n, reinterpret_cast<uint8_t*>(tokens + 2 * n));
   }
   result->start_pos = start;
   result->num_tokens = static_cast<uint32_t>(n);
@@ -320,15 +389,8 @@ bool HolderStore::reserve(uint64_t request_id, uint32_t shard, uint64_t num_toke
     checkpoint.record_bytes = record_bytes;
     checkpoint.last_access_ns = now_ns();
   }
-  const uint64_t previous = checkpoint.reserved_tokens;
-  checkpoint.reserved_tokens = std::max(previous, num_tokens);
-  if (!charge(key, &checkpoint, checkpoint.next_pos)) {
-    checkpoint.reserved_tokens = previous;
-    ++stats_.reservations_refused;
-    return false;
-  }
+  if (!raise_reservation(key, &checkpoint, num_tokens)) return false;
   if (fresh) checkpoints_.emplace(key, std::move(scratch));
-  ++stats_.reservations;
   return true;
 }
 
@@ -368,6 +430,9 @@ HolderStats HolderStore::stats() const {
   std::lock_guard<std::mutex> lock(mutex_);
   HolderStats stats = stats_;
   stats.checkpoints = checkpoints_.size();
+  stats.arena_bytes = arena_.mapped_bytes();
+  stats.arena_free_bytes = arena_.free_bytes();
+  stats.pinned = arena_.pinned();
   stats.bytes_charged = charged_bytes_;
   for (const auto& [key, c] : checkpoints_) {
     stats.tokens_held += c.durable_tokens;
@@ -413,7 +478,7 @@ RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
   const uint64_t record_bytes = checkpoint.record_bytes;
   const uint64_t n = std::min({checkpoint.durable_tokens, num_expected, num_slots});
   report.status = RestoreStatus::kComplete;
-  const uint8_t* records = checkpoint.records.get();
+  std::vector<uint8_t> scratch(3 * record_bytes);  // for records that straddle two chunks
   const std::vector<int> order =
       fused_plane_order(planes, num_planes, static_cast<int64_t>(record_bytes));
   uint64_t done = 0;
@@ -430,16 +495,18 @@ RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
     const int count = static_cast<int>(end - done);
     if (count == 0) break;
     uint32_t crcs[3];
+    const uint8_t* group[3] = {};
+    for (int t = 0; t < count; ++t) {
+      group[t] = checkpoint.records.record(arena_, done + t, scratch.data() + t * record_bytes);
+    }
     if (!order.empty()) {
-      const uint8_t* group[3] = {};
-      for (int t = 0; t < count; ++t) group[t] = records + (done + t) * record_bytes;
       scatter_with_crc(group, slot_ids + done, count, planes, order, crcs);
     } else {
       for (int t = 0; t < count; ++t) {
-        crcs[t] = crc32c(records + (done + t) * record_bytes, record_bytes);
+        crcs[t] = crc32c(group[t], record_bytes);
+        scatter_tokens_cpu(group[t], planes, num_planes, static_cast<int64_t>(record_bytes),
+                           slot_ids + done + t, 1, 1);
       }
-      scatter_tokens_cpu(records + done * record_bytes, planes, num_planes,
-                         static_cast<int64_t>(record_bytes), slot_ids + done, count, 1);
     }
     for (int t = 0; t < count; ++t) {
       if (crcs[t] != checkpoint.crcs[done]) {

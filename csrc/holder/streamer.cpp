@@ -70,7 +70,8 @@ Streamer::Holder* Streamer::holder_for(const HolderAddress& address) {
 }
 
 void Streamer::add_request(uint64_t request_id, const std::vector<HolderAddress>& holders,
-                           const transport::Mac& capability, uint32_t epoch) {
+                           const transport::Mac& capability, uint32_t epoch,
+                           uint64_t expected_tokens) {
   if (holders.empty()) throw std::invalid_argument("holders must name at least one holder");
   std::lock_guard<std::mutex> lock(mutex_);
   if (requests_.count(request_id) > 0) {
@@ -80,6 +81,7 @@ void Streamer::add_request(uint64_t request_id, const std::vector<HolderAddress>
   Request& request = requests_[request_id];
   request.capability = capability;
   request.epoch = epoch;
+  request.expected_tokens = expected_tokens;
   for (const HolderAddress& address : holders) {
     Replica replica;
     replica.holder = holder_for(address);
@@ -258,6 +260,7 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
     Holder* holder;
     transport::Mac capability;
     uint32_t epoch;
+    uint64_t expected_tokens;
   };
   std::vector<ToOpen> to_open;
   {
@@ -268,7 +271,8 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
       for (size_t r = 0; r < it->second.replicas.size(); ++r) {
         const Replica& replica = it->second.replicas[r];
         if (!replica.opened && !replica.lost && !replica.holder->gone) {
-          to_open.push_back({id, r, replica.holder, it->second.capability, it->second.epoch});
+          to_open.push_back({id, r, replica.holder, it->second.capability, it->second.epoch,
+                             it->second.expected_tokens});
         }
       }
     }
@@ -282,7 +286,8 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
       try {
         durable = item.holder->client->open(item.request_id, options_.shard, item.epoch,
                                             options_.record_bytes, options_.fingerprints.data(),
-                                            item.capability, options_.ack_timeout_s);
+                                            item.capability, item.expected_tokens,
+                                            options_.ack_timeout_s);
       } catch (const TransportError& e) {
         status = e.status();
       }

@@ -122,7 +122,7 @@ double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_
   const Mac capability = issue_capability(options_.secret, kSelfTestRequest, shard, 0);
   const std::vector<uint8_t> fingerprints(2 * kFingerprintBytes, 0);
   open(kSelfTestRequest, shard, 0, static_cast<uint32_t>(record_bytes), fingerprints.data(),
-       capability, timeout_s);
+       capability, /*reserve_tokens=*/0, timeout_s);
   AppendArgs args;
   args.request_id = kSelfTestRequest;
   args.shard = shard;
@@ -351,7 +351,8 @@ uint64_t Client::run(const OpPtr& op, const WireHeader& h, const void* header_by
 }
 
 uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint32_t record_bytes,
-                      const uint8_t* fingerprints, const Mac& capability, double timeout_s) {
+                      const uint8_t* fingerprints, const Mac& capability,
+                      uint64_t reserve_tokens, double timeout_s) {
   check_timeout(timeout_s);
   OpPtr op = new_op(MessageKind::kOpen);
   op->owned_payload.assign(fingerprints, fingerprints + 2 * kFingerprintBytes);
@@ -362,6 +363,7 @@ uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint3
   h.shard = shard;
   h.epoch = epoch;
   h.record_bytes = record_bytes;
+  h.durable_tokens = reserve_tokens;
   h.payload_bytes = op->owned_payload.size();
   h.capability = capability;
   const ucp_dt_iov_t iov{op->owned_payload.data(), op->owned_payload.size()};

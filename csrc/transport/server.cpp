@@ -5,6 +5,7 @@
 
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 #include <stdexcept>
 
@@ -33,6 +34,31 @@ void on_close_done(void* request, ucs_status_t /*status*/, void* user_data) {
   context->closing->fetch_sub(1);
   delete context;
   ucp_request_free(request);
+}
+
+// Each record's crc32c against target.crcs; a record may run on from one piece into the next.
+bool records_match(const AppendTarget& target, uint32_t num_tokens, uint32_t record_bytes) {
+  uint32_t index = 0;
+  uint64_t done = 0;  // bytes of record `index` already chained into crc
+  uint32_t crc = 0;
+  for (const MemoryPiece& piece : target.records) {
+    const uint8_t* p = piece.data;
+    uint64_t left = piece.bytes;
+    while (left > 0 && index < num_tokens) {
+      const uint64_t take = std::min<uint64_t>(left, record_bytes - done);
+      crc = crc32c(p, take, crc);
+      p += take;
+      left -= take;
+      done += take;
+      if (done == record_bytes) {
+        if (crc != target.crcs[index]) return false;
+        ++index;
+        done = 0;
+        crc = 0;
+      }
+    }
+  }
+  return index == num_tokens;
 }
 
 bool is_request(MessageKind kind) {
@@ -372,9 +398,11 @@ ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, 
   pending->conn_id = conn->id;
   pending->header = h;
   const uint64_t n = h.num_tokens;
-  pending->iov[0] = {pending->target.token_ids, 4 * n};
-  pending->iov[1] = {pending->target.crcs, 4 * n};
-  pending->iov[2] = {pending->target.records, n * h.record_bytes};
+  pending->iov.push_back({pending->target.token_ids, 4 * n});
+  pending->iov.push_back({pending->target.crcs, 4 * n});
+  for (const MemoryPiece& piece : pending->target.records) {
+    pending->iov.push_back({piece.data, piece.bytes});
+  }
   const uint64_t ticket = pending->target.ticket;
   PendingAppend* raw = pending.get();
   appends_[ticket] = std::move(pending);
@@ -393,7 +421,8 @@ ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, 
   param.datatype = ucp_dt_make_iov();
   param.cb.recv_am = &Server::on_append_received;
   param.user_data = raw;
-  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_.handle(), data, raw->iov, 3, &param);
+  ucs_status_ptr_t request =
+      ucp_am_recv_data_nbx(worker_.handle(), data, raw->iov.data(), raw->iov.size(), &param);
   if (UCS_PTR_IS_ERR(request)) {
     raw->failure = Status::kPeerGone;
     complete_append(ticket);
@@ -427,14 +456,9 @@ void Server::on_append_received(void* request, ucs_status_t status, size_t /*len
 void Server::complete_append(uint64_t ticket) {
   PendingAppend* pending = appends_.at(ticket).get();
   const WireHeader& h = pending->header;
-  if (pending->failure == Status::kOk && options_.verify_records) {
-    const uint8_t* record = pending->target.records;
-    for (uint32_t i = 0; i < h.num_tokens; ++i, record += h.record_bytes) {
-      if (crc32c(record, h.record_bytes) != pending->target.crcs[i]) {
-        pending->failure = Status::kMalformed;
-        break;
-      }
-    }
+  if (pending->failure == Status::kOk && options_.verify_records &&
+      !records_match(pending->target, h.num_tokens, h.record_bytes)) {
+    pending->failure = Status::kMalformed;
   }
   std::vector<AppendOutcome> outcomes;
   sink_->finish_append(ticket, pending->failure == Status::kOk, &outcomes);

@@ -10,6 +10,7 @@
 
 #include "lumen/gather.h"
 #include "lumen/holder/holder_store.h"
+#include "lumen/holder/host_pin.h"
 #include "lumen/transport/server.h"
 
 namespace py = pybind11;
@@ -38,6 +39,10 @@ py::dict stats_dict(const lh::HolderStats& s) {
   d["expirations"] = s.expirations;
   d["releases"] = s.releases;
   d["tokens_committed"] = s.tokens_committed;
+  d["appends_in_place"] = s.appends_in_place;
+  d["arena_bytes"] = s.arena_bytes;
+  d["arena_free_bytes"] = s.arena_free_bytes;
+  d["pinned"] = s.pinned;
   return d;
 }
 
@@ -45,14 +50,17 @@ py::dict stats_dict(const lh::HolderStats& s) {
 
 void bind_holder(py::module_& m) {
   py::class_<lh::HolderStore, std::shared_ptr<lh::HolderStore>>(m, "HolderStore")
-      .def(py::init([](uint64_t budget_bytes, int policy) {
+      .def(py::init([](uint64_t budget_bytes, int policy, uint64_t chunk_bytes, bool pinned) {
              if (policy < 0 || policy > 2) throw py::value_error("policy must be 0, 1 or 2");
              lh::HolderOptions options;
              options.budget_bytes = budget_bytes;
              options.policy = static_cast<lh::EvictionPolicy>(policy);
+             options.chunk_bytes = chunk_bytes;
+             options.pinned = pinned;
              return std::make_shared<lh::HolderStore>(options);
            }),
-           py::kw_only(), py::arg("budget_bytes"), py::arg("policy"))
+           py::kw_only(), py::arg("budget_bytes"), py::arg("policy"), py::arg("chunk_bytes"),
+           py::arg("pinned"))
       .def("reserve", &lh::HolderStore::reserve, py::arg("request_id"), py::arg("shard"),
            py::arg("num_tokens"), py::arg("record_bytes"),
            py::call_guard<py::gil_scoped_release>())
@@ -112,6 +120,9 @@ void bind_holder(py::module_& m) {
           py::arg("request_id"), py::arg("shard"), py::arg("fingerprints"),
           py::arg("token_ids"), py::arg("descriptors"), py::arg("slot_ids"),
           py::arg("record_bytes"));
+
+  m.def("holder_can_pin", &lh::can_pin_host_memory,
+        "True when this build can page-lock holder memory and a CUDA device is present.");
 
   m.def(
       "serve_holder_store",

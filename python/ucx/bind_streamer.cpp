@@ -68,16 +68,17 @@ void bind_streamer(py::module_& m) {
       .def(
           "add_request",
           [](lh::Streamer& s, uint64_t request_id, const std::vector<Address>& holders,
-             const py::bytes& capability, uint32_t epoch) {
+             const py::bytes& capability, uint32_t epoch, uint64_t expected_tokens) {
             const std::string cap = capability;
             if (cap.size() != lt::kMacBytes) throw py::value_error("capability must be 32 bytes");
             lt::Mac mac{};
             std::memcpy(mac.data(), cap.data(), mac.size());
             std::vector<lh::HolderAddress> addresses;
             for (const Address& a : holders) addresses.push_back(to_address(a));
-            s.add_request(request_id, addresses, mac, epoch);
+            s.add_request(request_id, addresses, mac, epoch, expected_tokens);
           },
-          py::arg("request_id"), py::arg("holders"), py::arg("capability"), py::arg("epoch"))
+          py::arg("request_id"), py::arg("holders"), py::arg("capability"), py::arg("epoch"),
+          py::arg("expected_tokens"))
       .def(
           "save_step",
           [](lh::Streamer& s, const U64Array& request_ids, const U64Array& positions,

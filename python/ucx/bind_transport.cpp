@@ -204,7 +204,7 @@ void bind_transport(py::module_& m) {
           "open",
           [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch,
              uint32_t record_bytes, const py::bytes& fingerprints, const py::bytes& capability,
-             double timeout_s) {
+             uint64_t reserve_tokens, double timeout_s) {
             const std::string fp = fingerprints;
             if (fp.size() != 2 * lt::kFingerprintBytes) {
               throw py::value_error("fingerprints must be 64 bytes, got " +
@@ -213,10 +213,12 @@ void bind_transport(py::module_& m) {
             const lt::Mac cap = to_mac(capability, "capability");
             py::gil_scoped_release release;
             return c.client->open(request_id, shard, epoch, record_bytes,
-                                  reinterpret_cast<const uint8_t*>(fp.data()), cap, timeout_s);
+                                  reinterpret_cast<const uint8_t*>(fp.data()), cap,
+                                  reserve_tokens, timeout_s);
           },
           py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("record_bytes"),
-          py::arg("fingerprints"), py::arg("capability"), py::arg("timeout_s"))
+          py::arg("fingerprints"), py::arg("capability"), py::arg("reserve_tokens"),
+          py::arg("timeout_s"))
       .def(
           "start_append",
           [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch, uint64_t start_pos,

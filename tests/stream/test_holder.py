@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from lumen_core import _native
 from lumen_core.ops import checksum, gather_tokens
 from lumen_core.stream import (
     EvictionPolicy,
@@ -135,6 +136,34 @@ def token_bytes(layout_record_bytes: int) -> int:
     return layout_record_bytes + 8
 
 
+def test_open_reserves_the_expected_size_or_is_refused(secret: bytes) -> None:
+    layout = small_cache()
+    per_token = token_bytes(layout.record_bytes)
+    rig = Rig(secret, HolderStore(100 * per_token, eviction=EvictionPolicy.NONE))
+    fps = (rig.layout_fp, rig.model_fp)
+    try:
+        assert rig.client.open(1, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(1),
+                               reserve_tokens=70) == 0
+        assert rig.store.stats()["bytes_charged"] == 70 * per_token
+        with pytest.raises(Rejected):  # 40 more do not fit: the open is refused
+            rig.client.open(2, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(2),
+                            reserve_tokens=40)
+        with pytest.raises(Rejected):  # and nothing of it was kept
+            rig.append(2, 0, 1)
+        assert rig.client.open(3, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(3),
+                               reserve_tokens=30) == 0
+        stats = rig.store.stats()
+        assert (stats["reservations"], stats["reservations_refused"]) == (2, 1)
+        assert stats["checkpoints"] == 2 and stats["bytes_charged"] == 100 * per_token
+        reserved = {c.request_id: c.reserved_tokens for c in rig.store.checkpoints()}
+        assert reserved == {1: 70, 3: 30}
+        with pytest.raises(ValueError, match="reserve_tokens must be in"):
+            rig.client.open(4, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(4),
+                            reserve_tokens=-1)
+    finally:
+        rig.close()
+
+
 @pytest.mark.parametrize("policy", [EvictionPolicy.SHORTEST_PREFIX, EvictionPolicy.LRU])
 def test_full_budget_evicts_by_policy(secret: bytes, policy: EvictionPolicy) -> None:
     layout = small_cache()
@@ -242,11 +271,57 @@ def test_restorable_tokens_is_the_shortest_shard() -> None:
         restorable_tokens([3, -1])
 
 
+def test_records_straddling_chunks_round_trip_and_memory_is_reused(secret: bytes) -> None:
+    # 384-byte records in 4 KiB chunks: every 32 records, 11 straddle a chunk boundary.
+    def layout(seed: int) -> KVLayout:
+        return make_paged_cache("vllm_flash", num_layers=2, num_blocks=32, block_size=16,
+                                num_kv_heads=3, head_dim=16, dtype=torch.bfloat16, seed=seed)
+
+    source = layout(0)
+    assert source.record_bytes == 384
+    store = HolderStore(chunk_bytes=4096)
+    fp = fingerprint_bytes(source, MODEL)
+    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    slots = torch.arange(3, 203, dtype=torch.int64)
+    records = gather_tokens(source, slots)
+    crcs = checksum(records).numpy()
+    tokens = np.arange(200, dtype=np.uint32)
+    with store.serve(secret, tls=TLS) as server, Client("127.0.0.1", server.port, secret, tls=TLS) as c:
+        c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
+        for start, end in [(0, 5), (5, 120), (100, 130), (130, 200)]:  # (100, 130) overlaps
+            c.append(1, SHARD, EPOCH, start, tokens[start:end], crcs[start:end],
+                     records[start:end].numpy(), cap)
+        got = c.read(1, SHARD, EPOCH, 7, 150, source.record_bytes, cap)
+        assert np.array_equal(got.records, records[7:157].numpy())
+        assert np.array_equal(got.crcs, crcs[7:157])
+        target = layout(1)
+        into = torch.arange(300, 500, dtype=torch.int64)
+        result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
+        assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, 200)
+        assert_kv_equal(source, slots, target, into)
+        stats = store.stats()
+        assert stats["appends_in_place"] == 3  # the overlapping append was received aside
+        held = stats["arena_bytes"] - stats["arena_free_bytes"]
+        assert held == -(-200 * 384 // 4096) * 4096 and stats["pinned"] is False
+        c.release(1, SHARD, EPOCH, cap)
+        after = store.stats()
+        assert after["arena_free_bytes"] == after["arena_bytes"] == stats["arena_bytes"]
+
+
 def test_store_arguments_are_checked(rig: Rig) -> None:
     with pytest.raises(TypeError, match="eviction must be an EvictionPolicy"):
         HolderStore(eviction="lru")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="budget_bytes must be in"):
         HolderStore(-1)
+    with pytest.raises(ValueError, match="chunk_bytes must be a multiple of 4096, got 6000"):
+        HolderStore(chunk_bytes=6000)
+    with pytest.raises(ValueError, match="chunk_bytes must be in"):
+        HolderStore(chunk_bytes=512)
+    with pytest.raises(TypeError, match="pinned must be a bool or None, got str"):
+        HolderStore(pinned="yes")  # type: ignore[arg-type]
+    if not _native.HAS_CUDA:
+        with pytest.raises(ValueError, match="pinned must be False or None without a CUDA device"):
+            HolderStore(pinned=True)
     with pytest.raises(ValueError, match="record_bytes must be in"):
         rig.store.reserve(1, 4, 0)
     with pytest.raises(ValueError, match="num_tokens must be in"):
@@ -290,3 +365,12 @@ def test_restore_is_bit_exact_for_every_layout(secret: bytes, kind: str) -> None
     result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
     assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, 37)
     assert_kv_equal(source, slots, target, into)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
+def test_holder_memory_is_pinned_where_a_gpu_is_present(rig: Rig) -> None:
+    rig.open(1)
+    assert rig.append(1, 0, 20) == 20
+    stats = rig.store.stats()
+    assert stats["pinned"] is True and stats["arena_bytes"] > 0

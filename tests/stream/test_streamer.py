@@ -324,6 +324,28 @@ def test_backlog_in_freed_pages_is_never_sent(holder: Any, make_streamer: Any, s
     assert store["tokens_held"] == 16  # only the four requests sent before; nothing freed
 
 
+def test_holder_that_cannot_reserve_the_expected_size_is_a_lost_replica(
+    holder: Any, make_streamer: Any, secret: bytes
+) -> None:
+    per_token = cache().record_bytes + 8
+    h = holder(50 * per_token, "--eviction", "none")
+    streamer = make_streamer()
+    for rid, expected in ((61, 40), (62, 20)):  # 40 fit; 20 more do not
+        streamer.add_request(rid, [("127.0.0.1", h.port)], issue_capability(secret, rid, 0, 0),
+                             expected_tokens=expected)
+    loop = Loop(streamer, [61, 62])
+    loop.step(new=5)
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    store = h.ask("stats")["store"]
+    assert stats.counters["replicas_lost"] == 1 and stats.durable == {61: 5, 62: 0}
+    assert store["reservations"] == 1 and store["reservations_refused"] == 1
+    assert store["bytes_charged"] == 40 * per_token
+    with pytest.raises(ValueError, match="expected_tokens must be in"):
+        streamer.add_request(63, [("127.0.0.1", h.port)], issue_capability(secret, 63, 0, 0),
+                             expected_tokens=-2)
+
+
 @pytest.mark.parametrize("eviction", ["none", "shortest_prefix"])
 def test_full_holder_refuses_or_evicts_and_the_streamer_reports_it(
     holder: Any, make_streamer: Any, secret: bytes, eviction: str

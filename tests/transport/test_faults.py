@@ -73,6 +73,43 @@ def test_killed_streamer_leaves_only_whole_verified_appends(server, spawn, peer,
     assert stats["malformed"] == 0 and stats["crc_failures"] == 0
 
 
+def test_fenced_writer_resuming_mid_transfer_cannot_touch_the_new_epoch(
+    server, spawn, peer, secret, secret_file
+) -> None:
+    """A writer stalls (SIGSTOP) with appends half received, a new epoch takes the checkpoint
+    over and writes past them; when the old writer resumes, the rest of its payload lands,
+    but never in the records of the new epoch."""
+    request_id, n, record_bytes = 23, 1024, 32768  # 32 MiB appends: long in flight
+    streamer = spawn("stream", "--port", str(server.port), "--secret-file", str(secret_file),
+                     "--request-id", str(request_id), "--num-appends", "6",
+                     "--tokens-per-append", str(n), "--record-bytes", str(record_bytes),
+                     "--window", "4", "--tls", TLS)
+    while streamer.read()["durable"] < n:
+        pass
+    os.kill(streamer.proc.pid, signal.SIGSTOP)
+    try:
+        cap = tp.issue_capability(secret, request_id, peer.SHARD, 2)
+        with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
+            durable = client.open(request_id, peer.SHARD, 2, record_bytes, peer.LAYOUT_FP,
+                                  peer.MODEL_FP, cap)
+            ours = [peer.make_append(request_id + 1, durable + i * n, n, record_bytes)
+                    for i in range(2)]
+            for i, append in enumerate(ours):
+                client.append(request_id, peer.SHARD, 2, durable + i * n, *append, cap)
+            os.kill(streamer.proc.pid, signal.SIGCONT)
+            streamer.proc.wait(timeout=30)  # its next ack is a refusal: it stops
+            _wait_for(lambda: server.ask("stats")["connections_active"] == 1)
+            for i, (token_ids, crcs, records) in enumerate(ours):
+                got = client.read(request_id, peer.SHARD, 2, durable + i * n, n, record_bytes,
+                                  cap)
+                np.testing.assert_array_equal(got.token_ids, token_ids)
+                np.testing.assert_array_equal(got.crcs, crcs)
+                np.testing.assert_array_equal(got.records, records)
+    finally:
+        if streamer.proc.poll() is None:
+            os.kill(streamer.proc.pid, signal.SIGCONT)
+
+
 def test_killed_server_is_peer_gone_not_a_hang(server, peer, secret) -> None:
     request_id, n, record_bytes = 22, 128, 32768
     appends = [peer.make_append(request_id, i * n, n, record_bytes) for i in range(4)]

@@ -212,13 +212,21 @@ def test_newer_epoch_fences_an_append_in_flight(server, peer, secret) -> None:
         cap2 = tp.issue_capability(secret, request_id, 0, 2)
         durable_at_open = new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP,
                                    cap2)
+        # The new writer goes on at once, while the fenced receive may still be landing.
+        ids2, crcs2, records2 = peer.make_append(request_id + 1, durable_at_open, 16, record_bytes)
+        assert new.append(request_id, 0, 2, durable_at_open, ids2, crcs2, records2, cap2) == (
+            durable_at_open + 16
+        )
         try:
             landed = old.wait(op, timeout_s=30.0) == n
         except tp.StaleEpoch:
             landed = False
-        # Whatever the timing, nothing of epoch 1 becomes durable after epoch 2 was opened.
-        got = new.read(request_id, 0, 2, 0, 1, record_bytes, cap2)
-        assert got.durable_tokens == durable_at_open == (n if landed else 0)
+        # Whatever the timing, nothing of epoch 1 becomes durable after epoch 2 was opened,
+        # and nothing of it overwrites what epoch 2 wrote.
+        got = new.read(request_id, 0, 2, durable_at_open, 16, record_bytes, cap2)
+        assert got.durable_tokens == durable_at_open + 16
+        assert durable_at_open == (n if landed else 0)
+        assert np.array_equal(got.records, records2) and np.array_equal(got.token_ids, ids2)
         assert old.connected and new.connected
 
 

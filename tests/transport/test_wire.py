@@ -148,7 +148,8 @@ def test_no_default_or_short_secret(secret, error, match) -> None:
 def test_native_server_refuses_short_secret() -> None:
     with pytest.raises(ValueError, match="at least 16 bytes"):
         native = _native_module()
-        native.serve_holder_store(native.HolderStore(budget_bytes=1 << 20, policy=0),
+        store = native.HolderStore(budget_bytes=1 << 20, policy=0, chunk_bytes=1 << 21, pinned=False)
+        native.serve_holder_store(store,
                                   secret=b"short", address="127.0.0.1", port=0, tls="tcp",
                                   verify_records=True, handshake_timeout_s=10.0, **LIMITS)
 

@@ -1,7 +1,7 @@
 """The holder's store and the restore path (DESIGN.md 3.4).
 
-``HolderStore`` keeps each (request, shard)'s token records contiguous in host memory under a
-byte budget; ``serve`` puts it behind a transport ``Server`` so streamers append into it.
+``HolderStore`` keeps each (request, shard)'s token records in host memory (fixed-size chunks,
+pinned where a GPU is present) under a byte budget; ``serve`` puts it behind a transport ``Server`` so streamers append into it.
 ``restore`` writes a checkpoint's verified durable prefix into an engine's cache;
 ``remote_restore`` pulls it from another holder over the transport first.
 """
@@ -9,6 +9,7 @@ byte budget; ``serve`` puts it behind a transport ``Server`` so streamers append
 from __future__ import annotations
 
 import enum
+import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -115,7 +116,11 @@ class HolderStore:
     ``budget_bytes`` bounds what checkpoints are charged: per checkpoint, the larger of its
     reservation and what it holds, at ``record_bytes + 8`` bytes a token (record, token id,
     crc). ``stats()`` counts every reservation refused, append refused for lack of budget,
-    gap, conflict, eviction, expiry and release.
+    gap, conflict, eviction, expiry and release, and the host memory mapped for records.
+
+    Records live in chunks of ``chunk_bytes`` (a page multiple) that never move, so appends
+    are received in place; a record may straddle two chunks. ``pinned`` page-locks them for
+    fast restores into GPU memory; default: when a CUDA device is present.
     """
 
     def __init__(
@@ -123,13 +128,27 @@ class HolderStore:
         budget_bytes: int = U64_MAX,
         *,
         eviction: EvictionPolicy = EvictionPolicy.SHORTEST_PREFIX,
+        chunk_bytes: int = 2 << 20,
+        pinned: bool | None = None,
     ) -> None:
         check_int("budget_bytes", budget_bytes, 0, U64_MAX)
         if not isinstance(eviction, EvictionPolicy):
             raise TypeError(f"eviction must be an EvictionPolicy, got {type(eviction).__name__}")
+        page = mmap.PAGESIZE
+        check_int("chunk_bytes", chunk_bytes, page, 1 << 40)
+        if chunk_bytes % page:
+            raise ValueError(f"chunk_bytes must be a multiple of {page}, got {chunk_bytes}")
+        native = _native.require_ucx()
+        if pinned is None:
+            pinned = bool(native.holder_can_pin())
+        elif not isinstance(pinned, bool):
+            raise TypeError(f"pinned must be a bool or None, got {type(pinned).__name__}")
+        elif pinned and not native.holder_can_pin():
+            raise ValueError("pinned must be False or None without a CUDA device, got True")
         self.eviction = eviction
-        self._native = _native.require_ucx().HolderStore(
-            budget_bytes=int(budget_bytes), policy=eviction.value
+        self._native = native.HolderStore(
+            budget_bytes=int(budget_bytes), policy=eviction.value, chunk_bytes=int(chunk_bytes),
+            pinned=pinned,
         )
 
     def serve(

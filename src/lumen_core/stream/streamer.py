@@ -131,9 +131,12 @@ class CheckpointStreamer:
         capability: bytes,
         *,
         epoch: int = 0,
+        expected_tokens: int = 0,
     ) -> None:
         """Stream ``request_id`` to ``holders`` (each an (address, port)), with the capability
-        of (request_id, shard, epoch). ValueError if it is already added."""
+        of (request_id, shard, epoch). Each holder reserves ``expected_tokens`` records for it
+        when it is opened (placement's expected size: prompt + expected output); a holder that
+        refuses is a lost replica in ``stats()``. ValueError if it is already added."""
         check_int("request_id", request_id, 0, U64_MAX)
         if isinstance(holders, (str, bytes)) or not isinstance(holders, Sequence) or not holders:
             raise ValueError(f"holders must be a non-empty sequence of (address, port), got {holders!r}")
@@ -143,7 +146,8 @@ class CheckpointStreamer:
         if len(capability) != CAPABILITY_BYTES:
             raise ValueError(f"capability must be {CAPABILITY_BYTES} bytes, got {len(capability)}")
         check_int("epoch", epoch, 0, U32_MAX)
-        self._native.add_request(request_id, addresses, bytes(capability), epoch)
+        check_int("expected_tokens", expected_tokens, 0, U64_MAX)
+        self._native.add_request(request_id, addresses, bytes(capability), epoch, expected_tokens)
 
     def save_step(
         self, request_ids: object, positions: object, slot_ids: object, token_ids: object

@@ -271,9 +271,12 @@ class Client:
         model_fingerprint: bytes,
         capability: bytes,
         *,
+        reserve_tokens: int = 0,
         timeout_s: float = 10.0,
     ) -> int:
-        """Opens (or re-opens at a newer epoch) a checkpoint; returns its durable length."""
+        """Opens (or re-opens at a newer epoch) a checkpoint; returns its durable length.
+        With ``reserve_tokens`` the holder also reserves that many records for it (placement's
+        expected size) or refuses the open (``Rejected``) when its budget cannot make room."""
         key = _check_key(request_id, shard, epoch)
         _check_int("record_bytes", record_bytes, 1, self.limits.max_record_bytes)
         fingerprints = _check_bytes(
@@ -281,7 +284,11 @@ class Client:
         ) + _check_bytes("model_fingerprint", model_fingerprint, FINGERPRINT_BYTES)
         cap = _check_bytes("capability", capability, CAPABILITY_BYTES)
         return int(
-            self._native.open(*key, record_bytes, fingerprints, cap, _check_timeout(timeout_s))
+            self._native.open(
+                *key, record_bytes, fingerprints, cap,
+                _check_int("reserve_tokens", reserve_tokens, 0, 2**64 - 1),
+                _check_timeout(timeout_s),
+            )
         )
 
     def start_append(

@@ -1,5 +1,6 @@
-// The holder's store (DESIGN.md 3.4): each (request, shard)'s token records kept contiguous in
-// host memory with their token ids and crcs, under a byte budget. It is the RecordSink a
+// The holder's store (DESIGN.md 3.4): each (request, shard)'s token records kept in host
+// memory (ChunkArena chunks, pinned where a GPU is present) with their token ids and crcs,
+// under a byte budget. It is the RecordSink a
 // transport Server writes into (appends in position order, overlaps checked against stored
 // crcs, gaps refused, epochs fencing old writers) and the source of verified restores.
 // Thread-safe: the server's progress thread and Python callers share one mutex.
@@ -11,6 +12,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lumen/holder/chunk_arena.h"
+#include "lumen/holder/record_chunks.h"
 #include "lumen/slot_index.h"
 #include "lumen/transport/sink.h"
 
@@ -21,6 +24,8 @@ enum class EvictionPolicy : int { kShortestPrefix = 0, kLru = 1, kNone = 2 };
 struct HolderOptions {
   uint64_t budget_bytes = UINT64_MAX;
   EvictionPolicy policy = EvictionPolicy::kShortestPrefix;
+  uint64_t chunk_bytes = 2ull << 20;  // records live in chunks of this size (page multiple)
+  bool pinned = false;                // page-lock the chunks (needs a CUDA device)
 };
 
 // Counters; every refusal, eviction and expiry is visible here.
@@ -40,6 +45,10 @@ struct HolderStats {
   uint64_t expirations = 0;
   uint64_t releases = 0;
   uint64_t tokens_committed = 0;
+  uint64_t appends_in_place = 0;  // received straight into the checkpoint's chunks
+  uint64_t arena_bytes = 0;       // host memory mapped for records
+  uint64_t arena_free_bytes = 0;  // of which free for reuse
+  bool pinned = false;
 };
 
 struct CheckpointInfo {
@@ -116,10 +125,25 @@ class HolderStore final : public transport::RecordSink {
     uint64_t ticket = 0;
     uint64_t start_pos = 0;
     uint32_t num_tokens = 0;
-    uint64_t payload_bytes = 0;
+    bool in_place = false;  // records received into the checkpoint's chunks
     bool received = false;
     bool ok = false;
-    std::unique_ptr<uint8_t[]> payload;  // token ids, crcs, records
+    uint64_t buffer_bytes = 0;
+    std::unique_ptr<uint8_t[]> buffer;  // token ids, crcs, and the records unless in place
+  };
+  // Chunks detached from a checkpoint while a receive may still write into them; given back
+  // to the arena when the last receive that could touch them has finished.
+  struct ChunkHold {
+    ChunkArena* arena = nullptr;
+    std::vector<uint8_t*> chunks;
+    ~ChunkHold() {
+      for (uint8_t* c : chunks) arena->give(c);
+    }
+  };
+  // An append aborted while its payload was still arriving: keeps its memory alive.
+  struct Orphan {
+    std::unique_ptr<uint8_t[]> buffer;
+    std::shared_ptr<ChunkHold> hold;
   };
   struct Checkpoint {
     uint64_t request_id = 0;
@@ -132,8 +156,7 @@ class HolderStore final : public transport::RecordSink {
     uint64_t next_pos = 0;  // end of what is durable or pending
     uint64_t reserved_tokens = 0;
     uint64_t charged_bytes = 0;
-    uint64_t capacity_tokens = 0;
-    std::unique_ptr<uint8_t[]> records;  // [capacity_tokens * record_bytes], contiguous
+    RecordChunks records;
     std::vector<uint32_t> token_ids;
     std::vector<uint32_t> crcs;
     std::deque<Pending> pending;
@@ -157,9 +180,15 @@ class HolderStore final : public transport::RecordSink {
   // false (nothing changed) when the budget cannot cover it.
   bool charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens);
   bool make_room(uint64_t bytes, const Key& keep);
+  // Raises checkpoint's reservation to tokens (never lowers it) and charges it; false
+  // (counted, nothing changed) when the budget cannot make room.
+  bool raise_reservation(const Key& key, Checkpoint* checkpoint, uint64_t tokens);
+  transport::Status open_checkpoint(const transport::WireHeader& header,
+                                    const uint8_t* fingerprints, Checkpoint* checkpoint,
+                                    uint64_t* durable_tokens,
+                                    std::vector<transport::AppendOutcome>* outcomes);
   void drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it);
   transport::Status commit(Checkpoint* checkpoint, Pending* pending);
-  void grow(Checkpoint* checkpoint, uint64_t tokens);
   void abort_pending(Checkpoint* checkpoint, transport::Status status,
                      std::vector<transport::AppendOutcome>* outcomes);
   bool advance_epoch(Checkpoint* checkpoint, uint32_t epoch,
@@ -171,9 +200,10 @@ class HolderStore final : public transport::RecordSink {
 
   HolderOptions options_;
   mutable std::mutex mutex_;
+  ChunkArena arena_;  // outlives every checkpoint and orphan below
   std::unordered_map<Key, Checkpoint, KeyHash> checkpoints_;
   std::unordered_map<uint64_t, Key> ticket_keys_;
-  std::unordered_map<uint64_t, std::unique_ptr<uint8_t[]>> orphans_;
+  std::unordered_map<uint64_t, Orphan> orphans_;
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<uint8_t[]>>> spare_;
   uint64_t spare_bytes_ = 0;
   uint64_t next_ticket_ = 1;

@@ -85,9 +85,11 @@ class Streamer {
   Streamer& operator=(const Streamer&) = delete;
 
   // Registers a request, its holders (replicas) and the capability of (request_id, shard,
-  // epoch); std::invalid_argument if it is already registered or has no holder.
+  // epoch); each holder is asked to reserve expected_tokens records when it is opened (a
+  // refusal loses that replica). std::invalid_argument if it is already registered or has no
+  // holder.
   void add_request(uint64_t request_id, const std::vector<HolderAddress>& holders,
-                   const transport::Mac& capability, uint32_t epoch);
+                   const transport::Mac& capability, uint32_t epoch, uint64_t expected_tokens);
   // n tokens: request_ids[i] wrote position positions[i] (token token_ids[i]) into slot
   // slot_ids[i]; a request's tokens are consecutive positions. Returns the step's fence (0 if
   // the step was dropped). std::invalid_argument: unknown request, a gap, non-consecutive.
@@ -129,6 +131,7 @@ class Streamer {
   struct Request {
     transport::Mac capability{};
     uint32_t epoch = 0;
+    uint64_t expected_tokens = 0;    // reserved on each holder at open
     std::vector<int64_t> slots;      // by position
     std::vector<uint32_t> token_ids;
     std::vector<Replica> replicas;

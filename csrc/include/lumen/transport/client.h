@@ -80,8 +80,10 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // Each returns the checkpoint's durable length reported by the server.
+  // open also asks the holder to reserve reserve_tokens records (refused: kRejected).
   uint64_t open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint32_t record_bytes,
-                const uint8_t* fingerprints, const Mac& capability, double timeout_s);
+                const uint8_t* fingerprints, const Mac& capability, uint64_t reserve_tokens,
+                double timeout_s);
   uint64_t append(const AppendArgs& args, double timeout_s);
   // Starts an append and returns its operation id for wait(); several may be in flight.
   uint64_t start_append(const AppendArgs& args);

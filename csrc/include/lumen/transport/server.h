@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "lumen/transport/auth.h"
 #include "lumen/transport/sink.h"
@@ -76,7 +77,7 @@ class Server {
     uint64_t conn_id = 0;
     WireHeader header;
     AppendTarget target;
-    ucp_dt_iov_t iov[3];
+    std::vector<ucp_dt_iov_t> iov;  // token ids, crcs, then the record pieces
     Status failure = Status::kOk;  // why the payload did not arrive intact
     bool receiving = false;        // UCX is still writing into target
     bool settled = false;          // the sender has its answer

@@ -12,12 +12,18 @@
 
 namespace lumen::transport {
 
+struct MemoryPiece {
+  uint8_t* data = nullptr;
+  uint64_t bytes = 0;
+};
+
 // Where the payload of one accepted append is received; valid until finish_append(ticket).
+// The records may be split over several pieces (a record may straddle two), in order.
 struct AppendTarget {
   uint64_t ticket = 0;
-  uint32_t* token_ids = nullptr;  // [num_tokens]
-  uint32_t* crcs = nullptr;       // [num_tokens]
-  uint8_t* records = nullptr;     // [num_tokens * record_bytes]
+  uint32_t* token_ids = nullptr;     // [num_tokens]
+  uint32_t* crcs = nullptr;          // [num_tokens]
+  std::vector<MemoryPiece> records;  // num_tokens * record_bytes bytes in all
 };
 
 // An append that became durable (kOk) or failed, reported in the order appends were begun.

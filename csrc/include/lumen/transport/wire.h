@@ -13,7 +13,8 @@
 //   40 u32 num_tokens
 //   44 u32 record_bytes
 //   48 u64 payload_bytes    length of the AM data that follows
-//   56 u64 durable_tokens   ack / read reply: durable length of the checkpoint
+//   56 u64 durable_tokens   ack / read reply: durable length of the checkpoint;
+//                           open: tokens the holder must reserve for it (0: none)
 //   64 u32 status           reply status (Status), 0 in requests
 //   68 u8[32] capability    HMAC-SHA256(secret, request_id, shard, epoch); zero where unused
 //  100 u32 header_crc       crc32c of bytes [0, 100)
