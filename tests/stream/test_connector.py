@@ -20,7 +20,13 @@ from lumen_core.engine import (
     model_fingerprint,
     random_weights,
 )
-from lumen_core.stream import HolderStore, RestoreSource, RestoreStatus, StreamGrant, StreamingConnector
+from lumen_core.stream import (
+    HolderStore,
+    RestoreSource,
+    RestoreStatus,
+    StreamGrant,
+    StreamingConnector,
+)
 from lumen_core.transport import Client, issue_capability
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(90)]

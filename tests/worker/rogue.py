@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 import grpc
 import numpy as np
@@ -33,15 +34,30 @@ RECORD_BYTES = 2048  # the tiny float64 model's KV record
 FAKE_TOKENS = [255, 254, 253, 252]
 
 
-def _outcome(call) -> str:  # noqa: ANN001 - a zero-argument callable
-    """"accepted" or the name of the error the peer refused the act with."""
+def _outcome(call: Callable[[], object]) -> str:
+    """"accepted" or the name of the transport error the holder refused the act with."""
     try:
         call()
     except TransportError as exc:
         return type(exc).__name__
-    except grpc.RpcError as exc:
-        return exc.code().name
     return "accepted"
+
+
+def _attack_holder(holder: Client, request_id: int, epoch: int, capability: bytes) -> dict[str, str]:
+    """Open, append made-up (well-formed) records to, and release the request's checkpoint
+    with the old epoch and its capability."""
+    n = len(FAKE_TOKENS)
+    records = np.full((n, RECORD_BYTES), 7, dtype=np.uint8)
+    tokens = np.array(FAKE_TOKENS, dtype=np.uint32)
+    crcs = checksum(torch.from_numpy(records)).numpy().astype(np.uint32)
+    fingerprints = bytes(32)
+    return {
+        "open": _outcome(
+            lambda: holder.open(request_id, 0, epoch, RECORD_BYTES, fingerprints, fingerprints, capability)
+        ),
+        "append": _outcome(lambda: holder.append(request_id, 0, epoch, 0, tokens, crcs, records, capability)),
+        "release": _outcome(lambda: holder.release(request_id, 0, epoch, capability)),
+    }
 
 
 def main() -> int:
@@ -76,24 +92,17 @@ def main() -> int:
                 requests=[pb.RequestTokens(request_id=r, epoch=grants[r][0], token_ids=FAKE_TOKENS) for r in grants],
             )
             metadata = ((AUTH_METADATA_KEY, sign_call(secret, method("ReportTokens"))),)
-            reported = _outcome(lambda: stub.ReportTokens(report, metadata=metadata, timeout=5.0))
+            try:
+                stub.ReportTokens(report, metadata=metadata, timeout=5.0)
+                reported = "accepted"
+            except grpc.RpcError as exc:
+                reported = exc.code().name
             host, port = parse_address(command[2])
             holder = Client(host, port, secret, connect_timeout_s=5.0)
-            n = len(FAKE_TOKENS)
-            records = np.full((n, RECORD_BYTES), 7, dtype=np.uint8)
-            tokens = np.array(FAKE_TOKENS, dtype=np.uint32)
-            crcs = checksum(torch.from_numpy(records)).numpy().astype(np.uint32)  # well-formed records
-            fingerprints = bytes(32)
             result = {
                 "heartbeat_fenced": heartbeat.fenced,
                 "report": reported,
-                "open": _outcome(
-                    lambda: holder.open(request_id, 0, epoch, RECORD_BYTES, fingerprints, fingerprints, capability)
-                ),
-                "append": _outcome(
-                    lambda: holder.append(request_id, 0, epoch, 0, tokens, crcs, records, capability)
-                ),
-                "release": _outcome(lambda: holder.release(request_id, 0, epoch, capability)),
+                **_attack_holder(holder, request_id, epoch, capability),
             }
             holder.close()
             print(json.dumps(result), flush=True)

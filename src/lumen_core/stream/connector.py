@@ -25,10 +25,27 @@ import torch
 from lumen_core.engine.connector import KVConnector, SavedTokens
 from lumen_core.engine.request import Request
 from lumen_core.layouts import KVLayout
-from lumen_core.stream._common import U32_MAX, check_int, check_positive_float, check_str, request_key
-from lumen_core.stream.holder import HolderStore, RestoreResult, RestoreStatus, remote_restore
+from lumen_core.stream._common import (
+    U32_MAX,
+    check_int,
+    check_positive_float,
+    check_str,
+    request_key,
+)
+from lumen_core.stream.holder import (
+    HolderStore,
+    RestoreResult,
+    RestoreStatus,
+    remote_restore,
+)
 from lumen_core.stream.streamer import Address, CheckpointStreamer, _check_address
-from lumen_core.transport import CAPABILITY_BYTES, Client, Rejected, TransportError, issue_capability
+from lumen_core.transport import (
+    CAPABILITY_BYTES,
+    Client,
+    Rejected,
+    TransportError,
+    issue_capability,
+)
 
 __all__ = ["RestoreSource", "StreamGrant", "StreamingConnector"]
 
@@ -289,11 +306,10 @@ class StreamingConnector(KVConnector):
         for s in saves:
             if not s.slot_ids:
                 continue
-            if s.request_id not in self._added:
-                # Streaming starts at position 0; a request whose prefix was neither streamed
-                # nor restored here stays un-checkpointed.
-                if s.start_position != 0 or not self._add(s.request_id):
-                    continue
+            # Streaming starts at position 0: a request whose prefix was neither streamed nor
+            # restored here stays un-checkpointed.
+            if s.request_id not in self._added and (s.start_position != 0 or not self._add(s.request_id)):
+                continue
             ids += [self.key_for(s.request_id)] * len(s.slot_ids)
             positions += range(s.start_position, s.start_position + len(s.slot_ids))
             slots += s.slot_ids

@@ -1,9 +1,10 @@
 """A worker process of a live cluster (DESIGN.md sections 3 and 4).
 
 ``Worker`` = the reference engine + a ``StreamingConnector`` (checkpoint streaming to the
-holders the gateway grants each request, restore on RESUME) + an embedded ``HolderStore`` served on the
-transport (this worker holds other workers' checkpoints) + a ``GatewayClient`` with its
-``HeartbeatLoop`` (registration, lease, directives, fencing).
+holders the gateway grants each request, restore on RESUME) + an embedded ``HolderStore``
+served on the transport (this worker holds other workers' checkpoints; HOLD reserves room in
+it) + a ``GatewayClient`` with its ``HeartbeatLoop`` (registration, lease, directives,
+fencing).
 
 Threads: the heartbeat thread only queues directives; the main thread (``run``) applies
 them between engine steps, steps the engine and reports each step's tokens in one call. A
@@ -26,7 +27,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from lumen_core.engine import CacheConfig, Engine, SamplingParams, SchedulerConfig, load_model, model_fingerprint
+from lumen_core.engine import (
+    CacheConfig,
+    Engine,
+    SamplingParams,
+    SchedulerConfig,
+    load_model,
+    model_fingerprint,
+)
 from lumen_core.engine.connector import SavedTokens
 from lumen_core.engine.model import Llama
 from lumen_core.gateway.client import (
@@ -53,11 +61,16 @@ from lumen_core.gateway.coordinator import (
     HolderGrant,
 )
 from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
-from lumen_core.policy.events import RecoveryAction
 from lumen_core.gateway.protocol import parse_address
-from lumen_core.stream import HolderStore, RestoreSource, StreamGrant, StreamingConnector
+from lumen_core.policy.events import RecoveryAction
+from lumen_core.stream import (
+    HolderStore,
+    RestoreSource,
+    StreamGrant,
+    StreamingConnector,
+)
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
-from lumen_core.worker.assist import AssistedRequests, Assistant
+from lumen_core.worker.assist import Assistant, AssistedRequests
 
 EXIT_OK = 0
 EXIT_FENCED = 3
