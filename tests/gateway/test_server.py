@@ -471,6 +471,26 @@ def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_w
     assert fenced == [fenced[0]]
 
 
+def test_heartbeat_loop_acknowledges_only_the_reports_the_gateway_received(start_gateway, connect):
+    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+
+    server = start_gateway(GatewayConfig(policy="S&R", lease_s=5.0, heartbeat_s=0.05))
+    (worker,) = register_workers(server, connect, 1)
+    acked = []
+    report = WorkerReport(refused_request_ids=(5,), evicted_request_ids=(6,))
+    loop = HeartbeatLoop(worker, lambda: report, print, print, on_reported=acked.append).start()
+    try:
+        wait_until(lambda: len(acked) >= 2)
+        assert acked[0] is report
+        server.stop(grace_s=0.1)
+        wait_until(lambda: loop.num_errors >= 1)
+        count, errors = len(acked), loop.num_errors
+        wait_until(lambda: loop.num_errors >= errors + 3)
+        assert len(acked) == count  # the gateway is gone: nothing it did not receive is acked
+    finally:
+        loop.stop()
+
+
 def test_heartbeat_loop_validation(start_gateway, connect):
     from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
 
@@ -508,7 +528,7 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
     assert not loop.running and assistant.lease_valid()
 
 
-@pytest.mark.parametrize("failing", ["report", "on_directives"])
+@pytest.mark.parametrize("failing", ["report", "on_directives", "on_reported"])
 def test_heartbeat_loop_fences_when_a_worker_callback_fails(start_gateway, connect, failing):
     from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
 
@@ -521,12 +541,13 @@ def test_heartbeat_loop_fences_when_a_worker_callback_fails(start_gateway, conne
 
     report = broken if failing == "report" else WorkerReport
     on_directives = broken if failing == "on_directives" else print
-    loop = HeartbeatLoop(worker, report, on_directives, fenced.append).start()
+    on_reported = broken if failing == "on_reported" else print
+    loop = HeartbeatLoop(worker, report, on_directives, fenced.append, on_reported=on_reported).start()
     try:
         stream = connect(server).submit([1], 2, timeout_s=30.0)
         next(stream)
         wait_until(lambda: bool(fenced), timeout_s=10.0)
-        what = "worker report" if failing == "report" else "directive handler"
+        what = "directive handler" if failing == "on_directives" else "worker report"
         assert fenced == [f"{what} failed: RuntimeError: engine gone"]
         assert not worker.lease_valid() and worker.fence_reason == fenced[0]
         with pytest.raises(FencedError, match="engine gone"):

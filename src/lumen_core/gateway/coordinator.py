@@ -594,13 +594,15 @@ class Coordinator:
         (placement avoids holders that refused) and streamed to the new holder in full. When
         no holder is left to take it, the request degrades to no checkpoint: its serving
         worker is told to stream it nowhere (STREAM without holders), and a failure
-        re-prefills it."""
+        re-prefills it. A refusal reported again changes nothing."""
         request = self._requests.get(request_id)
         if request is None or request.finished:
             return None
         if not refused:
             self._apply(CheckpointEvicted(now_s, request_id, holder_id))
             return None
+        if holder_id in self.monitor.refused_by(request_id):
+            return None  # reported again (a heartbeat whose reply was lost): handled already
         self._apply(CheckpointRefused(now_s, request_id, holder_id))
         if self._workers[request.worker_id].state != SERVING:
             return None

@@ -1,7 +1,9 @@
 """HeartbeatLoop: a worker process's lease keeper, on a thread of its own.
 
-Every ``heartbeat_s`` it asks the worker for a ``WorkerReport``, heartbeats, and hands the
-directives of the reply to ``on_directives``. When the gateway answers ``reregister`` (it
+Every ``heartbeat_s`` it asks the worker for a ``WorkerReport``, heartbeats, tells
+``on_reported`` (if given) which report the gateway received, and hands the directives of the
+reply to ``on_directives``. A report that did not reach the gateway is not acknowledged, so
+one-off news in it (refused holds, evictions) can go out again with the next one. When the gateway answers ``reregister`` (it
 restarted) it registers again with the report's running requests and held checkpoints. It
 calls ``on_fenced(reason)`` once and stops when the lease is lost: the reply says ``fenced``,
 or the gateway cannot be reached until the worker's own lease deadline passes (so a worker
@@ -39,7 +41,7 @@ class WorkerReport:
 class HeartbeatLoop:
     """Keeps a registered GatewayClient's lease. ``start`` / ``stop`` (joins the thread).
 
-    ``on_directives`` and ``on_fenced`` run on the loop's thread. ``num_errors`` counts
+    ``on_directives``, ``on_reported`` and ``on_fenced`` run on the loop's thread. ``num_errors`` counts
     heartbeats that did not reach the gateway; ``last_num_draft_tokens`` is the draft length
     of the last reply (assisting workers).
     """
@@ -52,6 +54,7 @@ class HeartbeatLoop:
         on_fenced: Callable[[str], None],
         *,
         heartbeat_s: float | None = None,
+        on_reported: Callable[[WorkerReport], None] | None = None,
     ) -> None:
         if not isinstance(client, GatewayClient):
             raise TypeError(f"client must be a GatewayClient, got {type(client).__name__}")
@@ -64,6 +67,7 @@ class HeartbeatLoop:
         self._report = report
         self._on_directives = on_directives
         self._on_fenced = on_fenced
+        self._on_reported = on_reported
         self.heartbeat_s = float(period)
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -115,6 +119,13 @@ class HeartbeatLoop:
             except GatewayError:
                 self.num_errors += 1
                 directives = ()
+            else:
+                if not reply.reregister and self._on_reported is not None:
+                    try:
+                        self._on_reported(report)
+                    except Exception as exc:  # noqa: BLE001 - as a failed report
+                        self._fence(f"worker report failed: {type(exc).__name__}: {exc}")
+                        return
             if directives:
                 try:
                     self._on_directives(directives)

@@ -159,8 +159,8 @@ class Worker:
         self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
         self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
         self.assist_counts = {"steps": 0, "proposed": 0, "accepted": 0}
-        # HOLDs refused and checkpoints evicted since the last heartbeat (applied on the main
-        # thread, reported from the heartbeat thread).
+        # HOLDs refused and checkpoints evicted that the gateway has not been told of yet
+        # (found on the main thread, reported from the heartbeat thread until acknowledged).
         self._dropped_lock = threading.Lock()
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
@@ -193,15 +193,14 @@ class Worker:
 
     # ---- gateway -------------------------------------------------------------------------
     def report(self) -> WorkerReport:
-        """This heartbeat's report; the refusals and evictions in it are reported once."""
+        """This heartbeat's report (refusals and evictions until the gateway has had them)."""
         checkpoints = self.store.checkpoints()
         held = tuple(
             HeldReport(c.request_id, c.epoch, c.durable_tokens) for c in checkpoints if c.shard == 0 and c.opened
         )
         held_bytes = sum(c.durable_tokens * (c.record_bytes + 8) for c in checkpoints)
         with self._dropped_lock:
-            refused, self._refused = tuple(sorted(self._refused)), set()
-            evicted, self._evicted = tuple(sorted(self._evicted)), set()
+            refused, evicted = tuple(sorted(self._refused)), tuple(sorted(self._evicted))
         engine = self.engine
         running = len(engine.scheduler.running) if engine is not None else 0
         waiting = len(engine.scheduler.waiting) if engine is not None else 0
@@ -217,6 +216,12 @@ class Worker:
             proposed_draft_tokens=counts["proposed"],
             accepted_draft_tokens=counts["accepted"],
         )
+
+    def _reported(self, report: WorkerReport) -> None:
+        """The gateway received ``report``: its refusals and evictions are not sent again."""
+        with self._dropped_lock:
+            self._refused.difference_update(report.refused_request_ids)
+            self._evicted.difference_update(report.evicted_request_ids)
 
     def _assist_counts(self) -> dict[str, int]:
         assistant = self.assistant
@@ -261,7 +266,7 @@ class Worker:
         for directive in registration.directives:
             self.directives.put(directive)
         self.heartbeats = HeartbeatLoop(
-            self.client, self.report, self._queue_directives, self._on_fenced
+            self.client, self.report, self._queue_directives, self._on_fenced, on_reported=self._reported
         ).start()
 
     def _queue_directives(self, directives: tuple[Directive, ...]) -> None:
@@ -319,7 +324,8 @@ class Worker:
         """HOLD (placement): charge ``reserved_bytes`` of the embedded store for each shard of
         the request, as tokens of this worker's record size (plus 8 bytes of token id and crc
         each), evicting by the store's policy if needed. A refused reservation keeps no copy
-        and is reported with the next heartbeat, as are the checkpoints evicted to make room;
+        and is reported in heartbeats until the gateway has it, as are the checkpoints evicted
+        to make room;
         the gateway then places the copy elsewhere or keeps none. A worker whose full model is
         not loaded cannot size the records and refuses. (Appends at the directive's epoch open,
         or re-epoch, the checkpoint; a HOLD that only bumps the epoch reserves nothing.)"""
