@@ -1,9 +1,14 @@
-"""Fixtures shared by every test area: the UCX module requirement and the cluster secret."""
+"""Fixtures shared by every test area: the UCX module requirement, the cluster secret, and
+helper processes that speak JSON lines (killed and reaped after every test)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,3 +36,50 @@ def secret_file(tmp_path: Path, secret: bytes) -> Path:
     path.write_bytes(secret)
     path.chmod(0o600)
     return path
+
+
+class JsonLinesProcess:
+    """A subprocess that answers on stdout with one JSON object per line."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def read(self) -> dict[str, Any]:
+        # Blocking: every test carries a pytest timeout that bounds a hung process.
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"process exited with {self.proc.wait(timeout=5)}")
+        return json.loads(line)
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.read()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+
+    def reap(self) -> None:
+        self.kill()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            if pipe is not None:
+                pipe.close()
+
+
+@pytest.fixture
+def spawn() -> Iterator[Callable[[list[str]], JsonLinesProcess]]:
+    """spawn(argv) -> JsonLinesProcess; every process is killed and reaped afterwards."""
+    procs: list[JsonLinesProcess] = []
+
+    def _spawn(args: list[str]) -> JsonLinesProcess:
+        proc = JsonLinesProcess(args)
+        procs.append(proc)
+        return proc
+
+    yield _spawn
+    for proc in procs:
+        proc.reap()

@@ -37,6 +37,19 @@ void check_timeout(double timeout_s) {
   }
 }
 
+// The header of a request about checkpoint (request_id, shard) at epoch.
+WireHeader request_header(MessageKind kind, uint64_t op_id, uint64_t request_id, uint32_t shard,
+                          uint32_t epoch, const Mac& capability) {
+  WireHeader h;
+  h.kind = kind;
+  h.request_id = request_id;
+  h.op_id = op_id;
+  h.shard = shard;
+  h.epoch = epoch;
+  h.capability = capability;
+  return h;
+}
+
 }  // namespace
 
 // Context of one UCX request of an operation.
@@ -51,14 +64,7 @@ Client::Client(const ClientOptions& options) : options_(options), worker_(Worker
   socklen_t address_length = 0;
   const sockaddr_storage address = resolve_address(options_.address, options_.port,
                                                    &address_length);
-  ucp_am_handler_param_t handler{};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kAmId;
-  handler.cb = &Client::on_message;
-  handler.arg = this;
-  ucs_status_t status = ucp_worker_set_am_recv_handler(worker_.handle(), &handler);
-  if (status != UCS_OK) throw_ucs("ucp_worker_set_am_recv_handler", status);
+  worker_.set_message_handler(&Client::on_message, this);
 
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR |
@@ -69,7 +75,7 @@ Client::Client(const ClientOptions& options) : options_(options), worker_(Worker
   params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
   params.err_handler.cb = &Client::on_ep_error;
   params.err_handler.arg = this;
-  status = ucp_ep_create(worker_.handle(), &params, &ep_);
+  const ucs_status_t status = ucp_ep_create(worker_.handle(), &params, &ep_);
   if (status != UCS_OK) {
     throw TransportError(Status::kPeerGone, "connect to " + options_.address + ":" +
                                                 std::to_string(options_.port) + ": " +
@@ -356,16 +362,10 @@ uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint3
   check_timeout(timeout_s);
   OpPtr op = new_op(MessageKind::kOpen);
   op->owned_payload.assign(fingerprints, fingerprints + 2 * kFingerprintBytes);
-  WireHeader h;
-  h.kind = MessageKind::kOpen;
-  h.request_id = request_id;
-  h.op_id = op->id;
-  h.shard = shard;
-  h.epoch = epoch;
+  WireHeader h = request_header(MessageKind::kOpen, op->id, request_id, shard, epoch, capability);
   h.record_bytes = record_bytes;
   h.durable_tokens = reserve_tokens;
   h.payload_bytes = op->owned_payload.size();
-  h.capability = capability;
   const ucp_dt_iov_t iov{op->owned_payload.data(), op->owned_payload.size()};
   return run(op, h, nullptr, &iov, 1, timeout_s);
 }
@@ -382,17 +382,12 @@ uint64_t Client::start_append(const AppendArgs& a) {
   }
   OpPtr op = new_op(MessageKind::kAppend);
   op->payload_bytes = payload_bytes;
-  WireHeader h;
-  h.kind = MessageKind::kAppend;
-  h.request_id = a.request_id;
-  h.op_id = op->id;
-  h.shard = a.shard;
-  h.epoch = a.epoch;
+  WireHeader h =
+      request_header(MessageKind::kAppend, op->id, a.request_id, a.shard, a.epoch, a.capability);
   h.start_pos = a.start_pos;
   h.num_tokens = a.num_tokens;
   h.record_bytes = a.record_bytes;
   h.payload_bytes = payload_bytes;
-  h.capability = a.capability;
   const uint64_t n = a.num_tokens;
   const ucp_dt_iov_t iov[3] = {{const_cast<uint32_t*>(a.token_ids), 4 * n},
                                {const_cast<uint32_t*>(a.crcs), 4 * n},
@@ -430,13 +425,8 @@ void Client::release(uint64_t request_id, uint32_t shard, uint32_t epoch, const 
                      double timeout_s) {
   check_timeout(timeout_s);
   OpPtr op = new_op(MessageKind::kRelease);
-  WireHeader h;
-  h.kind = MessageKind::kRelease;
-  h.request_id = request_id;
-  h.op_id = op->id;
-  h.shard = shard;
-  h.epoch = epoch;
-  h.capability = capability;
+  const WireHeader h =
+      request_header(MessageKind::kRelease, op->id, request_id, shard, epoch, capability);
   run(op, h, nullptr, nullptr, 0, timeout_s);
 }
 
@@ -449,15 +439,10 @@ ReadReply Client::read(const ReadArgs& args, double timeout_s) {
   }
   OpPtr op = new_op(MessageKind::kRead);
   op->read = args;
-  WireHeader h;
-  h.kind = MessageKind::kRead;
-  h.request_id = args.request_id;
-  h.op_id = op->id;
-  h.shard = args.shard;
-  h.epoch = args.epoch;
+  WireHeader h = request_header(MessageKind::kRead, op->id, args.request_id, args.shard,
+                                args.epoch, args.capability);
   h.start_pos = args.start_pos;
   h.num_tokens = args.max_tokens;
-  h.capability = args.capability;
   run(op, h, nullptr, nullptr, 0, timeout_s);
   return op->read_reply;
 }

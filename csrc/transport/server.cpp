@@ -80,14 +80,7 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
   const sockaddr_storage address = resolve_address(options_.address, options_.port,
                                                    &address_length);
 
-  ucp_am_handler_param_t handler{};
-  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
-                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  handler.id = kAmId;
-  handler.cb = &Server::on_message;
-  handler.arg = this;
-  ucs_status_t status = ucp_worker_set_am_recv_handler(worker_.handle(), &handler);
-  if (status != UCS_OK) throw_ucs("ucp_worker_set_am_recv_handler", status);
+  worker_.set_message_handler(&Server::on_message, this);
 
   ucp_listener_params_t params{};
   params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
@@ -95,7 +88,7 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
   params.sockaddr.addrlen = address_length;
   params.conn_handler.cb = &Server::on_conn_request;
   params.conn_handler.arg = this;
-  status = ucp_listener_create(worker_.handle(), &params, &listener_);
+  ucs_status_t status = ucp_listener_create(worker_.handle(), &params, &listener_);
   if (status != UCS_OK) {
     throw_ucs("listen on " + options_.address + ":" + std::to_string(options_.port), status);
   }

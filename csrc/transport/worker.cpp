@@ -12,6 +12,8 @@
 #include <exception>
 #include <stdexcept>
 
+#include "lumen/transport/wire.h"
+
 namespace lumen::transport {
 namespace {
 
@@ -93,6 +95,17 @@ Worker::Worker(const WorkerOptions& options) {
     ucp_cleanup(context_);
     throw std::runtime_error("epoll setup for the UCX worker failed");
   }
+}
+
+void Worker::set_message_handler(ucp_am_recv_callback_t cb, void* arg) {
+  ucp_am_handler_param_t handler{};
+  handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                       UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  handler.id = kAmId;
+  handler.cb = cb;
+  handler.arg = arg;
+  const ucs_status_t status = ucp_worker_set_am_recv_handler(worker_, &handler);
+  if (status != UCS_OK) throw_ucs("ucp_worker_set_am_recv_handler", status);
 }
 
 Worker::~Worker() {

@@ -27,6 +27,8 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   ucp_worker_h handle() const { return worker_; }
+  // Routes every lumen active message (kAmId) to cb(arg, ...); throws std::runtime_error.
+  void set_message_handler(ucp_am_recv_callback_t cb, void* arg);
   // Runs fn on the progress thread (soon; in post order); false, without running it, once
   // stop() was asked.
   bool post(std::function<void()> fn);
