@@ -19,6 +19,7 @@ from lumen_core.gateway.coordinator import (
     RunningReport,
     StaleEpochError,
 )
+from lumen_core.policy.placement import PlacementConfig
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
 
@@ -168,6 +169,20 @@ def test_surviving_holders_get_the_new_epoch_and_a_dead_holder_is_replaced():
     directives = coordinator.take_directives(1)
     resume = next(d for d in directives if d.kind == RESUME)
     assert resume.epoch == 2 and resume.source.capabilities == (issue_capability(SECRET, rid, 0, 2),)
+
+
+def test_with_two_replicas_the_stream_directive_keeps_the_surviving_holder():
+    coordinator = cluster(4, policy="LUMEN", placement_config=PlacementConfig(replicas=2))
+    admission = coordinator.admit(0.0, [1] * 10, 4)
+    first, second = admission.placement.holder_ids
+    for w in range(4):
+        coordinator.take_directives(w)
+    outcome = coordinator.fail(1.0, [first], cause="test")  # one replica's holder dies
+    (replaced,) = outcome.replacements
+    (new_holder,) = replaced.new_holder_ids
+    (stream,) = coordinator.take_directives(admission.worker_id)
+    assert stream.kind == STREAM
+    assert sorted(g.worker_id for g in stream.holders) == sorted([second, new_holder])
 
 
 def test_refused_checkpoint_is_placed_elsewhere_and_evictions_are_recorded():

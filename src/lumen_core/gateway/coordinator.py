@@ -617,6 +617,9 @@ class Coordinator:
         return decision
 
     def _stream_to_new(self, request: _Request, decision: PlacementDecision) -> None:
+        """HOLD to the new holders; STREAM to the serving worker naming every holder the
+        request has now (the surviving replicas too: the worker streams to the list it is
+        given)."""
         if not decision.new_holder_ids:
             return
         self._hold(request, decision.new_holder_ids, decision.reserved_bytes, decision.reason)
@@ -626,7 +629,7 @@ class Coordinator:
                 STREAM,
                 request_id=request.request_id,
                 epoch=request.epoch,
-                holders=tuple(self._grant(h, request) for h in decision.new_holder_ids),
+                holders=self._grants(request),
                 reason=decision.reason,
             ),
         )

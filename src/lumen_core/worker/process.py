@@ -389,8 +389,9 @@ class Worker:
         )
 
     def _stream(self, directive: Directive) -> None:
-        """New holders for a request served here: stream its whole checkpoint to them (the
-        streamer starts the request again from position 0 over its computed tokens)."""
+        """The holders of a request served here changed (the directive names all of them):
+        stream its whole checkpoint to them (the streamer starts the request again from
+        position 0 over its computed tokens)."""
         assert self.engine is not None and self.connector is not None
         key = str(directive.request_id)
         request = self.engine.requests.get(key)
