@@ -14,8 +14,9 @@ ucx_perftest (which exchanges addresses out of band). Rows: case, metric
 (`bulk_vs_ucx_perftest`), value (our GB/s), ratio (ours / ucx_perftest), plus the baseline
 and the transports UCX chose. Target ratio >= 0.8. A second metric,
 `bulk_vs_ucx_perftest_peer_errors`, compares with `ucx_perftest -e` (endpoints with peer error
-handling, as ours must have to report a dead peer): with it UCX gives up the zero-copy
-rendezvous over tcp for fragmented copy-in/copy-out, for perftest as for us.
+handling, as ours must have to report a dead peer, and ours' tcp segment size): with it UCX
+gives up the zero-copy rendezvous over tcp for fragmented copy-in/copy-out, for perftest as
+for us.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 RECORD_BYTES = 32768
+TCP_SEGMENT_SIZE = "256k"  # what csrc/transport/worker.cpp sets unless the environment does
 TLS_OURS = {"tcp": "tcp", "sm": "sm,tcp"}
 TLS_PERFTEST = {"tcp": "tcp", "sm": "sm,self"}
 
@@ -57,8 +59,10 @@ def perftest_gb_per_s(tls: str, size: int, iterations: int, peer_errors: bool) -
     root = _libucx_dir()
     env = dict(os.environ, UCX_TLS=tls, LD_LIBRARY_PATH=str(root / "lib"))
     flags = []
-    if peer_errors:
-        env["UCX_MM_ERROR_HANDLING"] = "y"  # as our Worker sets it
+    if peer_errors:  # as our Worker configures UCX
+        env["UCX_MM_ERROR_HANDLING"] = "y"
+        env.setdefault("UCX_TCP_TX_SEG_SIZE", TCP_SEGMENT_SIZE)
+        env.setdefault("UCX_TCP_RX_SEG_SIZE", TCP_SEGMENT_SIZE)
         flags = ["-e"]
     binary = str(root / "bin" / "ucx_perftest")
     port = _free_port()
