@@ -12,6 +12,7 @@
 #include "lumen/holder/holder_store.h"
 #include "lumen/holder/host_pin.h"
 #include "lumen/transport/server.h"
+#include "ucx_args.h"
 
 namespace py = pybind11;
 namespace lh = lumen::holder;
@@ -99,11 +100,7 @@ void bind_holder(py::module_& m) {
               throw py::value_error("fingerprints must be 64 bytes, got " +
                                     std::to_string(fp.size()));
             }
-            if (descriptors.ndim() != 2 || descriptors.shape(1) != lumen::kPlaneDescFields) {
-              throw py::value_error("descriptors must be [num_planes, 9] int64");
-            }
-            const auto* planes = reinterpret_cast<const lumen::PlaneDesc*>(descriptors.data());
-            const int num_planes = static_cast<int>(descriptors.shape(0));
+            const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
             lumen::validate_planes(planes, num_planes, record_bytes);
             lumen::validate_slots(planes, num_planes, slot_ids.data(), slot_ids.size());
             lh::RestoreReport report;
@@ -135,9 +132,7 @@ void bind_holder(py::module_& m) {
         options.address = address;
         options.port = port;
         options.tls = tls;
-        options.limits.max_tokens_per_message = max_tokens;
-        options.limits.max_record_bytes = max_record_bytes;
-        options.limits.max_payload_bytes = max_payload_bytes;
+        options.limits = lumen_bind::to_limits(max_tokens, max_record_bytes, max_payload_bytes);
         options.verify_records = verify_records;
         options.handshake_timeout_s = handshake_timeout_s;
         py::gil_scoped_release release;

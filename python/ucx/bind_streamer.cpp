@@ -12,6 +12,7 @@
 
 #include "lumen/holder/streamer.h"
 #include "lumen/transport/wire.h"
+#include "ucx_args.h"
 
 namespace py = pybind11;
 namespace lh = lumen::holder;
@@ -36,15 +37,12 @@ void bind_streamer(py::module_& m) {
                        int64_t staging_bytes, int64_t max_queued_steps, double ack_timeout_s,
                        double connect_timeout_s, int gather_threads, uint32_t max_tokens,
                        uint32_t max_record_bytes, uint64_t max_payload_bytes) {
-             if (descriptors.ndim() != 2 || descriptors.shape(1) != lumen::kPlaneDescFields) {
-               throw py::value_error("descriptors must be [num_planes, 9] int64");
-             }
+             const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
              lh::StreamerOptions options;
              options.secret = secret;
              options.tls = tls;
              options.shard = shard;
-             const auto* planes = reinterpret_cast<const lumen::PlaneDesc*>(descriptors.data());
-             options.planes.assign(planes, planes + descriptors.shape(0));
+             options.planes.assign(planes, planes + num_planes);
              options.record_bytes = record_bytes;
              const std::string fp = fingerprints;
              options.fingerprints.assign(fp.begin(), fp.end());
@@ -54,9 +52,8 @@ void bind_streamer(py::module_& m) {
              options.ack_timeout_s = ack_timeout_s;
              options.connect_timeout_s = connect_timeout_s;
              options.gather_threads = gather_threads;
-             options.limits.max_tokens_per_message = max_tokens;
-             options.limits.max_record_bytes = max_record_bytes;
-             options.limits.max_payload_bytes = max_payload_bytes;
+             options.limits = lumen_bind::to_limits(max_tokens, max_record_bytes,
+                                                    max_payload_bytes);
              return std::make_unique<lh::Streamer>(options);
            }),
            py::kw_only(), py::arg("secret"), py::arg("tls"), py::arg("shard"),
@@ -69,10 +66,7 @@ void bind_streamer(py::module_& m) {
           "add_request",
           [](lh::Streamer& s, uint64_t request_id, const std::vector<Address>& holders,
              const py::bytes& capability, uint32_t epoch, uint64_t expected_tokens) {
-            const std::string cap = capability;
-            if (cap.size() != lt::kMacBytes) throw py::value_error("capability must be 32 bytes");
-            lt::Mac mac{};
-            std::memcpy(mac.data(), cap.data(), mac.size());
+            const lt::Mac mac = lumen_bind::to_mac(capability, "capability");
             std::vector<lh::HolderAddress> addresses;
             for (const Address& a : holders) addresses.push_back(to_address(a));
             s.add_request(request_id, addresses, mac, epoch, expected_tokens);

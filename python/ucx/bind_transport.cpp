@@ -15,6 +15,7 @@
 #include "lumen/transport/server.h"
 #include "lumen/transport/sink.h"
 #include "lumen/transport/wire.h"
+#include "ucx_args.h"
 
 namespace py = pybind11;
 namespace lt = lumen::transport;
@@ -24,24 +25,8 @@ namespace {
 using U32Array = py::array_t<uint32_t, py::array::c_style>;
 using U8Array = py::array_t<uint8_t, py::array::c_style>;
 
-lt::Mac to_mac(const py::bytes& value, const char* name) {
-  const std::string bytes = value;
-  if (bytes.size() != lt::kMacBytes) {
-    throw py::value_error(std::string(name) + " must be " + std::to_string(lt::kMacBytes) +
-                          " bytes, got " + std::to_string(bytes.size()));
-  }
-  lt::Mac mac{};
-  std::memcpy(mac.data(), bytes.data(), mac.size());
-  return mac;
-}
-
-lt::WireLimits to_limits(uint32_t max_tokens, uint32_t max_record_bytes, uint64_t max_payload) {
-  lt::WireLimits limits;
-  limits.max_tokens_per_message = max_tokens;
-  limits.max_record_bytes = max_record_bytes;
-  limits.max_payload_bytes = max_payload;
-  return limits;
-}
+using lumen_bind::to_limits;
+using lumen_bind::to_mac;
 
 py::dict stats_dict(const lt::ServerStats& s) {
   py::dict d;

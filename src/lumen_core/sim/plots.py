@@ -7,7 +7,8 @@ from pathlib import Path
 from lumen_core.sim.experiments import Outcome
 
 
-def _pyplot():  # type: ignore[no-untyped-def]
+def pyplot():  # type: ignore[no-untyped-def]
+    """matplotlib.pyplot on the Agg backend; RuntimeError when matplotlib is missing."""
     try:
         import matplotlib
     except ImportError as error:
@@ -16,6 +17,14 @@ def _pyplot():  # type: ignore[no-untyped-def]
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def save_figure(fig, path: Path) -> Path:  # type: ignore[no-untyped-def]
+    """Lay out, write as a 120-dpi PNG and close ``fig``; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    pyplot().close(fig)
+    return path
 
 
 def _path(base: str | Path, suffix: str) -> Path:
@@ -33,7 +42,7 @@ def plot_outcome(outcome: Outcome, path: str | Path) -> list[Path]:
 
 
 def _plot_rolling(outcome: Outcome, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     series = outcome.series["rolling"]
     assert isinstance(series, dict)
     fig, axes = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
@@ -50,14 +59,11 @@ def _plot_rolling(outcome: Outcome, path: Path) -> Path:
     axes[1].set_xlabel("time from the failure (s), requests by arrival")
     axes[0].legend()
     axes[0].set_title(f"{outcome.experiment}: TTFT and TPOT around the failure")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _plot_bars(outcome: Outcome, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     bars = outcome.series["bars"]
     assert isinstance(bars, dict)
     labels = list(bars)
@@ -67,14 +73,11 @@ def _plot_bars(outcome: Outcome, path: Path) -> Path:
         ax.barh(labels, [bars[label][metric] for label in labels])
         ax.set_title(metric)
     fig.suptitle("ablation: LUMEN's mechanisms on top of FC (proto4)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _plot_curves(outcome: Outcome, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     curves = outcome.series["curves"]
     assert isinstance(curves, dict)
     fig, axes = plt.subplots(2, len(curves), figsize=(3 * len(curves), 5.5), squeeze=False)
@@ -86,14 +89,11 @@ def _plot_curves(outcome: Outcome, path: Path) -> Path:
             if col == 0:
                 ax.set_ylabel(metric)
     fig.suptitle("sensitivity of LUMEN (proto4)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _plot_coverage(outcome: Outcome, path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     data = outcome.series["coverage"]
     assert isinstance(data, dict)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -103,7 +103,4 @@ def _plot_coverage(outcome: Outcome, path: Path) -> Path:
     ax.set_xlabel("prompt tokens")
     ax.set_ylabel("checkpoint coverage at the failure")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)

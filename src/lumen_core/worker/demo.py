@@ -153,12 +153,9 @@ def print_table(rows: list[dict[str, object]]) -> None:
 
 
 def plot_timeline(timelines: dict[str, object], path: Path) -> None:
-    import matplotlib
+    from lumen_core.sim.plots import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(8, 4))
+    figure, axis = pyplot().subplots(figsize=(8, 4))
     for policy, (starts, means, failure_s) in timelines.items():  # type: ignore[misc]
         line = axis.plot(starts, means[0], label=policy, color="black" if math.isnan(failure_s) else None)[0]
         if not math.isnan(failure_s):
@@ -167,9 +164,7 @@ def plot_timeline(timelines: dict[str, object], path: Path) -> None:
     axis.set_ylabel("rolling mean TTFT (s)")
     axis.set_title("Live loopback cluster, one worker killed (illustrative timings)")
     axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)
 
 
 def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:

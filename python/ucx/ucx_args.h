@@ -1,0 +1,52 @@
+// Shared by the bindings in python/ucx/: argument conversions the transport, holder and
+// streamer bindings all need, each checked the same way.
+#pragma once
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "lumen/slot_index.h"
+#include "lumen/transport/auth.h"
+#include "lumen/transport/wire.h"
+
+namespace lumen_bind {
+
+namespace py = pybind11;
+
+// A 32-byte capability or MAC; ValueError "<name> must be 32 bytes, got N" otherwise.
+inline lumen::transport::Mac to_mac(const py::bytes& value, const char* name) {
+  const std::string bytes = value;
+  if (bytes.size() != lumen::transport::kMacBytes) {
+    throw py::value_error(std::string(name) + " must be " +
+                          std::to_string(lumen::transport::kMacBytes) + " bytes, got " +
+                          std::to_string(bytes.size()));
+  }
+  lumen::transport::Mac mac{};
+  std::memcpy(mac.data(), bytes.data(), mac.size());
+  return mac;
+}
+
+inline lumen::transport::WireLimits to_limits(uint32_t max_tokens, uint32_t max_record_bytes,
+                                              uint64_t max_payload_bytes) {
+  lumen::transport::WireLimits limits;
+  limits.max_tokens_per_message = max_tokens;
+  limits.max_record_bytes = max_record_bytes;
+  limits.max_payload_bytes = max_payload_bytes;
+  return limits;
+}
+
+// The plane descriptors lumen_core.layouts builds ([num_planes, kPlaneDescFields] int64) as
+// (planes, num_planes); ValueError for another shape.
+inline std::pair<const lumen::PlaneDesc*, int> to_planes(
+    const py::array_t<int64_t, py::array::c_style>& descriptors) {
+  if (descriptors.ndim() != 2 || descriptors.shape(1) != lumen::kPlaneDescFields) {
+    throw py::value_error("descriptors must be [num_planes, 9] int64");
+  }
+  return {reinterpret_cast<const lumen::PlaneDesc*>(descriptors.data()),
+          static_cast<int>(descriptors.shape(0))};
+}
+
+}  // namespace lumen_bind
