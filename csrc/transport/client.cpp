@@ -15,17 +15,6 @@ namespace {
 constexpr uint64_t kHandshakeOp = 0;
 constexpr uint64_t kFirstRawOpId = 1ull << 63;
 
-struct CloseContext {
-  std::atomic<int>* closing;
-};
-
-void on_close_done(void* request, ucs_status_t /*status*/, void* user_data) {
-  auto* context = static_cast<CloseContext*>(user_data);
-  context->closing->fetch_sub(1);
-  delete context;
-  ucp_request_free(request);
-}
-
 std::chrono::nanoseconds to_duration(double seconds) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(seconds));
@@ -186,7 +175,7 @@ ClientStats Client::stats() const {
 
 void Client::shutdown() {
   fail_connection(Status::kPeerGone, "the client was closed");
-  worker_.progress_until([this] { return closing_.load() == 0 && ops_.empty(); }, 5.0);
+  worker_.progress_until([this] { return worker_.closing_endpoints() == 0 && ops_.empty(); }, 5.0);
 }
 
 Client::OpPtr Client::new_op(MessageKind kind) {
@@ -297,18 +286,7 @@ void Client::maybe_finish(const OpPtr& op) {
 void Client::fail_connection(Status status, const std::string& message) {
   if (ep_open_) {
     ep_open_ = false;
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                         UCP_OP_ATTR_FIELD_USER_DATA;
-    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    param.cb.send = &on_close_done;
-    param.user_data = new CloseContext{&closing_};
-    closing_.fetch_add(1);
-    ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &param);
-    if (!UCS_PTR_IS_PTR(request)) {
-      closing_.fetch_sub(1);
-      delete static_cast<CloseContext*>(param.user_data);
-    }
+    worker_.close_endpoint(ep_, /*force=*/true);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);

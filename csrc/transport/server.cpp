@@ -25,17 +25,6 @@ void on_send_done(void* request, ucs_status_t /*status*/, void* user_data) {
   ucp_request_free(request);
 }
 
-struct CloseContext {
-  std::atomic<int>* closing;
-};
-
-void on_close_done(void* request, ucs_status_t /*status*/, void* user_data) {
-  auto* context = static_cast<CloseContext*>(user_data);
-  context->closing->fetch_sub(1);
-  delete context;
-  ucp_request_free(request);
-}
-
 // Each record's crc32c against target.crcs; a record may run on from one piece into the next.
 bool records_match(const AppendTarget& target, uint32_t num_tokens, uint32_t record_bytes) {
   uint32_t index = 0;
@@ -125,7 +114,8 @@ void Server::shutdown() {
   for (auto& [id, conn] : conns_) open.push_back(conn.get());
   for (Conn* conn : open) drop(conn, /*force=*/true);
   // Force-closed endpoints complete their receives with errors, which settles the appends.
-  worker_.progress_until([this] { return closing_eps_.load() == 0 && appends_.empty(); }, 5.0);
+  worker_.progress_until(
+      [this] { return worker_.closing_endpoints() == 0 && appends_.empty(); }, 5.0);
 }
 
 Server::Conn* Server::find(ucp_ep_h ep) {
@@ -189,18 +179,7 @@ void Server::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t /*status*/) {
 }
 
 void Server::drop(Conn* conn, bool force) {
-  ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                       UCP_OP_ATTR_FIELD_USER_DATA;
-  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-  param.cb.send = &on_close_done;
-  param.user_data = new CloseContext{&closing_eps_};
-  closing_eps_.fetch_add(1);
-  ucs_status_ptr_t request = ucp_ep_close_nbx(conn->ep, &param);
-  if (!UCS_PTR_IS_PTR(request)) {
-    closing_eps_.fetch_sub(1);
-    delete static_cast<CloseContext*>(param.user_data);
-  }
+  worker_.close_endpoint(conn->ep, force);
   stats_.connections_active--;
   conn_of_ep_.erase(conn->ep);
   conns_.erase(conn->id);

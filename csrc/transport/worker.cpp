@@ -122,6 +122,20 @@ void Worker::set_message_handler(ucp_am_recv_callback_t cb, void* arg) {
   if (status != UCS_OK) throw_ucs("ucp_worker_set_am_recv_handler", status);
 }
 
+void Worker::close_endpoint(ucp_ep_h ep, bool force) {
+  ucp_request_param_t param{};
+  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                       UCP_OP_ATTR_FIELD_USER_DATA;
+  param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+  param.cb.send = [](void* request, ucs_status_t /*status*/, void* user_data) {
+    --static_cast<Worker*>(user_data)->closing_;
+    ucp_request_free(request);
+  };
+  param.user_data = this;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep, &param);
+  if (UCS_PTR_IS_PTR(request)) ++closing_;
+}
+
 Worker::~Worker() {
   stop();
   close(epoll_fd_);

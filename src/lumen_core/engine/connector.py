@@ -36,9 +36,18 @@ class SavedTokens:
 class KVConnector(ABC):
     """Engine-side hooks for checkpointing and restoring a request's KV (see module doc)."""
 
-    @abstractmethod
+    _layout: KVLayout | None = None
+
     def register_kv_caches(self, layout: KVLayout) -> None:
         """Called once with the layout of the engine's KV tensors."""
+        self._layout = layout
+
+    @property
+    def layout(self) -> KVLayout:
+        """The engine's KV layout; RuntimeError before ``register_kv_caches``."""
+        if self._layout is None:
+            raise RuntimeError("register_kv_caches has not been called")
+        return self._layout
 
     def get_num_new_matched_tokens(self, request: Request) -> int:
         """Leading tokens of ``request`` whose KV this connector can load (default: none)."""
@@ -132,18 +141,8 @@ class HostCheckpointConnector(KVConnector):
                 f"`model_fingerprint` must be a non-empty str, got {model_fingerprint!r}"
             )
         self.model_fingerprint = model_fingerprint
-        self._layout: KVLayout | None = None
         self._held: dict[str, _Held] = {}
         self._load_errors: set[int] = set()
-
-    @property
-    def layout(self) -> KVLayout:
-        if self._layout is None:
-            raise RuntimeError("register_kv_caches has not been called")
-        return self._layout
-
-    def register_kv_caches(self, layout: KVLayout) -> None:
-        self._layout = layout
 
     def checkpoint(self, request_id: str) -> Checkpoint:
         """The checkpoint held for ``request_id`` (KeyError if none)."""

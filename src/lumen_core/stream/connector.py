@@ -24,7 +24,6 @@ import torch
 
 from lumen_core.engine.connector import KVConnector, SavedTokens
 from lumen_core.engine.request import Request
-from lumen_core.layouts import KVLayout
 from lumen_core.stream._common import (
     U32_MAX,
     check_int,
@@ -152,20 +151,10 @@ class StreamingConnector(KVConnector):
         self.streamer_options = dict(streamer_options or {})
         self.streamer: CheckpointStreamer | None = None
         self.restores: dict[str, RestoreResult] = {}
-        self._layout: KVLayout | None = None
         self._grants: dict[str, StreamGrant] = {}
         self._sources: dict[str, RestoreSource] = {}
         self._added: set[str] = set()
         self._load_errors: set[int] = set()
-
-    @property
-    def layout(self) -> KVLayout:
-        if self._layout is None:
-            raise RuntimeError("register_kv_caches has not been called")
-        return self._layout
-
-    def register_kv_caches(self, layout: KVLayout) -> None:
-        self._layout = layout
 
     def _streamer(self) -> CheckpointStreamer:
         """The streamer, started with the first request that streams."""

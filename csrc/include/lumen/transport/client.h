@@ -4,7 +4,6 @@
 // a failure raises TransportError with its Status. The caller's buffers must stay valid until
 // the operation's wait returns (it returns only once UCX no longer touches them).
 #pragma once
-#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -160,7 +159,6 @@ class Client {
   Nonce client_nonce_{};
   std::unordered_map<uint64_t, OpPtr> ops_;      // in flight; progress thread only
   std::unordered_map<uint64_t, OpPtr> started_;  // started appends not yet waited; mutex_
-  std::atomic<int> closing_{0};
   mutable std::mutex mutex_;
   std::condition_variable finished_cv_;
   uint64_t next_op_id_ = 1;  // guarded by mutex_

@@ -2,7 +2,6 @@
 // cluster secret, then open/append/release/read checkpoints held by a RecordSink. Appends are
 // received straight into the sink's buffers by the progress thread; no Python runs on it.
 #pragma once
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -115,7 +114,6 @@ class Server {
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
   std::unordered_map<ucp_ep_h, uint64_t> conn_of_ep_;
   std::map<uint64_t, std::unique_ptr<PendingAppend>> appends_;  // by sink ticket
-  std::atomic<int> closing_eps_{0};
   ServerStats stats_;  // progress thread only; stats() copies it there
 };
 

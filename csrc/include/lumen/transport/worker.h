@@ -44,6 +44,10 @@ class Worker {
   // Stops and joins the progress thread (idempotent).
   void stop();
   bool on_progress_thread() const { return std::this_thread::get_id() == thread_.get_id(); }
+  // Starts closing ep (force: without flushing what is queued); closing_endpoints() counts
+  // the closes UCX has not finished.
+  void close_endpoint(ucp_ep_h ep, bool force);
+  int closing_endpoints() const { return closing_.load(); }
   // Progresses the worker until pred() holds or timeout_s passes (progress thread only).
   bool progress_until(const std::function<bool()>& pred, double timeout_s);
 
@@ -59,6 +63,7 @@ class Worker {
   std::function<void()> on_stop_;
   std::function<bool()> busy_;
   std::function<void()> tick_;
+  std::atomic<int> closing_{0};
   std::atomic<bool> stopping_{false};  // set under mutex_, so no post() slips past the end
   std::mutex mutex_;
   std::vector<std::function<void()>> posted_;
