@@ -1,6 +1,6 @@
 """Layering of gateway/: no device, transport or engine code; the Coordinator is pure."""
 
-import ast
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,17 +13,9 @@ GATEWAY = Path(lumen_core.gateway.__file__).parent
 FORBIDDEN = ("torch", "lumen_core._native", "lumen_core.transport", "lumen_core.stream", "lumen_core.engine")
 
 
-def imported_modules(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-    return names
-
-
-def test_gateway_imports_no_device_transport_or_engine_code_and_only_the_sims_event_log():
+def test_gateway_imports_no_device_transport_or_engine_code_and_only_the_sims_event_log(
+    imported_modules: Callable[[Path], set[str]],
+) -> None:
     files = [p for p in sorted(GATEWAY.glob("*.py")) if not p.name.startswith("lumen_pb2")]
     assert {p.name for p in files} >= {"auth.py", "client.py", "command.py", "coordinator.py", "server.py"}
     for path in files:
@@ -34,6 +26,8 @@ def test_gateway_imports_no_device_transport_or_engine_code_and_only_the_sims_ev
         )
 
 
-def test_the_coordinator_has_no_io_threads_or_clock():
+def test_the_coordinator_has_no_io_threads_or_clock(
+    imported_modules: Callable[[Path], set[str]],
+) -> None:
     modules = imported_modules(GATEWAY / "coordinator.py")
     assert not modules & {"grpc", "threading", "time", "socket", "prometheus_client", "concurrent.futures"}
