@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # GPU check: for a machine with a CUDA GPU, nvcc and its own torch, and no package registry.
 # Needs nvcc, cmake, scikit-build-core, pybind11 and pytest installed there. Builds lumen_core
-# offline against what is installed (no build isolation, no dependency resolution, UCX off),
-# runs every `cuda`-marked test of every area and every bench/*.py that takes --device cuda,
-# and prints a short table. Exit status: non-zero if anything failed.
+# offline against what is installed (no build isolation, no dependency resolution; the UCX
+# module only where the libucx-cu13 wheel and OpenSSL's headers are there, which the
+# streamer's CUDA tests need), runs every `cuda`-marked test of every area and every
+# bench/*.py that takes --device cuda, and prints a short table. Exit status: non-zero if
+# anything failed.
 #
 #   scripts/gpu_check.sh            # uses `python3` (override: PYTHON=/path/to/python)
 #   OUT=/some/dir scripts/gpu_check.sh   # also keeps logs and JSON there
@@ -12,7 +14,7 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
-export LUMEN_CUDA=ON LUMEN_UCX=OFF LUMEN_CUDA_ARCHS=${LUMEN_CUDA_ARCHS:-80;90}
+export LUMEN_CUDA=ON LUMEN_UCX=${LUMEN_UCX:-AUTO} LUMEN_CUDA_ARCHS=${LUMEN_CUDA_ARCHS:-80;90}
 export PIP_NO_INDEX=1
 
 declare -a names=() results=()
@@ -25,7 +27,7 @@ summary() {
   echo "logs: $OUT"
 }
 
-echo "== build (LUMEN_CUDA=ON, LUMEN_UCX=OFF, archs ${LUMEN_CUDA_ARCHS})"
+echo "== build (LUMEN_CUDA=ON, LUMEN_UCX=${LUMEN_UCX}, archs ${LUMEN_CUDA_ARCHS})"
 if "$PYTHON" -m pip install --no-build-isolation --no-deps . >"$OUT/build.log" 2>&1; then
   record "build" "ok"
 else

@@ -38,6 +38,13 @@ Streamer::Streamer(const StreamerOptions& options)
     throw std::invalid_argument("staging_bytes must hold at least one record");
   }
   if (options.max_queued_steps < 1) throw std::invalid_argument("max_queued_steps must be >= 1");
+  if (options.cuda_device >= 0) {
+    gather_ = make_cuda_step_gather(options.planes, options.record_bytes, options.cuda_device,
+                                    pool_.arena(), pool_.arena_bytes(),
+                                    options.staging_bytes / options.record_bytes);
+  } else {
+    gather_ = make_cpu_step_gather(options.planes, options.record_bytes, options.gather_threads);
+  }
   thread_ = std::thread([this] { run(); });
 }
 
@@ -90,7 +97,8 @@ void Streamer::add_request(uint64_t request_id, const std::vector<HolderAddress>
 }
 
 uint64_t Streamer::save_step(const uint64_t* request_ids, const uint64_t* positions,
-                             const int64_t* slot_ids, const uint32_t* token_ids, size_t n) {
+                             const int64_t* slot_ids, const uint32_t* token_ids, size_t n,
+                             uintptr_t engine_stream) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (stopping_) throw std::runtime_error("the streamer is closed");
   // Validate every run first, so a bad step changes nothing.
@@ -142,12 +150,20 @@ uint64_t Streamer::save_step(const uint64_t* request_ids, const uint64_t* positi
   }
   stats_.tokens_saved += tokens;
   if (work.request_ids.empty()) return 0;
-  if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_steps) {
-    // Behind: these tokens stay unsent (stale) until a later step finds room.
+  auto drop = [&] {  // these tokens stay unsent (stale) until a later step finds room
     ++stats_.steps_dropped;
     stats_.tokens_dropped += tokens;
     stats_.bytes_dropped += tokens * options_.record_bytes;
+  };
+  if (static_cast<int64_t>(queue_.size()) >= options_.max_queued_steps) {
+    drop();
     return 0;
+  }
+  try {
+    work.mark = gather_->mark(engine_stream);
+  } catch (...) {
+    drop();
+    throw;
   }
   for (uint64_t id : work.request_ids) ++requests_[id].queued_steps;
   work.fence = next_fence_++;
@@ -368,16 +384,28 @@ void Streamer::process_step(const Work& work) {
     }
   }
   uint8_t* records = buffer >= 0 ? pool_.buffer(buffer) : nullptr;
-  if (!slots.empty()) {
-    const auto num_tokens = static_cast<int64_t>(slots.size());
-    gather_tokens_cpu(records, options_.planes.data(), static_cast<int>(options_.planes.size()),
-                      record_bytes, slots.data(), num_tokens, options_.gather_threads);
+  const auto num_tokens = static_cast<int64_t>(slots.size());
+  bool gathered = true;
+  try {
+    gather_->gather(records, slots.data(), num_tokens, work.mark);
+  } catch (const std::exception&) {
+    gathered = false;  // a CUDA failure: nothing of this step is sent
+  }
+  if (gathered && num_tokens > 0) {
     batch.crcs.resize(slots.size());
     checksum_records(batch.crcs.data(), records, num_tokens, record_bytes,
                      options_.gather_threads);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!gathered) {
+      ++stats_.gather_failures;
+      for (const Range& range : ranges) {
+        stats_.tokens_deferred += range.to - range.from;
+        stats_.bytes_dropped += (range.to - range.from) * record_bytes;
+      }
+      ranges.clear();
+    }
     done_gathering(work.request_ids);
     gathered_fence_ = std::max(gathered_fence_, work.fence);
   }

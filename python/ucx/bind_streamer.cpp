@@ -30,13 +30,16 @@ lh::HolderAddress to_address(const Address& a) { return {a.first, a.second}; }
 }  // namespace
 
 void bind_streamer(py::module_& m) {
+  // Whether Streamer(cuda_device=...) can read a KV cache on a CUDA device in this build.
+  m.attr("STREAMER_CUDA") = lh::cuda_step_gather_built();
   py::class_<lh::Streamer>(m, "Streamer")
       .def(py::init([](const py::bytes& secret, const std::string& tls, uint32_t shard,
                        const I64Array& descriptors, uint32_t record_bytes,
                        const py::bytes& fingerprints, int64_t staging_buffers,
                        int64_t staging_bytes, int64_t max_queued_steps, double ack_timeout_s,
-                       double connect_timeout_s, int gather_threads, uint32_t max_tokens,
-                       uint32_t max_record_bytes, uint64_t max_payload_bytes) {
+                       double connect_timeout_s, int gather_threads, int cuda_device,
+                       uint32_t max_tokens, uint32_t max_record_bytes,
+                       uint64_t max_payload_bytes) {
              const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
              lh::StreamerOptions options;
              options.secret = secret;
@@ -52,6 +55,7 @@ void bind_streamer(py::module_& m) {
              options.ack_timeout_s = ack_timeout_s;
              options.connect_timeout_s = connect_timeout_s;
              options.gather_threads = gather_threads;
+             options.cuda_device = cuda_device;
              options.limits = lumen_bind::to_limits(max_tokens, max_record_bytes,
                                                     max_payload_bytes);
              return std::make_unique<lh::Streamer>(options);
@@ -60,7 +64,7 @@ void bind_streamer(py::module_& m) {
            py::arg("descriptors"), py::arg("record_bytes"), py::arg("fingerprints"),
            py::arg("staging_buffers"), py::arg("staging_bytes"), py::arg("max_queued_steps"),
            py::arg("ack_timeout_s"), py::arg("connect_timeout_s"), py::arg("gather_threads"),
-           py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
+           py::arg("cuda_device"), py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
            py::arg("max_payload_bytes"))
       .def(
           "add_request",
@@ -76,7 +80,7 @@ void bind_streamer(py::module_& m) {
       .def(
           "save_step",
           [](lh::Streamer& s, const U64Array& request_ids, const U64Array& positions,
-             const I64Array& slot_ids, const U32Array& token_ids) {
+             const I64Array& slot_ids, const U32Array& token_ids, uintptr_t engine_stream) {
             const size_t n = static_cast<size_t>(request_ids.size());
             if (static_cast<size_t>(positions.size()) != n ||
                 static_cast<size_t>(slot_ids.size()) != n ||
@@ -85,10 +89,10 @@ void bind_streamer(py::module_& m) {
             }
             py::gil_scoped_release release;
             return s.save_step(request_ids.data(), positions.data(), slot_ids.data(),
-                               token_ids.data(), n);
+                               token_ids.data(), n, engine_stream);
           },
           py::arg("request_ids"), py::arg("positions"), py::arg("slot_ids"),
-          py::arg("token_ids"))
+          py::arg("token_ids"), py::arg("engine_stream") = 0)
       .def("wait_for_save", &lh::Streamer::wait_for_save, py::arg("request_id"),
            py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("wait_fence", &lh::Streamer::wait_fence, py::arg("fence"), py::arg("timeout_s"),
@@ -121,6 +125,7 @@ void bind_streamer(py::module_& m) {
              d["replicas_lost"] = st.replicas_lost;
              d["replacements"] = st.replacements;
              d["releases_failed"] = st.releases_failed;
+             d["gather_failures"] = st.gather_failures;
              return d;
            })
       .def("requests",

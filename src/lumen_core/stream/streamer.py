@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from lumen_core import _native
 from lumen_core.layouts import KVLayout
@@ -41,7 +42,7 @@ class ReplicaStats:
 class StreamStats:
     """What the streamer did. ``counters``: steps enqueued/dropped, tokens saved/dropped/
     deferred, bytes sent/acked/dropped, appends started/failed, holders gone, replicas lost,
-    replacements. ``durable``: per request, the longest durable prefix on a live replica;
+    replacements, releases failed, gather failures (CUDA errors; the step was not sent). ``durable``: per request, the longest durable prefix on a live replica;
     ``saved``: per request, tokens saved; ``stale``: requests with saved tokens not durable on
     any live replica; ``coverage``: durable over saved tokens, all requests together (1.0
     when nothing is saved); ``gone_holders``: holders found dead or too slow."""
@@ -69,7 +70,13 @@ def _check_address(name: str, value: object) -> Address:
 
 
 class CheckpointStreamer:
-    """Streams the token records of an engine's CPU KV cache to holders.
+    """Streams the token records of an engine's KV cache (CPU or CUDA) to holders.
+
+    On a CUDA cache, ``save_step`` records an event on the current stream of the cache's
+    device (call it after queueing the work that wrote the step's KV, on that stream); the
+    streamer's own stream waits for that event, gathers into device staging and copies into
+    pinned host staging, so the engine's stream never waits. ``gather_threads`` then only
+    sets the crc threads.
 
     ``add_request`` names a request's holders (replicas) and its capability; ``save_step``
     (once per engine step, accepted tokens only) only enqueues and returns a fence;
@@ -96,7 +103,15 @@ class CheckpointStreamer:
         tls: str = "",
         limits: WireLimits = WireLimits(),
     ) -> None:
-        self.layout = check_layout(layout)
+        self.layout = check_layout(layout, cuda=True)
+        native = _native.require_ucx()
+        cuda_device = -1
+        if self.layout.device.type == "cuda":
+            if not native.STREAMER_CUDA:
+                raise RuntimeError("this build of lumen_core has no CUDA: it cannot stream a CUDA cache")
+            cuda_device = torch.device(self.layout.device).index
+            if cuda_device is None:
+                cuda_device = torch.cuda.current_device()
         secret = check_secret(secret)
         self.model_fingerprint = check_str("model_fingerprint", model_fingerprint)
         self.shard = check_int("shard", shard, 0, U32_MAX)
@@ -108,7 +123,7 @@ class CheckpointStreamer:
         check_int("staging_bytes", staging_bytes, layout.record_bytes, 1 << 40)
         check_int("max_queued_steps", max_queued_steps, 1, 1 << 20)
         check_int("gather_threads", gather_threads, 1, 256)
-        self._native = _native.require_ucx().Streamer(
+        self._native = native.Streamer(
             secret=secret,
             tls=tls,
             shard=self.shard,
@@ -121,6 +136,7 @@ class CheckpointStreamer:
             ack_timeout_s=check_positive_float("ack_timeout_s", ack_timeout_s),
             connect_timeout_s=check_positive_float("connect_timeout_s", connect_timeout_s),
             gather_threads=gather_threads,
+            cuda_device=cuda_device,
             **limits._kwargs(),
         )
 
@@ -167,7 +183,10 @@ class CheckpointStreamer:
             )
         if slots.size and (slots.min() < 0 or slots.max() >= self.layout.num_slots):
             raise IndexError(f"slot_ids must be in [0, {self.layout.num_slots}), got values outside")
-        return int(self._native.save_step(ids, pos, slots, tokens))
+        engine_stream = 0
+        if self.layout.device.type == "cuda":  # the step's KV is written by work queued here
+            engine_stream = torch.cuda.current_stream(self.layout.device).cuda_stream
+        return int(self._native.save_step(ids, pos, slots, tokens, engine_stream))
 
     def wait_for_save(self, request_id: int, *, timeout_s: float = 10.0) -> None:
         """Returns once no queued step still reads ``request_id``'s pages; TimeoutError if

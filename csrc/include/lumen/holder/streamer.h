@@ -15,6 +15,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lumen/holder/step_gather.h"
 #include "lumen/slot_index.h"
 #include "lumen/staging.h"
 #include "lumen/transport/auth.h"
@@ -42,7 +43,8 @@ struct StreamerOptions {
   int64_t max_queued_steps = 8;
   double ack_timeout_s = 2.0;
   double connect_timeout_s = 2.0;
-  int gather_threads = 1;
+  int gather_threads = 1;  // CPU cache
+  int cuda_device = -1;    // the cache's CUDA device; -1: the cache is in host memory
   transport::WireLimits limits;
 };
 
@@ -61,6 +63,7 @@ struct StreamerStats {
   uint64_t replicas_lost = 0;     // refused (evicted, conflict, stale epoch) by a live holder
   uint64_t replacements = 0;
   uint64_t releases_failed = 0;
+  uint64_t gather_failures = 0;   // steps whose gather failed (CUDA error): not sent
 };
 
 struct ReplicaState {
@@ -91,10 +94,14 @@ class Streamer {
   void add_request(uint64_t request_id, const std::vector<HolderAddress>& holders,
                    const transport::Mac& capability, uint32_t epoch, uint64_t expected_tokens);
   // n tokens: request_ids[i] wrote position positions[i] (token token_ids[i]) into slot
-  // slot_ids[i]; a request's tokens are consecutive positions. Returns the step's fence (0 if
-  // the step was dropped). std::invalid_argument: unknown request, a gap, non-consecutive.
+  // slot_ids[i]; a request's tokens are consecutive positions. On a CUDA cache the step is
+  // gathered after the work queued so far on engine_stream (the stream that wrote its KV; 0:
+  // the default stream). Returns the step's fence (0 if the step was dropped).
+  // std::invalid_argument: unknown request, a gap, non-consecutive; std::runtime_error: CUDA
+  // refused to mark the engine's stream (the step is dropped).
   uint64_t save_step(const uint64_t* request_ids, const uint64_t* positions,
-                     const int64_t* slot_ids, const uint32_t* token_ids, size_t n);
+                     const int64_t* slot_ids, const uint32_t* token_ids, size_t n,
+                     uintptr_t engine_stream = 0);
   // True once no queued step still has to read request_id's pages (false on timeout). The
   // engine may then free them: what was saved so far is never read again (a replica still
   // behind it is lost) until a save rewrites those positions.
@@ -142,6 +149,7 @@ class Streamer {
   };
   struct Work {
     uint64_t fence = 0;                // a step (> 0) or a release (0)
+    uint64_t mark = 0;                 // a step's point on the engine's stream (StepGather)
     std::vector<uint64_t> request_ids;
     // a release: (holder, capability, epoch) of each replica of request_ids[0]
     std::vector<std::pair<Holder*, std::pair<transport::Mac, uint32_t>>> releases;
@@ -172,6 +180,7 @@ class Streamer {
 
   StreamerOptions options_;
   StagingPool pool_;
+  std::unique_ptr<StepGather> gather_;
   std::deque<Batch> batches_;  // streamer thread only
   std::vector<std::unique_ptr<Holder>> holders_;
   mutable std::mutex mutex_;
