@@ -458,6 +458,28 @@ std::vector<CheckpointInfo> HolderStore::checkpoints() const {
   return out;
 }
 
+bool HolderStore::copy_out(uint64_t request_id, uint32_t shard, uint64_t start,
+                           uint64_t max_tokens, uint32_t record_bytes, uint8_t* fingerprints,
+                           uint32_t* token_ids, uint32_t* crcs, uint8_t* records,
+                           uint64_t* copied, uint64_t* durable) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *copied = 0;
+  *durable = 0;
+  auto it = checkpoints_.find({request_id, shard});
+  if (it == checkpoints_.end() || !it->second.opened) return false;
+  Checkpoint& checkpoint = it->second;
+  checkpoint.last_access_ns = now_ns();
+  *durable = checkpoint.durable_tokens;
+  std::memcpy(fingerprints, checkpoint.fingerprints.data(), 2 * kFingerprintBytes);
+  if (start >= checkpoint.durable_tokens || checkpoint.record_bytes != record_bytes) return true;
+  const uint64_t n = std::min(max_tokens, checkpoint.durable_tokens - start);
+  std::memcpy(token_ids, checkpoint.token_ids.data() + start, n * 4);
+  std::memcpy(crcs, checkpoint.crcs.data() + start, n * 4);
+  checkpoint.records.copy_out(arena_, start, n, records);
+  *copied = n;
+  return true;
+}
+
 RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
                                         const uint8_t* fingerprints,
                                         const uint32_t* expected_token_ids,

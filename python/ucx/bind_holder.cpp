@@ -22,6 +22,7 @@ namespace {
 
 using I64Array = py::array_t<int64_t, py::array::c_style>;
 using U32Array = py::array_t<uint32_t, py::array::c_style>;
+using U8Array = py::array_t<uint8_t, py::array::c_style>;
 
 py::dict stats_dict(const lh::HolderStats& s) {
   py::dict d;
@@ -116,7 +117,35 @@ void bind_holder(py::module_& m) {
           },
           py::arg("request_id"), py::arg("shard"), py::arg("fingerprints"),
           py::arg("token_ids"), py::arg("descriptors"), py::arg("slot_ids"),
-          py::arg("record_bytes"));
+          py::arg("record_bytes"))
+      .def(
+          "copy_out",
+          [](lh::HolderStore& s, uint64_t request_id, uint32_t shard, uint64_t start,
+             U32Array& token_ids, U32Array& crcs, U8Array& records) {
+            // Up to n tokens into token_ids [n], crcs [n] and records [n, record_bytes].
+            const auto n = static_cast<uint64_t>(token_ids.size());
+            if (static_cast<uint64_t>(crcs.size()) != n || records.ndim() != 2 ||
+                static_cast<uint64_t>(records.shape(0)) != n || records.shape(1) < 1 ||
+                records.shape(1) > UINT32_MAX) {
+              throw py::value_error(
+                  "copy_out: token_ids [n], crcs [n] and records [n, record_bytes] expected");
+            }
+            const auto record_bytes = static_cast<uint32_t>(records.shape(1));
+            std::string fingerprints(2 * lt::kFingerprintBytes, '\0');
+            uint64_t copied = 0;
+            uint64_t durable = 0;
+            bool found = false;
+            {
+              py::gil_scoped_release release;
+              found = s.copy_out(request_id, shard, start, n, record_bytes,
+                                 reinterpret_cast<uint8_t*>(fingerprints.data()),
+                                 token_ids.mutable_data(), crcs.mutable_data(),
+                                 records.mutable_data(), &copied, &durable);
+            }
+            return py::make_tuple(found, py::bytes(fingerprints), copied, durable);
+          },
+          py::arg("request_id"), py::arg("shard"), py::arg("start"), py::arg("token_ids"),
+          py::arg("crcs"), py::arg("records"));
 
   m.def("holder_can_pin", &lh::can_pin_host_memory,
         "True when this build can page-lock holder memory and a CUDA device is present.");

@@ -374,3 +374,60 @@ def test_holder_memory_is_pinned_where_a_gpu_is_present(rig: Rig) -> None:
     assert rig.append(1, 0, 20) == 20
     stats = rig.store.stats()
     assert stats["pinned"] is True and stats["arena_bytes"] > 0
+
+
+def test_copy_out_hands_out_what_was_appended(rig: Rig) -> None:
+    """The read-out a restore into a CUDA cache verifies and scatters (HolderStore.restore)."""
+    rig.open(4)
+    rig.append(4, 0, 45)
+    fp = rig.layout_fp + rig.model_fp
+
+    def copy_out(rid: int, start: int, n: int, record_bytes: int = rig.layout.record_bytes) -> tuple:
+        ids, crcs = np.zeros(n, np.uint32), np.zeros(n, np.uint32)
+        records = np.zeros((n, record_bytes), np.uint8)
+        found, fingerprints, copied, durable = rig.store._native.copy_out(rid, SHARD, start, ids, crcs, records)
+        return found, fingerprints, copied, durable, ids[:copied], crcs[:copied], records[:copied]
+
+    found, fingerprints, copied, durable, ids, crcs, records = copy_out(4, 10, 16)
+    expected = gather_tokens(rig.layout, rig.slots(4, 26)[10:])
+    assert (found, fingerprints, copied, durable) == (True, fp, 16, 45)
+    assert np.array_equal(ids, rig.tokens(4, 26)[10:]) and np.array_equal(records, expected.numpy())
+    assert np.array_equal(crcs, checksum(expected).numpy())
+    assert copy_out(4, 40, 16)[2:4] == (5, 45)  # the durable tail only
+    assert copy_out(4, 45, 16)[:4] == (True, fp, 0, 45)
+    assert copy_out(4, 0, 4, rig.layout.record_bytes + 2)[:4] == (True, fp, 0, 45)  # other records
+    assert copy_out(99, 0, 4)[0] is False
+    with pytest.raises(ValueError, match="records \\[n, record_bytes\\] expected"):
+        rig.store._native.copy_out(4, SHARD, 0, np.zeros(2, np.uint32), np.zeros(2, np.uint32),
+                                   np.zeros((3, 8), np.uint8))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("remote", [False, True])
+def test_restore_into_a_cuda_cache_stops_at_the_first_bad_record(secret: bytes, remote: bool) -> None:
+    rig = Rig(secret, HolderStore(), verify_records=False)
+    try:
+        rig.open(1)
+        rig.append(1, 0, 20)
+        records = gather_tokens(rig.layout, rig.slots(1, 40)[20:]).clone()
+        crcs = checksum(records).numpy()
+        records[8, 3] ^= 0x40  # position 28 no longer matches its crc
+        rig.client.append(1, SHARD, EPOCH, 20, rig.tokens(1, 40)[20:], crcs, records.numpy(), rig.cap(1))
+        target = make_paged_cache(
+            "vllm_flash", num_layers=2, num_blocks=64, block_size=16, num_kv_heads=2, head_dim=16,
+            dtype=torch.bfloat16, seed=5, device="cuda",
+        )
+        slots = torch.arange(40, dtype=torch.int64).flip(0)
+        if remote:
+            result = remote_restore(
+                rig.client, 1, target, slots, token_ids=rig.tokens(1, 40), model_fingerprint=MODEL,
+                capability=rig.cap(1), chunk_tokens=8,
+            )
+        else:
+            result = rig.store.restore(1, target, slots, token_ids=rig.tokens(1, 40), model_fingerprint=MODEL)
+        assert (result.status, result.restored_tokens) == (RestoreStatus.CRC_MISMATCH, 28)
+        restored = gather_tokens(target, slots[:28].to(target.device)).cpu()
+        assert torch.equal(restored, gather_tokens(rig.layout, rig.slots(1, 28)))
+    finally:
+        rig.close()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import mmap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -99,7 +99,7 @@ def restorable_tokens(durable_per_shard: Sequence[int]) -> int:
 def _check_restore_args(
     layout: object, slot_ids: object, token_ids: object, max_tokens: int | None
 ) -> tuple[KVLayout, np.ndarray, np.ndarray, int]:
-    layout = check_layout(layout)
+    layout = check_layout(layout, cuda=True)
     slots = as_array("slot_ids", slot_ids, np.int64)
     tokens = as_array("token_ids", token_ids, np.uint32)
     if slots.size and (slots.min() < 0 or slots.max() >= layout.num_slots):
@@ -232,13 +232,33 @@ class HolderStore:
         must name this layout and ``model_fingerprint``, each restored token must have the
         expected id and its record its crc. The prefix up to the first failed check (at most
         ``max_tokens``, e.g. the minimum over TP shards) is restored; the caller re-prefills
-        the rest (``reprefill_tokens`` of ``token_ids``).
+        the rest (``reprefill_tokens`` of ``token_ids``). A CPU cache is written while its
+        records are verified, in one pass; for a CUDA cache the records are copied out in
+        chunks into pinned memory, verified, then scattered by the CUDA kernels.
         """
         layout, slots, tokens, limit = _check_restore_args(layout, slot_ids, token_ids, max_tokens)
         check_str("model_fingerprint", model_fingerprint)
+        request_id = check_int("request_id", request_id, 0, U64_MAX)
+        shard = check_int("shard", shard, 0, U32_MAX)
+        if layout.device.type == "cuda":  # copied out here, verified and scattered by the GPU
+
+            def read(start: int, records: torch.Tensor) -> _Chunk | None:
+                n = len(records)
+                ids, crcs = np.empty(n, np.uint32), np.empty(n, np.uint32)
+                found, fingerprints, copied, durable = self._native.copy_out(
+                    request_id, shard, start, ids, crcs, records.numpy()
+                )
+                if not found:
+                    return None
+                return _Chunk(bytes(fingerprints), ids[:copied], crcs[:copied], int(durable))
+
+            return _restore_in_chunks(
+                read, layout, slots, tokens, limit, fingerprint_bytes(layout, model_fingerprint),
+                _RESTORE_CHUNK_TOKENS,
+            )
         status, restored, durable = self._native.restore_into(
-            check_int("request_id", request_id, 0, U64_MAX),
-            check_int("shard", shard, 0, U32_MAX),
+            request_id,
+            shard,
             fingerprint_bytes(layout, model_fingerprint),
             tokens[:limit],
             layout.descriptors().numpy(),
@@ -276,42 +296,83 @@ def remote_restore(
     layout, slots, tokens, limit = _check_restore_args(layout, slot_ids, token_ids, max_tokens)
     check_str("model_fingerprint", model_fingerprint)
     chunk = check_int("chunk_tokens", chunk_tokens, 1, client.limits.max_tokens_per_message)
-    expected = fingerprint_bytes(layout, model_fingerprint)
-    record_bytes = layout.record_bytes
-    restored = 0
-    durable = 0
-    status = RestoreStatus.COMPLETE
-    out = np.empty((chunk, record_bytes), dtype=np.uint8)
-    while restored < limit:
-        want = min(chunk, limit - restored)
+
+    def read(start: int, records: torch.Tensor) -> _Chunk | None:
         try:
             result = client.read(
-                request_id, shard, epoch, restored, want, record_bytes, capability,
-                out=out[:want] if want == chunk else np.empty((want, record_bytes), np.uint8),
-                timeout_s=timeout_s,
+                request_id, shard, epoch, start, len(records), layout.record_bytes, capability,
+                out=records.numpy(), timeout_s=timeout_s,
             )
         except Rejected:  # the holder has no such checkpoint (released, evicted, expired)
+            return None
+        return _Chunk(
+            result.layout_fingerprint + result.model_fingerprint, result.token_ids, result.crcs,
+            result.durable_tokens,
+        )
+
+    return _restore_in_chunks(
+        read, layout, slots, tokens, limit, fingerprint_bytes(layout, model_fingerprint), chunk
+    )
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """What one read of a restore returned: the checkpoint's fingerprints, the ids and crcs of
+    the tokens read (their records are in the caller's buffer) and its durable length."""
+
+    fingerprints: bytes
+    token_ids: np.ndarray
+    crcs: np.ndarray
+    durable_tokens: int
+
+
+# Tokens per read when the store's records are copied out (a CUDA cache): 1024 records of a
+# 32-layer, 8-head bf16 model are 128 MiB of pinned buffer.
+_RESTORE_CHUNK_TOKENS = 1024
+
+
+def _restore_in_chunks(
+    read: Callable[[int, torch.Tensor], _Chunk | None],
+    layout: KVLayout,
+    slots: np.ndarray,
+    tokens: np.ndarray,
+    limit: int,
+    expected_fingerprints: bytes,
+    chunk: int,
+) -> RestoreResult:
+    """A restore whose records are read out ``chunk`` tokens at a time: ``read(start,
+    records)`` fills ``records`` (a host buffer, pinned for a CUDA cache) from position
+    ``start`` and says what it read (None: no such checkpoint). Each chunk's token ids and
+    crcs are checked here and its verified prefix scattered before the next read."""
+    cuda = layout.device.type == "cuda"
+    buffer = torch.empty((min(chunk, max(limit, 1)), layout.record_bytes), dtype=torch.uint8,
+                         pin_memory=cuda)
+    restored = durable = 0
+    status = RestoreStatus.COMPLETE
+    while restored < limit:
+        got = read(restored, buffer[: min(len(buffer), limit - restored)])
+        if got is None:
             status = RestoreStatus.MISSING
             break
-        durable = result.durable_tokens
-        if result.layout_fingerprint + result.model_fingerprint != expected:
+        durable = got.durable_tokens
+        if got.fingerprints != expected_fingerprints:
             status = RestoreStatus.FINGERPRINT_MISMATCH
             break
-        n = len(result.token_ids)
+        n = len(got.token_ids)
         if n == 0:
             break
-        records = torch.from_numpy(result.records)
+        records = buffer[:n]
         good = n
-        bad_tokens = np.nonzero(result.token_ids != tokens[restored : restored + n])[0]
+        bad_tokens = np.nonzero(got.token_ids != tokens[restored : restored + n])[0]
         if bad_tokens.size:
             good, status = int(bad_tokens[0]), RestoreStatus.TOKEN_MISMATCH
-        bad_crcs = np.nonzero(checksum(records[:good]).numpy() != result.crcs[:good])[0]
+        bad_crcs = np.nonzero(checksum(records[:good]).numpy() != got.crcs[:good])[0]
         if bad_crcs.size:
             good, status = int(bad_crcs[0]), RestoreStatus.CRC_MISMATCH
         if good:
-            scatter_tokens(
-                layout, torch.from_numpy(slots[restored : restored + good]), records[:good]
-            )
+            scatter_tokens(layout, torch.from_numpy(slots[restored : restored + good]), records[:good])
+            if cuda:  # the copy out of the buffer must end before the next read refills it
+                torch.cuda.current_stream(layout.device).synchronize()
         restored += good
         if status != RestoreStatus.COMPLETE:
             break

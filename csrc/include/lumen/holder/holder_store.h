@@ -119,6 +119,15 @@ class HolderStore final : public transport::RecordSink {
                              const uint32_t* expected_token_ids, uint64_t num_expected,
                              const PlaneDesc* planes, int num_planes, const int64_t* slot_ids,
                              uint64_t num_slots);
+  // For a cache the store cannot write itself (on a GPU): copies up to max_tokens durable
+  // tokens of (request_id, shard) from position `start` (their ids, crcs and records) and the
+  // checkpoint's fingerprints (2 * kFingerprintBytes) out, for the caller to verify and
+  // scatter; records are copied only when they are record_bytes long (else the fingerprints
+  // differ too). False when there is no such opened checkpoint; *copied: tokens copied;
+  // *durable: the checkpoint's durable length.
+  bool copy_out(uint64_t request_id, uint32_t shard, uint64_t start, uint64_t max_tokens,
+                uint32_t record_bytes, uint8_t* fingerprints, uint32_t* token_ids,
+                uint32_t* crcs, uint8_t* records, uint64_t* copied, uint64_t* durable);
 
  private:
   struct Pending {
