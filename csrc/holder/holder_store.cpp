@@ -235,6 +235,7 @@ Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
     return Status::kRejected;
   }
   const uint64_t end = std::max(checkpoint.next_pos, h.start_pos + h.num_tokens);
+  const uint64_t charged_before = checkpoint.charged_bytes;
   if (!charge(key, &checkpoint, end)) {
     ++stats_.appends_refused_budget;
     return Status::kRejected;
@@ -259,7 +260,11 @@ Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
       target->records.push_back({pending.buffer.get() + 8ull * h.num_tokens, record_bytes});
     }
   } catch (const std::bad_alloc&) {
-    ++stats_.appends_refused_budget;  // the host is out of memory before the budget is
+    // The host is out of memory before the budget is: the append is refused and uncharged
+    // (what eviction made room for stays evicted).
+    charged_bytes_ -= checkpoint.charged_bytes - charged_before;
+    checkpoint.charged_bytes = charged_before;
+    ++stats_.appends_refused_budget;
     return Status::kRejected;
   }
   stats_.appends_in_place += pending.in_place ? 1 : 0;

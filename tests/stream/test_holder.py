@@ -3,6 +3,9 @@ expiry, and the verified restore (local and remote). Real UCX on loopback, in pr
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -431,3 +434,56 @@ def test_restore_into_a_cuda_cache_stops_at_the_first_bad_record(secret: bytes, 
         assert torch.equal(restored, gather_tokens(rig.layout, rig.slots(1, 28)))
     finally:
         rig.close()
+
+
+_OUT_OF_MEMORY_SCRIPT = r"""
+import json, resource
+import numpy as np, torch
+from lumen_core.ops import checksum
+from lumen_core.stream import HolderStore
+from lumen_core.transport import Client, Rejected, issue_capability
+
+secret, record_bytes = b"s" * 32, 64 << 10
+store = HolderStore(budget_bytes=1 << 30)  # 32 MiB slabs of 2 MiB chunks
+server = store.serve(secret, tls="tcp")
+client = Client("127.0.0.1", server.port, secret, tls="tcp")
+cap = issue_capability(secret, 1, 0, 0)
+client.open(1, 0, 0, record_bytes, b"L" * 32, b"M" * 32, cap)
+records = np.full((1024, record_bytes), 7, np.uint8)
+crcs = checksum(torch.from_numpy(records)).numpy()
+ids = np.arange(2048, dtype=np.uint32)
+
+def append(start, n):
+    return client.append(1, 0, 0, start, ids[start:start + n], crcs[:n], records[:n], cap)
+
+append(0, 16)  # the first slab is mapped
+before = store.stats()["bytes_charged"]
+vm_bytes = int([l for l in open("/proc/self/status") if l.startswith("VmSize")][0].split()[1]) << 10
+soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+resource.setrlimit(resource.RLIMIT_AS, (vm_bytes + (16 << 20), hard))  # no room for a slab
+try:
+    append(16, 1024)  # 64 MiB: needs new slabs
+    refused = False
+except Rejected:
+    refused = True
+resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+after = store.stats()["bytes_charged"]
+durable = append(16, 8)
+print(json.dumps({"refused": refused, "before": before, "after": after, "durable": durable,
+                  "charged": store.stats()["bytes_charged"]}))
+client.close()
+server.close()
+"""
+
+
+def test_an_append_refused_for_want_of_host_memory_is_not_charged() -> None:
+    """The host cannot map another slab (address-space limit): the append is refused, the
+    checkpoint's charge stays what it was and the next append goes on."""
+    out = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY_SCRIPT], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    token_bytes = (64 << 10) + 8
+    assert got["refused"] is True
+    assert got["before"] == got["after"] == 16 * token_bytes
+    assert got["durable"] == 24 and got["charged"] == 24 * token_bytes
