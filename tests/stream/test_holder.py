@@ -210,16 +210,22 @@ def test_full_budget_without_eviction_refuses(secret: bytes) -> None:
         rig.close()
 
 
-def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: bytes) -> None:
-    # verify_records=False: the holder keeps what arrives, so corruption is caught at restore.
+def corrupted_rig(secret: bytes) -> Rig:
+    """A rig whose request 1 holds 40 tokens, the record at position 28 corrupted after its crc
+    was computed (verify_records=False: the holder keeps what arrives, so restore catches it)."""
     rig = Rig(secret, HolderStore(), verify_records=False)
+    rig.open(1)
+    rig.append(1, 0, 20)
+    records = gather_tokens(rig.layout, rig.slots(1, 40)[20:]).clone()
+    crcs = checksum(records).numpy()
+    records[8, 3] ^= 0x40
+    rig.client.append(1, SHARD, EPOCH, 20, rig.tokens(1, 40)[20:], crcs, records.numpy(), rig.cap(1))
+    return rig
+
+
+def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: bytes) -> None:
+    rig = corrupted_rig(secret)
     try:
-        rig.open(1)
-        rig.append(1, 0, 20)
-        records = gather_tokens(rig.layout, rig.slots(1, 40)[20:]).clone()
-        crcs = checksum(records).numpy()
-        records[8, 3] ^= 0x40  # position 28 no longer matches its crc
-        rig.client.append(1, SHARD, EPOCH, 20, rig.tokens(1, 40)[20:], crcs, records.numpy(), rig.cap(1))
         target = small_cache(seed=5)
         slots = torch.arange(40, dtype=torch.int64)
         tokens = rig.tokens(1, 40)
@@ -409,14 +415,8 @@ def test_copy_out_hands_out_what_was_appended(rig: Rig) -> None:
 @pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("remote", [False, True])
 def test_restore_into_a_cuda_cache_stops_at_the_first_bad_record(secret: bytes, remote: bool) -> None:
-    rig = Rig(secret, HolderStore(), verify_records=False)
+    rig = corrupted_rig(secret)
     try:
-        rig.open(1)
-        rig.append(1, 0, 20)
-        records = gather_tokens(rig.layout, rig.slots(1, 40)[20:]).clone()
-        crcs = checksum(records).numpy()
-        records[8, 3] ^= 0x40  # position 28 no longer matches its crc
-        rig.client.append(1, SHARD, EPOCH, 20, rig.tokens(1, 40)[20:], crcs, records.numpy(), rig.cap(1))
         target = make_paged_cache(
             "vllm_flash", num_layers=2, num_blocks=64, block_size=16, num_kv_heads=2, head_dim=16,
             dtype=torch.bfloat16, seed=5, device="cuda",
