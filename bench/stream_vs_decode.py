@@ -12,6 +12,13 @@ HolderStore in host memory with verification (fingerprints, token ids, crc32c) a
 into a cache, against a one-thread memcpy of the same bytes.
 
     python bench/stream_vs_decode.py [--requests 64 256] [--steps 40] [--json PATH] [--quick]
+        [--device cuda]
+
+With `--device cuda` the same runs on a GPU: the cache lives on the device, each step's
+matmuls are bf16 [4096, 4096] products and its KV writes go to the device cache on the current
+stream, which is synchronised at the end of every step (as an engine does to sample); the
+streamer gathers on its own stream after an event on that one. The restore goes into a
+cache on the device and is compared with a pinned host-to-device copy of the same bytes.
 
 JSON rows: case (request count, or "4096 tokens"), metric, value, ratio:
 step_latency_p50_ratio / step_latency_p99_ratio (value: on-latency ms, ratio: on / off),
@@ -44,14 +51,23 @@ from lumen_core.transport import Client, issue_capability
 LAYERS, HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 MODEL = "bench-model"
 MATMUL = 512
+MATMUL_CUDA = 4096
 
 
-def make_layout(num_slots: int, layers: int) -> KVLayout:
+def make_layout(num_slots: int, layers: int, device: str = "cpu") -> KVLayout:
     blocks = -(-num_slots // BLOCK_SIZE)
     # zeros: every page is touched before timing
     return KVLayout.vllm_flash(
-        [torch.zeros(2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.bfloat16) for _ in range(layers)]
+        [torch.zeros(2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=device)
+         for _ in range(layers)]
     )
+
+
+def end_of_step(device: torch.device) -> None:
+    """Where an engine waits for its step (to sample): the current stream only, so that the
+    streamer's own stream is not waited for."""
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
 
 
 CORES = os.sched_getaffinity(0)
@@ -64,16 +80,21 @@ def pin(cores: set[int]) -> None:
 
 
 class Decode:
-    """One decode step: `reps` [512, 512] float32 matmuls (one thread) and the new KV rows."""
+    """One decode step: `reps` [512, 512] float32 matmuls (one thread; on a GPU [4096, 4096]
+    bf16) and the new KV rows."""
 
     def __init__(self, layout: KVLayout, num_requests: int, steps: int, step_ms: float) -> None:
         self.layout = layout
         self.num_requests = num_requests
         self.steps = steps
         gen = torch.Generator().manual_seed(0)
-        self.rows = torch.randint(0, 256, (num_requests, layout.record_bytes), dtype=torch.uint8, generator=gen)
-        self.a = torch.randn(MATMUL, MATMUL, generator=gen)
-        self.b = torch.randn(MATMUL, MATMUL, generator=gen)
+        device = layout.device
+        self.rows = torch.randint(0, 256, (num_requests, layout.record_bytes), dtype=torch.uint8,
+                                  generator=gen).to(device)
+        size, dtype = (MATMUL_CUDA, torch.bfloat16) if device.type == "cuda" else (MATMUL, torch.float32)
+        self.scale = 1.0 / size**0.5
+        self.a = torch.randn(size, size, generator=gen).to(device, dtype)
+        self.b = torch.randn(size, size, generator=gen).to(device, dtype)
         self.reps = 1
         self.reps = self._calibrate(step_ms)
 
@@ -84,9 +105,12 @@ class Decode:
         c = self.a
         for _ in range(self.reps):
             c = torch.mm(c, self.b)
-            c = c * (1.0 / MATMUL**0.5)
+            c = c * self.scale
         slots = self.slots(position)
-        scatter_tokens(self.layout, slots, self.rows, num_threads=1)
+        if self.layout.device.type == "cuda":
+            scatter_tokens(self.layout, slots, self.rows)
+        else:
+            scatter_tokens(self.layout, slots, self.rows, num_threads=1)
         return slots
 
     def _median_step(self, reps: int) -> float:
@@ -95,6 +119,7 @@ class Decode:
         for position in range(9):
             t0 = time.perf_counter()
             self.step(position % self.steps)
+            end_of_step(self.layout.device)
             times.append(time.perf_counter() - t0)
         return float(np.median(times))
 
@@ -136,6 +161,7 @@ def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, 
         if streamer is not None:
             positions = np.full(decode.num_requests, position, dtype=np.uint64)
             streamer.save_step(rids, positions, slots.numpy(), token_ids + position)
+        end_of_step(decode.layout.device)
         latencies.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     if streamer is None:
@@ -156,7 +182,8 @@ def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> N
     """Correctness before timing: 8 requests x 20 tokens streamed, flushed, read back exact."""
     gen = torch.Generator().manual_seed(1)
     slots = torch.arange(160, dtype=torch.int64)
-    scatter_tokens(layout, slots, torch.randint(0, 256, (160, layout.record_bytes), dtype=torch.uint8, generator=gen))
+    scatter_tokens(layout, slots, torch.randint(0, 256, (160, layout.record_bytes), dtype=torch.uint8,
+                                                generator=gen).to(layout.device))
     with CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=tls) as streamer:
         for r in range(8):
             streamer.add_request(r, [("127.0.0.1", port)], issue_capability(secret, r, 0, 0))
@@ -167,20 +194,24 @@ def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> N
         with Client("127.0.0.1", port, secret, tls=tls) as client:
             for r in range(8):
                 got = client.read(r, 0, 0, 0, 20, layout.record_bytes, issue_capability(secret, r, 0, 0))
-                assert np.array_equal(got.records, gather_tokens(layout, slots[r * 20 : (r + 1) * 20]).numpy())
+                expected = gather_tokens(layout, slots[r * 20 : (r + 1) * 20]).cpu().numpy()
+                assert np.array_equal(got.records, expected)
         for r in range(8):
             streamer.release(r)
         streamer.flush(timeout_s=30)
 
 
-def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str) -> tuple[float, float]:
-    """(restore GB/s with verification, memcpy GB/s) for num_tokens records."""
-    source = make_layout(num_tokens, layers)
+def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str,
+                  device: str) -> tuple[float, float]:
+    """(restore GB/s with verification, memcpy GB/s) for num_tokens records; on a GPU the
+    baseline is a pinned host-to-device copy."""
+    source = make_layout(num_tokens, layers, device)
     gen = torch.Generator().manual_seed(2)
     slots = torch.arange(num_tokens, dtype=torch.int64)
     for start in range(0, num_tokens, 256):
         chunk = slots[start : start + 256]
-        scatter_tokens(source, chunk, torch.randint(0, 256, (len(chunk), source.record_bytes), dtype=torch.uint8, generator=gen))
+        scatter_tokens(source, chunk, torch.randint(0, 256, (len(chunk), source.record_bytes),
+                                                    dtype=torch.uint8, generator=gen).to(device))
     secret = os.urandom(32)
     store = HolderStore()
     fp = fingerprint_bytes(source, MODEL)
@@ -189,10 +220,10 @@ def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str) -> tuple
     with store.serve(secret, tls=tls) as server, Client("127.0.0.1", server.port, secret, tls=tls) as client:
         client.open(1, 0, 0, source.record_bytes, fp[:32], fp[32:], cap)
         for start in range(0, num_tokens, 256):
-            records = gather_tokens(source, slots[start : start + 256])
+            records = gather_tokens(source, slots[start : start + 256]).cpu()
             client.append(1, 0, 0, start, tokens[start : start + 256], checksum(records).numpy(),
                           records.numpy(), cap, timeout_s=60)
-        target = make_layout(num_tokens, layers)
+        target = make_layout(num_tokens, layers, device)
         order = torch.randperm(num_tokens, generator=gen)  # other slots than the source's
         result = store.restore(1, target, order, token_ids=tokens, model_fingerprint=MODEL)
         assert result.status is RestoreStatus.COMPLETE and result.restored_tokens == num_tokens
@@ -201,15 +232,31 @@ def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str) -> tuple
                                gather_tokens(source, slots[start : start + 512]))
         total = num_tokens * source.record_bytes
         del source
-        src = torch.empty(total, dtype=torch.uint8).fill_(1)
-        dst = torch.empty(total, dtype=torch.uint8).fill_(0)
-        copy = _native.require_cpu().copy_bytes
+        if device == "cuda":
+            src = torch.empty(total, dtype=torch.uint8, pin_memory=True).fill_(1)
+            dst = torch.zeros(total, dtype=torch.uint8, device=device)
+
+            def copy() -> None:
+                dst.copy_(src, non_blocking=True)
+                torch.cuda.synchronize()
+
+            def restore() -> None:
+                store.restore(1, target, order, token_ids=tokens, model_fingerprint=MODEL)
+                torch.cuda.synchronize()
+        else:
+            src = torch.empty(total, dtype=torch.uint8).fill_(1)
+            dst = torch.empty(total, dtype=torch.uint8).fill_(0)
+
+            def copy() -> None:
+                _native.require_cpu().copy_bytes(dst.data_ptr(), src.data_ptr(), total, 1)
+
+            def restore() -> None:
+                store.restore(1, target, order, token_ids=tokens, model_fingerprint=MODEL)
         # Interleaved, so a burst of load on the shared machine hits both alike; best of each.
         restores, copies = [], []
         for _ in range(repeats):
-            restores.append(_timed(lambda: store.restore(1, target, order, token_ids=tokens,
-                                                         model_fingerprint=MODEL)))
-            copies.append(_timed(lambda: copy(dst.data_ptr(), src.data_ptr(), total, 1)))
+            restores.append(_timed(restore))
+            copies.append(_timed(copy))
     return total / min(restores) / 1e9, total / min(copies) / 1e9
 
 
@@ -230,7 +277,13 @@ def main() -> int:
     parser.add_argument("--no-pin", action="store_true", help="leave thread placement to the OS")
     parser.add_argument("--json", default=None, metavar="PATH")
     parser.add_argument("--quick", action="store_true", help="4 layers, 16 requests, 10 steps, 256 tokens")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the KV cache lives")
     args = parser.parse_args()
+    if args.device == "cuda":
+        _native.require_cuda()
+    if not _native.HAS_UCX:  # e.g. a GPU machine without the libucx wheel
+        print(f"skipped: the streamer needs the UCX module ({_native.IMPORT_ERRORS.get('_C_ucx', 'not built')})")
+        return 0
     layers = LAYERS
     if args.quick:
         layers, args.requests, args.steps, args.restore_tokens, args.repeats = 4, [16], 10, 256, 1
@@ -254,7 +307,7 @@ def main() -> int:
             assert holder.stdout is not None
             port = json.loads(holder.stdout.readline())["port"]
             for num_requests in args.requests:
-                layout = make_layout(max(num_requests * args.steps, 160), layers)  # 160: the check
+                layout = make_layout(max(num_requests * args.steps, 160), layers, args.device)  # 160: the check
                 check_stream_once(layout, secret, port, args.tls)
                 pin({1})  # the streamer's threads inherit the data-plane core
                 streamer = CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=args.tls,
@@ -307,7 +360,7 @@ def main() -> int:
         finally:
             holder.terminate()
             holder.wait(timeout=30)
-    restore, memcpy = bench_restore(args.restore_tokens, layers, 5, args.tls)
+    restore, memcpy = bench_restore(args.restore_tokens, layers, 5, args.tls, args.device)
     rows.append({"case": f"{args.restore_tokens} tokens", "metric": "restore_vs_memcpy", "value": restore, "ratio": restore / memcpy})
     print(f"restore {args.restore_tokens} tokens with verification: {restore:.2f} GB/s, memcpy "
           f"{memcpy:.2f} GB/s, ratio {restore / memcpy:.2f}", flush=True)
