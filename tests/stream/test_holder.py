@@ -251,6 +251,14 @@ def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: byt
         assert remote.status is RestoreStatus.CRC_MISMATCH and remote.restored_tokens == 28
         missing = rig.store.restore(77, target, slots, token_ids=tokens, model_fingerprint=MODEL)
         assert missing.status is RestoreStatus.MISSING and missing.reprefill_tokens == 40
+        # Nothing to restore still says what the holder has, locally and remotely.
+        for rid, status in ((77, RestoreStatus.MISSING), (1, RestoreStatus.COMPLETE)):
+            empty = rig.store.restore(rid, target, [], token_ids=[], model_fingerprint=MODEL)
+            assert (empty.status, empty.restored_tokens) == (status, 0)
+        empty = remote_restore(rig.client, 1, target, [], token_ids=[], model_fingerprint="other",
+                               capability=rig.cap(1))
+        assert (empty.status, empty.restored_tokens, empty.durable_tokens) == (
+            RestoreStatus.FINGERPRINT_MISMATCH, 0, 40)
     finally:
         rig.close()
 

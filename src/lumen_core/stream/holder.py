@@ -349,8 +349,12 @@ def _restore_in_chunks(
                          pin_memory=cuda)
     restored = durable = 0
     status = RestoreStatus.COMPLETE
-    while restored < limit:
-        got = read(restored, buffer[: min(len(buffer), limit - restored)])
+    first = True
+    while first or restored < limit:
+        # Read at least once, even for nothing to restore: a missing or mismatched checkpoint
+        # is reported as it is by the one-pass restore.
+        first = False
+        got = read(restored, buffer[: max(1, min(len(buffer), limit - restored))])
         if got is None:
             status = RestoreStatus.MISSING
             break
@@ -358,7 +362,7 @@ def _restore_in_chunks(
         if got.fingerprints != expected_fingerprints:
             status = RestoreStatus.FINGERPRINT_MISMATCH
             break
-        n = len(got.token_ids)
+        n = min(len(got.token_ids), limit - restored)
         if n == 0:
             break
         records = buffer[:n]
