@@ -29,13 +29,10 @@ def check_positive_float(name: str, value: object) -> float:
     return float(value)
 
 
-def check_layout(layout: object, *, cuda: bool = False) -> KVLayout:
-    """``layout`` as a KVLayout of a CPU cache, or of a CUDA cache too where ``cuda``."""
+def check_layout(layout: object) -> KVLayout:
+    """``layout`` as a KVLayout (a CPU or CUDA cache: KVLayout allows no other device)."""
     if not isinstance(layout, KVLayout):
         raise TypeError(f"layout must be a KVLayout, got {type(layout).__name__}")
-    if layout.device.type != "cpu" and not (cuda and layout.device.type == "cuda"):
-        allowed = "a CPU or CUDA cache" if cuda else "a CPU cache"
-        raise ValueError(f"layout must be {allowed}, got device {layout.device}")
     return layout
 
 

@@ -99,7 +99,7 @@ def restorable_tokens(durable_per_shard: Sequence[int]) -> int:
 def _check_restore_args(
     layout: object, slot_ids: object, token_ids: object, max_tokens: int | None
 ) -> tuple[KVLayout, np.ndarray, np.ndarray, int]:
-    layout = check_layout(layout, cuda=True)
+    layout = check_layout(layout)
     slots = as_array("slot_ids", slot_ids, np.int64)
     tokens = as_array("token_ids", token_ids, np.uint32)
     if slots.size and (slots.min() < 0 or slots.max() >= layout.num_slots):

@@ -103,13 +103,13 @@ class CheckpointStreamer:
         tls: str = "",
         limits: WireLimits = WireLimits(),
     ) -> None:
-        self.layout = check_layout(layout, cuda=True)
+        self.layout = check_layout(layout)
         native = _native.require_ucx()
         cuda_device = -1
         if self.layout.device.type == "cuda":
             if not native.STREAMER_CUDA:
                 raise RuntimeError("this build of lumen_core has no CUDA: it cannot stream a CUDA cache")
-            cuda_device = torch.device(self.layout.device).index
+            cuda_device = self.layout.device.index
             if cuda_device is None:
                 cuda_device = torch.cuda.current_device()
         secret = check_secret(secret)
