@@ -4,8 +4,9 @@
 // grid-stride over the units with a capped grid. The 32 lanes copy the unit's row in the
 // widest accesses its addresses, piece stride and size allow (16 bytes for KV rows), lane l
 // taking vectors l, l + 32, ...; a row of num_pieces pieces is addressed through the shared
-// slot_index.h arithmetic. Out-of-range slots (already refused by the caller) are skipped
-// rather than allowed to fault.
+// slot_index.h arithmetic. Out-of-range slots (refused by the caller unless it opted out of
+// checking ids on the device, check_slots=False) never reach the cache: a gather zeroes their
+// records, a scatter writes nothing.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -87,9 +88,17 @@ __host__ __device__ __forceinline__ void move_tokens_lane(
     const int64_t token = unit / num_planes;
     const PlaneDesc plane = planes[unit - token * num_planes];
     const int64_t slot = slot_ids[token];
-    if (!slot_in_range(plane, slot)) continue;
-    uint8_t* row = reinterpret_cast<uint8_t*>(plane.base_address) + slot_row_offset(plane, slot);
     uint8_t* record = records + token * record_bytes + plane.record_offset;
+    if (!slot_in_range(plane, slot)) {
+      // Never through the cache; a gather's record reads as zeros, whatever the placement
+      // (staged records would otherwise carry stale staging bytes). Rare: bytewise is fine.
+      if (kGather) {
+        const int64_t bytes = plane.piece_bytes * plane.num_pieces;
+        for (int64_t b = lane; b < bytes; b += kWarpSize) record[b] = 0;
+      }
+      continue;
+    }
+    uint8_t* row = reinterpret_cast<uint8_t*>(plane.base_address) + slot_row_offset(plane, slot);
     // The widest access this row allows (warp-uniform, so no divergence): fp8 scale rows or
     // odd record sizes fall back to narrower copies without slowing the other planes.
     const uint64_t bits = reinterpret_cast<uintptr_t>(row) | reinterpret_cast<uintptr_t>(record) |

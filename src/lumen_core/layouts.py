@@ -146,6 +146,11 @@ class KVLayout:
         self._record_bytes = record_offset
         self._descriptors = self._pack_descriptors()
         self._device_descriptors: torch.Tensor | None = None
+        if self._device.type == "cuda":
+            # Copied here, where waiting for the device is harmless, so that no op on this
+            # layout ever synchronises; every stream that reads them sees the finished copy.
+            self._device_descriptors = self._descriptors.to(self._device)
+            torch.cuda.synchronize(self._device)
 
     # ---- engine layouts -------------------------------------------------------------------
 
@@ -355,12 +360,9 @@ class KVLayout:
         return self._descriptors
 
     def device_descriptors(self) -> torch.Tensor:
-        """The descriptors on the layout's CUDA device (copied once, then cached)."""
+        """The descriptors on the layout's CUDA device."""
         if self._device_descriptors is None:
-            descriptors = self._descriptors.to(self._device)
-            # Once per layout: make the copy visible to every stream that will read it.
-            torch.cuda.synchronize(self._device)
-            self._device_descriptors = descriptors
+            raise ValueError(f"`layout` must be on a CUDA device for device descriptors, got {self._device}")
         return self._device_descriptors
 
     def _pack_descriptors(self) -> torch.Tensor:

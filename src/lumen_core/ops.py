@@ -79,8 +79,11 @@ def _check_layout(layout: object) -> KVLayout:
     return layout
 
 
-def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torch.Tensor:
-    """The ids, validated (convert them with _as_index)."""
+def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool, check_slots: object) -> torch.Tensor:
+    """The ids, validated (convert them with _as_index). The values of ids on a CUDA device are
+    checked only when ``check_slots`` (that costs a device synchronisation)."""
+    if not isinstance(check_slots, bool):
+        raise TypeError(f"`check_slots` must be a bool, got {type(check_slots).__name__}")
     if not isinstance(slot_ids, torch.Tensor):
         raise TypeError(f"`slot_ids` must be a torch.Tensor, got {type(slot_ids).__name__}")
     if slot_ids.dtype not in (torch.int32, torch.int64):
@@ -90,8 +93,8 @@ def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torc
     if slot_ids.device.type != "cpu" and slot_ids.device != layout.device:
         where = "the CPU" if layout.device.type == "cpu" else f"the CPU or {layout.device}"
         raise ValueError(f"`slot_ids` must be on {where}, got {slot_ids.device}")
-    if slot_ids.numel() > 0:
-        low, high = (int(v) for v in torch.aminmax(slot_ids))  # one device sync, not two
+    if slot_ids.numel() > 0 and (check_slots or slot_ids.device.type == "cpu"):
+        low, high = torch.stack(torch.aminmax(slot_ids)).tolist()  # one device sync, not two
         if low < 0 or high >= layout.num_slots:
             bad = low if low < 0 else high
             raise IndexError(f"`slot_ids` must lie in [0, {layout.num_slots}), got {bad}")
@@ -103,8 +106,15 @@ def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool) -> torc
 
 
 def _as_index(slot_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Contiguous int64 ids on ``device`` (on a CUDA device: call under the op's stream)."""
-    return slot_ids.to(device=device, dtype=torch.int64).contiguous()
+    """Contiguous int64 ids on ``device`` (on a CUDA device: call under the op's stream).
+
+    CPU ids go up through pinned memory with an asynchronous copy, so the call does not wait
+    for the work already queued on the stream.
+    """
+    ids = slot_ids.to(dtype=torch.int64).contiguous()
+    if device.type == "cuda" and ids.device.type == "cpu":
+        return ids.pin_memory().to(device, non_blocking=True)
+    return ids.to(device)
 
 
 def _check_records_shape(records: torch.Tensor, name: str, num_tokens: int, layout: KVLayout) -> None:
@@ -173,6 +183,7 @@ def gather_tokens(
     num_threads: int | None = None,
     mode: RecordMode | None = None,
     stream: torch.cuda.Stream | None = None,
+    check_slots: bool = True,
 ) -> torch.Tensor:
     """Copy the rows of ``slot_ids`` from every plane of ``layout`` into token records.
 
@@ -188,6 +199,11 @@ def gather_tokens(
             default for a CPU ``out``). CUDA work is asynchronous on ``stream`` (default: the
             current stream): synchronise before reading host records.
         stream: CUDA layouts only: the stream to run on.
+        check_slots: for ``slot_ids`` on a CUDA device, whether to range-check them before the
+            launch, which waits for the device. ``False`` keeps the call asynchronous, for ids
+            the caller derived from its own block table: the kernel still never touches memory
+            outside the cache (an out-of-range id's record is zeros; a scatter skips it). Ids
+            on the CPU are always checked, without waiting for the device.
 
     Returns:
         ``out`` or a new ``[n, record_bytes]`` uint8 tensor: row ``t`` is the record of
@@ -195,7 +211,7 @@ def gather_tokens(
 
     Raises:
         TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``out`` not tensors, ``stream``
-            not a ``torch.cuda.Stream``.
+            not a ``torch.cuda.Stream``, ``check_slots`` not a bool.
         ValueError: wrong dtype, rank, shape, contiguity or device of ``slot_ids``/``out``;
             ``out`` not pinned for a host mode; an unknown ``mode``; ``mode``/``stream`` given
             for a CPU layout or a stream of another device.
@@ -203,7 +219,7 @@ def gather_tokens(
     """
     layout = _check_layout(layout)
     threads = _num_threads(num_threads)
-    ids = _check_slot_ids(slot_ids, layout, unique=False)
+    ids = _check_slot_ids(slot_ids, layout, unique=False, check_slots=check_slots)
     if out is not None:
         _check_records_tensor(out, "out")
         _check_records_shape(out, "out", ids.numel(), layout)
@@ -237,6 +253,7 @@ def scatter_tokens(
     num_threads: int | None = None,
     mode: RecordMode | None = None,
     stream: torch.cuda.Stream | None = None,
+    check_slots: bool = True,
 ) -> None:
     """Write token records back into the rows of ``slot_ids``; the inverse of gather_tokens.
 
@@ -247,17 +264,19 @@ def scatter_tokens(
             device memory, or pinned host memory read by the kernel (``mode="mapped"``) or
             copied to device staging first (``"staged"``, the default for CPU records).
         num_threads, mode, stream: as in gather_tokens.
+        check_slots: as in gather_tokens; it also covers the check for repeated ids (with
+            ``False``, repeated ids leave one of their records, unspecified which).
 
     Raises:
         TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``records`` not tensors, ``stream``
-            not a ``torch.cuda.Stream``.
+            not a ``torch.cuda.Stream``, ``check_slots`` not a bool.
         ValueError: wrong dtype, rank, shape, contiguity or device; repeated slot ids; as in
             gather_tokens for ``mode`` and ``stream``.
         IndexError: a slot outside ``[0, layout.num_slots)``.
     """
     layout = _check_layout(layout)
     threads = _num_threads(num_threads)
-    ids = _check_slot_ids(slot_ids, layout, unique=True)
+    ids = _check_slot_ids(slot_ids, layout, unique=True, check_slots=check_slots)
     _check_records_tensor(records, "records")
     _check_records_shape(records, "records", ids.numel(), layout)
     record_mode = _check_mode(mode, layout, records)

@@ -206,6 +206,20 @@ def test_scatter_refuses_repeated_ids(layout):
         scatter_tokens(layout, torch.tensor([4, 7, 4]), records)
 
 
+def test_check_slots_type(layout):
+    with pytest.raises(TypeError, match="`check_slots` must be a bool, got int"):
+        gather_tokens(layout, torch.tensor([0]), check_slots=0)
+
+
+def test_ids_on_the_cpu_are_checked_even_unasked(layout):
+    # Only device ids may skip the check (it would cost a device sync); CPU ids cost nothing.
+    with pytest.raises(IndexError, match=r"`slot_ids` must lie in \[0, 64\), got 64"):
+        gather_tokens(layout, torch.tensor([0, 64]), check_slots=False)
+    with pytest.raises(ValueError, match="`slot_ids` must not repeat in a scatter, got 1 repeated ids"):
+        scatter_tokens(layout, torch.tensor([4, 4]), torch.zeros(2, layout.record_bytes, dtype=torch.uint8),
+                       check_slots=False)
+
+
 def test_out_type(layout):
     with pytest.raises(TypeError, match="`out` must be a torch.Tensor, got ndarray"):
         gather_tokens(layout, torch.tensor([0]), torch.zeros(1, 1).numpy())

@@ -1,6 +1,8 @@
 """CUDA gather/scatter (run by scripts/gpu_check.sh on a GPU machine): every layout and record
 placement bit-exact against the reference, round trips through host memory, validation."""
 
+import time
+
 import pytest
 import torch
 
@@ -98,6 +100,43 @@ def test_out_of_range_ids_on_device_raise():
     layout = make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, device="cuda")
     with pytest.raises(IndexError, match=r"`slot_ids` must lie in \[0, 32\), got 32"):
         gather_tokens(layout, torch.tensor([1, 32], device="cuda"))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_unchecked_device_ids_never_leave_the_cache(mode):
+    # check_slots=False: no host-side check; a bad id's record is zeros, its row untouched.
+    layout = make_paged_cache("vllm_flash_hnd", num_layers=2, num_blocks=2, block_size=16, device="cuda")
+    twin = make_paged_cache("vllm_flash_hnd", num_layers=2, num_blocks=2, block_size=16, device="cuda")
+    ids = torch.tensor([1, 32, 5, 1 << 40], device="cuda")
+    out = host_records((4, layout.record_bytes), mode, seed=4)
+    gather_tokens(layout, ids, out, mode=mode, check_slots=False)
+    torch.cuda.synchronize()
+    expected = torch.zeros(4, layout.record_bytes, dtype=torch.uint8)
+    expected[[0, 2]] = reference.gather_tokens(layout, torch.tensor([1, 5]))
+    assert torch.equal(out.cpu(), expected)
+    scatter_tokens(layout, ids, out, mode=mode, check_slots=False)
+    torch.cuda.synchronize()
+    reference.scatter_tokens(twin, torch.tensor([1, 5]), expected[[0, 2]])
+    assert all(torch.equal(a, b) for a, b in zip(planes_bytes(layout), planes_bytes(twin)))
+
+
+@pytest.mark.parametrize("op", ["gather", "scatter"])
+def test_cpu_ids_do_not_wait_for_queued_work(op):
+    layout = make_paged_cache("vllm_flash", num_layers=2, num_blocks=20, block_size=16, device="cuda")
+    ids = torch.arange(40, 57, dtype=torch.int32)
+    records = host_records((17, layout.record_bytes), "device", seed=6)
+    expected = reference.gather_tokens(layout, ids) if op == "gather" else records.cpu()
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream()
+    torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time
+    started = time.perf_counter()
+    if op == "gather":
+        records = gather_tokens(layout, ids)
+    else:
+        scatter_tokens(layout, ids, records)
+    assert time.perf_counter() - started < 0.2 and not stream.query()  # queued, not waited for
+    torch.cuda.synchronize()
+    assert torch.equal(records.cpu() if op == "gather" else reference.gather_tokens(layout, ids), expected)
 
 
 def test_stream_type():

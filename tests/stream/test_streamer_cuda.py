@@ -86,7 +86,7 @@ def test_a_step_is_gathered_after_the_engines_queued_writes(
         # The engine's step: a long kernel, then the writes of the step's KV, all queued and
         # none done when save_step is called. A gather that did not wait would read old rows.
         torch.cuda._sleep(4_000_000_000)  # about two seconds of GPU time
-        scatter_tokens(layout, slots.to(layout.device), fresh, stream=engine)
+        scatter_tokens(layout, slots, fresh, stream=engine)  # CPU ids: no wait for the device
         started = time.perf_counter()
         fence = streamer.save_step([3] * n, list(range(n)), slots, np.arange(n, dtype=np.uint32))
         assert time.perf_counter() - started < 0.5  # save_step only enqueues
