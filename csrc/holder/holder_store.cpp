@@ -466,7 +466,7 @@ std::vector<CheckpointInfo> HolderStore::checkpoints() const {
 bool HolderStore::copy_out(uint64_t request_id, uint32_t shard, uint64_t start,
                            uint64_t max_tokens, uint32_t record_bytes, uint8_t* fingerprints,
                            uint32_t* token_ids, uint32_t* crcs, uint8_t* records,
-                           uint64_t* copied, uint64_t* durable) {
+                           uint64_t* copied, uint64_t* durable, int num_threads) {
   std::lock_guard<std::mutex> lock(mutex_);
   *copied = 0;
   *durable = 0;
@@ -480,7 +480,7 @@ bool HolderStore::copy_out(uint64_t request_id, uint32_t shard, uint64_t start,
   const uint64_t n = std::min(max_tokens, checkpoint.durable_tokens - start);
   std::memcpy(token_ids, checkpoint.token_ids.data() + start, n * 4);
   std::memcpy(crcs, checkpoint.crcs.data() + start, n * 4);
-  checkpoint.records.copy_out(arena_, start, n, records);
+  checkpoint.records.copy_out(arena_, start, n, records, num_threads);
   *copied = n;
   return true;
 }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cstring>
 
+#include "lumen/gather.h"
+
 namespace lumen::holder {
 
 using transport::MemoryPiece;
@@ -41,11 +43,15 @@ void RecordChunks::copy_in(const ChunkArena& arena, uint64_t first, uint64_t n,
 }
 
 void RecordChunks::copy_out(const ChunkArena& arena, uint64_t first, uint64_t n,
-                            uint8_t* records) const {
+                            uint8_t* records, int num_threads) const {
   std::vector<MemoryPiece> parts;
   pieces(arena, first, n, &parts);
   for (const MemoryPiece& part : parts) {
-    std::memcpy(records, part.data, part.bytes);
+    if (num_threads > 1) {
+      copy_bytes_cpu(records, part.data, static_cast<int64_t>(part.bytes), num_threads);
+    } else {
+      std::memcpy(records, part.data, part.bytes);
+    }
     records += part.bytes;
   }
 }

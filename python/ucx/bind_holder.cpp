@@ -121,7 +121,7 @@ void bind_holder(py::module_& m) {
       .def(
           "copy_out",
           [](lh::HolderStore& s, uint64_t request_id, uint32_t shard, uint64_t start,
-             U32Array& token_ids, U32Array& crcs, U8Array& records) {
+             U32Array& token_ids, U32Array& crcs, U8Array& records, int num_threads) {
             // Up to n tokens into token_ids [n], crcs [n] and records [n, record_bytes].
             const auto n = static_cast<uint64_t>(token_ids.size());
             if (static_cast<uint64_t>(crcs.size()) != n || records.ndim() != 2 ||
@@ -140,12 +140,12 @@ void bind_holder(py::module_& m) {
               found = s.copy_out(request_id, shard, start, n, record_bytes,
                                  reinterpret_cast<uint8_t*>(fingerprints.data()),
                                  token_ids.mutable_data(), crcs.mutable_data(),
-                                 records.mutable_data(), &copied, &durable);
+                                 records.mutable_data(), &copied, &durable, num_threads);
             }
             return py::make_tuple(found, py::bytes(fingerprints), copied, durable);
           },
           py::arg("request_id"), py::arg("shard"), py::arg("start"), py::arg("token_ids"),
-          py::arg("crcs"), py::arg("records"));
+          py::arg("crcs"), py::arg("records"), py::arg("num_threads") = 1);
 
   m.def("holder_can_pin", &lh::can_pin_host_memory,
         "True when this build can page-lock holder memory and a CUDA device is present.");

@@ -393,7 +393,8 @@ def test_holder_memory_is_pinned_where_a_gpu_is_present(rig: Rig) -> None:
     assert stats["pinned"] is True and stats["arena_bytes"] > 0
 
 
-def test_copy_out_hands_out_what_was_appended(rig: Rig) -> None:
+@pytest.mark.parametrize("threads", [1, 2])
+def test_copy_out_hands_out_what_was_appended(rig: Rig, threads: int) -> None:
     """The read-out a restore into a CUDA cache verifies and scatters (HolderStore.restore)."""
     rig.open(4)
     rig.append(4, 0, 45)
@@ -402,7 +403,8 @@ def test_copy_out_hands_out_what_was_appended(rig: Rig) -> None:
     def copy_out(rid: int, start: int, n: int, record_bytes: int = rig.layout.record_bytes) -> tuple:
         ids, crcs = np.zeros(n, np.uint32), np.zeros(n, np.uint32)
         records = np.zeros((n, record_bytes), np.uint8)
-        found, fingerprints, copied, durable = rig.store._native.copy_out(rid, SHARD, start, ids, crcs, records)
+        found, fingerprints, copied, durable = rig.store._native.copy_out(rid, SHARD, start, ids, crcs, records,
+                                                                          num_threads=threads)
         return found, fingerprints, copied, durable, ids[:copied], crcs[:copied], records[:copied]
 
     found, fingerprints, copied, durable, ids, crcs, records = copy_out(4, 10, 16)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import mmap
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -246,7 +247,7 @@ class HolderStore:
                 n = len(records)
                 ids, crcs = np.empty(n, np.uint32), np.empty(n, np.uint32)
                 found, fingerprints, copied, durable = self._native.copy_out(
-                    request_id, shard, start, ids, crcs, records.numpy()
+                    request_id, shard, start, ids, crcs, records.numpy(), num_threads=os.cpu_count() or 1
                 )
                 if not found:
                     return None
@@ -326,9 +327,9 @@ class _Chunk:
     durable_tokens: int
 
 
-# Tokens per read when the store's records are copied out (a CUDA cache): 1024 records of a
-# 32-layer, 8-head bf16 model are 128 MiB of pinned buffer.
-_RESTORE_CHUNK_TOKENS = 1024
+# Tokens per read when the store's records are copied out (a CUDA cache): 512 records of a
+# 32-layer, 8-head bf16 model are 64 MiB; a restore holds two such pinned buffers.
+_RESTORE_CHUNK_TOKENS = 512
 
 
 def _restore_in_chunks(
@@ -343,43 +344,58 @@ def _restore_in_chunks(
     """A restore whose records are read out ``chunk`` tokens at a time: ``read(start,
     records)`` fills ``records`` (a host buffer, pinned for a CUDA cache) from position
     ``start`` and says what it read (None: no such checkpoint). Each chunk's token ids and
-    crcs are checked here and its verified prefix scattered before the next read."""
+    crcs are checked here and its verified prefix scattered. Reads alternate between two
+    buffers, so on a GPU the next chunk is read and verified while the last one is still on its
+    way to the device; the restore returns once the cache holds every restored record."""
     cuda = layout.device.type == "cuda"
-    buffer = torch.empty((min(chunk, max(limit, 1)), layout.record_bytes), dtype=torch.uint8,
-                         pin_memory=cuda)
-    restored = durable = 0
+    rows = min(chunk, max(limit, 1))
+    buffers = [torch.empty((rows, layout.record_bytes), dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+    # The event after the last scatter from each buffer: it must pass before a read refills it.
+    scattered: list[torch.cuda.Event | None] = [None, None]
+    restored = durable = reads = 0
     status = RestoreStatus.COMPLETE
-    first = True
-    while first or restored < limit:
-        # Read at least once, even for nothing to restore: a missing or mismatched checkpoint
-        # is reported as it is by the one-pass restore.
-        first = False
-        got = read(restored, buffer[: max(1, min(len(buffer), limit - restored))])
-        if got is None:
-            status = RestoreStatus.MISSING
-            break
-        durable = got.durable_tokens
-        if got.fingerprints != expected_fingerprints:
-            status = RestoreStatus.FINGERPRINT_MISMATCH
-            break
-        n = min(len(got.token_ids), limit - restored)
-        if n == 0:
-            break
-        records = buffer[:n]
-        good = n
-        bad_tokens = np.nonzero(got.token_ids != tokens[restored : restored + n])[0]
-        if bad_tokens.size:
-            good, status = int(bad_tokens[0]), RestoreStatus.TOKEN_MISMATCH
-        bad_crcs = np.nonzero(checksum(records[:good]).numpy() != got.crcs[:good])[0]
-        if bad_crcs.size:
-            good, status = int(bad_crcs[0]), RestoreStatus.CRC_MISMATCH
-        if good:
-            scatter_tokens(layout, torch.from_numpy(slots[restored : restored + good]), records[:good])
-            if cuda:  # the copy out of the buffer must end before the next read refills it
-                torch.cuda.current_stream(layout.device).synchronize()
-        restored += good
-        if status != RestoreStatus.COMPLETE:
-            break
+    try:
+        while reads == 0 or restored < limit:
+            # Read at least once, even for nothing to restore: a missing or mismatched
+            # checkpoint is reported as it is by the one-pass restore.
+            which = reads % 2
+            reads += 1
+            pending = scattered[which]
+            if pending is not None:
+                pending.synchronize()
+            buffer = buffers[which]
+            got = read(restored, buffer[: max(1, min(rows, limit - restored))])
+            if got is None:
+                status = RestoreStatus.MISSING
+                break
+            durable = got.durable_tokens
+            if got.fingerprints != expected_fingerprints:
+                status = RestoreStatus.FINGERPRINT_MISMATCH
+                break
+            n = min(len(got.token_ids), limit - restored)
+            if n == 0:
+                break
+            records = buffer[:n]
+            good = n
+            bad_tokens = np.nonzero(got.token_ids != tokens[restored : restored + n])[0]
+            if bad_tokens.size:
+                good, status = int(bad_tokens[0]), RestoreStatus.TOKEN_MISMATCH
+            bad_crcs = np.nonzero(checksum(records[:good]).numpy() != got.crcs[:good])[0]
+            if bad_crcs.size:
+                good, status = int(bad_crcs[0]), RestoreStatus.CRC_MISMATCH
+            if good:
+                scatter_tokens(layout, torch.from_numpy(slots[restored : restored + good]), records[:good])
+                if cuda:
+                    event = torch.cuda.Event()
+                    event.record(torch.cuda.current_stream(layout.device))
+                    scattered[which] = event
+            restored += good
+            if status != RestoreStatus.COMPLETE:
+                break
+    finally:
+        for event in scattered:  # the buffers are freed on return: no copy may still read them
+            if event is not None:
+                event.synchronize()
     return RestoreResult(
         status=status,
         restored_tokens=restored,

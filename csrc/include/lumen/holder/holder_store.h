@@ -124,10 +124,11 @@ class HolderStore final : public transport::RecordSink {
   // checkpoint's fingerprints (2 * kFingerprintBytes) out, for the caller to verify and
   // scatter; records are copied only when they are record_bytes long (else the fingerprints
   // differ too). False when there is no such opened checkpoint; *copied: tokens copied;
-  // *durable: the checkpoint's durable length.
+  // *durable: the checkpoint's durable length. The records are copied by num_threads threads.
   bool copy_out(uint64_t request_id, uint32_t shard, uint64_t start, uint64_t max_tokens,
                 uint32_t record_bytes, uint8_t* fingerprints, uint32_t* token_ids,
-                uint32_t* crcs, uint8_t* records, uint64_t* copied, uint64_t* durable);
+                uint32_t* crcs, uint8_t* records, uint64_t* copied, uint64_t* durable,
+                int num_threads = 1);
 
  private:
   struct Pending {

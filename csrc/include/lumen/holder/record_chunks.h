@@ -25,7 +25,9 @@ class RecordChunks {
   void pieces(const ChunkArena& arena, uint64_t first, uint64_t n,
               std::vector<transport::MemoryPiece>* out) const;
   void copy_in(const ChunkArena& arena, uint64_t first, uint64_t n, const uint8_t* records);
-  void copy_out(const ChunkArena& arena, uint64_t first, uint64_t n, uint8_t* records) const;
+  // Records [first, first + n) into `records`, split over num_threads threads.
+  void copy_out(const ChunkArena& arena, uint64_t first, uint64_t n, uint8_t* records,
+                int num_threads = 1) const;
   // Record i in one piece of memory: in place, or copied into scratch (record_bytes) when it
   // straddles two chunks.
   const uint8_t* record(const ChunkArena& arena, uint64_t i, uint8_t* scratch) const;
