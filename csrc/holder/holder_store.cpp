@@ -111,6 +111,18 @@ bool HolderStore::charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens
 }
 
 void HolderStore::drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it) {
+  if (it->second.opened) {
+    auto [retired, inserted] = retired_epochs_.emplace(it->first, it->second.epoch);
+    if (inserted) {
+      retired_order_.push_back(it->first);
+      if (retired_order_.size() > kMaxRetiredEpochs) {
+        retired_epochs_.erase(retired_order_.front());
+        retired_order_.pop_front();
+      }
+    } else {
+      retired->second = std::max(retired->second, it->second.epoch);
+    }
+  }
   charged_bytes_ -= it->second.charged_bytes;
   it->second.records.release(&arena_);
   checkpoints_.erase(it);
@@ -152,11 +164,22 @@ void HolderStore::abort_pending(Checkpoint* checkpoint, Status status,
   checkpoint->next_pos = checkpoint->durable_tokens;
 }
 
+Status HolderStore::absent(const Key& key, uint32_t epoch) const {
+  auto retired = retired_epochs_.find(key);
+  return retired != retired_epochs_.end() && epoch < retired->second ? Status::kStaleEpoch
+                                                                     : Status::kRejected;
+}
+
 Status HolderStore::open(const WireHeader& h, const uint8_t* fingerprints,
                          uint64_t* durable_tokens, std::vector<AppendOutcome>* outcomes) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Key key{h.request_id, h.shard};
-  const bool fresh = checkpoints_.count(key) == 0;
+  auto existing = checkpoints_.find(key);
+  if ((existing == checkpoints_.end() || !existing->second.opened) &&
+      absent(key, h.epoch) == Status::kStaleEpoch) {
+    return Status::kStaleEpoch;
+  }
+  const bool fresh = existing == checkpoints_.end();
   Checkpoint& checkpoint = checkpoints_[key];  // a reservation, or a new entry
   const bool was_opened = checkpoint.opened;
   const Status status = open_checkpoint(h, fingerprints, &checkpoint, durable_tokens, outcomes);
@@ -225,7 +248,7 @@ Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Key key{h.request_id, h.shard};
   auto it = checkpoints_.find(key);
-  if (it == checkpoints_.end() || !it->second.opened) return Status::kRejected;
+  if (it == checkpoints_.end() || !it->second.opened) return absent(key, h.epoch);
   Checkpoint& checkpoint = it->second;
   if (h.epoch < checkpoint.epoch) return Status::kStaleEpoch;
   if (h.epoch > checkpoint.epoch) return Status::kRejected;
@@ -341,8 +364,9 @@ void HolderStore::finish_append(uint64_t ticket, bool received_ok,
 
 Status HolderStore::release(const WireHeader& h, std::vector<AppendOutcome>* outcomes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = checkpoints_.find({h.request_id, h.shard});
-  if (it == checkpoints_.end() || !it->second.opened) return Status::kRejected;
+  const Key key{h.request_id, h.shard};
+  auto it = checkpoints_.find(key);
+  if (it == checkpoints_.end() || !it->second.opened) return absent(key, h.epoch);
   if (h.epoch < it->second.epoch) return Status::kStaleEpoch;
   if (h.epoch > it->second.epoch) return Status::kRejected;
   abort_pending(&it->second, Status::kAborted, outcomes);
@@ -354,8 +378,9 @@ Status HolderStore::release(const WireHeader& h, std::vector<AppendOutcome>* out
 Status HolderStore::read(const WireHeader& h, transport::ReadResult* result,
                          std::vector<AppendOutcome>* outcomes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = checkpoints_.find({h.request_id, h.shard});
-  if (it == checkpoints_.end() || !it->second.opened) return Status::kRejected;
+  const Key key{h.request_id, h.shard};
+  auto it = checkpoints_.find(key);
+  if (it == checkpoints_.end() || !it->second.opened) return absent(key, h.epoch);
   Checkpoint& checkpoint = it->second;
   if (!advance_epoch(&checkpoint, h.epoch, outcomes)) return Status::kStaleEpoch;
   checkpoint.last_access_ns = now_ns();

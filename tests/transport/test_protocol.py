@@ -140,6 +140,32 @@ def test_epoch_fencing(server, peer, secret) -> None:
         assert server.ask("stats")["stale_epoch"] == 4
 
 
+def test_a_dropped_checkpoint_stays_fenced(server, peer, secret) -> None:
+    """A fenced incarnation must not re-create a checkpoint released (or evicted) at a newer
+    epoch: with its old, still valid capability it would fill it with records a later restore
+    would trust."""
+    request_id, record_bytes = 12, 64
+    with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old, tp.Client(
+        "127.0.0.1", server.port, secret, tls=TLS
+    ) as new:
+        cap1 = _open(old, peer, secret, request_id, record_bytes, epoch=1)
+        cap2 = tp.issue_capability(secret, request_id, 0, 2)
+        assert new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap2) == 0
+        new.release(request_id, 0, 2, cap2)  # the request finished at epoch 2
+        token_ids, crcs, records = peer.make_append(request_id, 0, 4, record_bytes)
+        for call in (
+            lambda: old.open(request_id, 0, 1, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap1),
+            lambda: old.append(request_id, 0, 1, 0, token_ids, crcs, records, cap1),
+            lambda: old.read(request_id, 0, 1, 0, 4, record_bytes, cap1),
+            lambda: old.release(request_id, 0, 1, cap1),
+        ):
+            with pytest.raises(tp.StaleEpoch):
+                call()
+        # The epoch it ended at, or a newer one, may open it again (a request placed back).
+        assert new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap2) == 0
+        assert server.ask("stats")["stale_epoch"] == 4
+
+
 def test_wrong_secret_is_refused_and_gets_nothing(server, peer, secret) -> None:
     with pytest.raises(tp.Rejected, match="refused the handshake"):
         tp.Client("127.0.0.1", server.port, b"w" * 32, tls=TLS, connect_timeout_s=5.0)

@@ -255,8 +255,16 @@ def test_rogue_worker_acting_with_its_old_epochs_is_refused(tmp_path: Path) -> N
                                 return rid, holder_id
                 return None
 
-            assert _wait(lambda: current_holder() is not None, 60)
-            request_id, holder_id = current_holder()  # type: ignore[misc]
+            found: list[tuple[int, int]] = []
+
+            def holder_found() -> bool:  # keeps what it saw: asking again could see nothing
+                holder = current_holder()
+                if holder is not None:
+                    found.append(holder)
+                return holder is not None
+
+            assert _wait(holder_found, 60)
+            request_id, holder_id = found[0]
             holder = next(e["holder"] for e in cluster.workers[holder_id].events if e.get("event") == "registered")
             rogue.stdin.write(f"attack {request_id} {holder}\n")
             rogue.stdin.flush()

@@ -198,6 +198,9 @@ class HolderStore final : public transport::RecordSink {
                                     uint64_t* durable_tokens,
                                     std::vector<transport::AppendOutcome>* outcomes);
   void drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it);
+  // A message for a checkpoint the store does not hold (any more): stale when that checkpoint
+  // was dropped at a newer epoch, else refused.
+  transport::Status absent(const Key& key, uint32_t epoch) const;
   transport::Status commit(Checkpoint* checkpoint, Pending* pending);
   void abort_pending(Checkpoint* checkpoint, transport::Status status,
                      std::vector<transport::AppendOutcome>* outcomes);
@@ -207,12 +210,18 @@ class HolderStore final : public transport::RecordSink {
   void give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer);
 
   static constexpr uint64_t kMaxSpareBytes = 256ull << 20;
+  // Released, evicted or expired checkpoints whose last epoch is remembered (oldest forgotten
+  // first): without it a fenced incarnation could re-open one with its old capability and
+  // fill it with records a later restore would trust.
+  static constexpr size_t kMaxRetiredEpochs = size_t{1} << 16;
 
   HolderOptions options_;
   mutable std::mutex mutex_;
   ChunkArena arena_;  // outlives every checkpoint and orphan below
   std::unordered_map<Key, Checkpoint, KeyHash> checkpoints_;
   std::unordered_map<uint64_t, Key> ticket_keys_;
+  std::unordered_map<Key, uint32_t, KeyHash> retired_epochs_;
+  std::deque<Key> retired_order_;  // the keys of retired_epochs_, oldest first
   std::unordered_map<uint64_t, Orphan> orphans_;
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<uint8_t[]>>> spare_;
   uint64_t spare_bytes_ = 0;
