@@ -105,16 +105,19 @@ def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool, check_s
     return slot_ids
 
 
-def _as_index(slot_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Contiguous int64 ids on ``device`` (on a CUDA device: call under the op's stream).
+def _to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as a contiguous ``dtype`` tensor on ``device`` (a CUDA device: call under the op's
+    stream). A CPU tensor goes up through pinned memory with an asynchronous copy, so the call
+    does not wait for the work already queued on the stream, as a pageable copy would."""
+    x = x.detach().to(dtype=dtype).contiguous()
+    if device.type == "cuda" and x.device.type == "cpu":
+        return x.pin_memory().to(device, non_blocking=True)
+    return x.to(device)
 
-    CPU ids go up through pinned memory with an asynchronous copy, so the call does not wait
-    for the work already queued on the stream.
-    """
-    ids = slot_ids.to(dtype=torch.int64).contiguous()
-    if device.type == "cuda" and ids.device.type == "cpu":
-        return ids.pin_memory().to(device, non_blocking=True)
-    return ids.to(device)
+
+def _as_index(slot_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Contiguous int64 ids on ``device`` (see _to_device)."""
+    return _to_device(slot_ids, device, torch.int64)
 
 
 def _check_records_shape(records: torch.Tensor, name: str, num_tokens: int, layout: KVLayout) -> None:
@@ -616,7 +619,7 @@ def verify_draft(
         return VerifyResult(torch.empty(0, out_cols, dtype=torch.int64, device=device), empty, empty.clone())
 
     def on_device(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-        return None if x is None else x.detach().to(device=device, dtype=dtype).contiguous()
+        return None if x is None else _to_device(x, device, dtype)
 
     keep = {
         "target": on_device(target, compute_dtype),
