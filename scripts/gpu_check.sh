@@ -9,6 +9,9 @@
 #
 #   scripts/gpu_check.sh            # uses `python3` (override: PYTHON=/path/to/python)
 #   OUT=/some/dir scripts/gpu_check.sh   # also keeps logs and JSON there
+#   WHEELS=/dir/of/wheels scripts/gpu_check.sh   # e.g. the libucx-cu13 wheel, brought along:
+#                                   # unpacked into a scratch folder put on PYTHONPATH
+#   LUMEN_CUDA_ARCHS=90 scripts/gpu_check.sh     # one architecture: half the build time
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -16,6 +19,11 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 export LUMEN_CUDA=ON LUMEN_UCX=${LUMEN_UCX:-AUTO} LUMEN_CUDA_ARCHS=${LUMEN_CUDA_ARCHS:-80;90}
 export PIP_NO_INDEX=1
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d)
+  "$PYTHON" -m pip install -q --no-deps --no-compile --target "$site" "$WHEELS"/*.whl || exit 1
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 
 declare -a names=() results=()
 failed=0
