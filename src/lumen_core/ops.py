@@ -268,7 +268,8 @@ def scatter_tokens(
             copied to device staging first (``"staged"``, the default for CPU records).
         num_threads, mode, stream: as in gather_tokens.
         check_slots: as in gather_tokens; it also covers the check for repeated ids (with
-            ``False``, repeated ids leave one of their records, unspecified which).
+            ``False``, a repeated id's row ends up unspecified: its records' writes may
+            interleave).
 
     Raises:
         TypeError: ``layout`` is not a KVLayout, ``slot_ids``/``records`` not tensors, ``stream``
