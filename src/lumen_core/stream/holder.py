@@ -344,21 +344,22 @@ def _restore_in_chunks(
     """A restore whose records are read out ``chunk`` tokens at a time: ``read(start,
     records)`` fills ``records`` (a host buffer, pinned for a CUDA cache) from position
     ``start`` and says what it read (None: no such checkpoint). Each chunk's token ids and
-    crcs are checked here and its verified prefix scattered. Reads alternate between two
-    buffers, so on a GPU the next chunk is read and verified while the last one is still on its
-    way to the device; the restore returns once the cache holds every restored record."""
+    crcs are checked here and its verified prefix scattered. For a CUDA cache reads alternate
+    between two buffers, so the next chunk is read and verified while the last one is still on
+    its way to the device; the restore returns once the cache holds every restored record."""
     cuda = layout.device.type == "cuda"
     rows = min(chunk, max(limit, 1))
-    buffers = [torch.empty((rows, layout.record_bytes), dtype=torch.uint8, pin_memory=cuda) for _ in range(2)]
+    buffers = [torch.empty((rows, layout.record_bytes), dtype=torch.uint8, pin_memory=cuda)
+               for _ in range(2 if cuda else 1)]
     # The event after the last scatter from each buffer: it must pass before a read refills it.
-    scattered: list[torch.cuda.Event | None] = [None, None]
+    scattered: list[torch.cuda.Event | None] = [None] * len(buffers)
     restored = durable = reads = 0
     status = RestoreStatus.COMPLETE
     try:
         while reads == 0 or restored < limit:
             # Read at least once, even for nothing to restore: a missing or mismatched
             # checkpoint is reported as it is by the one-pass restore.
-            which = reads % 2
+            which = reads % len(buffers)
             reads += 1
             pending = scattered[which]
             if pending is not None:
