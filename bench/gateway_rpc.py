@@ -182,5 +182,20 @@ def main() -> None:
             json.dump(results, handle, indent=1)
 
 
+# ---- pytest-benchmark (make bench): one signed heartbeat over loopback gRPC ----------------
+
+def test_heartbeat_rpc(benchmark) -> None:  # type: ignore[no-untyped-def]
+    config = GatewayConfig(policy="LUMEN")
+    held = [HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1)]
+    with GatewayServer(config, SECRET) as server:
+        client = GatewayClient(server.address, SECRET, timeout_s=10.0)
+        try:
+            client.register(0, budget_bytes=64 * GIB)
+            reply = benchmark(client.heartbeat, num_running=3, num_waiting=1, held=held)
+        finally:
+            client.close()
+    assert not reply.fenced
+
+
 if __name__ == "__main__":
     main()

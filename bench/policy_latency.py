@@ -267,5 +267,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# ---- pytest-benchmark (make bench): 64 workers, correctness checked first -----------------
+
+def test_place_load_aware(benchmark) -> None:  # type: ignore[no-untyped-def]
+    check_correctness(64, 16)
+    cluster = Cluster(64, 16, LoadAware())
+    request_ids = iter(range(10**9, 2 * 10**9))
+
+    def place() -> None:
+        request_id = next(request_ids)
+        cluster.monitor.apply(RequestAdmitted(0.0, request_id, request_id % 64, 1155, OUTPUT_TOKENS))
+        cluster.placement.place(cluster.monitor, request_id)
+        cluster.monitor.apply(RequestFinished(0.0, request_id))
+
+    benchmark(place)
+
+
 if __name__ == "__main__":
     sys.exit(main())

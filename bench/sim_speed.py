@@ -63,5 +63,18 @@ def main() -> None:
             )
 
 
+# ---- pytest-benchmark (make bench): the first 2000 requests at 8 workers, checked first -----
+
+def test_sim_lumen_8_workers(benchmark) -> None:  # type: ignore[no-untyped-def]
+    workers = 8
+    workload = load_trace().head(2000).scaled_to_rate(RATE_PER_WORKER * workers)
+    config = table1_config(workers)
+    failures = (Failure(0.4 * float(workload.arrival_s[-1]), failed_workers(workers, 0.25, 0)),)
+    result = benchmark.pedantic(
+        lambda: ClusterSim(config, workload, preset("LUMEN"), failures).run(), rounds=3, iterations=1
+    )
+    assert (result.finish_counts == 1).all() and result.num_interrupted > 0
+
+
 if __name__ == "__main__":
     main()

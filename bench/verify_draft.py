@@ -183,5 +183,14 @@ def main() -> None:
             json.dump(rows, f, indent=1)
 
 
+# ---- pytest-benchmark (make bench): one vocabulary, dense drafts, checked first -----------
+
+def test_verify_draft_dense(benchmark) -> None:  # type: ignore[no-untyped-def]
+    target, drafts, uniforms = make_inputs(4096, "cpu")
+    ids, draft_probs = drafts["dense"]
+    check(target, ids, draft_probs, uniforms, threads=1)
+    benchmark(verify_draft, target, ids, draft_probs, uniforms=uniforms, num_threads=1)
+
+
 if __name__ == "__main__":
     main()
