@@ -3,9 +3,9 @@
 Both run between two processes on loopback at the same message size and UCX_TLS, in the same
 run. Ours: a Server process (its HolderStore; crc check on receipt off for the transport-only case,
 on for the "+verify" case) and a Client streaming prepared appends of [n, 32 KiB] records,
-4 in flight, in rounds of appends to one checkpoint, driven by the client's C++ loop (as the
-streamer drives it; open and release outside the timing). `python_driven_gb_per_s` is the same
-from Python (`start_append` / `wait`, `--window` in flight, open and release timed). GB/s
+`--window` in flight, in rounds of appends to one checkpoint, driven by the client's C++ loop
+(as the streamer drives it; open and release outside the timing). `python_driven_gb_per_s` is
+the same from Python (`start_append` / `wait`, open and release timed). GB/s
 counts message payload bytes (records + token ids + crcs) per second.
 
 The receiver's working set decides much of the figure on this machine (32 MiB last-level
@@ -154,7 +154,8 @@ def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, per_round: 
             done = 0
             while done < iterations:
                 count = min(per_round, iterations - done)
-                measured = client.self_test(message_bytes=size, count=count, expected_gb_per_s=0)
+                measured = client.self_test(message_bytes=size, count=count, window=window,
+                                            expected_gb_per_s=0)
                 native_s += count * payload / (measured.gb_per_s * 1e9)
                 done += count
             done = 0
@@ -182,7 +183,8 @@ def main() -> None:
     parser.add_argument("--sizes-mib", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--tls", nargs="+", default=["tcp", "sm"], choices=sorted(TLS_OURS))
     parser.add_argument("--total-mib", type=int, default=1024, help="bytes moved per case")
-    parser.add_argument("--window", type=int, default=4, help="appends in flight")
+    # The streamer starts all appends of a step at once (one or more per request and holder).
+    parser.add_argument("--window", type=int, default=8, help="appends in flight")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (best of)")
     parser.add_argument("--round-mib", type=int, default=16,
                         help="receiver working set of the transport-only rows")

@@ -94,14 +94,14 @@ void Client::close() {
   worker_.stop();
 }
 
-double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t shard,
-                                 double timeout_s) {
+double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t window,
+                                 uint32_t shard, double timeout_s) {
   check_timeout(timeout_s);
   constexpr uint64_t kSelfTestRequest = ~uint64_t{0};
-  constexpr size_t kWindow = 4;
   const uint64_t record_bytes = std::min<uint64_t>(message_bytes, 32768);
   const uint64_t num_tokens = message_bytes / std::max<uint64_t>(record_bytes, 1);
   uint64_t payload_bytes = 0;
+  if (window == 0) throw std::invalid_argument("window must be >= 1, got 0");
   if (count == 0 || num_tokens == 0 || num_tokens > options_.limits.max_tokens_per_message ||
       !append_payload_bytes(&payload_bytes, num_tokens, record_bytes) ||
       payload_bytes > options_.limits.max_payload_bytes) {
@@ -132,7 +132,7 @@ double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_
   for (uint32_t i = 0; i < count; ++i) {
     args.start_pos = i * num_tokens;
     in_flight.push_back(start_append(args));
-    if (in_flight.size() >= kWindow) {
+    if (in_flight.size() >= window) {
       wait(in_flight.front(), timeout_s);
       in_flight.erase(in_flight.begin());
     }

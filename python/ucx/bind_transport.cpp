@@ -305,12 +305,13 @@ void bind_transport(py::module_& m) {
           },
           py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"))
       .def("measure_bandwidth",
-           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t shard,
-              double timeout_s) {
+           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t window,
+              uint32_t shard, double timeout_s) {
              py::gil_scoped_release release;
-             return c.client->measure_bandwidth(message_bytes, count, shard, timeout_s);
+             return c.client->measure_bandwidth(message_bytes, count, window, shard, timeout_s);
            },
-           py::arg("message_bytes"), py::arg("count"), py::arg("shard"), py::arg("timeout_s"))
+           py::arg("message_bytes"), py::arg("count"), py::arg("window"), py::arg("shard"),
+           py::arg("timeout_s"))
       .def("transports",
            [](PyClient& c) {
              py::gil_scoped_release release;

@@ -404,14 +404,17 @@ class Client:
         *,
         message_bytes: int = 8 << 20,
         count: int = 16,
+        window: int = 4,
         expected_gb_per_s: float = 1.0,
         timeout_s: float = 30.0,
     ) -> SelfTest:
         """Start-up self-test: which transports UCX picked, and the bandwidth of ``count``
-        appends of ``message_bytes`` to a scratch checkpoint on the server (released after).
-        Warns (RuntimeWarning) when the bandwidth is below ``expected_gb_per_s``."""
+        appends of ``message_bytes`` (``window`` of them in flight) to a scratch checkpoint on
+        the server (released after). Warns (RuntimeWarning) when the bandwidth is below
+        ``expected_gb_per_s``."""
         _check_int("message_bytes", message_bytes, 1, self.limits.max_payload_bytes)
         _check_int("count", count, 1, 1 << 20)
+        _check_int("window", window, 1, 1 << 10)
         if isinstance(expected_gb_per_s, bool) or not isinstance(expected_gb_per_s, (int, float)):
             raise TypeError(
                 f"expected_gb_per_s must be a number, got {type(expected_gb_per_s).__name__}"
@@ -419,7 +422,7 @@ class Client:
         transports = tuple(self.transports())
         shard = int.from_bytes(os.urandom(4), "little")  # scratch key: no clash with others
         bytes_per_s = self._native.measure_bandwidth(
-            message_bytes, count, shard, _check_timeout(timeout_s)
+            message_bytes, count, window, shard, _check_timeout(timeout_s)
         )
         result = SelfTest(transports=transports, gb_per_s=bytes_per_s / 1e9)
         if result.gb_per_s < expected_gb_per_s:

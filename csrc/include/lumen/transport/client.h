@@ -97,9 +97,9 @@ class Client {
 
   // Streams count appends of message_bytes (zero records of up to 32 KiB with their crcs) to
   // a scratch checkpoint (request_id 2**64 - 1, the given shard), releases it, and returns
-  // the payload bytes per second achieved with 4 appends in flight.
-  double measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t shard,
-                           double timeout_s);
+  // the payload bytes per second achieved with `window` appends in flight.
+  double measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t window,
+                           uint32_t shard, double timeout_s);
 
   // The (transport, device) pairs UCX chose for this connection, e.g. ("tcp", "lo").
   std::vector<std::pair<std::string, std::string>> transports();
