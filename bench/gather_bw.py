@@ -35,6 +35,7 @@ NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 8, 128, 16, torch.bfloat16
 SHAPES = {"32L": 32, "80L": 80}
 DECODE_TOKENS, RESTORE_TOKENS = 256, 4096
 CUDA_CALLS = 10  # calls per timed GPU sample
+QUIET_S = 0.02  # pause before each CPU sample: other thread pools' spinning ends
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,14 @@ def best_times(fns: dict[str, Callable[[], object]], device: str, reps: int) -> 
     each.
 
     Round-robin keeps the ratios fair on a shared machine: a burst of load from elsewhere hits
-    an op and its baselines alike rather than one of them. On a GPU a sample is CUDA events
-    around ``CUDA_CALLS`` back-to-back calls, so a small batch's time is the device's (and the
-    host's launch cost where that is larger), not one synchronisation's round trip.
+    an op and its baselines alike rather than one of them. On a CPU each sample is taken after
+    a quiet pause and one untimed call of the same function: torch's OpenMP threads keep
+    spinning for milliseconds after a torch call, and on two cores that stole one from whatever
+    ran next (an 80-layer decode gather at 2 threads: 8.4 GB/s right after torch's, 12.0 after
+    a 20 ms pause; torch's own calls are fastest with its threads already spinning). On a GPU a
+    sample is CUDA events around ``CUDA_CALLS`` back-to-back calls, so a small batch's time is
+    the device's (and the host's launch cost where that is larger), not one synchronisation's
+    round trip.
     """
     for fn in fns.values():
         fn()  # warm-up (page faults, pool threads, allocator)
@@ -96,7 +102,12 @@ def best_times(fns: dict[str, Callable[[], object]], device: str, reps: int) -> 
     best = {name: float("inf") for name in fns}
     for _ in range(reps):
         for name, fn in fns.items():
-            best[name] = min(best[name], cuda_seconds(fn) if device == "cuda" else cpu_seconds(fn))
+            if device == "cuda":
+                best[name] = min(best[name], cuda_seconds(fn))
+                continue
+            time.sleep(QUIET_S)
+            fn()
+            best[name] = min(best[name], cpu_seconds(fn))
     return best
 
 
