@@ -7,13 +7,15 @@
 //   plane (what the hardware prefetcher follows) instead of num_planes interleaved streams.
 //   Measured here on restore batches, 1 thread: 0.71x -> 0.85x of memcpy; scatter was better
 //   token-major.
-// Batches larger than the last-level cache copy rows of at least kStreamMinBytes with
-// non-temporal (streaming) stores: small copies otherwise pay a read-for-ownership of every
-// destination line, which halves the bandwidth (PERF_NOTES.md). A batch that fits the cache is
-// copied with plain stores, so its records stay there for the checksum and send that follow:
-// measured here on 2 threads, a 32 MiB decode batch gathered at 12.8 GB/s with plain stores
-// against 7.1 with streaming ones, while an 80 MiB decode batch and 512 MiB restores ran
-// 1.2-1.3x faster streaming. The SIMD routine is picked at run time from the CPU's features.
+// Rows of at least kStreamMinBytes are copied with non-temporal (streaming) stores: small
+// copies otherwise pay a read-for-ownership of every destination line, which halves the
+// bandwidth (PERF_NOTES.md). A scatter always streams (it restores KV the engine reads later;
+// a 32 MiB decode batch scattered at 10.5-11.1 GB/s streaming against 5.9-6.2 with plain
+// stores, 1 thread). A gather streams only batches larger than the last-level cache: a smaller
+// one is copied with plain stores, so its records stay there for the checksum and send that
+// follow (2 threads: a 32 MiB decode batch gathered at 12.8 GB/s with plain stores against
+// 7.1 with streaming ones, while an 80 MiB decode batch and 512 MiB restores ran 1.2-1.3x
+// faster streaming). The SIMD routine is picked at run time from the CPU's features.
 #include <immintrin.h>
 #include <unistd.h>
 
@@ -121,7 +123,7 @@ int64_t cache_bytes() {
   return bytes;
 }
 
-CopyFn copy_for(int64_t payload_bytes) {
+CopyFn gather_copy_for(int64_t payload_bytes) {
   return payload_bytes > cache_bytes() ? copy_routine().fn : copy_plain;
 }
 
@@ -162,7 +164,7 @@ void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes
                        int num_threads) {
   check_arguments(records, planes, num_planes, record_bytes, slot_ids, num_tokens);
   if (num_tokens == 0) return;
-  CopyFn copy = copy_for(num_tokens * record_bytes);
+  CopyFn copy = gather_copy_for(num_tokens * record_bytes);
   int64_t num_tiles = (num_tokens + kGatherTileTokens - 1) / kGatherTileTokens;
   int64_t num_items = num_tiles * num_planes;
   int workers = workers_for(num_tokens * record_bytes, num_items, num_threads);
@@ -199,7 +201,7 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
                         int num_threads) {
   check_arguments(records, planes, num_planes, record_bytes, slot_ids, num_tokens);
   if (num_tokens == 0) return;
-  CopyFn copy = copy_for(num_tokens * record_bytes);
+  CopyFn copy = copy_routine().fn;
   int64_t num_units = num_tokens * num_planes;
   int workers = workers_for(num_tokens * record_bytes, num_units, num_threads);
   ThreadPool::instance().run(workers, [&](int worker, int count) {
