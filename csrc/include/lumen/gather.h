@@ -59,8 +59,9 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
 // benchmarks compare against.
 void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num_threads);
 
-// Name of the streaming copy routine the CPU kernels use for batches larger than the
-// last-level cache ("avx512", "avx2" or "memcpy"); smaller batches use plain memcpy.
+// Name of the streaming copy routine the CPU kernels use for every scatter and for gathers
+// larger than the last-level cache ("avx512", "avx2" or "memcpy"); smaller gathers use plain
+// memcpy.
 const char* cpu_copy_kind();
 
 enum class MoveDirection { kGather, kScatter };
