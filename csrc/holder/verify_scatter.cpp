@@ -1,5 +1,7 @@
-// scatter_with_crc (lumen/holder/verify_scatter.h): scalar loads, crc32 over three chains,
-// non-temporal 8-byte stores.
+// scatter_with_crc (lumen/holder/verify_scatter.h): crc32 over three chains of 8-byte loads;
+// non-temporal 64-byte stores where the CPU has AVX-512 and the destinations are 64-byte
+// aligned (a verified restore at 0.95-1.04x memcpy instead of 0.75-0.93x with 8-byte ones),
+// else non-temporal 8-byte stores.
 #include "lumen/holder/verify_scatter.h"
 
 #include <immintrin.h>
@@ -61,6 +63,33 @@ __attribute__((target("sse4.2"))) void copy_piece3(const uint8_t* const* src, ui
   crc[2] = c2;
 }
 
+// The same for 64-byte-aligned destinations: each line moves with one 64-byte load and one
+// 64-byte streaming store; the crc reads the line again from L1, 8 bytes at a time.
+__attribute__((target("avx512f,sse4.2"))) void copy_piece3_avx512(const uint8_t* const* src,
+                                                                  uint8_t* const* dst,
+                                                                  int64_t bytes, uint64_t* crc) {
+  uint64_t c0 = crc[0], c1 = crc[1], c2 = crc[2];
+  int64_t k = 0;
+  for (; k + 64 <= bytes; k += 64) {
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst[0] + k), _mm512_loadu_si512(src[0] + k));
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst[1] + k), _mm512_loadu_si512(src[1] + k));
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst[2] + k), _mm512_loadu_si512(src[2] + k));
+    for (int64_t j = k; j < k + 64; j += 8) {
+      c0 = _mm_crc32_u64(c0, load64(src[0] + j));
+      c1 = _mm_crc32_u64(c1, load64(src[1] + j));
+      c2 = _mm_crc32_u64(c2, load64(src[2] + j));
+    }
+  }
+  crc[0] = c0;
+  crc[1] = c1;
+  crc[2] = c2;
+  if (k < bytes) {
+    const uint8_t* s[3] = {src[0] + k, src[1] + k, src[2] + k};
+    uint8_t* d[3] = {dst[0] + k, dst[1] + k, dst[2] + k};
+    copy_piece3(s, d, bytes - k, crc);
+  }
+}
+
 __attribute__((target("sse4.2"))) void copy_piece1(const uint8_t* src, uint8_t* dst,
                                                    int64_t bytes, uint64_t* crc) {
   uint64_t c = *crc;
@@ -81,6 +110,7 @@ __attribute__((target("sse4.2"))) void copy_piece1(const uint8_t* src, uint8_t* 
 
 void scatter_with_crc(const uint8_t* const* records, const int64_t* slot_ids, int count,
                       const PlaneDesc* planes, const std::vector<int>& order, uint32_t* crcs) {
+  static const bool wide = __builtin_cpu_supports("avx512f");
   uint64_t crc[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
   for (int index : order) {
     const PlaneDesc& plane = planes[index];
@@ -92,7 +122,11 @@ void scatter_with_crc(const uint8_t* const* records, const int64_t* slot_ids, in
         src[t] = records[t] + plane.record_offset + piece * plane.piece_bytes;
         dst[t] = base + slot_piece_offset(plane, slot_ids[t], piece);
       }
-      if (count == 3) {
+      if (count == 3 && wide &&
+          ((reinterpret_cast<uintptr_t>(dst[0]) | reinterpret_cast<uintptr_t>(dst[1]) |
+            reinterpret_cast<uintptr_t>(dst[2])) & 63) == 0) {
+        copy_piece3_avx512(src, dst, plane.piece_bytes, crc);
+      } else if (count == 3) {
         copy_piece3(src, dst, plane.piece_bytes, crc);
       } else {
         for (int t = 0; t < count; ++t) copy_piece1(src[t], dst[t], plane.piece_bytes, &crc[t]);

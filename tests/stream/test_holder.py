@@ -384,6 +384,42 @@ def test_restore_is_bit_exact_for_every_layout(secret: bytes, kind: str) -> None
     assert_kv_equal(source, slots, target, into)
 
 
+@pytest.mark.parametrize("heads, head_dim", [(4, 128), (3, 40)])
+@pytest.mark.parametrize("flip", [None, 5, -1])
+def test_restore_checks_every_byte_of_wide_and_unaligned_rows(
+    secret: bytes, heads: int, head_dim: int, flip: int | None
+) -> None:
+    """1 KiB rows (64-byte aligned: the verified scatter's wide stores) and 240-byte rows
+    (mostly unaligned, with tails: its narrow ones) restore bit for bit, and a byte flipped at
+    the start or the end of record 17 after its crc was taken stops the restore there."""
+    def layout(seed: int) -> KVLayout:
+        return make_paged_cache("vllm_flash", num_layers=2, num_blocks=16, block_size=8,
+                                num_kv_heads=heads, head_dim=head_dim, seed=seed)
+
+    source, target = layout(0), layout(1)
+    store = HolderStore()
+    fp = fingerprint_bytes(source, MODEL)
+    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    slots = torch.arange(3, 43, dtype=torch.int64)
+    records = gather_tokens(source, slots)
+    crcs = checksum(records).numpy()
+    sent = records.clone()
+    if flip is not None:
+        sent[17, flip] ^= 0x10
+    tokens = np.arange(40, dtype=np.uint32)
+    with store.serve(secret, tls=TLS, verify_records=False) as server, Client(
+        "127.0.0.1", server.port, secret, tls=TLS
+    ) as c:
+        c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
+        c.append(1, SHARD, EPOCH, 0, tokens, crcs, sent.numpy(), cap)
+    into = torch.arange(60, 100, dtype=torch.int64).flip(0)
+    result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
+    restored = 40 if flip is None else 17
+    status = RestoreStatus.COMPLETE if flip is None else RestoreStatus.CRC_MISMATCH
+    assert (result.status, result.restored_tokens) == (status, restored)
+    assert_kv_equal(source, slots[:restored], target, into[:restored])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
 def test_holder_memory_is_pinned_where_a_gpu_is_present(rig: Rig) -> None:
