@@ -360,6 +360,21 @@ def test_store_arguments_are_checked(rig: Rig) -> None:
         rig.store.restore(1, target, [3], token_ids=[1.5], model_fingerprint=MODEL)
 
 
+def holding(secret: bytes, source: KVLayout, tokens: np.ndarray, crcs: np.ndarray,
+            records: torch.Tensor) -> HolderStore:
+    """A store holding request 1: ``records`` of ``source``'s format appended as they are (the
+    holder does not check crcs on receipt, so a restore is what catches a bad record)."""
+    store = HolderStore()
+    fp = fingerprint_bytes(source, MODEL)
+    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    with store.serve(secret, tls=TLS, verify_records=False) as server, Client(
+        "127.0.0.1", server.port, secret, tls=TLS
+    ) as c:
+        c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
+        c.append(1, SHARD, EPOCH, 0, tokens, crcs, records.numpy(), cap)
+    return store
+
+
 @pytest.mark.parametrize(
     "kind", ["vllm_flash_hnd", "vllm_flashinfer", "sglang", "mla", "vllm_flash_fp8_scales"]
 )
@@ -369,15 +384,10 @@ def test_restore_is_bit_exact_for_every_layout(secret: bytes, kind: str) -> None
                                 num_kv_heads=2, head_dim=16, seed=seed)
 
     source, target = layout(0), layout(1)
-    store = HolderStore()
-    fp = fingerprint_bytes(source, MODEL)
-    cap = issue_capability(secret, 1, SHARD, EPOCH)
     slots = torch.arange(5, 42, dtype=torch.int64)
     records = gather_tokens(source, slots)
     tokens = np.arange(37, dtype=np.uint32)
-    with store.serve(secret, tls=TLS) as server, Client("127.0.0.1", server.port, secret, tls=TLS) as c:
-        c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
-        c.append(1, SHARD, EPOCH, 0, tokens, checksum(records).numpy(), records.numpy(), cap)
+    store = holding(secret, source, tokens, checksum(records).numpy(), records)
     into = torch.arange(60, 97, dtype=torch.int64).flip(0)
     result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
     assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, 37)
@@ -397,9 +407,6 @@ def test_restore_checks_every_byte_of_wide_and_unaligned_rows(
                                 num_kv_heads=heads, head_dim=head_dim, seed=seed)
 
     source, target = layout(0), layout(1)
-    store = HolderStore()
-    fp = fingerprint_bytes(source, MODEL)
-    cap = issue_capability(secret, 1, SHARD, EPOCH)
     slots = torch.arange(3, 43, dtype=torch.int64)
     records = gather_tokens(source, slots)
     crcs = checksum(records).numpy()
@@ -407,11 +414,7 @@ def test_restore_checks_every_byte_of_wide_and_unaligned_rows(
     if flip is not None:
         sent[17, flip] ^= 0x10
     tokens = np.arange(40, dtype=np.uint32)
-    with store.serve(secret, tls=TLS, verify_records=False) as server, Client(
-        "127.0.0.1", server.port, secret, tls=TLS
-    ) as c:
-        c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
-        c.append(1, SHARD, EPOCH, 0, tokens, crcs, sent.numpy(), cap)
+    store = holding(secret, source, tokens, crcs, sent)
     into = torch.arange(60, 100, dtype=torch.int64).flip(0)
     result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
     restored = 40 if flip is None else 17
