@@ -360,7 +360,7 @@ def test_store_arguments_are_checked(rig: Rig) -> None:
         rig.store.restore(1, target, [3], token_ids=[1.5], model_fingerprint=MODEL)
 
 
-def holding(secret: bytes, source: KVLayout, tokens: np.ndarray, crcs: np.ndarray,
+def hold_checkpoint(secret: bytes, source: KVLayout, tokens: np.ndarray, crcs: np.ndarray,
             records: torch.Tensor) -> HolderStore:
     """A store holding request 1: ``records`` of ``source``'s format appended as they are (the
     holder does not check crcs on receipt, so a restore is what catches a bad record)."""
@@ -387,7 +387,7 @@ def test_restore_is_bit_exact_for_every_layout(secret: bytes, kind: str) -> None
     slots = torch.arange(5, 42, dtype=torch.int64)
     records = gather_tokens(source, slots)
     tokens = np.arange(37, dtype=np.uint32)
-    store = holding(secret, source, tokens, checksum(records).numpy(), records)
+    store = hold_checkpoint(secret, source, tokens, checksum(records).numpy(), records)
     into = torch.arange(60, 97, dtype=torch.int64).flip(0)
     result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
     assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, 37)
@@ -414,7 +414,7 @@ def test_restore_checks_every_byte_of_wide_and_unaligned_rows(
     if flip is not None:
         sent[17, flip] ^= 0x10
     tokens = np.arange(40, dtype=np.uint32)
-    store = holding(secret, source, tokens, crcs, sent)
+    store = hold_checkpoint(secret, source, tokens, crcs, sent)
     into = torch.arange(60, 100, dtype=torch.int64).flip(0)
     result = store.restore(1, target, into, token_ids=tokens, model_fingerprint=MODEL)
     restored = 40 if flip is None else 17
