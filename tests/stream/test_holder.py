@@ -360,8 +360,9 @@ def test_store_arguments_are_checked(rig: Rig) -> None:
         rig.store.restore(1, target, [3], token_ids=[1.5], model_fingerprint=MODEL)
 
 
-def hold_checkpoint(secret: bytes, source: KVLayout, tokens: np.ndarray, crcs: np.ndarray,
-            records: torch.Tensor) -> HolderStore:
+def hold_checkpoint(
+    secret: bytes, source: KVLayout, tokens: np.ndarray, crcs: np.ndarray, records: torch.Tensor
+) -> HolderStore:
     """A store holding request 1: ``records`` of ``source``'s format appended as they are (the
     holder does not check crcs on receipt, so a restore is what catches a bad record)."""
     store = HolderStore()
