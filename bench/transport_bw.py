@@ -33,6 +33,7 @@ for us.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -103,26 +105,41 @@ def _serve(tls: str, secret_file: str, verify: bool) -> None:
         sys.stdin.read()  # until the parent closes stdin
 
 
-def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, per_round: int,
-                  verify: bool, secret: bytes, secret_file: str
-                  ) -> tuple[float, float, list[tuple[str, str]]]:
-    """GB/s of appends driven by the client's C++ loop and from Python, and the transports."""
-    import torch
-
-    from lumen_core import ops
-    from lumen_core.transport import Client, issue_capability
-
+@contextlib.contextmanager
+def served(tls: str, secret_file: str, verify: bool = False) -> Iterator[int]:
+    """A Server in its own process (``_serve``) for the duration; yields its port."""
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", tls, secret_file] + (["--verify"] if verify else []),
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
-        port = int(server.stdout.readline())
-        num_tokens = size // RECORD_BYTES
+        yield int(server.stdout.readline())
+    finally:
+        server.stdin.close()
+        server.wait(timeout=30)
+
+
+def prepared_append(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token_ids, crcs, records) of one append of ``size`` bytes of random 32 KiB records."""
+    import torch
+
+    from lumen_core import ops
+
+    num_tokens = size // RECORD_BYTES
+    records = np.random.default_rng(size).integers(0, 256, (num_tokens, RECORD_BYTES), dtype=np.uint8)
+    crcs = ops.checksum(torch.from_numpy(records)).numpy().astype(np.uint32)
+    return np.arange(num_tokens, dtype=np.uint32), crcs, records
+
+
+def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, per_round: int,
+                  verify: bool, secret: bytes, secret_file: str
+                  ) -> tuple[float, float, list[tuple[str, str]]]:
+    """GB/s of appends driven by the client's C++ loop and from Python, and the transports."""
+    from lumen_core.transport import Client, issue_capability
+
+    with served(tls, secret_file, verify) as port:
+        token_ids, crcs, records = prepared_append(size)
+        num_tokens = len(token_ids)
         payload = num_tokens * (RECORD_BYTES + 8)  # records, token ids and crcs
-        rng = np.random.default_rng(size)
-        records = rng.integers(0, 256, (num_tokens, RECORD_BYTES), dtype=np.uint8)
-        crcs = ops.checksum(torch.from_numpy(records)).numpy().astype(np.uint32)
-        token_ids = np.arange(num_tokens, dtype=np.uint32)
         fingerprint = bytes(32)
         with Client("127.0.0.1", port, secret, tls=tls) as client:
             transports = client.transports()
@@ -150,28 +167,18 @@ def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, per_round: 
             # self-test: a scratch checkpoint per round, opened and released outside the
             # timing), like ucx_perftest's C loop; Python-driven rounds add a GIL round trip
             # per append and an open and a release per round, reported beside it.
+            counts = [min(per_round, iterations - done) for done in range(0, iterations, per_round)]
             native_s = 0.0
-            done = 0
-            while done < iterations:
-                count = min(per_round, iterations - done)
+            for count in counts:
                 measured = client.self_test(message_bytes=size, count=count, window=window,
                                             expected_gb_per_s=0)
                 native_s += count * payload / (measured.gb_per_s * 1e9)
-                done += count
-            done = 0
             start = time.perf_counter()
-            request_id = 2
-            while done < iterations:
-                count = min(per_round, iterations - done)
+            for request_id, count in enumerate(counts, start=2):
                 run_round(request_id, count, check=False)
-                done += count
-                request_id += 1
             python_s = time.perf_counter() - start
         return (iterations * payload / native_s / 1e9, iterations * payload / python_s / 1e9,
                 transports)
-    finally:
-        server.stdin.close()
-        server.wait(timeout=30)
 
 
 def main() -> None:
@@ -252,42 +259,29 @@ def test_append_1mib_tcp(benchmark, tmp_path) -> None:  # type: ignore[no-untype
     import pytest
 
     pytest.importorskip("lumen_core._C_ucx", reason="the UCX transport is not built")
+    from lumen_core.transport import Client, issue_capability
+
     secret = os.urandom(32)
     secret_file = tmp_path / "secret"
     secret_file.write_bytes(secret)
     secret_file.chmod(0o600)
-    # ours_gb_per_s streams 16 rounds and checks one read back bit for bit.
-    ours_gb_per_s("tcp", 1 << 20, 16, 4, 16, False, secret, str(secret_file))
-    import torch
+    token_ids, crcs, records = prepared_append(1 << 20)
+    num_tokens = len(token_ids)
+    cap = issue_capability(secret, 1, 0, 1)
+    with served("tcp", str(secret_file)) as port, Client("127.0.0.1", port, secret, tls="tcp") as client:
+        client.open(1, 0, 1, RECORD_BYTES, bytes(32), bytes(32), cap)
+        position = [0]
 
-    from lumen_core import ops
-    from lumen_core.transport import Client, issue_capability
+        def append() -> int:
+            durable = client.append(1, 0, 1, position[0], token_ids, crcs, records, cap)
+            position[0] += num_tokens
+            return durable
 
-    server = subprocess.Popen([sys.executable, __file__, "--serve", "tcp", str(secret_file)],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(server.stdout.readline())
-        num_tokens = (1 << 20) // RECORD_BYTES
-        records = np.zeros((num_tokens, RECORD_BYTES), dtype=np.uint8)
-        crcs = ops.checksum(torch.from_numpy(records)).numpy().astype(np.uint32)
-        token_ids = np.arange(num_tokens, dtype=np.uint32)
-        cap = issue_capability(secret, 1, 0, 1)
-        with Client("127.0.0.1", port, secret, tls="tcp") as client:
-            client.open(1, 0, 1, RECORD_BYTES, bytes(32), bytes(32), cap)
-            position = [0]
-
-            def append() -> int:
-                durable = client.append(1, 0, 1, position[0], token_ids, crcs, records, cap)
-                position[0] += num_tokens
-                return durable
-
-            durable = benchmark.pedantic(append, rounds=64, iterations=1)
-            client.release(1, 0, 1, cap)
-        assert durable == position[0]
-    finally:
-        server.stdin.close()
-        server.wait(timeout=30)
-
+        durable = benchmark.pedantic(append, rounds=64, iterations=1)
+        back = client.read(1, 0, 1, position[0] - num_tokens, num_tokens, RECORD_BYTES, cap)
+        client.release(1, 0, 1, cap)
+    assert durable == position[0]
+    assert np.array_equal(back.records, records) and np.array_equal(back.crcs, crcs)
 
 if __name__ == "__main__":
     main()
