@@ -1,0 +1,59 @@
+"""Every CPU copy routine (LUMEN_CPU_COPY), not only the one this CPU picks, moves rows of
+every size class bit for bit: the read-ahead loop, the 256- and 64-byte loops, the tails and
+unaligned ends. The routine is chosen once per process, so each runs in its own."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from lumen_core import _native
+
+# Piece sizes around the loops' bounds (4096 and 1000: read-ahead then tail; 300: 256-byte
+# loop only; 100: below streaming; 777: odd, so records and rows end unaligned).
+ROUND_TRIP = """
+import torch
+from lumen_core import _native, reference
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import gather_tokens, scatter_tokens
+from lumen_core.testing import random_tensor
+
+gen = torch.Generator().manual_seed(0)
+shapes = [(1, 4096), (3, 1000), (2, 300), (1, 100), (5, 777)]
+layout = KVLayout([random_tensor((6, 16, pieces, elems), torch.int8, generator=gen) for pieces, elems in shapes])
+twin = KVLayout([view.clone() for view in layout.views])
+ids = torch.randperm(layout.num_slots, generator=gen)[:40]
+assert torch.equal(gather_tokens(layout, ids, num_threads=2), reference.gather_tokens(layout, ids))
+new = random_tensor((40, layout.record_bytes), torch.uint8, generator=gen)
+scatter_tokens(layout, ids, new, num_threads=2)
+reference.scatter_tokens(twin, ids, new)
+assert all(torch.equal(a, b) for a, b in zip(layout.views, twin.views))
+print(_native.require_cpu().cpu_copy_kind())
+"""
+
+
+def run_with(routine: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, LUMEN_CPU_COPY=routine)
+    return subprocess.run([sys.executable, "-c", ROUND_TRIP], env=env, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("routine", ["avx512", "avx2", "memcpy"])
+def test_routine_round_trips_bit_exact(routine):
+    result = run_with(routine)
+    if "one this CPU supports" in result.stderr:
+        pytest.skip(f"this CPU has no {routine}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == routine
+
+
+def test_unknown_routine_is_a_clear_error():
+    result = run_with("sse9")
+    assert result.returncode != 0
+    assert "LUMEN_CPU_COPY must be avx512, avx2 or memcpy" in result.stderr and "got sse9" in result.stderr
+
+
+def test_empty_setting_keeps_the_cpus_pick():
+    if os.environ.get("LUMEN_CPU_COPY"):
+        pytest.skip("this process runs a forced routine")
+    assert run_with("").stdout.strip() == _native.require_cpu().cpu_copy_kind()
