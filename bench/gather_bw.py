@@ -3,7 +3,9 @@
 Shapes: 32 and 80 layers of vLLM flash caches (8 KV heads, head_dim 128, bf16, block_size 16).
 Batches: ``decode`` (1 new token of each of 256 requests, scattered slots) and ``restore``
 (4096 consecutive tokens of one request). For each: native gather and scatter, a contiguous
-copy of the same payload with the same thread count (the memcpy ceiling), the best torch idiom
+copy of the same payload with the same thread count (``memcpy``, glibc's, which the ratios are
+against; ``stream_copy``, the same copy with the kernels' streaming routine: it beats glibc's on
+some machines, and a gather of consecutive slots then can too), the best torch idiom
 (``torch.index_select(..., out=)`` / ``index_copy_`` over flattened rows per plane) and the naive
 idiom (per-layer advanced indexing, then ``torch.stack``). GB/s counts payload bytes (the
 records' size); each figure is the best of ``--reps`` runs after a warm-up. Correctness is
@@ -171,6 +173,8 @@ def bench_cpu_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, thr
         torch.set_num_threads(threads)
         t = best_times({
             "memcpy": partial(native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, threads),
+            "stream_copy": partial(native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, threads,
+                                   streaming=True),
             "gather": partial(gather_tokens, layout, ids, records, num_threads=threads),
             "scatter": partial(scatter_tokens, layout, ids, records, num_threads=threads),
             "best_gather": idioms.best_gather,
@@ -182,6 +186,8 @@ def bench_cpu_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, thr
             rows.append(Row(shape, batch, op, threads, payload / t[op] / 1e9, t["memcpy"] / t[op],
                             t[f"best_{op}"] / t[op], t[f"naive_{op}"] / t[op]))
         rows.append(Row(shape, batch, "memcpy", threads, payload / t["memcpy"] / 1e9, 1.0, None, None))
+        rows.append(Row(shape, batch, "stream_copy", threads, payload / t["stream_copy"] / 1e9,
+                        t["memcpy"] / t["stream_copy"], None, None))
     torch.set_num_threads(torch_threads)
     if batch == "restore":
         assert torch.equal(checksum(records[:64], num_threads=2), checksum(records[:64], num_threads=1))

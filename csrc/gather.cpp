@@ -280,15 +280,18 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
   });
 }
 
-void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num_threads) {
+void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num_threads,
+                    bool streaming) {
   if (num_bytes < 0) throw std::invalid_argument("num_bytes must be >= 0");
   if (num_bytes == 0) return;
   if (dst == nullptr || src == nullptr) throw std::invalid_argument("null pointer");
+  CopyFn copy = streaming ? copy_routine().fn : copy_plain;
   int workers = workers_for(num_bytes, num_bytes, num_threads);
   ThreadPool::instance().run(workers, [&](int worker, int count) {
     int64_t begin, end;
     split_range(num_bytes, worker, count, &begin, &end);
-    std::memcpy(dst + begin, src + begin, static_cast<size_t>(end - begin));
+    copy(dst + begin, src + begin, static_cast<size_t>(end - begin));
+    if (streaming) store_fence();
   });
 }
 

@@ -46,13 +46,16 @@ void bind_gather(py::module_& m) {
       py::arg("slot_ids"), py::arg("num_tokens"), py::arg("num_threads"));
   m.def(
       "copy_bytes",
-      [](uintptr_t dst, uintptr_t src, int64_t num_bytes, int num_threads) {
+      [](uintptr_t dst, uintptr_t src, int64_t num_bytes, int num_threads, bool streaming) {
         py::gil_scoped_release release;
         lumen::copy_bytes_cpu(reinterpret_cast<uint8_t*>(dst),
-                              reinterpret_cast<const uint8_t*>(src), num_bytes, num_threads);
+                              reinterpret_cast<const uint8_t*>(src), num_bytes, num_threads,
+                              streaming);
       },
       py::arg("dst"), py::arg("src"), py::arg("num_bytes"), py::arg("num_threads"),
-      "Contiguous copy split over threads: the memcpy ceiling of the benchmarks.");
+      py::arg("streaming") = false,
+      "Contiguous copy split over threads: memcpy (the ceiling of the benchmarks) or, with "
+      "streaming=True, the kernels' streaming copy routine (cpu_copy_kind).");
   m.def(
       "slot_piece_offsets",
       [](uintptr_t planes, int num_planes, int64_t record_bytes, std::vector<int64_t> slot_ids) {

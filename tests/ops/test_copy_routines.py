@@ -1,12 +1,14 @@
 """Every CPU copy routine (LUMEN_CPU_COPY), not only the one this CPU picks, moves rows of
-every size class bit for bit: the read-ahead loop, the 256- and 64-byte loops, the tails and
-unaligned ends. The routine is chosen once per process, so each runs in its own."""
+every size class bit for bit (the read-ahead loop, the 256- and 64-byte loops, the tails and
+unaligned ends), and so does the contiguous copy_bytes with it or with memcpy. The routine is
+chosen once per process, so each runs in its own."""
 
 import os
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from lumen_core import _native
 
@@ -29,13 +31,18 @@ new = random_tensor((40, layout.record_bytes), torch.uint8, generator=gen)
 scatter_tokens(layout, ids, new, num_threads=2)
 reference.scatter_tokens(twin, ids, new)
 assert all(torch.equal(a, b) for a, b in zip(layout.views, twin.views))
+src = random_tensor((3 << 20,), torch.uint8, generator=gen)
+dst = torch.zeros_like(src)
+_native.require_cpu().copy_bytes(dst.data_ptr() + 5, src.data_ptr() + 3, src.numel() - 11, 2, streaming=True)
+assert torch.equal(dst[5:-6], src[3:-8]) and not dst[:5].any() and not dst[-6:].any()
 print(_native.require_cpu().cpu_copy_kind())
 """
 
 
 def run_with(routine: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, LUMEN_CPU_COPY=routine)
-    return subprocess.run([sys.executable, "-c", ROUND_TRIP], env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", ROUND_TRIP], check=False, env=env, capture_output=True, text=True,
+                          timeout=120)
 
 
 @pytest.mark.parametrize("routine", ["avx512", "avx2", "memcpy"])
@@ -57,3 +64,21 @@ def test_empty_setting_keeps_the_cpus_pick():
     if os.environ.get("LUMEN_CPU_COPY"):
         pytest.skip("this process runs a forced routine")
     assert run_with("").stdout.strip() == _native.require_cpu().cpu_copy_kind()
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("num_bytes", [0, 1, 255, 4097, (1 << 20) + 13])
+def test_copy_bytes_copies_exactly_the_range(streaming, num_bytes):
+    src = torch.randint(0, 256, (num_bytes + 16,), dtype=torch.uint8, generator=torch.Generator().manual_seed(num_bytes))
+    dst = torch.zeros_like(src)
+    _native.require_cpu().copy_bytes(dst.data_ptr() + 1, src.data_ptr() + 7, num_bytes, 2, streaming=streaming)
+    assert torch.equal(dst[1 : 1 + num_bytes], src[7 : 7 + num_bytes])
+    assert not dst[:1].any() and not dst[1 + num_bytes :].any()
+
+
+def test_copy_bytes_rejects_bad_arguments():
+    cpu = _native.require_cpu()
+    with pytest.raises(ValueError, match="num_bytes must be >= 0"):
+        cpu.copy_bytes(1, 1, -1, 1)
+    with pytest.raises(ValueError, match="null pointer"):
+        cpu.copy_bytes(0, 0, 8, 1)

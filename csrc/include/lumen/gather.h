@@ -55,9 +55,10 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
                         int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
                         int num_threads);
 
-// dst[0:num_bytes] = src[0:num_bytes] split over num_threads threads: the memcpy ceiling the
-// benchmarks compare against.
-void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num_threads);
+// dst[0:num_bytes] = src[0:num_bytes] split over num_threads threads, with memcpy (the
+// ceiling the benchmarks compare against) or with the kernels' streaming copy routine.
+void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num_threads,
+                    bool streaming = false);
 
 // Name of the streaming copy routine the CPU kernels use for every scatter and for gathers
 // larger than the last-level cache ("avx512", "avx2" or "memcpy"); smaller gathers use plain
