@@ -1,7 +1,10 @@
 // CRC-32C of token records. The hardware path runs the crc32 instruction (latency 3, one per
 // cycle) over three independent streams of a block and joins them with a precomputed
 // "shift by L zero bytes" operator, so the instruction's throughput rather than its latency
-// bounds the speed.
+// bounds the speed. Each stream prefetches kReadAhead bytes ahead of its loads: over records
+// in DRAM, one core went from 14.5-14.7 to 20.0-20.4 GB/s (512 MiB; 256 bytes ahead: 16.0-16.4,
+// 512: 17.8-18.1, 1024: 18.6-19.1, 4096: 19.0, 6144: 16.3-17.5); cache-resident input is
+// unchanged (23-25 GB/s).
 #include "lumen/checksum.h"
 
 #include <cstring>
@@ -20,6 +23,7 @@ namespace {
 constexpr uint32_t kPoly = 0x82F63B78u;  // CRC-32C, bit-reflected
 constexpr size_t kLongBlock = 8192;      // bytes per stream, large inputs
 constexpr size_t kShortBlock = 256;      // bytes per stream, the remainder
+constexpr size_t kReadAhead = 2048;      // bytes each stream prefetches ahead of its loads
 
 // a(x) * b(x) mod P in the reflected representation (bit 31 is x^0).
 uint32_t multiply_mod_poly(uint32_t a, uint32_t b) {
@@ -115,10 +119,14 @@ __attribute__((target("sse4.2"))) inline uint64_t three_way(
     uint64_t c1 = 0, c2 = 0;
     const uint8_t* end = p + block;
     do {
-      reg = _mm_crc32_u64(reg, load64(p));
-      c1 = _mm_crc32_u64(c1, load64(p + block));
-      c2 = _mm_crc32_u64(c2, load64(p + 2 * block));
-      p += 8;
+      __builtin_prefetch(p + kReadAhead, 0, 0);
+      __builtin_prefetch(p + block + kReadAhead, 0, 0);
+      __builtin_prefetch(p + 2 * block + kReadAhead, 0, 0);
+      for (int word = 0; word < 8; ++word, p += 8) {
+        reg = _mm_crc32_u64(reg, load64(p));
+        c1 = _mm_crc32_u64(c1, load64(p + block));
+        c2 = _mm_crc32_u64(c2, load64(p + 2 * block));
+      }
     } while (p < end);
     reg = shift(shift_table, static_cast<uint32_t>(reg)) ^ c1;
     reg = shift(shift_table, static_cast<uint32_t>(reg)) ^ c2;
