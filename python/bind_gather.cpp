@@ -80,6 +80,6 @@ void bind_gather(py::module_& m) {
       py::arg("planes"), py::arg("num_planes"), py::arg("record_bytes"), py::arg("slot_ids"));
   m.def("cpu_copy_kind", &lumen::cpu_copy_kind,
         "The streaming copy routine the CPU kernels use for every scatter and for gathers "
-        "larger than the last-level cache: avx512, avx2 or memcpy (smaller gathers: memcpy); "
-        "the environment's LUMEN_CPU_COPY, read once per process, forces one.");
+        "larger than a quarter of the last-level cache (smaller ones: memcpy): avx512, avx2 "
+        "or memcpy. LUMEN_CPU_COPY in the environment, read once per process, forces one.");
 }

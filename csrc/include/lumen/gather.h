@@ -61,8 +61,8 @@ void copy_bytes_cpu(uint8_t* dst, const uint8_t* src, int64_t num_bytes, int num
                     bool streaming = false);
 
 // Name of the streaming copy routine the CPU kernels use for every scatter and for gathers
-// larger than the last-level cache ("avx512", "avx2" or "memcpy"); smaller gathers use plain
-// memcpy.
+// larger than a quarter of the last-level cache ("avx512", "avx2" or "memcpy"); smaller
+// gathers use plain memcpy.
 const char* cpu_copy_kind();
 
 enum class MoveDirection { kGather, kScatter };
