@@ -74,7 +74,9 @@ __attribute__((target("avx2"))) void copy_stream_avx2(uint8_t* dst, const uint8_
   src += head;
   num_bytes -= head;
   for (; num_bytes >= 128 + kCopyReadAhead; num_bytes -= 128, dst += 128, src += 128) {
-    for (size_t line = 0; line < 128; line += 64) __builtin_prefetch(src + kCopyReadAhead + line, 0, 0);
+    for (size_t line = 0; line < 128; line += 64) {
+      __builtin_prefetch(src + kCopyReadAhead + line, 0, 0);
+    }
     copy_128_avx2(dst, src);
   }
   for (; num_bytes >= 128; num_bytes -= 128, dst += 128, src += 128) copy_128_avx2(dst, src);
@@ -108,7 +110,9 @@ __attribute__((target("avx512f"))) void copy_stream_avx512(uint8_t* dst, const u
   src += head;
   num_bytes -= head;
   for (; num_bytes >= 256 + kCopyReadAhead; num_bytes -= 256, dst += 256, src += 256) {
-    for (size_t line = 0; line < 256; line += 64) __builtin_prefetch(src + kCopyReadAhead + line, 0, 0);
+    for (size_t line = 0; line < 256; line += 64) {
+      __builtin_prefetch(src + kCopyReadAhead + line, 0, 0);
+    }
     copy_256_avx512(dst, src);
   }
   for (; num_bytes >= 256; num_bytes -= 256, dst += 256, src += 256) copy_256_avx512(dst, src);
@@ -135,10 +139,12 @@ CopyRoutine pick_copy() {
   const char* wanted = std::getenv("LUMEN_CPU_COPY");
   for (const CopyRoutine& routine : supported) {
     if (routine.fn == nullptr) continue;
-    if (wanted == nullptr || *wanted == '\0' || std::strcmp(wanted, routine.kind) == 0) return routine;
+    const bool any = wanted == nullptr || *wanted == '\0';
+    if (any || std::strcmp(wanted, routine.kind) == 0) return routine;
   }
-  throw std::invalid_argument(std::string("LUMEN_CPU_COPY must be avx512, avx2 or memcpy, one this "
-                                          "CPU supports; got ") + wanted);
+  throw std::invalid_argument(
+      std::string("LUMEN_CPU_COPY must be avx512, avx2 or memcpy, one this CPU supports; got ") +
+      wanted);
 }
 
 const CopyRoutine& copy_routine() {

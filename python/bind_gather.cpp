@@ -53,7 +53,7 @@ void bind_gather(py::module_& m) {
                               streaming);
       },
       py::arg("dst"), py::arg("src"), py::arg("num_bytes"), py::arg("num_threads"),
-      py::arg("streaming") = false,
+      py::kw_only(), py::arg("streaming") = false,
       "Contiguous copy split over threads: memcpy (the ceiling of the benchmarks) or, with "
       "streaming=True, the kernels' streaming copy routine (cpu_copy_kind).");
   m.def(

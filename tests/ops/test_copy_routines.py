@@ -23,7 +23,8 @@ from lumen_core.testing import random_tensor
 
 gen = torch.Generator().manual_seed(0)
 shapes = [(1, 4096), (3, 1000), (2, 300), (1, 100), (5, 777)]
-layout = KVLayout([random_tensor((6, 16, pieces, elems), torch.int8, generator=gen) for pieces, elems in shapes])
+layout = KVLayout([random_tensor((6, 16, pieces, elems), torch.int8, generator=gen)
+                   for pieces, elems in shapes])
 twin = KVLayout([view.clone() for view in layout.views])
 ids = torch.randperm(layout.num_slots, generator=gen)[:40]
 assert torch.equal(gather_tokens(layout, ids, num_threads=2), reference.gather_tokens(layout, ids))
@@ -33,16 +34,17 @@ reference.scatter_tokens(twin, ids, new)
 assert all(torch.equal(a, b) for a, b in zip(layout.views, twin.views))
 src = random_tensor((3 << 20,), torch.uint8, generator=gen)
 dst = torch.zeros_like(src)
-_native.require_cpu().copy_bytes(dst.data_ptr() + 5, src.data_ptr() + 3, src.numel() - 11, 2, streaming=True)
+cpu = _native.require_cpu()
+cpu.copy_bytes(dst.data_ptr() + 5, src.data_ptr() + 3, src.numel() - 11, 2, streaming=True)
 assert torch.equal(dst[5:-6], src[3:-8]) and not dst[:5].any() and not dst[-6:].any()
-print(_native.require_cpu().cpu_copy_kind())
+print(cpu.cpu_copy_kind())
 """
 
 
 def run_with(routine: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, LUMEN_CPU_COPY=routine)
-    return subprocess.run([sys.executable, "-c", ROUND_TRIP], check=False, env=env, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-c", ROUND_TRIP], check=False, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 @pytest.mark.parametrize("routine", ["avx512", "avx2", "memcpy"])
@@ -57,7 +59,8 @@ def test_routine_round_trips_bit_exact(routine):
 def test_unknown_routine_is_a_clear_error():
     result = run_with("sse9")
     assert result.returncode != 0
-    assert "LUMEN_CPU_COPY must be avx512, avx2 or memcpy" in result.stderr and "got sse9" in result.stderr
+    assert "LUMEN_CPU_COPY must be avx512, avx2 or memcpy" in result.stderr
+    assert "got sse9" in result.stderr
 
 
 def test_empty_setting_keeps_the_cpus_pick():
@@ -69,9 +72,11 @@ def test_empty_setting_keeps_the_cpus_pick():
 @pytest.mark.parametrize("streaming", [False, True])
 @pytest.mark.parametrize("num_bytes", [0, 1, 255, 4097, (1 << 20) + 13])
 def test_copy_bytes_copies_exactly_the_range(streaming, num_bytes):
-    src = torch.randint(0, 256, (num_bytes + 16,), dtype=torch.uint8, generator=torch.Generator().manual_seed(num_bytes))
+    gen = torch.Generator().manual_seed(num_bytes)
+    src = torch.randint(0, 256, (num_bytes + 16,), dtype=torch.uint8, generator=gen)
     dst = torch.zeros_like(src)
-    _native.require_cpu().copy_bytes(dst.data_ptr() + 1, src.data_ptr() + 7, num_bytes, 2, streaming=streaming)
+    cpu = _native.require_cpu()
+    cpu.copy_bytes(dst.data_ptr() + 1, src.data_ptr() + 7, num_bytes, 2, streaming=streaming)
     assert torch.equal(dst[1 : 1 + num_bytes], src[7 : 7 + num_bytes])
     assert not dst[:1].any() and not dst[1 + num_bytes :].any()
 
@@ -82,3 +87,5 @@ def test_copy_bytes_rejects_bad_arguments():
         cpu.copy_bytes(1, 1, -1, 1)
     with pytest.raises(ValueError, match="null pointer"):
         cpu.copy_bytes(0, 0, 8, 1)
+    with pytest.raises(TypeError):  # streaming is keyword-only
+        cpu.copy_bytes(1, 1, 0, 1, True)
