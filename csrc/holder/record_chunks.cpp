@@ -47,11 +47,7 @@ void RecordChunks::copy_out(const ChunkArena& arena, uint64_t first, uint64_t n,
   std::vector<MemoryPiece> parts;
   pieces(arena, first, n, &parts);
   for (const MemoryPiece& part : parts) {
-    if (num_threads > 1) {
-      copy_bytes_cpu(records, part.data, static_cast<int64_t>(part.bytes), num_threads);
-    } else {
-      std::memcpy(records, part.data, part.bytes);
-    }
+    copy_bytes_cpu(records, part.data, static_cast<int64_t>(part.bytes), num_threads);
     records += part.bytes;
   }
 }

@@ -1,13 +1,15 @@
 // scatter_with_crc (lumen/holder/verify_scatter.h): crc32 over three chains of 8-byte loads;
-// non-temporal 64-byte stores where the CPU has AVX-512 and the destinations are 64-byte
-// aligned (a verified restore at 0.95-1.04x memcpy instead of 0.75-0.93x with 8-byte ones),
-// else non-temporal 8-byte stores.
+// non-temporal 64-byte stores where the kernels copy with AVX-512 (cpu_copy_kind) and the
+// destinations are 64-byte aligned (a verified restore at 0.95-1.04x memcpy instead of
+// 0.75-0.93x with 8-byte ones), else non-temporal 8-byte stores.
 #include "lumen/holder/verify_scatter.h"
 
 #include <immintrin.h>
 
 #include <algorithm>
 #include <cstring>
+
+#include "lumen/gather.h"
 
 namespace lumen::holder {
 
@@ -110,7 +112,8 @@ __attribute__((target("sse4.2"))) void copy_piece1(const uint8_t* src, uint8_t* 
 
 void scatter_with_crc(const uint8_t* const* records, const int64_t* slot_ids, int count,
                       const PlaneDesc* planes, const std::vector<int>& order, uint32_t* crcs) {
-  static const bool wide = __builtin_cpu_supports("avx512f");
+  // The kernels' routine choice (LUMEN_CPU_COPY included) decides whether stores are wide.
+  static const bool wide = std::strcmp(cpu_copy_kind(), "avx512") == 0;
   uint64_t crc[3] = {0xFFFFFFFFu, 0xFFFFFFFFu, 0xFFFFFFFFu};
   for (int index : order) {
     const PlaneDesc& plane = planes[index];
