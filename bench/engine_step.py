@@ -93,9 +93,7 @@ class DenseBatchAttention:
         self.v = [torch.zeros(shape, dtype=model.dtype) for _ in range(c.num_layers)]
         self.batch, self.length, self.num_new = batch, 0, 0
 
-    def __call__(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         b, n = self.batch, self.num_new
         end = self.length + n
         self.k[layer_id][:, :, self.length : end] = k.view(b, n, *k.shape[1:]).transpose(1, 2)
@@ -144,9 +142,7 @@ def engine_decode(
             num_blocks=len(ps) * ((PROMPT_TOKENS + steps + BLOCK_SIZE) // BLOCK_SIZE + 1),
             block_size=BLOCK_SIZE,
         ),
-        SchedulerConfig(
-            max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps)
-        ),
+        SchedulerConfig(max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps)),
     )
     for i, p in enumerate(ps):
         engine.add_request(str(i), p, SamplingParams(max_tokens=steps + 1))
@@ -172,9 +168,7 @@ def spec_decode(
         Engine(
             target,
             CacheConfig(blocks, BLOCK_SIZE),
-            SchedulerConfig(
-                max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps)
-            ),
+            SchedulerConfig(max_num_batched_tokens=max(512, len(ps) * PROMPT_TOKENS), max_num_seqs=len(ps)),
         ),
         DraftProposer(draft, CacheConfig(blocks, BLOCK_SIZE)),
         k,
@@ -206,9 +200,7 @@ def check_correctness(late_layer_scale: float) -> None:
     baseline_out, _ = baseline_decode(target64, ps, 8)
     spec_out, _, _ = spec_decode(target64, draft64, ps, 3, 9)
     if not engine_out == baseline_out == spec_out:
-        raise SystemExit(
-            "correctness check failed: engine, baseline and speculative outputs differ"
-        )
+        raise SystemExit("correctness check failed: engine, baseline and speculative outputs differ")
 
 
 @dataclass(frozen=True)
@@ -261,9 +253,7 @@ def run(
         _, engine_times = engine_decode(target, ps, steps)
         _, base_times = baseline_decode(target, ps, steps)
         e_ms, b_ms = statistics.median(engine_times) * 1e3, statistics.median(base_times) * 1e3
-        decode_rows.append(
-            DecodeRow(b, e_ms, b / e_ms * 1e3, b_ms, b / b_ms * 1e3, (b / e_ms) / (b / b_ms))
-        )
+        decode_rows.append(DecodeRow(b, e_ms, b / e_ms * 1e3, b_ms, b / b_ms * 1e3, (b / e_ms) / (b / b_ms)))
         for k in DRAFT_KS:
             _, spec, times = spec_decode(target, draft, ps, k, steps + 1)
             s = spec.stats
@@ -365,13 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", help="write the results as JSON to this path")
     parser.add_argument("--steps", type=int, default=64, help="decode steps per measurement")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    parser.add_argument(
-        "--late-layer-scale", type=float, default=0.2, help="draft/target divergence"
-    )
+    parser.add_argument("--late-layer-scale", type=float, default=0.2, help="draft/target divergence")
     parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu", help="step clock")
-    parser.add_argument(
-        "--quick", action="store_true", help="8 steps, batches 1 and 16, a short sweep"
-    )
+    parser.add_argument("--quick", action="store_true", help="8 steps, batches 1 and 16, a short sweep")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     CLOCK[0] = time.thread_time if args.clock == "cpu" else time.perf_counter

@@ -184,6 +184,7 @@ def main() -> None:
 
 # ---- pytest-benchmark (make bench): one signed heartbeat over loopback gRPC ----------------
 
+
 def test_heartbeat_rpc(benchmark) -> None:  # type: ignore[no-untyped-def]
     config = GatewayConfig(policy="LUMEN")
     held = [HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1)]

@@ -59,7 +59,9 @@ class Cache:
     def __init__(self, num_layers: int, num_blocks: int, device: str):
         self.caches = []
         for layer in range(num_layers):
-            cache = torch.empty((2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM), dtype=DTYPE, device=device)
+            cache = torch.empty(
+                (2, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM), dtype=DTYPE, device=device
+            )
             words = cache.view(-1).view(torch.int32)
             torch.arange(words.numel(), dtype=torch.int32, device=device, out=words)
             words.add_(layer * words.numel())
@@ -155,8 +157,9 @@ class TorchIdioms:
             c[:, self.blocks, self.offsets] = part
 
 
-def bench_cpu_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, threads_list: list[int],
-                    reps: int) -> list[Row]:
+def bench_cpu_batch(
+    cache: Cache, shape: str, batch: str, ids: torch.Tensor, threads_list: list[int], reps: int
+) -> list[Row]:
     layout, native, rows = cache.layout, _native.require_cpu(), []
     n = ids.numel()
     payload = n * layout.record_bytes
@@ -171,31 +174,69 @@ def bench_cpu_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, thr
     torch_threads = torch.get_num_threads()
     for threads in threads_list:
         torch.set_num_threads(threads)
-        t = best_times({
-            "memcpy": partial(native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, threads),
-            "stream_copy": partial(native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, threads,
-                                   streaming=True),
-            "gather": partial(gather_tokens, layout, ids, records, num_threads=threads),
-            "scatter": partial(scatter_tokens, layout, ids, records, num_threads=threads),
-            "best_gather": idioms.best_gather,
-            "best_scatter": idioms.best_scatter,
-            "naive_gather": idioms.naive_gather,
-            "naive_scatter": idioms.naive_scatter,
-        }, "cpu", reps)
+        t = best_times(
+            {
+                "memcpy": partial(
+                    native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, threads
+                ),
+                "stream_copy": partial(
+                    native.copy_bytes,
+                    records.data_ptr(),
+                    scratch.data_ptr(),
+                    payload,
+                    threads,
+                    streaming=True,
+                ),
+                "gather": partial(gather_tokens, layout, ids, records, num_threads=threads),
+                "scatter": partial(scatter_tokens, layout, ids, records, num_threads=threads),
+                "best_gather": idioms.best_gather,
+                "best_scatter": idioms.best_scatter,
+                "naive_gather": idioms.naive_gather,
+                "naive_scatter": idioms.naive_scatter,
+            },
+            "cpu",
+            reps,
+        )
         for op in ("gather", "scatter"):
-            rows.append(Row(shape, batch, op, threads, payload / t[op] / 1e9, t["memcpy"] / t[op],
-                            t[f"best_{op}"] / t[op], t[f"naive_{op}"] / t[op]))
+            rows.append(
+                Row(
+                    shape,
+                    batch,
+                    op,
+                    threads,
+                    payload / t[op] / 1e9,
+                    t["memcpy"] / t[op],
+                    t[f"best_{op}"] / t[op],
+                    t[f"naive_{op}"] / t[op],
+                )
+            )
         rows.append(Row(shape, batch, "memcpy", threads, payload / t["memcpy"] / 1e9, 1.0, None, None))
-        rows.append(Row(shape, batch, "stream_copy", threads, payload / t["stream_copy"] / 1e9,
-                        t["memcpy"] / t["stream_copy"], None, None))
+        rows.append(
+            Row(
+                shape,
+                batch,
+                "stream_copy",
+                threads,
+                payload / t["stream_copy"] / 1e9,
+                t["memcpy"] / t["stream_copy"],
+                None,
+                None,
+            )
+        )
     torch.set_num_threads(torch_threads)
     if batch == "restore":
         assert torch.equal(checksum(records[:64], num_threads=2), checksum(records[:64], num_threads=1))
-        t = best_times({
-            "memcpy": partial(native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, 1),
-            "crc32c": partial(checksum, records, num_threads=1),
-        }, "cpu", reps)
-        rows.append(Row(shape, batch, "crc32c", 1, payload / t["crc32c"] / 1e9, t["memcpy"] / t["crc32c"], None, None))
+        t = best_times(
+            {
+                "memcpy": partial(native.copy_bytes, records.data_ptr(), scratch.data_ptr(), payload, 1),
+                "crc32c": partial(checksum, records, num_threads=1),
+            },
+            "cpu",
+            reps,
+        )
+        rows.append(
+            Row(shape, batch, "crc32c", 1, payload / t["crc32c"] / 1e9, t["memcpy"] / t["crc32c"], None, None)
+        )
     return rows
 
 
@@ -230,7 +271,9 @@ def bench_cuda_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, re
     host_records = torch.empty(n, layout.record_bytes, dtype=torch.uint8).pin_memory()
     expected = gather_tokens(layout, ids)
     placements: list[tuple[RecordMode, torch.Tensor]] = [
-        ("mapped", host_records), ("staged", host_records), ("device", device_records)
+        ("mapped", host_records),
+        ("staged", host_records),
+        ("device", device_records),
     ]
     for mode, out in placements:
         gather_tokens(layout, ids, out, mode=mode)
@@ -262,9 +305,18 @@ def bench_cuda_batch(cache: Cache, shape: str, batch: str, ids: torch.Tensor, re
     for op, (mode, _) in moves.items():
         is_gather = op.startswith("gather")
         ceiling = ceilings[mode] if is_gather or mode == "device" else "copy_h2d"
-        rows.append(Row(shape, batch, op, 0, payload / t[op] / 1e9, t[ceiling] / t[op],
-                        t["best_gather"] / t[op] if is_gather else None,
-                        t["naive_gather"] / t[op] if is_gather else None))
+        rows.append(
+            Row(
+                shape,
+                batch,
+                op,
+                0,
+                payload / t[op] / 1e9,
+                t[ceiling] / t[op],
+                t["best_gather"] / t[op] if is_gather else None,
+                t["naive_gather"] / t[op] if is_gather else None,
+            )
+        )
     for op in ("copy_d2d", "copy_d2h", "copy_h2d"):
         rows.append(Row(shape, batch, op, 0, payload / t[op] / 1e9, 1.0, None, None))
     return rows
@@ -283,10 +335,14 @@ def format_table(rows: list[Row]) -> str:
     def ratio(value: float | None) -> str:
         return "-" if value is None else f"{value:.2f}x"
 
-    lines = [f"{'shape':7} {'batch':8} {'op':15} {'thr':>3} {'GB/s':>7} {'vs memcpy':>9} {'vs torch':>9} {'vs naive':>9}"]
+    lines = [
+        f"{'shape':7} {'batch':8} {'op':15} {'thr':>3} {'GB/s':>7} {'vs memcpy':>9} {'vs torch':>9} {'vs naive':>9}"
+    ]
     for r in rows:
-        lines.append(f"{r.shape:7} {r.batch:8} {r.op:15} {r.threads:>3} {r.gb_per_s:7.2f} "
-                     f"{ratio(r.ratio_vs_memcpy):>9} {ratio(r.ratio_vs_torch_best):>9} {ratio(r.ratio_vs_torch_naive):>9}")
+        lines.append(
+            f"{r.shape:7} {r.batch:8} {r.op:15} {r.threads:>3} {r.gb_per_s:7.2f} "
+            f"{ratio(r.ratio_vs_memcpy):>9} {ratio(r.ratio_vs_torch_best):>9} {ratio(r.ratio_vs_torch_naive):>9}"
+        )
     return "\n".join(lines)
 
 
@@ -318,6 +374,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---- pytest-benchmark (make bench): a small shape, correctness asserted first ---------------
+
 
 def _small() -> tuple[KVLayout, torch.Tensor, torch.Tensor]:
     cache = Cache(4, 300, "cpu")

@@ -142,7 +142,9 @@ def naive_argmin(monitor: LoadMonitor, serving_id: int) -> int:
             durable = dict(request.durable_tokens)[worker_id]
             held += max(durable, request.prompt_tokens)
         view = monitor.worker(worker_id)
-        load = config.alpha * held / config.mean_request_tokens + config.beta * (view.num_running + view.num_waiting)
+        load = config.alpha * held / config.mean_request_tokens + config.beta * (
+            view.num_running + view.num_waiting
+        )
         if load < best_load:
             best_id, best_load = worker_id, load
     return best_id
@@ -156,7 +158,9 @@ def bench_place(cluster: Cluster, choose: Callable[[int], object], count: int) -
     samples = Samples()
     clock = time.perf_counter_ns
     for first in range(0, count, CHUNK):
-        request_ids = list(range(cluster.next_request_id, cluster.next_request_id + min(CHUNK, count - first)))
+        request_ids = list(
+            range(cluster.next_request_id, cluster.next_request_id + min(CHUNK, count - first))
+        )
         cluster.next_request_id += len(request_ids)
         for request_id in request_ids:
             monitor.apply(RequestAdmitted(0.0, request_id, request_id % num_workers, 1155, OUTPUT_TOKENS))
@@ -171,7 +175,9 @@ def bench_place(cluster: Cluster, choose: Callable[[int], object], count: int) -
     return samples
 
 
-def bench_route(num_workers: int, requests_per_worker: int, router: Router, count: int) -> tuple[Samples, int]:
+def bench_route(
+    num_workers: int, requests_per_worker: int, router: Router, count: int
+) -> tuple[Samples, int]:
     """Latency of routing every interrupted request of one failed worker; the worker then
     rejoins and gets fresh requests, so every failure sees the same steady state."""
     cluster = Cluster(num_workers, requests_per_worker, LoadAware())
@@ -228,7 +234,9 @@ def run(worker_counts: list[int], requests_per_worker: int, count: int) -> list[
         fixed = bench_place(cluster, lambda r: FixedNeighbour().place(cluster.monitor, r), count)
         naive_count = max(20, count // max(1, num_workers // 8) // 10)
         naive = bench_place(
-            cluster, lambda r: naive_argmin(cluster.monitor, cluster.monitor.request(r).worker_id), naive_count
+            cluster,
+            lambda r: naive_argmin(cluster.monitor, cluster.monitor.request(r).worker_id),
+            naive_count,
         )
         rows.append(row(num_workers, "place", place) | {"baseline": "place_naive"})
         rows.append(row(num_workers, "place_fc", fixed))
@@ -237,7 +245,10 @@ def run(worker_counts: list[int], requests_per_worker: int, count: int) -> list[
         route_count = max(10, count // 50)
         routed, decisions = bench_route(num_workers, requests_per_worker, LocalityAware(), route_count)
         rebalanced, _ = bench_route(num_workers, requests_per_worker, Rebalance(), route_count)
-        rows.append(row(num_workers, "route", routed) | {"baseline": "route_sr", "decisions_per_route": decisions / route_count})
+        rows.append(
+            row(num_workers, "route", routed)
+            | {"baseline": "route_sr", "decisions_per_route": decisions / route_count}
+        )
         rows.append(row(num_workers, "route_sr", rebalanced))
     by_key = {(r["workers"], r["op"]): r for r in rows}
     for r in rows:
@@ -254,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=20_000, help="lifecycles/placements per size")
     args = parser.parse_args(argv)
     rows = run(args.workers, args.requests_per_worker, args.count)
-    print(f"{'workers':>7} {'op':<13} {'p50_us':>9} {'p99_us':>9} {'per_s':>11} {'per_s_wall':>11} {'ratio':>8}")
+    print(
+        f"{'workers':>7} {'op':<13} {'p50_us':>9} {'p99_us':>9} {'per_s':>11} {'per_s_wall':>11} {'ratio':>8}"
+    )
     for r in rows:
         ratio = f"{r['ratio']:.4g}x" if "ratio" in r else ""
         print(
@@ -268,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ---- pytest-benchmark (make bench): 64 workers, correctness checked first -----------------
+
 
 def test_place_load_aware(benchmark) -> None:  # type: ignore[no-untyped-def]
     check_correctness(64, 16)

@@ -65,6 +65,7 @@ def main() -> None:
 
 # ---- pytest-benchmark (make bench): the first 2000 requests at 8 workers, checked first -----
 
+
 def test_sim_lumen_8_workers(benchmark) -> None:  # type: ignore[no-untyped-def]
     workers = 8
     workload = load_trace().head(2000).scaled_to_rate(RATE_PER_WORKER * workers)

@@ -58,8 +58,10 @@ def make_layout(num_slots: int, layers: int, device: str = "cpu") -> KVLayout:
     blocks = -(-num_slots // BLOCK_SIZE)
     # zeros: every page is touched before timing
     return KVLayout.vllm_flash(
-        [torch.zeros(2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=device)
-         for _ in range(layers)]
+        [
+            torch.zeros(2, blocks, BLOCK_SIZE, HEADS, HEAD_DIM, dtype=torch.bfloat16, device=device)
+            for _ in range(layers)
+        ]
     )
 
 
@@ -89,8 +91,9 @@ class Decode:
         self.steps = steps
         gen = torch.Generator().manual_seed(0)
         device = layout.device
-        self.rows = torch.randint(0, 256, (num_requests, layout.record_bytes), dtype=torch.uint8,
-                                  generator=gen).to(device)
+        self.rows = torch.randint(
+            0, 256, (num_requests, layout.record_bytes), dtype=torch.uint8, generator=gen
+        ).to(device)
         size, dtype = (MATMUL_CUDA, torch.bfloat16) if device.type == "cuda" else (MATMUL, torch.float32)
         self.scale = 1.0 / size**0.5
         self.a = torch.randn(size, size, generator=gen).to(device, dtype)
@@ -140,8 +143,14 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def run(decode: Decode, streamer: CheckpointStreamer | None, request_base: int, secret: bytes,
-        port: int, holder_pid: int) -> tuple[list[float], list[float], float, int, float]:
+def run(
+    decode: Decode,
+    streamer: CheckpointStreamer | None,
+    request_base: int,
+    secret: bytes,
+    port: int,
+    holder_pid: int,
+) -> tuple[list[float], list[float], float, int, float]:
     """Wall-clock and decode-thread CPU latencies (s) of decode.steps steps; with a streamer
     also the seconds until every append was acknowledged, the bytes acknowledged and the CPU
     seconds of the data plane (this process's other threads and the holder process)."""
@@ -182,8 +191,11 @@ def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> N
     """Correctness before timing: 8 requests x 20 tokens streamed, flushed, read back exact."""
     gen = torch.Generator().manual_seed(1)
     slots = torch.arange(160, dtype=torch.int64)
-    scatter_tokens(layout, slots, torch.randint(0, 256, (160, layout.record_bytes), dtype=torch.uint8,
-                                                generator=gen).to(layout.device))
+    scatter_tokens(
+        layout,
+        slots,
+        torch.randint(0, 256, (160, layout.record_bytes), dtype=torch.uint8, generator=gen).to(layout.device),
+    )
     with CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=tls) as streamer:
         for r in range(8):
             streamer.add_request(r, [("127.0.0.1", port)], issue_capability(secret, r, 0, 0))
@@ -201,8 +213,7 @@ def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> N
         streamer.flush(timeout_s=30)
 
 
-def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str,
-                  device: str) -> tuple[float, float]:
+def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str, device: str) -> tuple[float, float]:
     """(restore GB/s with verification, memcpy GB/s) for num_tokens records; on a GPU the
     baseline is a pinned host-to-device copy."""
     source = make_layout(num_tokens, layers, device)
@@ -210,8 +221,13 @@ def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str,
     slots = torch.arange(num_tokens, dtype=torch.int64)
     for start in range(0, num_tokens, 256):
         chunk = slots[start : start + 256]
-        scatter_tokens(source, chunk, torch.randint(0, 256, (len(chunk), source.record_bytes),
-                                                    dtype=torch.uint8, generator=gen).to(device))
+        scatter_tokens(
+            source,
+            chunk,
+            torch.randint(0, 256, (len(chunk), source.record_bytes), dtype=torch.uint8, generator=gen).to(
+                device
+            ),
+        )
     secret = os.urandom(32)
     store = HolderStore()
     fp = fingerprint_bytes(source, MODEL)
@@ -221,15 +237,26 @@ def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str,
         client.open(1, 0, 0, source.record_bytes, fp[:32], fp[32:], cap)
         for start in range(0, num_tokens, 256):
             records = gather_tokens(source, slots[start : start + 256]).cpu()
-            client.append(1, 0, 0, start, tokens[start : start + 256], checksum(records).numpy(),
-                          records.numpy(), cap, timeout_s=60)
+            client.append(
+                1,
+                0,
+                0,
+                start,
+                tokens[start : start + 256],
+                checksum(records).numpy(),
+                records.numpy(),
+                cap,
+                timeout_s=60,
+            )
         target = make_layout(num_tokens, layers, device)
         order = torch.randperm(num_tokens, generator=gen)  # other slots than the source's
         result = store.restore(1, target, order, token_ids=tokens, model_fingerprint=MODEL)
         assert result.status is RestoreStatus.COMPLETE and result.restored_tokens == num_tokens
         for start in range(0, num_tokens, 512):
-            assert torch.equal(gather_tokens(target, order[start : start + 512]),
-                               gather_tokens(source, slots[start : start + 512]))
+            assert torch.equal(
+                gather_tokens(target, order[start : start + 512]),
+                gather_tokens(source, slots[start : start + 512]),
+            )
         total = num_tokens * source.record_bytes
         del source
         if device == "cuda":
@@ -252,6 +279,7 @@ def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str,
 
             def restore() -> None:
                 store.restore(1, target, order, token_ids=tokens, model_fingerprint=MODEL)
+
         # Interleaved, so a burst of load on the shared machine hits both alike; best of each.
         restores, copies = [], []
         for _ in range(repeats):
@@ -267,7 +295,9 @@ def _timed(fn: object) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--requests", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--step-ms", type=float, default=50.0)
@@ -282,7 +312,9 @@ def main() -> int:
     if args.device == "cuda":
         _native.require_cuda()
     if not _native.HAS_UCX:  # e.g. a GPU machine without the libucx wheel
-        print(f"skipped: the streamer needs the UCX module ({_native.IMPORT_ERRORS.get('_C_ucx', 'not built')})")
+        print(
+            f"skipped: the streamer needs the UCX module ({_native.IMPORT_ERRORS.get('_C_ucx', 'not built')})"
+        )
         return 0
     layers = LAYERS
     if args.quick:
@@ -298,20 +330,42 @@ def main() -> int:
         secret_file.chmod(0o600)
         data_core = {1} if len(CORES) >= 2 else None  # --no-pin: CORES is empty
         holder = subprocess.Popen(
-            [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0", "--budget-bytes",
-             str(64 << 30), "--secret-file", str(secret_file), "--tls", args.tls],
-            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "lumen_core.cli",
+                "holder",
+                "--port",
+                "0",
+                "--budget-bytes",
+                str(64 << 30),
+                "--secret-file",
+                str(secret_file),
+                "--tls",
+                args.tls,
+            ],
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
             preexec_fn=(lambda: os.sched_setaffinity(0, data_core)) if data_core else None,
         )
         try:
             assert holder.stdout is not None
             port = json.loads(holder.stdout.readline())["port"]
             for num_requests in args.requests:
-                layout = make_layout(max(num_requests * args.steps, 160), layers, args.device)  # 160: the check
+                layout = make_layout(
+                    max(num_requests * args.steps, 160), layers, args.device
+                )  # 160: the check
                 check_stream_once(layout, secret, port, args.tls)
                 pin({1})  # the streamer's threads inherit the data-plane core
-                streamer = CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=args.tls,
-                                              staging_buffers=4, staging_bytes=max(64 << 20, 2 * num_requests * layout.record_bytes))
+                streamer = CheckpointStreamer(
+                    layout,
+                    secret,
+                    model_fingerprint=MODEL,
+                    tls=args.tls,
+                    staging_buffers=4,
+                    staging_bytes=max(64 << 20, 2 * num_requests * layout.record_bytes),
+                )
                 pin({0})
                 decode = Decode(layout, num_requests, args.steps, args.step_ms)
                 off: list[float] = []
@@ -344,32 +398,66 @@ def main() -> int:
                 demand = produced / (sum(on) if on else 1) / 1e9
                 case = f"{num_requests} requests"
                 rows += [
-                    {"case": case, "metric": "step_latency_p50_ratio", "value": p50[0] * 1e3, "ratio": p50[0] / p50[1]},
-                    {"case": case, "metric": "step_latency_p99_ratio", "value": p99[0] * 1e3, "ratio": p99[0] / p99[1]},
+                    {
+                        "case": case,
+                        "metric": "step_latency_p50_ratio",
+                        "value": p50[0] * 1e3,
+                        "ratio": p50[0] / p50[1],
+                    },
+                    {
+                        "case": case,
+                        "metric": "step_latency_p99_ratio",
+                        "value": p99[0] * 1e3,
+                        "ratio": p99[0] / p99[1],
+                    },
                     {"case": case, "metric": "stream_gb_per_s", "value": gbps, "ratio": gbps / demand},
-                    {"case": case, "metric": "step_cpu_p50_ratio", "value": cpu50[0] * 1e3, "ratio": cpu50[0] / cpu50[1]},
-                    {"case": case, "metric": "step_cpu_p99_ratio", "value": cpu99[0] * 1e3, "ratio": cpu99[0] / cpu99[1]},
+                    {
+                        "case": case,
+                        "metric": "step_cpu_p50_ratio",
+                        "value": cpu50[0] * 1e3,
+                        "ratio": cpu50[0] / cpu50[1],
+                    },
+                    {
+                        "case": case,
+                        "metric": "step_cpu_p99_ratio",
+                        "value": cpu99[0] * 1e3,
+                        "ratio": cpu99[0] / cpu99[1],
+                    },
                 ]
-                print(f"{case}: off p50 {p50[1]*1e3:.1f} ms p99 {p99[1]*1e3:.1f} ms | on p50 {p50[0]*1e3:.1f} ms "
-                      f"p99 {p99[0]*1e3:.1f} ms | p50 ratio {p50[0]/p50[1]:.3f} p99 ratio {p99[0]/p99[1]:.3f} | "
-                      f"stream {gbps:.2f} GB/s acked (produced {demand:.2f} GB/s) | dropped steps "
-                      f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']} | decode-thread "
-                      f"CPU p50 ratio {cpu50[0]/cpu50[1]:.3f} p99 ratio {cpu99[0]/cpu99[1]:.3f} | data plane "
-                      f"{data_cpu / elapsed:.0%} of a core ({os.getloadavg()[0]:.1f} load)", flush=True)
+                print(
+                    f"{case}: off p50 {p50[1] * 1e3:.1f} ms p99 {p99[1] * 1e3:.1f} ms | on p50 {p50[0] * 1e3:.1f} ms "
+                    f"p99 {p99[0] * 1e3:.1f} ms | p50 ratio {p50[0] / p50[1]:.3f} p99 ratio {p99[0] / p99[1]:.3f} | "
+                    f"stream {gbps:.2f} GB/s acked (produced {demand:.2f} GB/s) | dropped steps "
+                    f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']} | decode-thread "
+                    f"CPU p50 ratio {cpu50[0] / cpu50[1]:.3f} p99 ratio {cpu99[0] / cpu99[1]:.3f} | data plane "
+                    f"{data_cpu / elapsed:.0%} of a core ({os.getloadavg()[0]:.1f} load)",
+                    flush=True,
+                )
                 del layout, decode
         finally:
             holder.terminate()
             holder.wait(timeout=30)
     restore, memcpy = bench_restore(args.restore_tokens, layers, 5, args.tls, args.device)
-    rows.append({"case": f"{args.restore_tokens} tokens", "metric": "restore_vs_memcpy", "value": restore, "ratio": restore / memcpy})
-    print(f"restore {args.restore_tokens} tokens with verification: {restore:.2f} GB/s, memcpy "
-          f"{memcpy:.2f} GB/s, ratio {restore / memcpy:.2f}", flush=True)
+    rows.append(
+        {
+            "case": f"{args.restore_tokens} tokens",
+            "metric": "restore_vs_memcpy",
+            "value": restore,
+            "ratio": restore / memcpy,
+        }
+    )
+    print(
+        f"restore {args.restore_tokens} tokens with verification: {restore:.2f} GB/s, memcpy "
+        f"{memcpy:.2f} GB/s, ratio {restore / memcpy:.2f}",
+        flush=True,
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     return 0
 
 
 # ---- pytest-benchmark (make bench): a verified restore of 256 tokens of 4 layers ------------
+
 
 def test_restore_256_tokens(benchmark) -> None:  # type: ignore[no-untyped-def]
     # One call: a holder and a client set up, 256 records appended, the restore checked bit for

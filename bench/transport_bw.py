@@ -79,14 +79,33 @@ def perftest_gb_per_s(tls: str, size: int, iterations: int, peer_errors: bool) -
         flags = ["-e"]
     binary = str(root / "bin" / "ucx_perftest")
     port = _free_port()
-    server = subprocess.Popen([binary, "-p", str(port), *flags], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [binary, "-p", str(port), *flags], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         time.sleep(0.5)
         out = subprocess.run(
-            [binary, "127.0.0.1", "-p", str(port), "-t", "tag_bw", "-s", str(size), "-n",
-             str(iterations), "-w", str(max(iterations // 10, 4)), "-f", *flags],
-            env=env, capture_output=True, text=True, timeout=120, check=True,
+            [
+                binary,
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "-t",
+                "tag_bw",
+                "-s",
+                str(size),
+                "-n",
+                str(iterations),
+                "-w",
+                str(max(iterations // 10, 4)),
+                "-f",
+                *flags,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
         ).stdout
     finally:
         server.wait(timeout=30)
@@ -110,7 +129,10 @@ def served(tls: str, secret_file: str, verify: bool = False) -> Iterator[int]:
     """A Server in its own process (``_serve``) for the duration; yields its port."""
     server = subprocess.Popen(
         [sys.executable, __file__, "--serve", tls, secret_file] + (["--verify"] if verify else []),
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         yield int(server.stdout.readline())
     finally:
@@ -130,9 +152,16 @@ def prepared_append(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.arange(num_tokens, dtype=np.uint32), crcs, records
 
 
-def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, per_round: int,
-                  verify: bool, secret: bytes, secret_file: str
-                  ) -> tuple[float, float, list[tuple[str, str]]]:
+def ours_gb_per_s(
+    tls: str,
+    size: int,
+    iterations: int,
+    window: int,
+    per_round: int,
+    verify: bool,
+    secret: bytes,
+    secret_file: str,
+) -> tuple[float, float, list[tuple[str, str]]]:
     """GB/s of appends driven by the client's C++ loop and from Python, and the transports."""
     from lumen_core.transport import Client, issue_capability
 
@@ -149,15 +178,17 @@ def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, per_round: 
                 client.open(request_id, 0, 1, RECORD_BYTES, fingerprint, fingerprint, cap)
                 ops_in_flight = []
                 for i in range(count):
-                    ops_in_flight.append(client.start_append(
-                        request_id, 0, 1, i * num_tokens, token_ids, crcs, records, cap))
+                    ops_in_flight.append(
+                        client.start_append(request_id, 0, 1, i * num_tokens, token_ids, crcs, records, cap)
+                    )
                     if len(ops_in_flight) >= window:
                         client.wait(ops_in_flight.pop(0), timeout_s=60.0)
                 for op in ops_in_flight:
                     client.wait(op, timeout_s=60.0)
                 if check:  # correctness once, before timing
-                    got = client.read(request_id, 0, 1, (count - 1) * num_tokens, num_tokens,
-                                      RECORD_BYTES, cap)
+                    got = client.read(
+                        request_id, 0, 1, (count - 1) * num_tokens, num_tokens, RECORD_BYTES, cap
+                    )
                     assert np.array_equal(got.records, records), "round trip is not bit-exact"
                     assert np.array_equal(got.crcs, crcs)
                 client.release(request_id, 0, 1, cap)
@@ -170,15 +201,15 @@ def ours_gb_per_s(tls: str, size: int, iterations: int, window: int, per_round: 
             counts = [min(per_round, iterations - done) for done in range(0, iterations, per_round)]
             native_s = 0.0
             for count in counts:
-                measured = client.self_test(message_bytes=size, count=count, window=window,
-                                            expected_gb_per_s=0)
+                measured = client.self_test(
+                    message_bytes=size, count=count, window=window, expected_gb_per_s=0
+                )
                 native_s += count * payload / (measured.gb_per_s * 1e9)
             start = time.perf_counter()
             for request_id, count in enumerate(counts, start=2):
                 run_round(request_id, count, check=False)
             python_s = time.perf_counter() - start
-        return (iterations * payload / native_s / 1e9, iterations * payload / python_s / 1e9,
-                transports)
+        return (iterations * payload / native_s / 1e9, iterations * payload / python_s / 1e9, transports)
 
 
 def main() -> None:
@@ -193,10 +224,15 @@ def main() -> None:
     # The streamer starts all appends of a step at once (one or more per request and holder).
     parser.add_argument("--window", type=int, default=8, help="appends in flight")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved repeats (best of)")
-    parser.add_argument("--round-mib", type=int, default=16,
-                        help="receiver working set of the transport-only rows")
-    parser.add_argument("--cold-round-mib", type=int, default=128,
-                        help="receiver working set of the /cold rows (0: no /cold rows)")
+    parser.add_argument(
+        "--round-mib", type=int, default=16, help="receiver working set of the transport-only rows"
+    )
+    parser.add_argument(
+        "--cold-round-mib",
+        type=int,
+        default=128,
+        help="receiver working set of the /cold rows (0: no /cold rows)",
+    )
     args = parser.parse_args()
 
     # (case suffix, receiver working set, crc check on receipt)
@@ -216,6 +252,7 @@ def main() -> None:
 
                 def per_round(round_mib: int) -> int:
                     return min(max(round_mib // size_mib, args.window), iterations)
+
                 # Interleaved repeats, best of each: the machine is shared and noisy, and a
                 # slow repeat says more about the neighbours than about either transport.
                 baseline = {False: 0.0, True: 0.0}  # by peer error handling
@@ -230,13 +267,22 @@ def main() -> None:
                         )
                     for suffix, round_mib, verify in variants:
                         value, python_value, transports = ours_gb_per_s(
-                            TLS_OURS[tls], size, iterations, args.window,
-                            per_round(round_mib), verify, secret, secret_file)
+                            TLS_OURS[tls],
+                            size,
+                            iterations,
+                            args.window,
+                            per_round(round_mib),
+                            verify,
+                            secret,
+                            secret_file,
+                        )
                         ours[suffix] = max(ours[suffix], value)
                         from_python[suffix] = max(from_python[suffix], python_value)
                 for suffix, round_mib, _ in variants:
-                    for peer_errors, metric in ((False, "bulk_vs_ucx_perftest"),
-                                                (True, "bulk_vs_ucx_perftest_peer_errors")):
+                    for peer_errors, metric in (
+                        (False, "bulk_vs_ucx_perftest"),
+                        (True, "bulk_vs_ucx_perftest_peer_errors"),
+                    ):
                         row = {
                             "case": f"{tls}/{size_mib}MiB{suffix}",
                             "metric": metric,
@@ -254,6 +300,7 @@ def main() -> None:
 
 
 # ---- pytest-benchmark (make bench): one durable 1 MiB append over tcp, checked first --------
+
 
 def test_append_1mib_tcp(benchmark, tmp_path) -> None:  # type: ignore[no-untyped-def]
     import pytest
@@ -282,6 +329,7 @@ def test_append_1mib_tcp(benchmark, tmp_path) -> None:  # type: ignore[no-untype
         client.release(1, 0, 1, cap)
     assert durable == position[0]
     assert np.array_equal(back.records, records) and np.array_equal(back.crcs, crcs)
+
 
 if __name__ == "__main__":
     main()

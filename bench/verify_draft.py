@@ -185,6 +185,7 @@ def main() -> None:
 
 # ---- pytest-benchmark (make bench): one vocabulary, dense drafts, checked first -----------
 
+
 def test_verify_draft_dense(benchmark) -> None:  # type: ignore[no-untyped-def]
     target, drafts, uniforms = make_inputs(4096, "cpu")
     ids, draft_probs = drafts["dense"]

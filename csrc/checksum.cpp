@@ -47,7 +47,7 @@ uint32_t zeros_operator(uint64_t num_bytes) {
 }
 
 struct Tables {
-  uint32_t slice[8][256];     // slicing-by-8
+  uint32_t slice[8][256];       // slicing-by-8
   uint32_t shift_long[4][256];  // register -> register * x^(8 * kLongBlock), per byte
   uint32_t shift_short[4][256];
 
@@ -110,9 +110,9 @@ __attribute__((target("sse4.2"))) inline uint64_t load64(const uint8_t* p) {
 
 // Three streams of `block` bytes each, joined by `shift_table` (x^(8 * block)). Advances
 // *data and *num_bytes past the whole blocks it consumed.
-__attribute__((target("sse4.2"))) inline uint64_t three_way(
-    uint64_t reg, const uint8_t** data, size_t* num_bytes, size_t block,
-    const uint32_t (&shift_table)[4][256]) {
+__attribute__((target("sse4.2"))) inline uint64_t three_way(uint64_t reg, const uint8_t** data,
+                                                            size_t* num_bytes, size_t block,
+                                                            const uint32_t (&shift_table)[4][256]) {
   const uint8_t* p = *data;
   size_t n = *num_bytes;
   while (n >= 3 * block) {
@@ -202,7 +202,8 @@ void checksum_records(uint32_t* out, const uint8_t* records, int64_t num_records
   // Below ~64 KiB per thread the wake-up costs more than the work.
   int64_t total_bytes = num_records * record_bytes;
   int64_t useful = std::max<int64_t>(1, total_bytes / (64 << 10));
-  int workers = static_cast<int>(std::min<int64_t>({std::max(1, num_threads), num_records, useful}));
+  int workers =
+      static_cast<int>(std::min<int64_t>({std::max(1, num_threads), num_records, useful}));
   ThreadPool::instance().run(workers, [&](int worker, int count) {
     int64_t begin, end;
     split_range(num_records, worker, count, &begin, &end);

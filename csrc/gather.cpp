@@ -17,6 +17,8 @@
 // batches 9.5-9.7 GB/s plain against 9.1-9.3 streaming (1 thread); 16 MiB 8.4-9.0 against
 // 8.8-9.0, 32 MiB 6.9-8.2 against 8.7-9.2 (1 and 2 threads). The SIMD routine is picked at
 // run time from the CPU's features.
+#include "lumen/gather.h"
+
 #include <immintrin.h>
 #include <unistd.h>
 
@@ -26,7 +28,6 @@
 #include <stdexcept>
 #include <string>
 
-#include "lumen/gather.h"
 #include "lumen/thread_pool.h"
 
 namespace lumen {
@@ -196,7 +197,8 @@ CopyFn gather_copy_for(int64_t payload_bytes) {
 inline void store_fence() { _mm_sfence(); }
 
 inline void prefetch_row(const PlaneDesc& plane, int64_t slot) {
-  const char* row = reinterpret_cast<const char*>(plane.base_address) + slot_row_offset(plane, slot);
+  const char* row =
+      reinterpret_cast<const char*>(plane.base_address) + slot_row_offset(plane, slot);
   for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
     const char* start = row + piece * plane.piece_stride;
     for (int64_t b = 0; b < plane.piece_bytes; b += 64) __builtin_prefetch(start + b, 0, 0);
@@ -207,7 +209,8 @@ inline void prefetch_row(const PlaneDesc& plane, int64_t slot) {
 // in __builtin_prefetch: 3 keeps it in every cache level, 0 marks it non-temporal).
 template <int kLocality>
 inline void prime_row(const PlaneDesc& plane, int64_t slot) {
-  const char* row = reinterpret_cast<const char*>(plane.base_address) + slot_row_offset(plane, slot);
+  const char* row =
+      reinterpret_cast<const char*>(plane.base_address) + slot_row_offset(plane, slot);
   for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
     __builtin_prefetch(row + piece * plane.piece_stride, 0, kLocality);
   }

@@ -45,8 +45,8 @@ struct Vec<1> {
 // The lanes of one warp copy one row in kVecBytes accesses. Counts are 32-bit (rows are below
 // 2 GiB, checked by validate_planes) to keep the index arithmetic cheap.
 template <int kVecBytes, bool kGather>
-__host__ __device__ __forceinline__ void move_row(uint8_t* row, uint8_t* record, const PlaneDesc& plane,
-                                         int lane) {
+__host__ __device__ __forceinline__ void move_row(uint8_t* row, uint8_t* record,
+                                                  const PlaneDesc& plane, int lane) {
   using V = typename Vec<kVecBytes>::Type;
   const int vecs_per_piece = static_cast<int>(plane.piece_bytes / kVecBytes);
   if (plane.num_pieces == 1) {  // NHD rows, MLA rows, scale rows: one contiguous run
@@ -79,10 +79,12 @@ __host__ __device__ __forceinline__ void move_row(uint8_t* row, uint8_t* record,
 // emulate_move_tokens_on_host for every lane of a grid on the CPU (the lanes write disjoint
 // bytes, so running them one after another copies exactly what the GPU copies).
 template <bool kGather>
-__host__ __device__ __forceinline__ void move_tokens_lane(
-    int64_t first_unit, int64_t num_warps, int lane, uint8_t* __restrict__ records,
-    const PlaneDesc* __restrict__ planes, int num_planes, int64_t record_bytes,
-    const int64_t* __restrict__ slot_ids, int64_t num_tokens) {
+__host__ __device__ __forceinline__ void move_tokens_lane(int64_t first_unit, int64_t num_warps,
+                                                          int lane, uint8_t* __restrict__ records,
+                                                          const PlaneDesc* __restrict__ planes,
+                                                          int num_planes, int64_t record_bytes,
+                                                          const int64_t* __restrict__ slot_ids,
+                                                          int64_t num_tokens) {
   const int64_t num_units = num_tokens * num_planes;
   for (int64_t unit = first_unit; unit < num_units; unit += num_warps) {
     const int64_t token = unit / num_planes;
@@ -133,9 +135,8 @@ int64_t grid_blocks(int64_t num_tokens, int num_planes) {
 }
 
 template <bool kGather>
-void launch(uint8_t* records, const PlaneDesc* planes_device, int num_planes,
-            int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
-            cudaStream_t stream) {
+void launch(uint8_t* records, const PlaneDesc* planes_device, int num_planes, int64_t record_bytes,
+            const int64_t* slot_ids, int64_t num_tokens, cudaStream_t stream) {
   int64_t blocks = grid_blocks(num_tokens, num_planes);
   move_tokens_kernel<kGather><<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0, stream>>>(
       records, planes_device, num_planes, record_bytes, slot_ids, num_tokens);
@@ -178,8 +179,7 @@ uint8_t* device_view(const uint8_t* records, RecordPlacement placement, uint8_t*
 void gather_tokens_cuda(uint8_t* records, const PlaneDesc* planes_host,
                         const PlaneDesc* planes_device, int num_planes, int64_t record_bytes,
                         const int64_t* slot_ids_device, int64_t num_tokens,
-                        RecordPlacement placement, uint8_t* staging_device,
-                        CUstream_st* stream) {
+                        RecordPlacement placement, uint8_t* staging_device, CUstream_st* stream) {
   check_arguments(records, planes_host, planes_device, num_planes, record_bytes, slot_ids_device,
                   num_tokens, placement, staging_device);
   if (num_tokens == 0) return;
@@ -196,8 +196,7 @@ void gather_tokens_cuda(uint8_t* records, const PlaneDesc* planes_host,
 void scatter_tokens_cuda(const uint8_t* records, const PlaneDesc* planes_host,
                          const PlaneDesc* planes_device, int num_planes, int64_t record_bytes,
                          const int64_t* slot_ids_device, int64_t num_tokens,
-                         RecordPlacement placement, uint8_t* staging_device,
-                         CUstream_st* stream) {
+                         RecordPlacement placement, uint8_t* staging_device, CUstream_st* stream) {
   check_arguments(records, planes_host, planes_device, num_planes, record_bytes, slot_ids_device,
                   num_tokens, placement, staging_device);
   if (num_tokens == 0) return;
@@ -212,9 +211,8 @@ void scatter_tokens_cuda(const uint8_t* records, const PlaneDesc* planes_host,
 }
 
 void emulate_move_tokens_on_host(uint8_t* records, const PlaneDesc* planes, int num_planes,
-                                 int64_t record_bytes, const int64_t* slot_ids,
-                                 int64_t num_tokens, MoveDirection direction,
-                                 int64_t num_blocks) {
+                                 int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
+                                 MoveDirection direction, int64_t num_blocks) {
   validate_planes(planes, num_planes, record_bytes);
   if (num_tokens <= 0) return;
   int64_t blocks = num_blocks > 0 ? num_blocks : grid_blocks(num_tokens, num_planes);
@@ -225,8 +223,8 @@ void emulate_move_tokens_on_host(uint8_t* records, const PlaneDesc* planes, int 
         move_tokens_lane<true>(warp, num_warps, lane, records, planes, num_planes, record_bytes,
                                slot_ids, num_tokens);
       } else {
-        move_tokens_lane<false>(warp, num_warps, lane, records, planes, num_planes,
-                                record_bytes, slot_ids, num_tokens);
+        move_tokens_lane<false>(warp, num_warps, lane, records, planes, num_planes, record_bytes,
+                                slot_ids, num_tokens);
       }
     }
   }

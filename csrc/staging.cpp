@@ -50,8 +50,7 @@ void StagingPool::release(int64_t index) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (index < 0 || index >= num_buffers_ || !held_[static_cast<size_t>(index)]) {
-      throw std::invalid_argument("StagingPool: buffer " + std::to_string(index) +
-                                  " is not held");
+      throw std::invalid_argument("StagingPool: buffer " + std::to_string(index) + " is not held");
     }
     held_[static_cast<size_t>(index)] = false;
     free_.push_back(index);

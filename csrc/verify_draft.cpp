@@ -63,8 +63,8 @@ int64_t last_positive(const S* w, int64_t begin, int64_t end) {
 
 // Inverse-CDF sample from w[0..n) (total > 0) with uniform u, by the chunk rule.
 template <typename S>
-int64_t sample_chunked(const S* w, int64_t n, const double* sums, int64_t num_chunks,
-                       double total, double u) {
+int64_t sample_chunked(const S* w, int64_t n, const double* sums, int64_t num_chunks, double total,
+                       double u) {
   const double x = u * total;
   double prefix = 0.0;
   for (int64_t c = 0; c < num_chunks; ++c) {
@@ -148,7 +148,8 @@ __attribute__((target("avx2"))) V4d load4(const T* p) {
 }
 
 template <typename T>
-__attribute__((target("avx2"))) void min_sum_avx2(const T* row, int64_t n, double* min_out, double* sum_out) {
+__attribute__((target("avx2"))) void min_sum_avx2(const T* row, int64_t n, double* min_out,
+                                                  double* sum_out) {
   V4d acc0 = {0, 0, 0, 0}, acc1 = {0, 0, 0, 0}, low0 = {0, 0, 0, 0}, low1 = {0, 0, 0, 0};
   int64_t t = 0;
   for (; t + 8 <= n; t += 8) {
@@ -257,7 +258,8 @@ class RequestVerifier {
   int64_t validate(int64_t b, int64_t k) {
     if (a_.temperature != nullptr) {
       const double temp = a_.temperature[b];
-      if (!(temp >= 0.0) || !std::isfinite(temp)) return make_status(VerifyStatus::kBadTemperature, 0);
+      if (!(temp >= 0.0) || !std::isfinite(temp))
+        return make_status(VerifyStatus::kBadTemperature, 0);
     }
     s_.row_max.assign(static_cast<size_t>(k + 1), 0.0);
     for (int64_t i = 0; i <= k; ++i) {
@@ -351,7 +353,8 @@ class RequestVerifier {
     const double u = uniform(b, i, 1);
     const int64_t num_chunks = chunk_sums(w, vocab_, s_.sums.data());
     const double mass = sum_left_to_right(s_.sums.data(), num_chunks);
-    if (mass > kResidualMinMass) return sample_chunked(w, vocab_, s_.sums.data(), num_chunks, mass, u);
+    if (mass > kResidualMinMass)
+      return sample_chunked(w, vocab_, s_.sums.data(), num_chunks, mass, u);
     if (!logits) return sample(row(b, i), u);
     return sample(s_.p.data(), u);
   }
@@ -394,14 +397,16 @@ class RequestVerifier {
 
 template <typename T>
 void run_all(const VerifyDraftArgs& args, int num_threads) {
-  const int64_t num_workers = std::max<int64_t>(1, std::min<int64_t>(num_threads, args.num_requests));
+  const int64_t num_workers =
+      std::max<int64_t>(1, std::min<int64_t>(num_threads, args.num_requests));
   std::vector<Scratch> scratch(static_cast<size_t>(num_workers));
   const int64_t num_chunks = (args.vocab_size + kSampleChunk - 1) / kSampleChunk;
   for (Scratch& s : scratch) {
     s.p.resize(static_cast<size_t>(args.vocab_size));
     s.w.resize(static_cast<size_t>(args.vocab_size));
     s.sums.resize(static_cast<size_t>(num_chunks));
-    s.row_max.reserve(static_cast<size_t>(args.out_cols));  // k + 1 <= out_cols: no allocation in threads
+    s.row_max.reserve(
+        static_cast<size_t>(args.out_cols));  // k + 1 <= out_cols: no allocation in threads
   }
   std::atomic<int64_t> cursor{0};
   auto work = [&](int64_t worker) {

@@ -46,7 +46,8 @@ __device__ double block_sum(double v, BlockShared& sh) {
 }
 
 __device__ double block_max(double v, BlockShared& sh) {
-  for (int offset = 16; offset > 0; offset /= 2) v = fmax(v, __shfl_down_sync(0xffffffffu, v, offset));
+  for (int offset = 16; offset > 0; offset /= 2)
+    v = fmax(v, __shfl_down_sync(0xffffffffu, v, offset));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   __syncthreads();
   if (lane == 0) sh.value[warp] = v;
@@ -120,7 +121,8 @@ __device__ int64_t block_argmax(const T* row, int64_t n, BlockShared& sh) {
 
 // Probability row check (validation only, so the reduction order is free).
 template <typename T>
-__device__ bool block_probability_row_ok(const T* row, int64_t n, double tolerance, BlockShared& sh) {
+__device__ bool block_probability_row_ok(const T* row, int64_t n, double tolerance,
+                                         BlockShared& sh) {
   double s = 0.0;
   bool ok = true;
   for (int64_t t = threadIdx.x; t < n; t += kThreads) {
@@ -234,8 +236,8 @@ struct Residual {
   TargetP<T> p;
   DraftKind kind;
   int64_t draft_id;
-  const T* q;              // dense row or sparse probs
-  const int64_t* topk_ids; // sparse ids
+  const T* q;               // dense row or sparse probs
+  const int64_t* topk_ids;  // sparse ids
   int64_t topk;
   __device__ double q_at(int64_t t) const {
     if (kind == DraftKind::kOneHot) return t == draft_id ? 1.0 : 0.0;
@@ -271,10 +273,12 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
       a.num_emitted[b] = emitted;
     }
   };
-  if (k < 0 || k + 1 > a.out_cols) return finish(make_status(VerifyStatus::kBadDraftCount, 0), 0, 0);
+  if (k < 0 || k + 1 > a.out_cols)
+    return finish(make_status(VerifyStatus::kBadDraftCount, 0), 0, 0);
   const bool logits = a.target_kind == TargetKind::kLogits;
   const double temp = logits ? a.temperature[b] : 1.0;
-  if (!(temp >= 0.0) || !isfinite(temp)) return finish(make_status(VerifyStatus::kBadTemperature, 0), 0, 0);
+  if (!(temp >= 0.0) || !isfinite(temp))
+    return finish(make_status(VerifyStatus::kBadTemperature, 0), 0, 0);
   const bool greedy = logits && temp == 0.0;
 
   // Validation of every row the request owns, before any output.
@@ -282,7 +286,8 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
     const bool ok = logits ? !isnan(block_logits_max(row(i), V, sh))
                            : block_probability_row_ok(row(i), V, a.sum_tolerance, sh);
     if (!ok) {
-      return finish(make_status(logits ? VerifyStatus::kBadLogitsRow : VerifyStatus::kBadTargetRow, i), 0, 0);
+      return finish(
+          make_status(logits ? VerifyStatus::kBadLogitsRow : VerifyStatus::kBadTargetRow, i), 0, 0);
     }
   }
   for (int64_t i = 0; i < k; ++i) {
@@ -291,7 +296,8 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
     if (d < 0 || d >= V) return finish(make_status(VerifyStatus::kDraftIdRange, i), 0, 0);
     bool ok = true;
     if (a.draft_kind == DraftKind::kDense) {
-      ok = block_probability_row_ok(static_cast<const T*>(a.draft_probs) + j * V, V, a.sum_tolerance, sh);
+      ok = block_probability_row_ok(static_cast<const T*>(a.draft_probs) + j * V, V,
+                                    a.sum_tolerance, sh);
     } else if (a.draft_kind == DraftKind::kSparse) {
       bool ids_ok = true;
       for (int64_t r = threadIdx.x; r < a.topk; r += kThreads) {

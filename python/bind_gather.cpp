@@ -25,10 +25,9 @@ void bind_gather(py::module_& m) {
       [](uintptr_t records, uintptr_t planes, int num_planes, int64_t record_bytes,
          uintptr_t slot_ids, int64_t num_tokens, int num_threads) {
         py::gil_scoped_release release;
-        lumen::gather_tokens_cpu(reinterpret_cast<uint8_t*>(records), as_planes(planes),
-                                 num_planes, record_bytes,
-                                 reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
-                                 num_threads);
+        lumen::gather_tokens_cpu(reinterpret_cast<uint8_t*>(records), as_planes(planes), num_planes,
+                                 record_bytes, reinterpret_cast<const int64_t*>(slot_ids),
+                                 num_tokens, num_threads);
       },
       py::arg("records"), py::arg("planes"), py::arg("num_planes"), py::arg("record_bytes"),
       py::arg("slot_ids"), py::arg("num_tokens"), py::arg("num_threads"));
@@ -37,10 +36,9 @@ void bind_gather(py::module_& m) {
       [](uintptr_t records, uintptr_t planes, int num_planes, int64_t record_bytes,
          uintptr_t slot_ids, int64_t num_tokens, int num_threads) {
         py::gil_scoped_release release;
-        lumen::scatter_tokens_cpu(reinterpret_cast<const uint8_t*>(records), as_planes(planes),
-                                  num_planes, record_bytes,
-                                  reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
-                                  num_threads);
+        lumen::scatter_tokens_cpu(
+            reinterpret_cast<const uint8_t*>(records), as_planes(planes), num_planes, record_bytes,
+            reinterpret_cast<const int64_t*>(slot_ids), num_tokens, num_threads);
       },
       py::arg("records"), py::arg("planes"), py::arg("num_planes"), py::arg("record_bytes"),
       py::arg("slot_ids"), py::arg("num_tokens"), py::arg("num_threads"));
@@ -52,8 +50,8 @@ void bind_gather(py::module_& m) {
                               reinterpret_cast<const uint8_t*>(src), num_bytes, num_threads,
                               streaming);
       },
-      py::arg("dst"), py::arg("src"), py::arg("num_bytes"), py::arg("num_threads"),
-      py::kw_only(), py::arg("streaming") = false,
+      py::arg("dst"), py::arg("src"), py::arg("num_bytes"), py::arg("num_threads"), py::kw_only(),
+      py::arg("streaming") = false,
       "Contiguous copy split over threads: memcpy (the ceiling of the benchmarks) or, with "
       "streaming=True, the kernels' streaming copy routine (cpu_copy_kind).");
   m.def(

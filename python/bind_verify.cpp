@@ -30,13 +30,16 @@ void bind_verify(py::module_& m) {
         const py::buffer_info info = row.request();
         if (info.ndim != 1 || (info.format != "f" && info.format != "d") ||
             info.strides[0] != info.itemsize) {
-          throw std::invalid_argument("probability_row_ok: row must be a contiguous 1-D float32/float64 buffer");
+          throw std::invalid_argument(
+              "probability_row_ok: row must be a contiguous 1-D float32/float64 buffer");
         }
         const lumen::SimdPath path = portable ? lumen::SimdPath::kPortable : lumen::SimdPath::kAuto;
         if (info.format == "f") {
-          return lumen::probability_row_ok(static_cast<const float*>(info.ptr), info.shape[0], tolerance, path);
+          return lumen::probability_row_ok(static_cast<const float*>(info.ptr), info.shape[0],
+                                           tolerance, path);
         }
-        return lumen::probability_row_ok(static_cast<const double*>(info.ptr), info.shape[0], tolerance, path);
+        return lumen::probability_row_ok(static_cast<const double*>(info.ptr), info.shape[0],
+                                         tolerance, path);
       },
       py::arg("row"), py::arg("tolerance"), py::kw_only(), py::arg("portable") = false,
       "The native probability-row check of verify_draft; portable=True forces the non-SIMD loop.");
@@ -45,7 +48,8 @@ void bind_verify(py::module_& m) {
       [](py::array_t<uint64_t, py::array::c_style | py::array::forcecast> seeds,
          py::array_t<int64_t, py::array::c_style | py::array::forcecast> positions, int64_t index) {
         if (seeds.size() != positions.size()) {
-          throw std::invalid_argument("philox_uniforms: seeds and positions must have the same size");
+          throw std::invalid_argument(
+              "philox_uniforms: seeds and positions must have the same size");
         }
         if (index < 0 || index >= (int64_t{1} << 32)) {
           throw std::invalid_argument("philox_uniforms: index must be in [0, 2**32)");
@@ -61,7 +65,8 @@ void bind_verify(py::module_& m) {
         {
           py::gil_scoped_release release;
           for (py::ssize_t i = 0; i < n; ++i) {
-            o[i] = lumen::philox_uniform(s[i], static_cast<uint64_t>(p[i]), static_cast<uint32_t>(index));
+            o[i] = lumen::philox_uniform(s[i], static_cast<uint64_t>(p[i]),
+                                         static_cast<uint32_t>(index));
           }
         }
         return out;

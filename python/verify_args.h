@@ -13,7 +13,6 @@ namespace lumen_bind {
 
 namespace py = pybind11;
 
-
 template <typename P>
 inline P* as_ptr(uintptr_t address) {
   return reinterpret_cast<P*>(address);
@@ -31,7 +30,8 @@ inline lumen::VerifyDraftArgs make_verify_args(py::dict a) {
   const int dtype = a["dtype"].cast<int>();
   const int target_kind = a["target_kind"].cast<int>();
   const int draft_kind = a["draft_kind"].cast<int>();
-  if (dtype < 0 || dtype > 1 || target_kind < 0 || target_kind > 1 || draft_kind < 0 || draft_kind > 2) {
+  if (dtype < 0 || dtype > 1 || target_kind < 0 || target_kind > 1 || draft_kind < 0 ||
+      draft_kind > 2) {
     throw std::invalid_argument("verify_draft: dtype, target_kind or draft_kind out of range");
   }
   args.dtype = static_cast<lumen::ScalarType>(dtype);
@@ -53,7 +53,8 @@ inline lumen::VerifyDraftArgs make_verify_args(py::dict a) {
   args.sum_tolerance = a["sum_tolerance"].cast<double>();
   if (args.num_requests < 0 || args.vocab_size < 1 || args.vocab_size > lumen::kMaxVocabSize ||
       args.out_cols < 1 || args.topk < 0) {
-    throw std::invalid_argument("verify_draft: negative count, vocab_size outside [1, 2**21] or out_cols < 1");
+    throw std::invalid_argument(
+        "verify_draft: negative count, vocab_size outside [1, 2**21] or out_cols < 1");
   }
   const bool needs_rng = args.uniforms == nullptr;
   if (args.num_requests > 0 &&
@@ -62,7 +63,8 @@ inline lumen::VerifyDraftArgs make_verify_args(py::dict a) {
        args.draft_start == nullptr ||
        (args.target_kind == lumen::TargetKind::kLogits && args.temperature == nullptr) ||
        (args.draft_kind != lumen::DraftKind::kOneHot && args.draft_probs == nullptr) ||
-       (args.draft_kind == lumen::DraftKind::kSparse && (args.draft_topk_ids == nullptr || args.topk < 1)) ||
+       (args.draft_kind == lumen::DraftKind::kSparse &&
+        (args.draft_topk_ids == nullptr || args.topk < 1)) ||
        (needs_rng && (args.seeds == nullptr || args.positions == nullptr)))) {
     throw std::invalid_argument("verify_draft: a required buffer address is null");
   }

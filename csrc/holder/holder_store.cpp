@@ -100,8 +100,8 @@ bool HolderStore::make_room(uint64_t bytes, const Key& keep) {
 }
 
 bool HolderStore::charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens) {
-  const uint64_t need = std::max(tokens, checkpoint->reserved_tokens) *
-                        token_bytes(checkpoint->record_bytes);
+  const uint64_t need =
+      std::max(tokens, checkpoint->reserved_tokens) * token_bytes(checkpoint->record_bytes);
   if (need <= checkpoint->charged_bytes) return true;
   const uint64_t delta = need - checkpoint->charged_bytes;
   if (!make_room(delta, key)) return false;
@@ -170,8 +170,8 @@ Status HolderStore::absent(const Key& key, uint32_t epoch) const {
                                                                      : Status::kRejected;
 }
 
-Status HolderStore::open(const WireHeader& h, const uint8_t* fingerprints,
-                         uint64_t* durable_tokens, std::vector<AppendOutcome>* outcomes) {
+Status HolderStore::open(const WireHeader& h, const uint8_t* fingerprints, uint64_t* durable_tokens,
+                         std::vector<AppendOutcome>* outcomes) {
   std::lock_guard<std::mutex> lock(mutex_);
   const Key key{h.request_id, h.shard};
   auto existing = checkpoints_.find(key);
@@ -488,10 +488,10 @@ std::vector<CheckpointInfo> HolderStore::checkpoints() const {
   return out;
 }
 
-bool HolderStore::copy_out(uint64_t request_id, uint32_t shard, uint64_t start,
-                           uint64_t max_tokens, uint32_t record_bytes, uint8_t* fingerprints,
-                           uint32_t* token_ids, uint32_t* crcs, uint8_t* records,
-                           uint64_t* copied, uint64_t* durable, int num_threads) {
+bool HolderStore::copy_out(uint64_t request_id, uint32_t shard, uint64_t start, uint64_t max_tokens,
+                           uint32_t record_bytes, uint8_t* fingerprints, uint32_t* token_ids,
+                           uint32_t* crcs, uint8_t* records, uint64_t* copied, uint64_t* durable,
+                           int num_threads) {
   std::lock_guard<std::mutex> lock(mutex_);
   *copied = 0;
   *durable = 0;
@@ -512,10 +512,9 @@ bool HolderStore::copy_out(uint64_t request_id, uint32_t shard, uint64_t start,
 
 RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
                                         const uint8_t* fingerprints,
-                                        const uint32_t* expected_token_ids,
-                                        uint64_t num_expected, const PlaneDesc* planes,
-                                        int num_planes, const int64_t* slot_ids,
-                                        uint64_t num_slots) {
+                                        const uint32_t* expected_token_ids, uint64_t num_expected,
+                                        const PlaneDesc* planes, int num_planes,
+                                        const int64_t* slot_ids, uint64_t num_slots) {
   std::lock_guard<std::mutex> lock(mutex_);
   RestoreReport report;
   auto it = checkpoints_.find({request_id, shard});

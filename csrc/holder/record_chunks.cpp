@@ -42,8 +42,8 @@ void RecordChunks::copy_in(const ChunkArena& arena, uint64_t first, uint64_t n,
   }
 }
 
-void RecordChunks::copy_out(const ChunkArena& arena, uint64_t first, uint64_t n,
-                            uint8_t* records, int num_threads) const {
+void RecordChunks::copy_out(const ChunkArena& arena, uint64_t first, uint64_t n, uint8_t* records,
+                            int num_threads) const {
   std::vector<MemoryPiece> parts;
   pieces(arena, first, n, &parts);
   for (const MemoryPiece& part : parts) {

@@ -1,8 +1,8 @@
 // The CUDA StepGather (lumen/holder/step_gather.h), or its absence in a build without CUDA.
-#include "lumen/holder/step_gather.h"
-
 #include <stdexcept>
 #include <string>
+
+#include "lumen/holder/step_gather.h"
 
 #ifdef LUMEN_HOLDER_CUDA
 #include <algorithm>
@@ -37,8 +37,8 @@ class DeviceScope {
 
 class CudaStepGather final : public StepGather {
  public:
-  CudaStepGather(std::vector<PlaneDesc> planes, int64_t record_bytes, int device,
-                 uint8_t* staging, int64_t staging_bytes, int64_t max_tokens)
+  CudaStepGather(std::vector<PlaneDesc> planes, int64_t record_bytes, int device, uint8_t* staging,
+                 int64_t staging_bytes, int64_t max_tokens)
       : planes_(std::move(planes)),
         record_bytes_(record_bytes),
         device_(device),
@@ -55,18 +55,18 @@ class CudaStepGather final : public StepGather {
       cuda_check(cudaMemcpy(planes_device_, planes_.data(), plane_bytes, cudaMemcpyHostToDevice),
                  "cudaMemcpy (plane descriptors)");
       const size_t slot_bytes = static_cast<size_t>(max_tokens) * sizeof(int64_t);
-      cuda_check(cudaHostAlloc(reinterpret_cast<void**>(&slots_host_), slot_bytes,
-                               cudaHostAllocPortable),
-                 "cudaHostAlloc (slot ids)");
+      cuda_check(
+          cudaHostAlloc(reinterpret_cast<void**>(&slots_host_), slot_bytes, cudaHostAllocPortable),
+          "cudaHostAlloc (slot ids)");
       cuda_check(cudaMalloc(reinterpret_cast<void**>(&slots_device_), slot_bytes),
                  "cudaMalloc (slot ids)");
       cuda_check(cudaMalloc(reinterpret_cast<void**>(&staging_device_),
                             static_cast<size_t>(max_tokens) * record_bytes_),
                  "cudaMalloc (device staging)");
       // Page-locked so the copy out of device staging is one DMA at full speed.
-      cuda_check(cudaHostRegister(staging_, static_cast<size_t>(staging_bytes),
-                                  cudaHostRegisterPortable),
-                 "cudaHostRegister (staging buffers)");
+      cuda_check(
+          cudaHostRegister(staging_, static_cast<size_t>(staging_bytes), cudaHostRegisterPortable),
+          "cudaHostRegister (staging buffers)");
       staging_registered_ = true;
     } catch (...) {
       release_all();
@@ -86,7 +86,8 @@ class CudaStepGather final : public StepGather {
   uint64_t mark(uintptr_t engine_stream) override {
     DeviceScope scope(device_);
     cudaEvent_t event = take_event();
-    const cudaError_t status = cudaEventRecord(event, reinterpret_cast<cudaStream_t>(engine_stream));
+    const cudaError_t status =
+        cudaEventRecord(event, reinterpret_cast<cudaStream_t>(engine_stream));
     if (status != cudaSuccess) {
       give_event(event);
       cuda_check(status, "cudaEventRecord (on the engine's stream)");
@@ -197,8 +198,7 @@ bool cuda_step_gather_built() { return true; }
 
 std::unique_ptr<StepGather> make_cuda_step_gather(std::vector<PlaneDesc> /*planes*/,
                                                   int64_t /*record_bytes*/, int /*device*/,
-                                                  uint8_t* /*staging*/,
-                                                  int64_t /*staging_bytes*/,
+                                                  uint8_t* /*staging*/, int64_t /*staging_bytes*/,
                                                   int64_t /*max_tokens*/) {
   throw std::runtime_error(
       "this build of lumen_core has no CUDA: the streamer cannot read a CUDA KV cache");

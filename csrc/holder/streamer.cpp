@@ -346,7 +346,7 @@ void Streamer::process_step(const Work& work) {
     uint64_t request_id;
     uint64_t from;
     uint64_t to;
-    uint64_t offset;  // into the gathered records
+    uint64_t offset;                                    // into the gathered records
     std::vector<std::pair<Holder*, uint64_t>> targets;  // holder, first position to send
   };
   std::vector<Range> ranges;
@@ -393,8 +393,7 @@ void Streamer::process_step(const Work& work) {
   }
   if (gathered && num_tokens > 0) {
     batch.crcs.resize(slots.size());
-    checksum_records(batch.crcs.data(), records, num_tokens, record_bytes,
-                     options_.gather_threads);
+    checksum_records(batch.crcs.data(), records, num_tokens, record_bytes, options_.gather_threads);
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -440,8 +439,8 @@ void Streamer::process_step(const Work& work) {
         args.capability = it_cap.first;
         try {
           const uint64_t op_id = holder->client->start_append(args);
-          batch.ops.push_back({holder, range.request_id, op_id, pos + count,
-                               count * (record_bytes + 8)});
+          batch.ops.push_back(
+              {holder, range.request_id, op_id, pos + count, count * (record_bytes + 8)});
           ++started;
           started_bytes += count * (record_bytes + 8);
           pos += count;

@@ -13,8 +13,7 @@
 
 namespace lumen::holder {
 
-std::vector<int> fused_plane_order(const PlaneDesc* planes, int num_planes,
-                                   int64_t record_bytes) {
+std::vector<int> fused_plane_order(const PlaneDesc* planes, int num_planes, int64_t record_bytes) {
   std::vector<int> order;
   if (!__builtin_cpu_supports("sse4.2")) return order;
   for (int i = 0; i < num_planes; ++i) order.push_back(i);
@@ -92,8 +91,8 @@ __attribute__((target("avx512f,sse4.2"))) void copy_piece3_avx512(const uint8_t*
   }
 }
 
-__attribute__((target("sse4.2"))) void copy_piece1(const uint8_t* src, uint8_t* dst,
-                                                   int64_t bytes, uint64_t* crc) {
+__attribute__((target("sse4.2"))) void copy_piece1(const uint8_t* src, uint8_t* dst, int64_t bytes,
+                                                   uint64_t* crc) {
   uint64_t c = *crc;
   int64_t k = 0;
   for (; k + 8 <= bytes; k += 8) {
@@ -127,7 +126,8 @@ void scatter_with_crc(const uint8_t* const* records, const int64_t* slot_ids, in
       }
       if (count == 3 && wide &&
           ((reinterpret_cast<uintptr_t>(dst[0]) | reinterpret_cast<uintptr_t>(dst[1]) |
-            reinterpret_cast<uintptr_t>(dst[2])) & 63) == 0) {
+            reinterpret_cast<uintptr_t>(dst[2])) &
+           63) == 0) {
         copy_piece3_avx512(src, dst, plane.piece_bytes, crc);
       } else if (count == 3) {
         copy_piece3(src, dst, plane.piece_bytes, crc);

@@ -47,12 +47,13 @@ struct RequestContext {
   std::shared_ptr<void> op;
 };
 
-Client::Client(const ClientOptions& options) : options_(options), worker_(WorkerOptions{options.tls}) {
+Client::Client(const ClientOptions& options)
+    : options_(options), worker_(WorkerOptions{options.tls}) {
   check_secret(options_.secret);
   check_timeout(options_.connect_timeout_s);
   socklen_t address_length = 0;
-  const sockaddr_storage address = resolve_address(options_.address, options_.port,
-                                                   &address_length);
+  const sockaddr_storage address =
+      resolve_address(options_.address, options_.port, &address_length);
   worker_.set_message_handler(&Client::on_message, this);
 
   ucp_ep_params_t params{};
@@ -212,8 +213,8 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
     param.datatype = ucp_dt_make_iov();
     param.cb.send = &Client::on_send_done;
     param.user_data = context;
-    ucs_status_ptr_t request = ucp_am_send_nbx(ep_, kAmId, header.data(), header.size(), op->iov,
-                                               iov_count, &param);
+    ucs_status_ptr_t request =
+        ucp_am_send_nbx(ep_, kAmId, header.data(), header.size(), op->iov, iov_count, &param);
     if (UCS_PTR_IS_PTR(request)) {
       op->inflight++;
       return;
@@ -238,8 +239,7 @@ void Client::on_send_done(void* request, ucs_status_t status, void* user_data) {
   finish_transfer(request, status, user_data, "send failed: ");
 }
 
-void Client::on_recv_done(void* request, ucs_status_t status, size_t /*length*/,
-                          void* user_data) {
+void Client::on_recv_done(void* request, ucs_status_t status, size_t /*length*/, void* user_data) {
   finish_transfer(request, status, user_data, "receive failed: ");
 }
 
@@ -315,7 +315,8 @@ uint64_t Client::await(const OpPtr& op, double timeout_s) {
       }
       // A transfer still in flight would go on touching the caller's memory after we return:
       // dropping the connection cancels it.
-      if (op->inflight > 0) fail_connection(Status::kPeerGone, "connection dropped after: " + message);
+      if (op->inflight > 0)
+        fail_connection(Status::kPeerGone, "connection dropped after: " + message);
       fail(op, Status::kTimeout, message);
     });
     lock.lock();
@@ -335,8 +336,8 @@ uint64_t Client::run(const OpPtr& op, const WireHeader& h, const void* header_by
 }
 
 uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint32_t record_bytes,
-                      const uint8_t* fingerprints, const Mac& capability,
-                      uint64_t reserve_tokens, double timeout_s) {
+                      const uint8_t* fingerprints, const Mac& capability, uint64_t reserve_tokens,
+                      double timeout_s) {
   check_timeout(timeout_s);
   OpPtr op = new_op(MessageKind::kOpen);
   op->owned_payload.assign(fingerprints, fingerprints + 2 * kFingerprintBytes);
@@ -412,13 +413,13 @@ ReadReply Client::read(const ReadArgs& args, double timeout_s) {
   check_timeout(timeout_s);
   if (args.max_tokens == 0 || args.max_tokens > options_.limits.max_tokens_per_message) {
     throw std::invalid_argument("max_tokens must be in [1, " +
-                                std::to_string(options_.limits.max_tokens_per_message) +
-                                "], got " + std::to_string(args.max_tokens));
+                                std::to_string(options_.limits.max_tokens_per_message) + "], got " +
+                                std::to_string(args.max_tokens));
   }
   OpPtr op = new_op(MessageKind::kRead);
   op->read = args;
-  WireHeader h = request_header(MessageKind::kRead, op->id, args.request_id, args.shard,
-                                args.epoch, args.capability);
+  WireHeader h = request_header(MessageKind::kRead, op->id, args.request_id, args.shard, args.epoch,
+                                args.capability);
   h.start_pos = args.start_pos;
   h.num_tokens = args.max_tokens;
   run(op, h, nullptr, nullptr, 0, timeout_s);
@@ -492,16 +493,16 @@ ucs_status_t Client::handle(const WireHeader& h, void* data, bool rndv) {
              handshaking ? std::string("the server refused the handshake") +
                                (h.status == Status::kRejected ? " (wrong secret?)" : "")
                          : std::string(kind_name(op->kind)) + " of request " +
-                               std::to_string(h.request_id) + " shard " +
-                               std::to_string(h.shard) + " epoch " + std::to_string(h.epoch) +
-                               " refused by the server");
+                               std::to_string(h.request_id) + " shard " + std::to_string(h.shard) +
+                               " epoch " + std::to_string(h.epoch) + " refused by the server");
       }
       return UCS_OK;
     case MessageKind::kReadData:
       if (op && op->kind == MessageKind::kRead) return handle_read_data(op, h, data, rndv);
       if (!op) return UCS_OK;
       break;
-    default: break;
+    default:
+      break;
   }
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -511,8 +512,7 @@ ucs_status_t Client::handle(const WireHeader& h, void* data, bool rndv) {
   return UCS_OK;
 }
 
-ucs_status_t Client::handle_read_data(const OpPtr& op, const WireHeader& h, void* data,
-                                      bool rndv) {
+ucs_status_t Client::handle_read_data(const OpPtr& op, const WireHeader& h, void* data, bool rndv) {
   const ReadArgs& a = op->read;
   if (h.num_tokens > a.max_tokens || h.start_pos > a.start_pos ||
       (h.num_tokens > 0 && h.record_bytes != a.record_bytes)) {
@@ -540,8 +540,8 @@ ucs_status_t Client::handle_read_data(const OpPtr& op, const WireHeader& h, void
   }
   auto* context = new RequestContext{this, op};
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_DATATYPE;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   param.datatype = ucp_dt_make_iov();
   param.cb.recv_am = &Client::on_recv_done;
   param.user_data = context;
@@ -563,8 +563,8 @@ void Client::handle_challenge(const uint8_t* server_nonce) {
   OpPtr op = ops_.at(kHandshakeOp);  // handle() checked it is there
   std::memcpy(server_nonce_.data(), server_nonce, kNonceBytes);
   client_nonce_ = random_nonce();
-  const Mac mac = handshake_mac(options_.secret, "client", server_nonce_.data(),
-                                client_nonce_.data());
+  const Mac mac =
+      handshake_mac(options_.secret, "client", server_nonce_.data(), client_nonce_.data());
   op->owned_payload.assign(client_nonce_.begin(), client_nonce_.end());
   op->owned_payload.insert(op->owned_payload.end(), mac.begin(), mac.end());
   WireHeader h;
@@ -577,8 +577,8 @@ void Client::handle_challenge(const uint8_t* server_nonce) {
 }
 
 void Client::handle_auth_ok(const uint8_t* proof) {
-  const Mac expected = handshake_mac(options_.secret, "server", client_nonce_.data(),
-                                     server_nonce_.data());
+  const Mac expected =
+      handshake_mac(options_.secret, "server", client_nonce_.data(), server_nonce_.data());
   if (!mac_equal(expected.data(), proof)) {
     fail_connection(Status::kRejected, "the server did not prove the cluster secret");
     return;

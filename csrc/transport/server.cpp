@@ -66,8 +66,8 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
                                 std::to_string(options_.handshake_timeout_s));
   }
   socklen_t address_length = 0;
-  const sockaddr_storage address = resolve_address(options_.address, options_.port,
-                                                   &address_length);
+  const sockaddr_storage address =
+      resolve_address(options_.address, options_.port, &address_length);
 
   worker_.set_message_handler(&Server::on_message, this);
 
@@ -114,8 +114,8 @@ void Server::shutdown() {
   for (auto& [id, conn] : conns_) open.push_back(conn.get());
   for (Conn* conn : open) drop(conn, /*force=*/true);
   // Force-closed endpoints complete their receives with errors, which settles the appends.
-  worker_.progress_until(
-      [this] { return worker_.closing_endpoints() == 0 && appends_.empty(); }, 5.0);
+  worker_.progress_until([this] { return worker_.closing_endpoints() == 0 && appends_.empty(); },
+                         5.0);
 }
 
 Server::Conn* Server::find(ucp_ep_h ep) {
@@ -191,15 +191,15 @@ void Server::send(Conn* conn, const WireHeader& h,
   encode_header(header, h);
   auto* context = new SendContext{std::move(payload)};
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                       UCP_OP_ATTR_FIELD_USER_DATA;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER;
   param.cb.send = &on_send_done;
   param.user_data = context;
   const void* data = context->payload ? context->payload->data() : nullptr;
   const size_t size = context->payload ? context->payload->size() : 0;
-  ucs_status_ptr_t request = ucp_am_send_nbx(conn->ep, kAmId, header, kHeaderBytes, data, size,
-                                             &param);
+  ucs_status_ptr_t request =
+      ucp_am_send_nbx(conn->ep, kAmId, header, kHeaderBytes, data, size, &param);
   // Done at once or failed (the endpoint's error handler drops the connection).
   if (!UCS_PTR_IS_PTR(request)) delete context;
 }
@@ -221,20 +221,30 @@ void Server::reply(Conn* conn, const WireHeader& request, MessageKind kind, Stat
 
 void Server::count_refusal(Status status) {
   switch (status) {
-    case Status::kStaleEpoch: stats_.stale_epoch++; break;
-    case Status::kConflict: stats_.conflicts++; break;
+    case Status::kStaleEpoch:
+      stats_.stale_epoch++;
+      break;
+    case Status::kConflict:
+      stats_.conflicts++;
+      break;
     case Status::kAborted:
-    case Status::kPeerGone: stats_.appends_aborted++; break;
-    case Status::kMalformed: stats_.crc_failures++; break;
-    default: stats_.rejected++; break;
+    case Status::kPeerGone:
+      stats_.appends_aborted++;
+      break;
+    case Status::kMalformed:
+      stats_.crc_failures++;
+      break;
+    default:
+      stats_.rejected++;
+      break;
   }
 }
 
 ucs_status_t Server::on_message(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<Server*>(arg);
-  Conn* conn = (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? self->find(param->reply_ep)
-                                                                      : nullptr;
+  Conn* conn =
+      (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? self->find(param->reply_ep) : nullptr;
   if (conn == nullptr) {
     // Still in flight from a connection already dropped (and counted), or sent without a
     // reply endpoint, which no client of ours does: drop it.
@@ -295,7 +305,8 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
       }
       return UCS_OK;
     }
-    case MessageKind::kAppend: return handle_append(conn, h, data, rndv);
+    case MessageKind::kAppend:
+      return handle_append(conn, h, data, rndv);
     case MessageKind::kRelease: {
       std::vector<AppendOutcome> outcomes;
       const Status status = sink_->release(h, &outcomes);
@@ -334,7 +345,8 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
       send(conn, out, result.payload);
       return UCS_OK;
     }
-    default: return UCS_OK;  // unreachable: is_request() above
+    default:
+      return UCS_OK;  // unreachable: is_request() above
   }
 }
 
@@ -388,8 +400,8 @@ ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, 
     return UCS_OK;
   }
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                       UCP_OP_ATTR_FIELD_DATATYPE;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
   param.datatype = ucp_dt_make_iov();
   param.cb.recv_am = &Server::on_append_received;
   param.user_data = raw;

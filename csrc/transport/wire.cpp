@@ -31,30 +31,48 @@ bool fail(std::string* why, const std::string& text) {
 
 const char* status_name(Status status) {
   switch (status) {
-    case Status::kOk: return "ok";
-    case Status::kRejected: return "rejected";
-    case Status::kConflict: return "conflict";
-    case Status::kStaleEpoch: return "stale epoch";
-    case Status::kMalformed: return "malformed";
-    case Status::kPeerGone: return "peer gone";
-    case Status::kTimeout: return "timeout";
-    case Status::kAborted: return "aborted";
+    case Status::kOk:
+      return "ok";
+    case Status::kRejected:
+      return "rejected";
+    case Status::kConflict:
+      return "conflict";
+    case Status::kStaleEpoch:
+      return "stale epoch";
+    case Status::kMalformed:
+      return "malformed";
+    case Status::kPeerGone:
+      return "peer gone";
+    case Status::kTimeout:
+      return "timeout";
+    case Status::kAborted:
+      return "aborted";
   }
   return "unknown";
 }
 
 const char* kind_name(MessageKind kind) {
   switch (kind) {
-    case MessageKind::kChallenge: return "challenge";
-    case MessageKind::kAuth: return "auth";
-    case MessageKind::kAuthOk: return "auth-ok";
-    case MessageKind::kOpen: return "open";
-    case MessageKind::kAppend: return "append";
-    case MessageKind::kRelease: return "release";
-    case MessageKind::kRead: return "read";
-    case MessageKind::kAck: return "ack";
-    case MessageKind::kReadData: return "read-data";
-    case MessageKind::kError: return "error";
+    case MessageKind::kChallenge:
+      return "challenge";
+    case MessageKind::kAuth:
+      return "auth";
+    case MessageKind::kAuthOk:
+      return "auth-ok";
+    case MessageKind::kOpen:
+      return "open";
+    case MessageKind::kAppend:
+      return "append";
+    case MessageKind::kRelease:
+      return "release";
+    case MessageKind::kRead:
+      return "read";
+    case MessageKind::kAck:
+      return "ack";
+    case MessageKind::kReadData:
+      return "read-data";
+    case MessageKind::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -142,8 +160,12 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
   uint64_t expected = 0;
   switch (h.kind) {
     case MessageKind::kChallenge:
-    case MessageKind::kAuthOk: expected = kMacBytes; break;
-    case MessageKind::kAuth: expected = kNonceBytes + kMacBytes; break;
+    case MessageKind::kAuthOk:
+      expected = kMacBytes;
+      break;
+    case MessageKind::kAuth:
+      expected = kNonceBytes + kMacBytes;
+      break;
     case MessageKind::kOpen:
       if (h.record_bytes == 0) return fail(why, "open with record_bytes 0");
       expected = 2 * kFingerprintBytes;
@@ -165,7 +187,8 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
       break;
     case MessageKind::kRelease:
     case MessageKind::kAck:
-    case MessageKind::kError: break;
+    case MessageKind::kError:
+      break;
   }
   if (h.payload_bytes != expected) {
     return fail(why, "payload of " + std::to_string(h.payload_bytes) + " bytes, kind " +

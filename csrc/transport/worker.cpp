@@ -2,14 +2,14 @@
 #include "lumen/transport/worker.h"
 
 #include <netdb.h>
-#include <sys/epoll.h>
 #include <sched.h>
+#include <sys/epoll.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <condition_variable>
 #include <exception>
 #include <stdexcept>
 #include <string>
@@ -124,8 +124,8 @@ void Worker::set_message_handler(ucp_am_recv_callback_t cb, void* arg) {
 
 void Worker::close_endpoint(ucp_ep_h ep, bool force) {
   ucp_request_param_t param{};
-  param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                       UCP_OP_ATTR_FIELD_USER_DATA;
+  param.op_attr_mask =
+      UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
   param.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   param.cb.send = [](void* request, ucs_status_t /*status*/, void* user_data) {
     --static_cast<Worker*>(user_data)->closing_;

@@ -14,12 +14,11 @@ void gather(uintptr_t records, uintptr_t planes_host, uintptr_t planes_device, i
             int64_t record_bytes, uintptr_t slot_ids, int64_t num_tokens,
             lumen::RecordPlacement placement, uintptr_t staging, uintptr_t stream) {
   py::gil_scoped_release release;
-  lumen::gather_tokens_cuda(reinterpret_cast<uint8_t*>(records),
-                            reinterpret_cast<const lumen::PlaneDesc*>(planes_host),
-                            reinterpret_cast<const lumen::PlaneDesc*>(planes_device), num_planes,
-                            record_bytes, reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
-                            placement, reinterpret_cast<uint8_t*>(staging),
-                            reinterpret_cast<CUstream_st*>(stream));
+  lumen::gather_tokens_cuda(
+      reinterpret_cast<uint8_t*>(records), reinterpret_cast<const lumen::PlaneDesc*>(planes_host),
+      reinterpret_cast<const lumen::PlaneDesc*>(planes_device), num_planes, record_bytes,
+      reinterpret_cast<const int64_t*>(slot_ids), num_tokens, placement,
+      reinterpret_cast<uint8_t*>(staging), reinterpret_cast<CUstream_st*>(stream));
 }
 
 void scatter(uintptr_t records, uintptr_t planes_host, uintptr_t planes_device, int num_planes,
@@ -28,9 +27,9 @@ void scatter(uintptr_t records, uintptr_t planes_host, uintptr_t planes_device, 
   py::gil_scoped_release release;
   lumen::scatter_tokens_cuda(reinterpret_cast<const uint8_t*>(records),
                              reinterpret_cast<const lumen::PlaneDesc*>(planes_host),
-                             reinterpret_cast<const lumen::PlaneDesc*>(planes_device),
-                             num_planes, record_bytes, reinterpret_cast<const int64_t*>(slot_ids),
-                             num_tokens, placement, reinterpret_cast<uint8_t*>(staging),
+                             reinterpret_cast<const lumen::PlaneDesc*>(planes_device), num_planes,
+                             record_bytes, reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
+                             placement, reinterpret_cast<uint8_t*>(staging),
                              reinterpret_cast<CUstream_st*>(stream));
 }
 
@@ -64,9 +63,8 @@ void bind_gather_cuda(py::module_& m) {
          int64_t num_blocks) {
         py::gil_scoped_release release;
         lumen::emulate_move_tokens_on_host(
-            reinterpret_cast<uint8_t*>(records),
-            reinterpret_cast<const lumen::PlaneDesc*>(planes), num_planes, record_bytes,
-            reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
+            reinterpret_cast<uint8_t*>(records), reinterpret_cast<const lumen::PlaneDesc*>(planes),
+            num_planes, record_bytes, reinterpret_cast<const int64_t*>(slot_ids), num_tokens,
             direction, num_blocks);
       },
       py::arg("records"), py::arg("planes"), py::arg("num_planes"), py::arg("record_bytes"),

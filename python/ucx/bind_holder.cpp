@@ -64,8 +64,7 @@ void bind_holder(py::module_& m) {
            py::kw_only(), py::arg("budget_bytes"), py::arg("policy"), py::arg("chunk_bytes"),
            py::arg("pinned"))
       .def("reserve", &lh::HolderStore::reserve, py::arg("request_id"), py::arg("shard"),
-           py::arg("num_tokens"), py::arg("record_bytes"),
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("num_tokens"), py::arg("record_bytes"), py::call_guard<py::gil_scoped_release>())
       .def("expire", &lh::HolderStore::expire, py::arg("request_id"),
            py::call_guard<py::gil_scoped_release>())
       .def("expire_idle", &lh::HolderStore::expire_idle, py::arg("max_idle_s"),
@@ -93,9 +92,9 @@ void bind_holder(py::module_& m) {
            })
       .def(
           "restore_into",
-          [](lh::HolderStore& s, uint64_t request_id, uint32_t shard,
-             const py::bytes& fingerprints, const U32Array& token_ids,
-             const I64Array& descriptors, const I64Array& slot_ids, int64_t record_bytes) {
+          [](lh::HolderStore& s, uint64_t request_id, uint32_t shard, const py::bytes& fingerprints,
+             const U32Array& token_ids, const I64Array& descriptors, const I64Array& slot_ids,
+             int64_t record_bytes) {
             const std::string fp = fingerprints;
             if (fp.size() != 2 * lt::kFingerprintBytes) {
               throw py::value_error("fingerprints must be 64 bytes, got " +
@@ -107,17 +106,15 @@ void bind_holder(py::module_& m) {
             lh::RestoreReport report;
             {
               py::gil_scoped_release release;
-              report = s.restore_into(request_id, shard,
-                                      reinterpret_cast<const uint8_t*>(fp.data()),
-                                      token_ids.data(), token_ids.size(), planes, num_planes,
-                                      slot_ids.data(), slot_ids.size());
+              report = s.restore_into(
+                  request_id, shard, reinterpret_cast<const uint8_t*>(fp.data()), token_ids.data(),
+                  token_ids.size(), planes, num_planes, slot_ids.data(), slot_ids.size());
             }
             return py::make_tuple(static_cast<int>(report.status), report.restored_tokens,
                                   report.durable_tokens);
           },
-          py::arg("request_id"), py::arg("shard"), py::arg("fingerprints"),
-          py::arg("token_ids"), py::arg("descriptors"), py::arg("slot_ids"),
-          py::arg("record_bytes"))
+          py::arg("request_id"), py::arg("shard"), py::arg("fingerprints"), py::arg("token_ids"),
+          py::arg("descriptors"), py::arg("slot_ids"), py::arg("record_bytes"))
       .def(
           "copy_out",
           [](lh::HolderStore& s, uint64_t request_id, uint32_t shard, uint64_t start,
@@ -153,9 +150,9 @@ void bind_holder(py::module_& m) {
   m.def(
       "serve_holder_store",
       [](std::shared_ptr<lh::HolderStore> store, const py::bytes& secret,
-         const std::string& address, uint16_t port, const std::string& tls,
-         uint32_t max_tokens, uint32_t max_record_bytes, uint64_t max_payload_bytes,
-         bool verify_records, double handshake_timeout_s) {
+         const std::string& address, uint16_t port, const std::string& tls, uint32_t max_tokens,
+         uint32_t max_record_bytes, uint64_t max_payload_bytes, bool verify_records,
+         double handshake_timeout_s) {
         lt::ServerOptions options;
         options.secret = secret;
         options.address = address;

@@ -38,8 +38,7 @@ void bind_streamer(py::module_& m) {
                        const py::bytes& fingerprints, int64_t staging_buffers,
                        int64_t staging_bytes, int64_t max_queued_steps, double ack_timeout_s,
                        double connect_timeout_s, int gather_threads, int cuda_device,
-                       uint32_t max_tokens, uint32_t max_record_bytes,
-                       uint64_t max_payload_bytes) {
+                       uint32_t max_tokens, uint32_t max_record_bytes, uint64_t max_payload_bytes) {
              const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
              lh::StreamerOptions options;
              options.secret = secret;
@@ -56,8 +55,8 @@ void bind_streamer(py::module_& m) {
              options.connect_timeout_s = connect_timeout_s;
              options.gather_threads = gather_threads;
              options.cuda_device = cuda_device;
-             options.limits = lumen_bind::to_limits(max_tokens, max_record_bytes,
-                                                    max_payload_bytes);
+             options.limits =
+                 lumen_bind::to_limits(max_tokens, max_record_bytes, max_payload_bytes);
              return std::make_unique<lh::Streamer>(options);
            }),
            py::kw_only(), py::arg("secret"), py::arg("tls"), py::arg("shard"),
@@ -91,8 +90,8 @@ void bind_streamer(py::module_& m) {
             return s.save_step(request_ids.data(), positions.data(), slot_ids.data(),
                                token_ids.data(), n, engine_stream);
           },
-          py::arg("request_ids"), py::arg("positions"), py::arg("slot_ids"),
-          py::arg("token_ids"), py::arg("engine_stream") = 0)
+          py::arg("request_ids"), py::arg("positions"), py::arg("slot_ids"), py::arg("token_ids"),
+          py::arg("engine_stream") = 0)
       .def("wait_for_save", &lh::Streamer::wait_for_save, py::arg("request_id"),
            py::arg("timeout_s"), py::call_guard<py::gil_scoped_release>())
       .def("wait_fence", &lh::Streamer::wait_fence, py::arg("fence"), py::arg("timeout_s"),

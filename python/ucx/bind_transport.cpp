@@ -1,5 +1,6 @@
-// Bindings of the native transport: Server (made over a HolderStore by bind_holder.cpp), Client, capabilities and the
-// wire header codec. Unpack, check cheap invariants, release the GIL, call csrc.
+// Bindings of the native transport: Server (made over a HolderStore by bind_holder.cpp), Client,
+// capabilities and the wire header codec. Unpack, check cheap invariants, release the GIL, call
+// csrc.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -94,8 +95,7 @@ void bind_transport(py::module_& m) {
       "encode_header",
       [](uint16_t kind, uint64_t request_id, uint64_t op_id, uint32_t shard, uint32_t epoch,
          uint64_t start_pos, uint32_t num_tokens, uint32_t record_bytes, uint64_t payload_bytes,
-         uint64_t durable_tokens, uint32_t status, const py::bytes& capability,
-         uint16_t version) {
+         uint64_t durable_tokens, uint32_t status, const py::bytes& capability, uint16_t version) {
         lt::WireHeader h;
         h.version = version;
         h.kind = static_cast<lt::MessageKind>(kind);
@@ -144,8 +144,8 @@ void bind_transport(py::module_& m) {
         d["payload_bytes"] = h.payload_bytes;
         d["durable_tokens"] = h.durable_tokens;
         d["status"] = static_cast<uint32_t>(h.status);
-        d["capability"] = py::bytes(reinterpret_cast<const char*>(h.capability.data()),
-                                    h.capability.size());
+        d["capability"] =
+            py::bytes(reinterpret_cast<const char*>(h.capability.data()), h.capability.size());
         return d;
       },
       py::arg("header"), py::arg("payload_length"), py::arg("max_tokens_per_message"),
@@ -198,8 +198,8 @@ void bind_transport(py::module_& m) {
             const lt::Mac cap = to_mac(capability, "capability");
             py::gil_scoped_release release;
             return c.client->open(request_id, shard, epoch, record_bytes,
-                                  reinterpret_cast<const uint8_t*>(fp.data()), cap,
-                                  reserve_tokens, timeout_s);
+                                  reinterpret_cast<const uint8_t*>(fp.data()), cap, reserve_tokens,
+                                  timeout_s);
           },
           py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("record_bytes"),
           py::arg("fingerprints"), py::arg("capability"), py::arg("reserve_tokens"),
@@ -234,7 +234,8 @@ void bind_transport(py::module_& m) {
             return op_id;
           },
           py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("start_pos"),
-          py::arg("token_ids").noconvert(), py::arg("crcs").noconvert(), py::arg("records").noconvert(), py::arg("capability"))
+          py::arg("token_ids").noconvert(), py::arg("crcs").noconvert(),
+          py::arg("records").noconvert(), py::arg("capability"))
       .def(
           "wait",
           [](PyClient& c, uint64_t op_id, double timeout_s) {
@@ -291,8 +292,8 @@ void bind_transport(py::module_& m) {
                                   py::bytes(fingerprints));
           },
           py::arg("request_id"), py::arg("shard"), py::arg("epoch"), py::arg("start_pos"),
-          py::arg("token_ids").noconvert(), py::arg("crcs").noconvert(), py::arg("records").noconvert(), py::arg("capability"),
-          py::arg("timeout_s"))
+          py::arg("token_ids").noconvert(), py::arg("crcs").noconvert(),
+          py::arg("records").noconvert(), py::arg("capability"), py::arg("timeout_s"))
       .def(
           "send_raw",
           [](PyClient& c, const py::bytes& header, const py::bytes& payload, uint64_t op_id,
@@ -304,14 +305,15 @@ void bind_transport(py::module_& m) {
                                       std::vector<uint8_t>(p.begin(), p.end()), op_id, timeout_s);
           },
           py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"))
-      .def("measure_bandwidth",
-           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t window,
-              uint32_t shard, double timeout_s) {
-             py::gil_scoped_release release;
-             return c.client->measure_bandwidth(message_bytes, count, window, shard, timeout_s);
-           },
-           py::arg("message_bytes"), py::arg("count"), py::arg("window"), py::arg("shard"),
-           py::arg("timeout_s"))
+      .def(
+          "measure_bandwidth",
+          [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t window, uint32_t shard,
+             double timeout_s) {
+            py::gil_scoped_release release;
+            return c.client->measure_bandwidth(message_bytes, count, window, shard, timeout_s);
+          },
+          py::arg("message_bytes"), py::arg("count"), py::arg("window"), py::arg("shard"),
+          py::arg("timeout_s"))
       .def("transports",
            [](PyClient& c) {
              py::gil_scoped_release release;

@@ -90,7 +90,5 @@ def require_cuda() -> ModuleType:
 def require_ucx() -> ModuleType:
     """The UCX module, or a RuntimeError that says why it is missing."""
     if C_ucx is None:
-        raise RuntimeError(
-            f"the UCX transport is unavailable: {IMPORT_ERRORS.get('_C_ucx', 'not built')}"
-        )
+        raise RuntimeError(f"the UCX transport is unavailable: {IMPORT_ERRORS.get('_C_ucx', 'not built')}")
     return C_ucx

@@ -31,7 +31,9 @@ def _print_table(outcome: object) -> None:
         else:
             paper = _format(row.paper_value)
         lines.append((row.policy, str(row.workers), row.setting, row.metric, _format(row.value), paper))
-    widths = [max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(line[i]) for line in lines)) if lines else len(h) for i, h in enumerate(header)
+    ]
     print(f"== {outcome.experiment} ==")  # type: ignore[attr-defined]
     print("  ".join(h.ljust(w) for h, w in zip(header, widths)))
     for line in lines:
@@ -70,7 +72,9 @@ def _sim(args: argparse.Namespace) -> int:
         for path in paths:
             print(f"plot: {path}")
         if not paths:
-            print(f"plot: {args.experiment} has no figure (proto4, proto8, ablation, sensitivity, long_context do)")
+            print(
+                f"plot: {args.experiment} has no figure (proto4, proto8, ablation, sensitivity, long_context do)"
+            )
     return 0
 
 
@@ -129,14 +133,21 @@ def build_parser() -> argparse.ArgumentParser:
     sim = commands.add_parser("sim", help="run a cluster-simulator experiment")
     sim.add_argument("--experiment", required=True, choices=EXPERIMENTS)
     sim.add_argument("--workers", type=int, default=None, help="cluster size (table1, rack, scale)")
-    sim.add_argument("--policy", default="LUMEN", choices=POLICY_NAMES, help="policy of `scale` and of --event-log")
+    sim.add_argument(
+        "--policy", default="LUMEN", choices=POLICY_NAMES, help="policy of `scale` and of --event-log"
+    )
     sim.add_argument("--trace", default=None, help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens")
     sim.add_argument("--seed", type=int, default=0, help="which workers fail; synthetic workloads")
     sim.add_argument(
-        "--rate", type=float, default=RATE_PER_WORKER, help="requests per second per worker (calibrated default)"
+        "--rate",
+        type=float,
+        default=RATE_PER_WORKER,
+        help="requests per second per worker (calibrated default)",
     )
     sim.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
-    sim.add_argument("--plot", default=None, metavar="PATH", help="write PNG figure(s) (PATH, PATH-<name>.png)")
+    sim.add_argument(
+        "--plot", default=None, metavar="PATH", help="write PNG figure(s) (PATH, PATH-<name>.png)"
+    )
     sim.add_argument(
         "--event-log",
         default=None,
@@ -150,9 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     holder.add_argument("--address", default="127.0.0.1", help="listen address (loopback default)")
     holder.add_argument("--budget-bytes", type=int, required=True, help="byte budget of the store")
     holder.add_argument("--secret-file", required=True, help="cluster secret, a 0600 file")
-    holder.add_argument(
-        "--eviction", default="shortest_prefix", choices=("shortest_prefix", "lru", "none")
-    )
+    holder.add_argument("--eviction", default="shortest_prefix", choices=("shortest_prefix", "lru", "none"))
     holder.add_argument("--idle-expiry-s", type=float, default=600.0, help="expire idle checkpoints")
     holder.add_argument("--tls", default="", help="UCX_TLS of the server ('' leaves UCX's choice)")
     holder.add_argument("--no-verify-records", action="store_true", help="skip crc checks on receipt")

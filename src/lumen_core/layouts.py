@@ -60,7 +60,9 @@ def _require_shape(tensor: torch.Tensor, name: str, axes: str, fixed: dict[int, 
 
 def _same_length(name: str, items: Sequence[object], other_name: str, other: Sequence[object]) -> None:
     if len(items) != len(other):
-        raise ValueError(f"`{name}` must have one entry per layer ({len(other)} in `{other_name}`), got {len(items)}")
+        raise ValueError(
+            f"`{name}` must have one entry per layer ({len(other)} in `{other_name}`), got {len(items)}"
+        )
 
 
 class KVLayout:
@@ -79,7 +81,9 @@ class KVLayout:
             ``num_blocks``/``block_size``, an unsupported device.
     """
 
-    def __init__(self, planes: Sequence[torch.Tensor], *, kind: str = "generic", names: Sequence[str] | None = None):
+    def __init__(
+        self, planes: Sequence[torch.Tensor], *, kind: str = "generic", names: Sequence[str] | None = None
+    ):
         views = _require_tensor_list(planes, "planes")
         if names is not None and len(names) != len(views):
             raise ValueError(f"`names` must have one name per plane ({len(views)}), got {len(names)}")
@@ -102,7 +106,9 @@ class KVLayout:
                     f"got {view.shape[0]}, {view.shape[1]}"
                 )
             if view.shape[3] > 1 and view.stride(3) != 1:
-                raise ValueError(f"`{name}` must have stride 1 in its last dimension, got strides {view.stride()}")
+                raise ValueError(
+                    f"`{name}` must have stride 1 in its last dimension, got strides {view.stride()}"
+                )
             for dim in range(3):
                 if view.shape[dim] > 1 and view.stride(dim) == 0:
                     raise ValueError(
@@ -155,7 +161,9 @@ class KVLayout:
     # ---- engine layouts -------------------------------------------------------------------
 
     @classmethod
-    def vllm_flash(cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None) -> KVLayout:
+    def vllm_flash(
+        cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None
+    ) -> KVLayout:
         """vLLM flash-attention layout: per layer ``[2, num_blocks, block_size, H, D]``.
 
         Any strides work, including vLLM's HND physical order behind the NHD logical shape.
@@ -171,12 +179,20 @@ class KVLayout:
             planes += [cache[0], cache[1]]
             names += [f"layer{i}.k", f"layer{i}.v"]
         if scales is not None:
-            planes, names = cls._interleave_scales(planes, names, scales, "2, num_blocks, block_size, scale_elems",
-                                                   lambda s: (s[0], s[1]), len(caches))
+            planes, names = cls._interleave_scales(
+                planes,
+                names,
+                scales,
+                "2, num_blocks, block_size, scale_elems",
+                lambda s: (s[0], s[1]),
+                len(caches),
+            )
         return cls(planes, kind="vllm_flash", names=names)
 
     @classmethod
-    def vllm_flash_hnd(cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None) -> KVLayout:
+    def vllm_flash_hnd(
+        cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None
+    ) -> KVLayout:
         """vLLM flash layout stored head-major: per layer ``[2, num_blocks, H, block_size, D]``.
 
         A token's row is H pieces of D elements, ``block_size * D`` apart. Records are the same
@@ -184,13 +200,17 @@ class KVLayout:
         """
         caches = _require_tensor_list(kv_caches, "kv_caches")
         for i, cache in enumerate(caches):
-            _require_shape(cache, f"kv_caches[{i}]", "2, num_blocks, num_kv_heads, block_size, head_dim", {0: 2})
+            _require_shape(
+                cache, f"kv_caches[{i}]", "2, num_blocks, num_kv_heads, block_size, head_dim", {0: 2}
+            )
         layout = cls.vllm_flash([cache.permute(0, 1, 3, 2, 4) for cache in caches], scales=scales)
         layout._kind = "vllm_flash_hnd"
         return layout
 
     @classmethod
-    def vllm_flashinfer(cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None) -> KVLayout:
+    def vllm_flashinfer(
+        cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None
+    ) -> KVLayout:
         """vLLM FlashInfer layout: per layer ``[num_blocks, 2, block_size, H, D]``.
 
         ``scales``: per layer ``[num_blocks, 2, block_size, S]``.
@@ -204,16 +224,26 @@ class KVLayout:
             planes += [cache[:, 0], cache[:, 1]]
             names += [f"layer{i}.k", f"layer{i}.v"]
         if scales is not None:
-            planes, names = cls._interleave_scales(planes, names, scales, "num_blocks, 2, block_size, scale_elems",
-                                                   lambda s: (s[:, 0], s[:, 1]), len(caches))
+            planes, names = cls._interleave_scales(
+                planes,
+                names,
+                scales,
+                "num_blocks, 2, block_size, scale_elems",
+                lambda s: (s[:, 0], s[:, 1]),
+                len(caches),
+            )
         return cls(planes, kind="vllm_flashinfer", names=names)
 
     @classmethod
-    def vllm_flashinfer_hnd(cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None) -> KVLayout:
+    def vllm_flashinfer_hnd(
+        cls, kv_caches: Sequence[torch.Tensor], *, scales: Sequence[torch.Tensor] | None = None
+    ) -> KVLayout:
         """FlashInfer layout stored head-major: per layer ``[num_blocks, 2, H, block_size, D]``."""
         caches = _require_tensor_list(kv_caches, "kv_caches")
         for i, cache in enumerate(caches):
-            _require_shape(cache, f"kv_caches[{i}]", "num_blocks, 2, num_kv_heads, block_size, head_dim", {1: 2})
+            _require_shape(
+                cache, f"kv_caches[{i}]", "num_blocks, 2, num_kv_heads, block_size, head_dim", {1: 2}
+            )
         layout = cls.vllm_flashinfer([cache.permute(0, 1, 3, 2, 4) for cache in caches], scales=scales)
         layout._kind = "vllm_flashinfer_hnd"
         return layout
@@ -253,7 +283,12 @@ class KVLayout:
             for i in range(len(ks)):
                 _require_shape(kss[i], f"k_scales[{i}]", "num_slots, scale_elems")
                 _require_shape(vss[i], f"v_scales[{i}]", "num_slots, scale_elems")
-                merged += [planes[2 * i], planes[2 * i + 1], kss[i][:, None, None, :], vss[i][:, None, None, :]]
+                merged += [
+                    planes[2 * i],
+                    planes[2 * i + 1],
+                    kss[i][:, None, None, :],
+                    vss[i][:, None, None, :],
+                ]
                 merged_names += [names[2 * i], names[2 * i + 1], f"layer{i}.k_scale", f"layer{i}.v_scale"]
             planes, names = merged, merged_names
         return cls(planes, kind="sglang", names=names)

@@ -41,7 +41,9 @@ class RequestRecords:
         n = len(self.arrival_s)
         for name in ("first_token_s", "finish_s", "num_output_tokens", "interrupted", "replay_token_s"):
             if len(getattr(self, name)) != n:
-                raise ValueError(f"`{name}` must have {n} entries like `arrival_s`, got {len(getattr(self, name))}")
+                raise ValueError(
+                    f"`{name}` must have {n} entries like `arrival_s`, got {len(getattr(self, name))}"
+                )
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -155,7 +157,9 @@ def recovery_time_s(
 
     ok = within(ttft, base_ttft) & within(tpot, base_tpot)
     per_window = int(round(window_s / step_s))
-    observed_until = min(float(np.max(records.arrival_s, initial=-np.inf)), float(np.max(baseline.arrival_s, initial=-np.inf)))
+    observed_until = min(
+        float(np.max(records.arrival_s, initial=-np.inf)), float(np.max(baseline.arrival_s, initial=-np.inf))
+    )
     for i, start in enumerate(starts):
         if start - failure_s > horizon_s or start + num_windows * window_s > observed_until:
             break
@@ -165,7 +169,9 @@ def recovery_time_s(
     return math.nan
 
 
-def checkpoint_coverage(context_tokens: np.ndarray, durable_tokens: np.ndarray, slack_tokens: int = 16) -> float:
+def checkpoint_coverage(
+    context_tokens: np.ndarray, durable_tokens: np.ndarray, slack_tokens: int = 16
+) -> float:
     """Fraction of running requests whose durable checkpoint covers all but the last
     ``slack_tokens`` tokens of their context. NaN without running requests."""
     context_tokens = np.asarray(context_tokens)
@@ -197,7 +203,11 @@ def holder_balance_ratio(held_loads: np.ndarray) -> float:
 def acceptance_rate(accepted_tokens: float, proposed_tokens: float) -> float:
     """Accepted draft tokens over proposed ones (NaN when nothing was proposed)."""
     if accepted_tokens < 0 or proposed_tokens < 0:
-        raise ValueError(f"`accepted_tokens` and `proposed_tokens` must be >= 0, got {accepted_tokens}, {proposed_tokens}")
+        raise ValueError(
+            f"`accepted_tokens` and `proposed_tokens` must be >= 0, got {accepted_tokens}, {proposed_tokens}"
+        )
     if accepted_tokens > proposed_tokens:
-        raise ValueError(f"`accepted_tokens` must be <= `proposed_tokens`, got {accepted_tokens} > {proposed_tokens}")
+        raise ValueError(
+            f"`accepted_tokens` must be <= `proposed_tokens`, got {accepted_tokens} > {proposed_tokens}"
+        )
     return accepted_tokens / proposed_tokens if proposed_tokens else math.nan

@@ -123,7 +123,9 @@ def _as_index(slot_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _check_records_shape(records: torch.Tensor, name: str, num_tokens: int, layout: KVLayout) -> None:
     expected = (num_tokens, layout.record_bytes)
     if tuple(records.shape) != expected:
-        raise ValueError(f"`{name}` must have shape (n, record_bytes) = {expected}, got {tuple(records.shape)}")
+        raise ValueError(
+            f"`{name}` must have shape (n, record_bytes) = {expected}, got {tuple(records.shape)}"
+        )
 
 
 def _check_mode(mode: object, layout: KVLayout, records: torch.Tensor | None) -> RecordMode | None:
@@ -150,22 +152,35 @@ def _check_stream(stream: object, layout: KVLayout) -> None:
         raise ValueError(f"`stream` must belong to {layout.device}, got a stream of {stream.device}")
 
 
-def _check_records_device(records: torch.Tensor, name: str, layout: KVLayout, mode: RecordMode | None) -> None:
+def _check_records_device(
+    records: torch.Tensor, name: str, layout: KVLayout, mode: RecordMode | None
+) -> None:
     if mode is None or mode == "device":
         if records.device != layout.device:
             raise ValueError(f"`{name}` must be on {layout.device}, got {records.device}")
     elif records.numel() > 0:  # an empty tensor has no storage to pin; nothing is copied
         if records.device.type != "cpu" or not records.is_pinned():
-            raise ValueError(f"`{name}` must be pinned CPU memory for mode {mode!r}, got {records.device} "
-                             f"(pinned={records.device.type == 'cpu' and records.is_pinned()})")
+            raise ValueError(
+                f"`{name}` must be pinned CPU memory for mode {mode!r}, got {records.device} "
+                f"(pinned={records.device.type == 'cpu' and records.is_pinned()})"
+            )
 
 
-def _cuda_move(direction: str, layout: KVLayout, ids: torch.Tensor, records: torch.Tensor, mode: RecordMode,
-               stream: torch.cuda.Stream | None) -> None:
+def _cuda_move(
+    direction: str,
+    layout: KVLayout,
+    ids: torch.Tensor,
+    records: torch.Tensor,
+    mode: RecordMode,
+    stream: torch.cuda.Stream | None,
+) -> None:
     cuda = _native.require_cuda()
     stream = torch.cuda.current_stream(layout.device) if stream is None else stream
-    placement = {"device": cuda.RecordPlacement.device, "mapped": cuda.RecordPlacement.mapped_host,
-                 "staged": cuda.RecordPlacement.staged_host}[mode]
+    placement = {
+        "device": cuda.RecordPlacement.device,
+        "mapped": cuda.RecordPlacement.mapped_host,
+        "staged": cuda.RecordPlacement.staged_host,
+    }[mode]
     # The launch goes to the layout's device. Temporaries are allocated under `stream`, so the
     # caching allocator does not hand their memory to other work before this stream's kernel
     # and copies are done with it.
@@ -173,9 +188,18 @@ def _cuda_move(direction: str, layout: KVLayout, ids: torch.Tensor, records: tor
         ids = _as_index(ids, layout.device)
         staging = torch.empty_like(records, device=layout.device) if mode == "staged" else None
         move = cuda.gather_tokens if direction == "gather" else cuda.scatter_tokens
-        move(records.data_ptr(), layout.descriptors().data_ptr(), layout.device_descriptors().data_ptr(),
-             layout.num_planes, layout.record_bytes, ids.data_ptr(), ids.numel(), placement,
-             0 if staging is None else staging.data_ptr(), stream.cuda_stream)
+        move(
+            records.data_ptr(),
+            layout.descriptors().data_ptr(),
+            layout.device_descriptors().data_ptr(),
+            layout.num_planes,
+            layout.record_bytes,
+            ids.data_ptr(),
+            ids.numel(),
+            placement,
+            0 if staging is None else staging.data_ptr(),
+            stream.cuda_stream,
+        )
 
 
 def gather_tokens(
@@ -240,8 +264,13 @@ def gather_tokens(
     if record_mode is None:
         ids = _as_index(ids, layout.device)
         _native.require_cpu().gather_tokens(
-            out.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
-            ids.data_ptr(), ids.numel(), threads,
+            out.data_ptr(),
+            layout.descriptors().data_ptr(),
+            layout.num_planes,
+            layout.record_bytes,
+            ids.data_ptr(),
+            ids.numel(),
+            threads,
         )
     else:
         _cuda_move("gather", layout, ids, out, record_mode, stream)
@@ -291,8 +320,13 @@ def scatter_tokens(
     if record_mode is None:
         ids = _as_index(ids, layout.device)
         _native.require_cpu().scatter_tokens(
-            records.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
-            ids.data_ptr(), ids.numel(), threads,
+            records.data_ptr(),
+            layout.descriptors().data_ptr(),
+            layout.num_planes,
+            layout.record_bytes,
+            ids.data_ptr(),
+            ids.numel(),
+            threads,
         )
     else:
         _cuda_move("scatter", layout, ids, records, record_mode, stream)

@@ -131,7 +131,8 @@ def _request_uniforms(
     seed = np.uint64(int(seeds[b]) & 0xFFFFFFFFFFFFFFFF)
     first = int(positions[b])
     return [
-        (float(rng.uniforms(seed, first + i, 0)), float(rng.uniforms(seed, first + i, 1))) for i in range(k + 1)
+        (float(rng.uniforms(seed, first + i, 0)), float(rng.uniforms(seed, first + i, 1)))
+        for i in range(k + 1)
     ]
 
 

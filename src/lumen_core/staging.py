@@ -146,5 +146,7 @@ class StagingPool:
             self.close()
 
     def __repr__(self) -> str:
-        return (f"StagingPool(num_buffers={self.num_buffers}, buffer_bytes={self.buffer_bytes}, "
-                f"num_free={self.num_free}, pinned={self._pinned})")
+        return (
+            f"StagingPool(num_buffers={self.num_buffers}, buffer_bytes={self.buffer_bytes}, "
+            f"num_free={self.num_free}, pinned={self._pinned})"
+        )

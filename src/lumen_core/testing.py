@@ -43,8 +43,13 @@ LAYOUT_KINDS = (
 )
 
 
-def random_tensor(shape: Sequence[int], dtype: torch.dtype, *, device: str | torch.device = "cpu",
-                  generator: torch.Generator | None = None) -> torch.Tensor:
+def random_tensor(
+    shape: Sequence[int],
+    dtype: torch.dtype,
+    *,
+    device: str | torch.device = "cpu",
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """A tensor of ``shape`` and ``dtype`` whose bytes are uniformly random (NaN bit patterns
     included: the ops move bytes, so compare with ``torch.equal`` on uint8 views)."""
     item = torch.empty((), dtype=dtype).element_size()
@@ -102,7 +107,9 @@ def slots_for_blocks(block_ids: Sequence[int], *, block_size: int, num_tokens: i
     """``[num_tokens]`` int64 slots of a request whose block table is ``block_ids`` (vLLM's
     slot mapping: token ``i`` lives at ``block_ids[i // block_size] * block_size + i % block_size``)."""
     if num_tokens > len(block_ids) * block_size:
-        raise ValueError(f"`num_tokens` must be <= {len(block_ids) * block_size} for {len(block_ids)} blocks, got {num_tokens}")
+        raise ValueError(
+            f"`num_tokens` must be <= {len(block_ids) * block_size} for {len(block_ids)} blocks, got {num_tokens}"
+        )
     positions = torch.arange(num_tokens, dtype=torch.int64)
     blocks = torch.as_tensor(list(block_ids), dtype=torch.int64)
     return blocks[positions // block_size] * block_size + positions % block_size
@@ -130,7 +137,9 @@ def _row_bytes(view: torch.Tensor, slot: int, block_size: int) -> torch.Tensor:
     return view[slot // block_size, slot % block_size].contiguous().view(torch.uint8).reshape(-1).cpu()
 
 
-def assert_kv_equal(layout_a: KVLayout, slots_a: torch.Tensor, layout_b: KVLayout, slots_b: torch.Tensor) -> None:
+def assert_kv_equal(
+    layout_a: KVLayout, slots_a: torch.Tensor, layout_b: KVLayout, slots_b: torch.Tensor
+) -> None:
     """Assert that the KV of ``slots_a`` in ``layout_a`` equals that of ``slots_b`` in
     ``layout_b`` bit for bit, plane by plane (block sizes may differ). Raises AssertionError
     naming the first differing token and plane."""

@@ -25,9 +25,7 @@ def test_quick_bench_writes_its_rows(tmp_path: Path, monkeypatch: pytest.MonkeyP
     torch.set_num_threads(threads)
     result = json.loads(out.read_text())
     assert [r["batch"] for r in result["decode"]] == [1, 16]
-    assert all(
-        r["engine_tokens_per_s"] > 0 and r["ratio_vs_baseline"] > 0 for r in result["decode"]
-    )
+    assert all(r["engine_tokens_per_s"] > 0 and r["ratio_vs_baseline"] > 0 for r in result["decode"])
     assert [(r["batch"], r["k"]) for r in result["speculative"]] == [
         (1, 2),
         (1, 4),

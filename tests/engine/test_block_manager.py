@@ -62,9 +62,7 @@ def test_bad_sizes_raise() -> None:
 @settings(max_examples=50, deadline=None)
 @given(
     st.lists(
-        st.tuples(
-            st.integers(0, 3), st.sampled_from(["alloc", "truncate", "free"]), st.integers(0, 40)
-        ),
+        st.tuples(st.integers(0, 3), st.sampled_from(["alloc", "truncate", "free"]), st.integers(0, 40)),
         max_size=40,
     )
 )

@@ -45,9 +45,7 @@ def test_restore_continues_with_the_same_tokens(
     expected = Engine(model64).generate([PROMPT], params)[0]
 
     saver = HostCheckpointConnector(model_fingerprint(model64))
-    worker = Engine(
-        model64, CacheConfig(64, 4), SchedulerConfig(max_num_batched_tokens=16), connector=saver
-    )
+    worker = Engine(model64, CacheConfig(64, 4), SchedulerConfig(max_num_batched_tokens=16), connector=saver)
     worker.add_request("r", PROMPT, params)
     before = run_until(worker, "r", 12)
     checkpoint = saver.checkpoint("r")
@@ -119,9 +117,7 @@ def test_checkpoint_follows_preemption_and_finish(model64: Llama) -> None:
     saver = HostCheckpointConnector(model_fingerprint(model64))
     engine = Engine(model64, CacheConfig(16, 4), connector=saver)
     for i in range(3):
-        engine.add_request(
-            f"r{i}", PROMPT[: 10 + i], SamplingParams(max_tokens=14, temperature=1.0, seed=i)
-        )
+        engine.add_request(f"r{i}", PROMPT[: 10 + i], SamplingParams(max_tokens=14, temperature=1.0, seed=i))
     preempted = 0
     while engine.has_unfinished():
         step = engine.step()
@@ -159,9 +155,7 @@ def test_put_rejects_another_record_format_or_model(model64: Llama, model32: Lla
 def test_checkpoint_shape_checks() -> None:
     with pytest.raises(ValueError, match="`records` must be a 2-d uint8 tensor"):
         Checkpoint((1,), torch.zeros(1, 4), torch.zeros(1, dtype=torch.uint32), "x", "m")
-    with pytest.raises(
-        ValueError, match=r"`records` and `crcs` must have one row per token id \(2\)"
-    ):
+    with pytest.raises(ValueError, match=r"`records` and `crcs` must have one row per token id \(2\)"):
         Checkpoint(
             (1, 2),
             torch.zeros(1, 4, dtype=torch.uint8),

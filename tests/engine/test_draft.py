@@ -87,9 +87,7 @@ def test_target_distribution_at_temperature() -> None:
         CacheConfig(num_blocks=n + 8, block_size=8),
         SchedulerConfig(max_num_batched_tokens=8 * n, max_num_seqs=n),
     )
-    spec = SpeculativeDecoder(
-        engine, DraftProposer(draft, CacheConfig(num_blocks=n + 8, block_size=8)), 2
-    )
+    spec = SpeculativeDecoder(engine, DraftProposer(draft, CacheConfig(num_blocks=n + 8, block_size=8)), 2)
     outputs = spec.generate(
         [prompt] * n,
         [SamplingParams(temperature=temperature, seed=s, max_tokens=3) for s in range(n)],
@@ -100,13 +98,9 @@ def test_target_distribution_at_temperature() -> None:
     def marginals(model) -> tuple[np.ndarray, np.ndarray]:
         p1 = torch.softmax(forward_contiguous(model, [prompt])[0][-1] / temperature, -1)
         seqs2 = [prompt + [a] for a in range(16)]
-        p2 = torch.stack(
-            [torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs2)]
-        )
+        p2 = torch.stack([torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs2)])
         seqs3 = [prompt + [a, b] for a in range(16) for b in range(16)]
-        p3 = torch.stack(
-            [torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs3)]
-        )
+        p3 = torch.stack([torch.softmax(x[-1] / temperature, -1) for x in forward_contiguous(model, seqs3)])
         joint12 = p1[:, None] * p2  # [a, b]
         m2 = joint12.sum(0)
         m3 = (joint12.reshape(-1, 1) * p3).sum(0)
@@ -127,9 +121,7 @@ def test_sampled_speculative_decoding_is_seeded_per_request() -> None:
     target, draft = build_draft_pair(
         ModelConfig(), seed=8, draft_num_layers=2, late_layer_scale=0.3, dtype="float64"
     )
-    params = [
-        SamplingParams(temperature=0.9, seed=s, max_tokens=12) for s in (2**64 - 1, 2**63, 5, 6)
-    ]
+    params = [SamplingParams(temperature=0.9, seed=s, max_tokens=12) for s in (2**64 - 1, 2**63, 5, 6)]
     together = SpeculativeDecoder(Engine(target), DraftProposer(draft), 3).generate(PROMPTS, params)
     alone = [
         SpeculativeDecoder(Engine(target), DraftProposer(draft), 3).generate([p], [q])[0]
@@ -165,9 +157,7 @@ def test_proposer_without_room_gives_shorter_drafts() -> None:
 
 
 def test_truncated_draft_shares_the_first_layers() -> None:
-    target, draft = build_draft_pair(
-        ModelConfig(), seed=7, draft_num_layers=2, late_layer_scale=0.0
-    )
+    target, draft = build_draft_pair(ModelConfig(), seed=7, draft_num_layers=2, late_layer_scale=0.0)
     seq = [list(range(20))]
     torch.testing.assert_close(
         forward_contiguous(draft, seq)[0], forward_contiguous(target, seq)[0], atol=1e-5, rtol=0
@@ -186,15 +176,11 @@ def test_expected_tokens_per_step() -> None:
     [
         (lambda t: truncated_draft(t, 0), r"`num_layers` must be in \[1, 4\], got 0"),
         (
-            lambda t: build_draft_pair(
-                ModelConfig(), seed=0, draft_num_layers=4, late_layer_scale=0.5
-            ),
+            lambda t: build_draft_pair(ModelConfig(), seed=0, draft_num_layers=4, late_layer_scale=0.5),
             r"`draft_num_layers` must be in \[1, 3\], got 4",
         ),
         (
-            lambda t: build_draft_pair(
-                ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=-1.0
-            ),
+            lambda t: build_draft_pair(ModelConfig(), seed=0, draft_num_layers=2, late_layer_scale=-1.0),
             "`late_layer_scale` must be >= 0, got -1.0",
         ),
         (lambda t: DraftProposer(t).propose({}, -1), "`num_draft_tokens` must be >= 0, got -1"),
@@ -249,9 +235,7 @@ def test_drafts_with_probabilities_equal_to_the_target_are_all_accepted(model64:
     prompts = [[4, 8, 15, 16], [23, 42]]
     engine = Engine(model64)
     for i, p in enumerate(prompts):
-        engine.add_request(
-            f"r{i}", p, SamplingParams(temperature=temperature, seed=i, max_tokens=9)
-        )
+        engine.add_request(f"r{i}", p, SamplingParams(temperature=temperature, seed=i, max_tokens=9))
     engine.step()  # prefill: one sampled token each
     seq = engine.requests["r0"].token_ids
     drafts: list[int] = []

@@ -43,22 +43,18 @@ def test_greedy_output_equals_the_contiguous_model(model64: Llama) -> None:
 def test_batch_invariance_float64(model64: Llama, temperature: float) -> None:
     """A request's tokens are identical alone or in any batch, in any order, with any budget."""
     ps = prompts(8, seed=2)
-    params = [
-        SamplingParams(temperature=temperature, seed=100 + i, max_tokens=12) for i in range(8)
-    ]
+    params = [SamplingParams(temperature=temperature, seed=100 + i, max_tokens=12) for i in range(8)]
     alone = [Engine(model64).generate([p], [q])[0] for p, q in zip(ps, params, strict=True)]
     together = Engine(model64).generate(ps, params)
     assert together == alone
     order = [5, 2, 7, 0, 3, 6, 1, 4]
-    shuffled = Engine(
-        model64, CacheConfig(256, 1), SchedulerConfig(max_num_batched_tokens=13)
-    ).generate([ps[i] for i in order], [params[i] for i in order])
+    shuffled = Engine(model64, CacheConfig(256, 1), SchedulerConfig(max_num_batched_tokens=13)).generate(
+        [ps[i] for i in order], [params[i] for i in order]
+    )
     assert shuffled == [alone[i] for i in order]
     if temperature > 0:
         # Different seeds give different streams: the sampling really is seeded per request.
-        reseeded = Engine(model64).generate(
-            [ps[0]], [SamplingParams(temperature=1.0, seed=7, max_tokens=12)]
-        )
+        reseeded = Engine(model64).generate([ps[0]], [SamplingParams(temperature=1.0, seed=7, max_tokens=12)])
         assert reseeded[0] != alone[0]
 
 
@@ -185,9 +181,7 @@ def test_abort_frees_pages(model64: Llama) -> None:
         ),
         (lambda e: e.add_request("a", [1], object()), TypeError, "`params` must be SamplingParams"),
         (
-            lambda e: e.add_request(
-                "a", [1], SamplingParams(max_tokens=2), output_token_ids=[1, 2]
-            ),
+            lambda e: e.add_request("a", [1], SamplingParams(max_tokens=2), output_token_ids=[1, 2]),
             ValueError,
             "`output_token_ids` must be shorter than max_tokens=2, got 2",
         ),

@@ -52,10 +52,7 @@ def test_logits_match_transformers(config: ModelConfig, dtype: torch.dtype, atol
     model = random_weights(config, seed=7, dtype=dtype)
     twin = hf_twin(model)
     generator = torch.Generator().manual_seed(1)
-    seqs = [
-        torch.randint(0, config.vocab_size, (n,), generator=generator).tolist()
-        for n in (1, 17, 300)
-    ]
+    seqs = [torch.randint(0, config.vocab_size, (n,), generator=generator).tolist() for n in (1, 17, 300)]
     ours = forward_contiguous(model, seqs)
     with torch.no_grad():
         for seq, logits in zip(seqs, ours, strict=True):
@@ -92,8 +89,7 @@ def test_layer_output_scales_scale_the_residual_branches() -> None:
     for name in s0:
         factor = (
             0.5
-            if name.startswith("model.layers.1.")
-            and name.endswith(("o_proj.weight", "down_proj.weight"))
+            if name.startswith("model.layers.1.") and name.endswith(("o_proj.weight", "down_proj.weight"))
             else 1.0
         )
         torch.testing.assert_close(s1[name], s0[name] * factor, rtol=1e-6, atol=0)

@@ -60,9 +60,7 @@ def run_chunks(
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 @pytest.mark.parametrize("dtype_name", ["model32", "model64"])
-def test_paged_equals_contiguous(
-    block_size: int, dtype_name: str, request: pytest.FixtureRequest
-) -> None:
+def test_paged_equals_contiguous(block_size: int, dtype_name: str, request: pytest.FixtureRequest) -> None:
     model: Llama = request.getfixturevalue(dtype_name)
     generator = torch.Generator().manual_seed(block_size)
     seqs = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (1, 17, 40)]
@@ -134,9 +132,7 @@ def test_flash_attn_path_equals_the_sdpa_path() -> None:
     seqs = [torch.randint(0, 256, (n,)).tolist() for n in (5, 300, 513)]
     results = []
     for use_flash in (True, False):
-        cache = PagedKVCache(
-            model.config, CacheConfig(16, 256), dtype=torch.bfloat16, device="cuda"
-        )
+        cache = PagedKVCache(model.config, CacheConfig(16, 256), dtype=torch.bfloat16, device="cuda")
         runner = ModelRunner(model, cache)
         assert runner.flash is not None
         if not use_flash:

@@ -36,9 +36,7 @@ def test_a_row_does_not_depend_on_the_other_rows() -> None:
     )
     together = sample_tokens(logits, temps, seeds, positions)
     alone = [
-        sample_tokens(logits[i : i + 1], temps[i : i + 1], seeds[i : i + 1], positions[i : i + 1])[
-            0
-        ]
+        sample_tokens(logits[i : i + 1], temps[i : i + 1], seeds[i : i + 1], positions[i : i + 1])[0]
         for i in range(6)
     ]
     assert together == alone
@@ -58,7 +56,5 @@ def test_sampled_tokens_follow_softmax_over_temperature() -> None:
 
 
 def test_length_mismatch_raises() -> None:
-    with pytest.raises(
-        ValueError, match="`temperatures`, `seeds` and `positions` must have 2 entries"
-    ):
+    with pytest.raises(ValueError, match="`temperatures`, `seeds` and `positions` must have 2 entries"):
         sample_tokens(torch.zeros(2, 4), [0.0], [1, 2], [0, 0])

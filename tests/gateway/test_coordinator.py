@@ -214,7 +214,12 @@ def test_a_refused_checkpoint_with_no_other_holder_degrades_to_reprefill():
     assert coordinator.monitor.refused_by(admission.request_id) == {holder}
     assert coordinator.take_directives(holder) == []
     (stream,) = coordinator.take_directives(admission.worker_id)  # stream it nowhere
-    assert (stream.kind, stream.request_id, stream.epoch, stream.holders) == (STREAM, admission.request_id, 1, ())
+    assert (stream.kind, stream.request_id, stream.epoch, stream.holders) == (
+        STREAM,
+        admission.request_id,
+        1,
+        (),
+    )
     coordinator.heartbeat(0.6, holder, 1, refused_request_ids=[admission.request_id])  # sent again
     assert coordinator.take_directives(admission.worker_id) == []
     outcome = coordinator.fail(1.0, [admission.worker_id], cause="test")

@@ -43,8 +43,9 @@ print(cpu.cpu_copy_kind())
 
 def run_with(routine: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, LUMEN_CPU_COPY=routine)
-    return subprocess.run([sys.executable, "-c", ROUND_TRIP], check=False, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", ROUND_TRIP], check=False, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 @pytest.mark.parametrize("routine", ["avx512", "avx2", "memcpy"])

@@ -51,7 +51,9 @@ def test_sizes_round_trip(num_tokens, block_size, num_layers, id_dtype, kind):
     ids = distinct_slots(layout, num_tokens, id_dtype, seed=num_tokens)
     records = gather_tokens(layout, ids, num_threads=2)
     assert torch.equal(records, reference.gather_tokens(layout, ids))
-    target = make_paged_cache(kind, num_layers=num_layers, num_blocks=num_blocks, block_size=block_size, seed=9)
+    target = make_paged_cache(
+        kind, num_layers=num_layers, num_blocks=num_blocks, block_size=block_size, seed=9
+    )
     scatter_tokens(target, ids, records, num_threads=2)
     assert torch.equal(gather_tokens(target, ids, num_threads=1), records)
 
@@ -84,7 +86,9 @@ def test_strided_engine_tensors():
         assert torch.equal(w[:, 1::2].view(torch.uint8), b[:, 1::2].view(torch.uint8))
         assert torch.equal(w[..., 0, :].view(torch.uint8), b[..., 0, :].view(torch.uint8))
         assert torch.equal(w[..., 5, :].view(torch.uint8), b[..., 5, :].view(torch.uint8))
-        assert torch.equal(w[..., 16:].contiguous().view(torch.uint8), b[..., 16:].contiguous().view(torch.uint8))
+        assert torch.equal(
+            w[..., 16:].contiguous().view(torch.uint8), b[..., 16:].contiguous().view(torch.uint8)
+        )
 
 
 def test_repeated_ids_gather_repeats_rows():
@@ -124,7 +128,9 @@ def test_index_math_matches_torch_addresses(kind):
         for i, (view, plane) in enumerate(zip(layout.views, layout.planes)):
             row = view[slot // layout.block_size, slot % layout.block_size]
             pieces_per_merged = row.shape[0] // plane.num_pieces
-            expected = [row[p * pieces_per_merged].data_ptr() - view.data_ptr() for p in range(plane.num_pieces)]
+            expected = [
+                row[p * pieces_per_merged].data_ptr() - view.data_ptr() for p in range(plane.num_pieces)
+            ]
             assert offsets[t][i] == expected
 
 
@@ -153,7 +159,9 @@ def test_scatter_writes_exactly_the_named_slots(kind, block_size, data):
     ids = data.draw(st.lists(st.integers(0, layout.num_slots - 1), unique=True, max_size=layout.num_slots))
     slot_ids = torch.tensor(ids, dtype=torch.int64)
     seed = data.draw(st.integers(0, 2**31))
-    records = random_tensor((len(ids), layout.record_bytes), torch.uint8, generator=torch.Generator().manual_seed(seed))
+    records = random_tensor(
+        (len(ids), layout.record_bytes), torch.uint8, generator=torch.Generator().manual_seed(seed)
+    )
     scatter_tokens(layout, slot_ids, records)
     reference.scatter_tokens(twin, slot_ids, records)
     assert all(torch.equal(a, b) for a, b in zip(planes_bytes(layout), planes_bytes(twin)))
@@ -161,6 +169,7 @@ def test_scatter_writes_exactly_the_named_slots(kind, block_size, data):
 
 
 # ---- validation: one test per branch ----------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def layout():
@@ -178,7 +187,9 @@ def test_slot_ids_type(layout):
 
 
 def test_slot_ids_dtype(layout):
-    with pytest.raises(ValueError, match="`slot_ids` must have dtype torch.int32 or torch.int64, got torch.float32"):
+    with pytest.raises(
+        ValueError, match="`slot_ids` must have dtype torch.int32 or torch.int64, got torch.float32"
+    ):
         gather_tokens(layout, torch.tensor([0.0]))
 
 
@@ -216,8 +227,12 @@ def test_ids_on_the_cpu_are_checked_even_unasked(layout):
     with pytest.raises(IndexError, match=r"`slot_ids` must lie in \[0, 64\), got 64"):
         gather_tokens(layout, torch.tensor([0, 64]), check_slots=False)
     with pytest.raises(ValueError, match="`slot_ids` must not repeat in a scatter, got 1 repeated ids"):
-        scatter_tokens(layout, torch.tensor([4, 4]), torch.zeros(2, layout.record_bytes, dtype=torch.uint8),
-                       check_slots=False)
+        scatter_tokens(
+            layout,
+            torch.tensor([4, 4]),
+            torch.zeros(2, layout.record_bytes, dtype=torch.uint8),
+            check_slots=False,
+        )
 
 
 def test_out_type(layout):
@@ -231,7 +246,9 @@ def test_out_dtype(layout):
 
 
 def test_out_shape(layout):
-    with pytest.raises(ValueError, match=r"`out` must have shape \(n, record_bytes\) = \(2, 128\), got \(2, 127\)"):
+    with pytest.raises(
+        ValueError, match=r"`out` must have shape \(n, record_bytes\) = \(2, 128\), got \(2, 127\)"
+    ):
         gather_tokens(layout, torch.tensor([0, 1]), torch.zeros(2, 127, dtype=torch.uint8))
 
 
@@ -253,7 +270,9 @@ def test_records_type(layout):
 
 
 def test_records_shape(layout):
-    with pytest.raises(ValueError, match=r"`records` must have shape \(n, record_bytes\) = \(1, 128\), got \(2, 128\)"):
+    with pytest.raises(
+        ValueError, match=r"`records` must have shape \(n, record_bytes\) = \(1, 128\), got \(2, 128\)"
+    ):
         scatter_tokens(layout, torch.tensor([0]), torch.zeros(2, layout.record_bytes, dtype=torch.uint8))
 
 
@@ -274,4 +293,6 @@ def test_stream_on_cpu_layout(layout):
 
 def test_num_threads(layout):
     with pytest.raises(ValueError, match="`num_threads` must be >= 1, got -2"):
-        scatter_tokens(layout, torch.tensor([0]), torch.zeros(1, layout.record_bytes, dtype=torch.uint8), num_threads=-2)
+        scatter_tokens(
+            layout, torch.tensor([0]), torch.zeros(1, layout.record_bytes, dtype=torch.uint8), num_threads=-2
+        )

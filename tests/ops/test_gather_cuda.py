@@ -44,9 +44,17 @@ def test_gather_matches_reference(kind, dtype, mode):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("block_size", [1, 16])
 def test_scatter_writes_exactly_the_named_slots(kind, mode, block_size):
-    layout = make_paged_cache(kind, num_layers=3, num_blocks=320 // block_size, block_size=block_size, device="cuda")
-    twin = make_paged_cache(kind, num_layers=3, num_blocks=320 // block_size, block_size=block_size, device="cuda")
-    ids = torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(2))[:17].to(torch.int32).cuda()
+    layout = make_paged_cache(
+        kind, num_layers=3, num_blocks=320 // block_size, block_size=block_size, device="cuda"
+    )
+    twin = make_paged_cache(
+        kind, num_layers=3, num_blocks=320 // block_size, block_size=block_size, device="cuda"
+    )
+    ids = (
+        torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(2))[:17]
+        .to(torch.int32)
+        .cuda()
+    )
     records = host_records((17, layout.record_bytes), mode, seed=3)
     scatter_tokens(layout, ids, records, mode=mode)
     torch.cuda.synchronize()
@@ -59,7 +67,9 @@ def test_round_trip_through_pinned_host(num_tokens):
     source = make_paged_cache("vllm_flash_hnd", num_layers=2, num_blocks=20, block_size=16, device="cuda")
     target = make_paged_cache("vllm_flash", num_layers=2, num_blocks=20, block_size=16, device="cuda", seed=5)
     ids = torch.arange(num_tokens, dtype=torch.int64)
-    records = gather_tokens(source, ids, torch.empty(num_tokens, source.record_bytes, dtype=torch.uint8).pin_memory())
+    records = gather_tokens(
+        source, ids, torch.empty(num_tokens, source.record_bytes, dtype=torch.uint8).pin_memory()
+    )
     torch.cuda.synchronize()
     scatter_tokens(target, ids, records)
     back = gather_tokens(target, ids)
@@ -92,7 +102,9 @@ def test_device_mode_needs_device_records():
 
 def test_unknown_mode():
     layout = make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, device="cuda")
-    with pytest.raises(ValueError, match=r"`mode` must be one of \('device', 'mapped', 'staged'\), got 'zero_copy'"):
+    with pytest.raises(
+        ValueError, match=r"`mode` must be one of \('device', 'mapped', 'staged'\), got 'zero_copy'"
+    ):
         gather_tokens(layout, torch.tensor([0]), mode="zero_copy")
 
 

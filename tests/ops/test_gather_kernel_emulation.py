@@ -16,8 +16,14 @@ def emulate(layout, ids, records, direction, num_blocks=0):
     cuda = _native.C_cuda
     ids = ids.to(torch.int64).contiguous()
     cuda.emulate_move_tokens_on_host(
-        records.data_ptr(), layout.descriptors().data_ptr(), layout.num_planes, layout.record_bytes,
-        ids.data_ptr(), ids.numel(), getattr(cuda.MoveDirection, direction), num_blocks,
+        records.data_ptr(),
+        layout.descriptors().data_ptr(),
+        layout.num_planes,
+        layout.record_bytes,
+        ids.data_ptr(),
+        ids.numel(),
+        getattr(cuda.MoveDirection, direction),
+        num_blocks,
     )
 
 
@@ -36,7 +42,9 @@ def misaligned_records(n, record_bytes, offset):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("num_blocks", [0, 1, 3])
 def test_gather_matches_reference(kind, dtype, num_blocks):
-    layout = make_paged_cache(kind, num_layers=2, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=64, dtype=dtype)
+    layout = make_paged_cache(
+        kind, num_layers=2, num_blocks=8, block_size=16, num_kv_heads=2, head_dim=64, dtype=dtype
+    )
     ids = torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(1))[:17]
     records = torch.zeros(17, layout.record_bytes, dtype=torch.uint8)
     emulate(layout, ids, records, "gather", num_blocks)
@@ -57,7 +65,9 @@ def test_scatter_writes_exactly_the_named_slots(kind):
     layout = make_paged_cache(kind, num_layers=2, num_blocks=8, block_size=16, head_dim=64)
     twin = make_paged_cache(kind, num_layers=2, num_blocks=8, block_size=16, head_dim=64)
     ids = torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(2))[:33]
-    records = random_tensor((33, layout.record_bytes), torch.uint8, generator=torch.Generator().manual_seed(3))
+    records = random_tensor(
+        (33, layout.record_bytes), torch.uint8, generator=torch.Generator().manual_seed(3)
+    )
     emulate(layout, ids, records, "scatter", num_blocks=2)
     reference.scatter_tokens(twin, ids, records)
     assert all(torch.equal(a, b) for a, b in zip(planes_bytes(layout), planes_bytes(twin)))

@@ -55,7 +55,9 @@ def test_fingerprint_changes_with_record_format(change):
 
 
 def test_fp8_scale_planes():
-    layout = make_paged_cache("vllm_flash_fp8_scales", num_layers=2, num_blocks=3, block_size=16, num_kv_heads=4, head_dim=64)
+    layout = make_paged_cache(
+        "vllm_flash_fp8_scales", num_layers=2, num_blocks=3, block_size=16, num_kv_heads=4, head_dim=64
+    )
     assert [p.name for p in layout.planes[:4]] == ["layer0.k", "layer0.v", "layer0.k_scale", "layer0.v_scale"]
     assert [p.row_bytes for p in layout.planes[:4]] == [256, 256, 16, 16]
     assert layout.record_bytes == 2 * (256 + 256 + 16 + 16)
@@ -77,6 +79,7 @@ def test_generic_planes_keep_the_cache_alive():
 
 # ---- validation -------------------------------------------------------------------------------
 
+
 def test_planes_must_be_a_sequence():
     with pytest.raises(TypeError, match="`planes` must be a non-empty sequence of torch.Tensor, got Tensor"):
         KVLayout(torch.zeros(1, 1, 1, 1))
@@ -90,7 +93,10 @@ def test_plane_items_must_be_tensors():
 
 
 def test_plane_rank():
-    with pytest.raises(ValueError, match=r"`planes\[0\]` must be 4-D \[num_blocks, block_size, num_pieces, piece_elems\], got shape \(2, 3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"`planes\[0\]` must be 4-D \[num_blocks, block_size, num_pieces, piece_elems\], got shape \(2, 3\)",
+    ):
         KVLayout([torch.zeros(2, 3)])
 
 
@@ -105,12 +111,16 @@ def test_layout_device_kind():
 
 
 def test_plane_empty_dimension():
-    with pytest.raises(ValueError, match=r"`planes\[0\]` must have no empty dimension, got shape \(0, 1, 1, 4\)"):
+    with pytest.raises(
+        ValueError, match=r"`planes\[0\]` must have no empty dimension, got shape \(0, 1, 1, 4\)"
+    ):
         KVLayout([torch.zeros(0, 1, 1, 4)])
 
 
 def test_planes_share_blocks():
-    with pytest.raises(ValueError, match=r"`planes\[1\]` must have num_blocks, block_size = 2, 16 like planes\[0\], got 2, 8"):
+    with pytest.raises(
+        ValueError, match=r"`planes\[1\]` must have num_blocks, block_size = 2, 16 like planes\[0\], got 2, 8"
+    ):
         KVLayout([torch.zeros(2, 16, 1, 4), torch.zeros(2, 8, 1, 4)])
 
 
@@ -126,7 +136,9 @@ def test_plane_zero_stride():
 
 def test_plane_overlapping_pieces():
     base = torch.zeros(64)
-    with pytest.raises(ValueError, match=r"`planes\[0\]` must not overlap its pieces \(stride 4 < 8 elements"):
+    with pytest.raises(
+        ValueError, match=r"`planes\[0\]` must not overlap its pieces \(stride 4 < 8 elements"
+    ):
         KVLayout([base.as_strided((1, 2, 3, 8), (32, 16, 4, 1))])
 
 
@@ -142,7 +154,10 @@ def test_names_length():
 
 
 def test_vllm_flash_shape():
-    with pytest.raises(ValueError, match=r"`kv_caches\[0\]` must be 5-D \[2, num_blocks, block_size, num_kv_heads, head_dim\], got shape \(2, 3, 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"`kv_caches\[0\]` must be 5-D \[2, num_blocks, block_size, num_kv_heads, head_dim\], got shape \(2, 3, 4\)",
+    ):
         KVLayout.vllm_flash([torch.zeros(2, 3, 4)])
 
 
@@ -157,27 +172,43 @@ def test_flashinfer_kv_axis():
 
 
 def test_hnd_shapes():
-    with pytest.raises(ValueError, match=r"`kv_caches\[0\]` must be 5-D \[2, num_blocks, num_kv_heads, block_size, head_dim\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"`kv_caches\[0\]` must be 5-D \[2, num_blocks, num_kv_heads, block_size, head_dim\]",
+    ):
         KVLayout.vllm_flash_hnd([torch.zeros(2, 3)])
-    with pytest.raises(ValueError, match=r"`kv_caches\[0\]` must be 5-D \[num_blocks, 2, num_kv_heads, block_size, head_dim\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"`kv_caches\[0\]` must be 5-D \[num_blocks, 2, num_kv_heads, block_size, head_dim\]",
+    ):
         KVLayout.vllm_flashinfer_hnd([torch.zeros(2, 3)])
 
 
 def test_scales_per_layer():
     caches = [torch.zeros(2, 2, 4, 2, 8, dtype=torch.float8_e4m3fn)] * 2
-    with pytest.raises(ValueError, match=r"`scales` must have one entry per layer \(2 in `kv_caches`\), got 1"):
+    with pytest.raises(
+        ValueError, match=r"`scales` must have one entry per layer \(2 in `kv_caches`\), got 1"
+    ):
         KVLayout.vllm_flash(caches, scales=[torch.zeros(2, 2, 4, 2)])
-    with pytest.raises(ValueError, match=r"`scales\[0\]` must be 4-D \[2, num_blocks, block_size, scale_elems\]"):
+    with pytest.raises(
+        ValueError, match=r"`scales\[0\]` must be 4-D \[2, num_blocks, block_size, scale_elems\]"
+    ):
         KVLayout.vllm_flash(caches, scales=[torch.zeros(2, 2, 4)] * 2)
-    with pytest.raises(ValueError, match=r"`scales\[0\]` must be 4-D \[num_blocks, 2, block_size, scale_elems\]"):
+    with pytest.raises(
+        ValueError, match=r"`scales\[0\]` must be 4-D \[num_blocks, 2, block_size, scale_elems\]"
+    ):
         KVLayout.vllm_flashinfer([torch.zeros(2, 2, 4, 2, 8)], scales=[torch.zeros(2, 4)])
 
 
 def test_sglang_validation():
     k = [torch.zeros(8, 2, 4)]
-    with pytest.raises(ValueError, match=r"`v_buffers` must have one entry per layer \(1 in `k_buffers`\), got 2"):
+    with pytest.raises(
+        ValueError, match=r"`v_buffers` must have one entry per layer \(1 in `k_buffers`\), got 2"
+    ):
         KVLayout.sglang(k, k * 2)
-    with pytest.raises(ValueError, match=r"`k_buffers\[0\]` must be 3-D \[num_slots, num_kv_heads, head_dim\]"):
+    with pytest.raises(
+        ValueError, match=r"`k_buffers\[0\]` must be 3-D \[num_slots, num_kv_heads, head_dim\]"
+    ):
         KVLayout.sglang([torch.zeros(8, 4)], k)
     with pytest.raises(ValueError, match="`k_scales` and `v_scales` must be given together, got only one"):
         KVLayout.sglang(k, k, k_scales=[torch.zeros(8, 2)])
@@ -186,7 +217,11 @@ def test_sglang_validation():
 
 
 def test_mla_validation():
-    with pytest.raises(ValueError, match=r"`caches\[0\]` must be 3-D \[num_blocks, block_size, kv_lora_rank \+ rope_dim\]"):
+    with pytest.raises(
+        ValueError, match=r"`caches\[0\]` must be 3-D \[num_blocks, block_size, kv_lora_rank \+ rope_dim\]"
+    ):
         KVLayout.mla([torch.zeros(2, 3)])
-    with pytest.raises(ValueError, match=r"`scales\[0\]` must be 3-D \[num_blocks, block_size, scale_elems\]"):
+    with pytest.raises(
+        ValueError, match=r"`scales\[0\]` must be 3-D \[num_blocks, block_size, scale_elems\]"
+    ):
         KVLayout.mla([torch.zeros(2, 3, 8)], scales=[torch.zeros(2)])

@@ -22,7 +22,9 @@ def test_assert_kv_equal_names_the_first_difference():
     slots = torch.tensor([1, 2, 3])
     testing.assert_kv_equal(a, slots, b, slots)
     b.views[1][0, 2, 0].view(torch.uint8)[10] ^= 1
-    with pytest.raises(AssertionError, match="token 1 \\(slot 2 vs 2\\), plane layer1.kv: rows differ first at byte 10"):
+    with pytest.raises(
+        AssertionError, match="token 1 \\(slot 2 vs 2\\), plane layer1.kv: rows differ first at byte 10"
+    ):
         testing.assert_kv_equal(a, slots, b, slots)
 
 

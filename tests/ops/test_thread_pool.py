@@ -12,7 +12,9 @@ from lumen_core.testing import make_paged_cache
 
 
 def _child(queue) -> None:  # type: ignore[no-untyped-def]
-    layout = make_paged_cache("vllm_flash", num_layers=4, num_blocks=64, block_size=16, num_kv_heads=8, head_dim=128)
+    layout = make_paged_cache(
+        "vllm_flash", num_layers=4, num_blocks=64, block_size=16, num_kv_heads=8, head_dim=128
+    )
     ids = torch.arange(1024)
     records = gather_tokens(layout, ids, num_threads=2)
     queue.put(int(checksum(records, num_threads=2)[0]) >= 0)
@@ -20,7 +22,9 @@ def _child(queue) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.mark.skipif("fork" not in multiprocessing.get_all_start_methods(), reason="needs fork()")
 def test_ops_work_in_a_forked_child():
-    layout = make_paged_cache("vllm_flash", num_layers=4, num_blocks=64, block_size=16, num_kv_heads=8, head_dim=128)
+    layout = make_paged_cache(
+        "vllm_flash", num_layers=4, num_blocks=64, block_size=16, num_kv_heads=8, head_dim=128
+    )
     gather_tokens(layout, torch.arange(1024), num_threads=2)  # the parent's pool has workers now
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
@@ -40,8 +44,12 @@ def test_concurrent_callers_share_the_pool():
 
     from lumen_core import reference
 
-    layout = make_paged_cache("vllm_flash", num_layers=4, num_blocks=64, block_size=16, num_kv_heads=8, head_dim=128)
-    ids = [torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(s))[:200] for s in range(4)]
+    layout = make_paged_cache(
+        "vllm_flash", num_layers=4, num_blocks=64, block_size=16, num_kv_heads=8, head_dim=128
+    )
+    ids = [
+        torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(s))[:200] for s in range(4)
+    ]
     expected = [reference.gather_tokens(layout, i) for i in ids]
     failures: list[int] = []
 

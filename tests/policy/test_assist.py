@@ -80,7 +80,9 @@ def test_finish_and_release_free_the_survivor(make_cluster):
 
 
 def test_draft_length_cold_then_warm():
-    planner = SpecAssistPlanner(AssistConfig(num_draft_tokens=5, cold_num_draft_tokens=2, cold_steps=100), always(1.0))
+    planner = SpecAssistPlanner(
+        AssistConfig(num_draft_tokens=5, cold_num_draft_tokens=2, cold_steps=100), always(1.0)
+    )
     assert [planner.num_draft_tokens(0, s) for s in (0, 99, 100, 1000)] == [2, 2, 5, 5]
     assert SpecAssistPlanner(AssistConfig(cold_steps=0), always(1.0)).num_draft_tokens(0, 0) == 4
 

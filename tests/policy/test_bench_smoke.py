@@ -14,7 +14,9 @@ def test_bench_rows(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "rows.json"
-    assert bench.main(["--workers", "4", "--count", "60", "--requests-per-worker", "2", "--json", str(out)]) == 0
+    assert (
+        bench.main(["--workers", "4", "--count", "60", "--requests-per-worker", "2", "--json", str(out)]) == 0
+    )
     rows = json.loads(out.read_text())
     ops = {row["op"] for row in rows}
     assert ops == {"lifecycle", "lifecycle_fc", "place", "place_fc", "place_naive", "route", "route_sr"}

@@ -30,7 +30,20 @@ from lumen_core.policy import (
 CONFIG = LoadConfig(alpha=1.0, beta=1.0, mean_request_tokens=100.0, kv_bytes_per_token=1)
 NUM_WORKERS = 6
 BUDGET_BYTES = 600  # a few checkpoints per holder, so budgets run out
-KINDS = ("admit", "admit", "grow", "grow", "grow", "finish", "heartbeat", "fail", "recover", "rejoin", "evict", "refuse")
+KINDS = (
+    "admit",
+    "admit",
+    "grow",
+    "grow",
+    "grow",
+    "finish",
+    "heartbeat",
+    "fail",
+    "recover",
+    "rejoin",
+    "evict",
+    "refuse",
+)
 
 ops_strategy = st.lists(
     st.tuples(st.sampled_from(KINDS), st.integers(0, 2**16), st.integers(0, 2**16), st.integers(0, 2**16)),
@@ -48,7 +61,9 @@ def check_accounting(monitor: LoadMonitor) -> None:
             assert holder_id != request.worker_id
             assert monitor.worker(holder_id).state == "serving"
             held[holder_id] += max(durable, request.prompt_tokens)
-            reserved[holder_id] += (request.prompt_tokens + request.expected_output_tokens) * CONFIG.kv_bytes_per_token
+            reserved[holder_id] += (
+                request.prompt_tokens + request.expected_output_tokens
+            ) * CONFIG.kv_bytes_per_token
     for worker_id in monitor.worker_ids():
         view = monitor.worker(worker_id)
         assert view.held_tokens == held[worker_id]
@@ -63,7 +78,9 @@ def drive(ops, policy_name: str, placement_config: PlacementConfig, domains: boo
     policy = make_policy(
         policy_name,
         placement_config=placement_config,
-        router_config=RouterConfig(tau_tokens=60, remote_restore=True, pull_bytes_per_s=1000.0, reprefill_tokens_per_s=100.0),
+        router_config=RouterConfig(
+            tau_tokens=60, remote_restore=True, pull_bytes_per_s=1000.0, reprefill_tokens_per_s=100.0
+        ),
     )
     for worker_id in range(NUM_WORKERS):
         monitor.apply(WorkerJoined(0.0, worker_id, BUDGET_BYTES, f"rack{worker_id // 2}" if domains else ""))
@@ -94,7 +111,9 @@ def drive(ops, policy_name: str, placement_config: PlacementConfig, domains: boo
                 holder_id, durable = request.durable_tokens[b % len(request.durable_tokens)]
                 if kind == "grow":
                     size = request.prompt_tokens + request.expected_output_tokens
-                    monitor.apply(CheckpointGrew(time_s, request.request_id, holder_id, min(size, durable + c % 80)))
+                    monitor.apply(
+                        CheckpointGrew(time_s, request.request_id, holder_id, min(size, durable + c % 80))
+                    )
                 elif kind == "evict":
                     monitor.apply(CheckpointEvicted(time_s, request.request_id, holder_id))
                 else:

@@ -257,7 +257,9 @@ def test_event_validation(make_cluster):
         monitor.apply(WorkerJoined(0.0, 3, -5))
     with pytest.raises(TypeError, match="domain must be a str, got NoneType"):
         monitor.apply(WorkerJoined(0.0, 3, 5, None))
-    with pytest.raises(ValueError, match=r"worker_id must be a worker that is not serving, got 1 \(serving\)"):
+    with pytest.raises(
+        ValueError, match=r"worker_id must be a worker that is not serving, got 1 \(serving\)"
+    ):
         monitor.apply(WorkerJoined(0.0, 1, 10))
     with pytest.raises(IndexError, match="worker_id 7 is not a known worker"):
         monitor.apply(WorkerFailed(0.0, 7))

@@ -224,7 +224,9 @@ def test_validation(make_cluster):
     with pytest.raises(IndexError, match="worker_id 5 is not a known worker"):
         NoCheckpoint().replace(monitor, 5)
     monitor.apply(WorkerFailed(0.0, 0))
-    with pytest.raises(ValueError, match=r"request_id must be a request on a serving worker, got 1 on worker 0 \(failed\)"):
+    with pytest.raises(
+        ValueError, match=r"request_id must be a request on a serving worker, got 1 on worker 0 \(failed\)"
+    ):
         LoadAware().place(monitor, 1)
 
 

@@ -25,7 +25,9 @@ REPREFILL = RecoveryAction.REPREFILL
 REMOTE = RecoveryAction.REMOTE_RESTORE
 
 
-def admit(monitor: LoadMonitor, request_id: int, worker_id: int, holders: tuple[int, ...] = (), durable: int = 0) -> None:
+def admit(
+    monitor: LoadMonitor, request_id: int, worker_id: int, holders: tuple[int, ...] = (), durable: int = 0
+) -> None:
     monitor.apply(RequestAdmitted(0.0, request_id, worker_id, 50, 50))
     if holders:
         monitor.reserve(request_id, holders, 100)
@@ -40,7 +42,10 @@ def set_queues(monitor: LoadMonitor, queues: list[int]) -> None:
 
 
 def summary(decisions):
-    return [(d.request_id, d.target_worker_id, d.action, d.source_holder_id, d.restorable_tokens) for d in decisions]
+    return [
+        (d.request_id, d.target_worker_id, d.action, d.source_holder_id, d.restorable_tokens)
+        for d in decisions
+    ]
 
 
 def test_locality_aware_theta_and_tau(make_cluster):
@@ -212,7 +217,9 @@ def test_no_requests_and_validation(make_cluster):
     assert LocalityAware().route(monitor, 0) == []
     admit(monitor, 1, 1)
     monitor.apply(WorkerFailed(0.0, 1))
-    with pytest.raises(ValueError, match="monitor must have a serving worker to route 1 requests to, got none"):
+    with pytest.raises(
+        ValueError, match="monitor must have a serving worker to route 1 requests to, got none"
+    ):
         LocalityAware().route(monitor, 1)
     with pytest.raises(ValueError, match="theta_multiple must be a number >= 0"):
         RouterConfig(theta_multiple=-1)

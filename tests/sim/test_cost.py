@@ -54,7 +54,10 @@ def test_verify_step_prices_k_plus_one_tokens():
 
 
 def test_h200_has_more_kv_room_than_h100():
-    assert CostModel("Llama-3-70B", "H200", 2).kv_capacity_tokens > CostModel("Llama-3-70B", "H100", 4).kv_capacity_tokens / 2
+    assert (
+        CostModel("Llama-3-70B", "H200", 2).kv_capacity_tokens
+        > CostModel("Llama-3-70B", "H100", 4).kv_capacity_tokens / 2
+    )
 
 
 def test_validation():

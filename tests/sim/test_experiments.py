@@ -21,7 +21,8 @@ def value(outcome, policy, metric, setting=None, workers=None):
     matches = [
         r.value
         for r in outcome.rows
-        if r.policy == policy and r.metric == metric
+        if r.policy == policy
+        and r.metric == metric
         and (setting is None or r.setting == setting)
         and (workers is None or r.workers == workers)
     ]
@@ -47,7 +48,9 @@ def test_proto4_lumen_no_worse_than_fc_and_sr(tmp_path):
     rows = json.loads(out.read_text())
 
     def value(policy, metric, setting):
-        (match,) = [r["value"] for r in rows if (r["policy"], r["metric"], r["setting"]) == (policy, metric, setting)]
+        (match,) = [
+            r["value"] for r in rows if (r["policy"], r["metric"], r["setting"]) == (policy, metric, setting)
+        ]
         return match
 
     assert {r["policy"] for r in rows} == {"failure-free", "S&R", "FC", "LUMEN"}
@@ -61,7 +64,10 @@ def test_proto4_lumen_no_worse_than_fc_and_sr(tmp_path):
         assert value("S&R", "mean_ttft_s", setting) > value("failure-free", "window_ttft_s", setting)
     assert value("FC", "restored_fraction", "failure at 150 s") > 0.3
     assert value("S&R", "restored_fraction", "failure at 150 s") == 0.0
-    assert [r["paper_value"] for r in rows if (r["policy"], r["metric"]) == ("S&R", "mean_ttft_s")] == [4.69, 4.69]
+    assert [r["paper_value"] for r in rows if (r["policy"], r["metric"]) == ("S&R", "mean_ttft_s")] == [
+        4.69,
+        4.69,
+    ]
 
 
 def test_table1_sr_degradation_is_roughly_constant_from_4_to_64_workers():
@@ -88,8 +94,20 @@ def test_cli_writes_json_and_event_log(tmp_path, capsys):
     out = tmp_path / "rows.json"
     log = tmp_path / "events.jsonl"
     code = main(
-        ["sim", "--experiment", "scale", "--workers", "8", "--policy", "FC", "--json", str(out),
-         "--event-log", str(log), "--no-progress"]
+        [
+            "sim",
+            "--experiment",
+            "scale",
+            "--workers",
+            "8",
+            "--policy",
+            "FC",
+            "--json",
+            str(out),
+            "--event-log",
+            str(log),
+            "--no-progress",
+        ]
     )
     assert code == 0
     rows = json.loads(out.read_text())
@@ -103,10 +121,26 @@ def test_cli_writes_json_and_event_log(tmp_path, capsys):
 
 def test_cli_plots(tmp_path, capsys):
     pytest.importorskip("matplotlib")
-    assert main(["sim", "--experiment", "long_context", "--plot", str(tmp_path / "lc.png"), "--no-progress"]) == 0
+    assert (
+        main(["sim", "--experiment", "long_context", "--plot", str(tmp_path / "lc.png"), "--no-progress"])
+        == 0
+    )
     assert (tmp_path / "lc.png").stat().st_size > 10_000
-    assert main(["sim", "--experiment", "scale", "--workers", "4", "--plot", str(tmp_path / "s.png"),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "sim",
+                "--experiment",
+                "scale",
+                "--workers",
+                "4",
+                "--plot",
+                str(tmp_path / "s.png"),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "scale has no figure" in capsys.readouterr().out
 
 
@@ -116,11 +150,20 @@ def test_plot_series_of_proto_ablation_and_sensitivity(tmp_path):
     from lumen_core.sim.plots import plot_outcome
 
     t = [0.0, 1.0, 2.0]
-    outcome = Outcome("proto4", series={
-        "rolling": {"t_s": t, "failure_s": 150.0, "S&R": {"ttft_s": [1.0, 2.0, 1.0], "tpot_s": [0.1, 0.2, 0.1]}},
-        "bars": {"FC": {"mean_ttft_s": 1.0, "mean_tpot_s": 0.1, "recovery_s": 20.0}},
-        "curves": {"theta_multiple": {"x": [1.0, 2.0], "mean_ttft_s": [1.0, 0.9], "recovery_s": [20.0, 18.0]}},
-    })
+    outcome = Outcome(
+        "proto4",
+        series={
+            "rolling": {
+                "t_s": t,
+                "failure_s": 150.0,
+                "S&R": {"ttft_s": [1.0, 2.0, 1.0], "tpot_s": [0.1, 0.2, 0.1]},
+            },
+            "bars": {"FC": {"mean_ttft_s": 1.0, "mean_tpot_s": 0.1, "recovery_s": 20.0}},
+            "curves": {
+                "theta_multiple": {"x": [1.0, 2.0], "mean_ttft_s": [1.0, 0.9], "recovery_s": [20.0, 18.0]}
+            },
+        },
+    )
     paths = plot_outcome(outcome, tmp_path / "all.png")
     assert len(paths) == 3 and len(set(paths)) == 3 and all(p.stat().st_size > 5_000 for p in paths)
 

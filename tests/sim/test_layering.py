@@ -16,4 +16,6 @@ def test_simulator_and_metrics_import_no_device_transport_or_gateway_code(
         bad = [m for m in imported_modules(path) if m.startswith(FORBIDDEN)]
         assert not bad, (path.name, bad)
     # the metrics module is shared with the gateway: it must not depend on the simulator
-    assert not [m for m in imported_modules(Path(lumen_core.metrics.__file__)) if m.startswith("lumen_core.sim")]
+    assert not [
+        m for m in imported_modules(Path(lumen_core.metrics.__file__)) if m.startswith("lumen_core.sim")
+    ]

@@ -76,7 +76,9 @@ def test_rolling_means_and_recovery():
 
 
 def test_coverage_balance_acceptance():
-    assert checkpoint_coverage(np.array([100, 200, 300]), np.array([95, 150, 300]), slack_tokens=8) == pytest.approx(2 / 3)
+    assert checkpoint_coverage(
+        np.array([100, 200, 300]), np.array([95, 150, 300]), slack_tokens=8
+    ) == pytest.approx(2 / 3)
     assert math.isnan(checkpoint_coverage(np.array([]), np.array([])))
     assert holder_balance_ratio(np.array([2.0, 4.0])) == 2.0
     assert holder_balance_ratio(np.array([0.0, 0.0])) == 1.0

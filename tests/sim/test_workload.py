@@ -82,5 +82,7 @@ def test_missing_trace_is_reported(monkeypatch, tmp_path):
     monkeypatch.setenv("LUMEN_TRACE_DIR", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="set LUMEN_TRACE_DIR or pass --trace"):
         workload.default_trace_path()
-    (tmp_path / "absent.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,5\n")
+    (tmp_path / "absent.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2024-01-01 00:00:00.0,5,5\n"
+    )
     assert workload.default_trace_path() == tmp_path / "absent.csv"

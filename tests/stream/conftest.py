@@ -27,11 +27,23 @@ def holders(spawn: Callable[[list[str]], Any], secret_file: Path) -> Callable[..
 
     def _holders(n: int, budget_bytes: int = 1 << 30, *extra: str) -> list[Any]:
         procs = [
-            spawn([
-                sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0",
-                "--budget-bytes", str(budget_bytes), "--secret-file", str(secret_file),
-                "--tls", TLS, *extra,
-            ])
+            spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "lumen_core.cli",
+                    "holder",
+                    "--port",
+                    "0",
+                    "--budget-bytes",
+                    str(budget_bytes),
+                    "--secret-file",
+                    str(secret_file),
+                    "--tls",
+                    TLS,
+                    *extra,
+                ]
+            )
             for _ in range(n)
         ]
         for proc in procs:

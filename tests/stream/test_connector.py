@@ -66,7 +66,11 @@ def test_engine_restores_streamed_checkpoints_and_continues_identically(
     server = store.serve(secret, tls="tcp") if source == "local" else None
     port = server.port if server is not None else holder().port
     saver = StreamingConnector(
-        secret, fingerprint, holders=[("127.0.0.1", port)], tls="tcp", streamer_options={"max_queued_steps": 256}
+        secret,
+        fingerprint,
+        holders=[("127.0.0.1", port)],
+        tls="tcp",
+        streamer_options={"max_queued_steps": 256},
     )
     worker = Engine(model, CacheConfig(64, 4), connector=saver)
     before: dict[str, list[int]] = {f"r{j}": [] for j in range(len(PROMPTS))}
@@ -112,7 +116,10 @@ def test_mismatched_model_falls_back_to_reprefill(model: Llama, secret: bytes) -
     server = store.serve(secret, tls="tcp")
     try:
         saver = StreamingConnector(
-            secret, model_fingerprint(model), holders=[("127.0.0.1", server.port)], tls="tcp",
+            secret,
+            model_fingerprint(model),
+            holders=[("127.0.0.1", server.port)],
+            tls="tcp",
             streamer_options={"max_queued_steps": 256},
         )
         worker = Engine(model, CacheConfig(64, 4), connector=saver)
@@ -192,7 +199,9 @@ def test_granted_request_resumes_at_its_next_epoch_and_is_streamed_again(
             connector = _gateway_connector(secret, model, store=holder)
             source = RestoreSource(2, None, b"")
         connector.set_restore_source("1", source)
-        connector.grant("1", StreamGrant(2, (("127.0.0.1", next_server.port),), issue_capability(secret, 1, 0, 2)))
+        connector.grant(
+            "1", StreamGrant(2, (("127.0.0.1", next_server.port),), issue_capability(secret, 1, 0, 2))
+        )
         tokens, engine = _resume(model, connector, outputs)
         restored = connector.restores["1"].restored_tokens
         assert connector.restores["1"].status is RestoreStatus.COMPLETE and restored >= durable - 16 > 0

@@ -51,11 +51,22 @@ def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
     w = _load_worker()
     procs = holders(2 if also_kill_a_holder else 1)
     h = procs[-1]  # the holder that survives
-    worker = spawn([
-        sys.executable, str(WORKER_PATH), "--port", *(str(p.port) for p in procs),
-        "--secret-file", str(secret_file), "--requests", str(NUM_REQUESTS),
-        "--max-tokens", str(MAX_TOKENS), "--step-ms", "5",
-    ])
+    worker = spawn(
+        [
+            sys.executable,
+            str(WORKER_PATH),
+            "--port",
+            *(str(p.port) for p in procs),
+            "--secret-file",
+            str(secret_file),
+            "--requests",
+            str(NUM_REQUESTS),
+            "--max-tokens",
+            str(MAX_TOKENS),
+            "--step-ms",
+            "5",
+        ]
+    )
     rids = [w.request_id(i) for i in range(NUM_REQUESTS)]
     probe = w.make_layout(1)
     record_bytes = probe.record_bytes
@@ -83,8 +94,13 @@ def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
         for i, (rid, d) in enumerate(zip(rids, held, strict=True)):
             slots = torch.arange(i * 512, i * 512 + MAX_TOKENS, dtype=torch.int64)
             result = remote_restore(
-                client, rid, fresh, slots, token_ids=w.tokens_for(rid, MAX_TOKENS),
-                model_fingerprint=w.MODEL, capability=issue_capability(secret, rid, 0, 0),
+                client,
+                rid,
+                fresh,
+                slots,
+                token_ids=w.tokens_for(rid, MAX_TOKENS),
+                model_fingerprint=w.MODEL,
+                capability=issue_capability(secret, rid, 0, 0),
                 chunk_tokens=128,
             )
             assert result.status is RestoreStatus.COMPLETE

@@ -34,9 +34,16 @@ TLS = "tcp"
 
 def small_cache(seed: int = 0, num_blocks: int = 64, block_size: int = 16) -> KVLayout:
     return make_paged_cache(
-        "vllm_flash", num_layers=2, num_blocks=num_blocks, block_size=block_size,
-        num_kv_heads=2, head_dim=16, dtype=torch.bfloat16, seed=seed,
+        "vllm_flash",
+        num_layers=2,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        seed=seed,
     )
+
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
@@ -74,7 +81,13 @@ class Rig:
         records = gather_tokens(self.layout, self.slots(rid, end)[start:])
         crcs = checksum(records).numpy()
         return self.client.append(
-            rid, SHARD, EPOCH, start, self.tokens(rid, end)[start:], crcs, records.numpy(),
+            rid,
+            SHARD,
+            EPOCH,
+            start,
+            self.tokens(rid, end)[start:],
+            crcs,
+            records.numpy(),
             self.cap(rid),
         )
 
@@ -97,9 +110,7 @@ def test_appends_restore_bit_exact_into_other_slots(rig: Rig) -> None:
     assert rig.store.durable_tokens(1) == 50
     target = small_cache(seed=9, num_blocks=128, block_size=8)
     slots = slots_for_blocks(list(range(100, 110)), block_size=8, num_tokens=60)
-    result = rig.store.restore(
-        1, target, slots, token_ids=rig.tokens(1, 60), model_fingerprint=MODEL
-    )
+    result = rig.store.restore(1, target, slots, token_ids=rig.tokens(1, 60), model_fingerprint=MODEL)
     assert result.status is RestoreStatus.COMPLETE
     assert (result.restored_tokens, result.reprefill_tokens, result.durable_tokens) == (50, 10, 50)
     assert_kv_equal(rig.layout, rig.slots(1, 50), target, slots[:50])
@@ -112,7 +123,13 @@ def test_overlap_must_match_and_gap_is_refused(rig: Rig) -> None:
     other = gather_tokens(small_cache(seed=4), rig.slots(2, 15)[5:])  # other KV, valid crcs
     with pytest.raises(Conflict):
         rig.client.append(
-            2, SHARD, EPOCH, 5, rig.tokens(2, 15)[5:], checksum(other).numpy(), other.numpy(),
+            2,
+            SHARD,
+            EPOCH,
+            5,
+            rig.tokens(2, 15)[5:],
+            checksum(other).numpy(),
+            other.numpy(),
             rig.cap(2),
         )
     with pytest.raises(Rejected):
@@ -145,24 +162,20 @@ def test_open_reserves_the_expected_size_or_is_refused(secret: bytes) -> None:
     rig = Rig(secret, HolderStore(100 * per_token, eviction=EvictionPolicy.NONE))
     fps = (rig.layout_fp, rig.model_fp)
     try:
-        assert rig.client.open(1, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(1),
-                               reserve_tokens=70) == 0
+        assert rig.client.open(1, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(1), reserve_tokens=70) == 0
         assert rig.store.stats()["bytes_charged"] == 70 * per_token
         with pytest.raises(Rejected):  # 40 more do not fit: the open is refused
-            rig.client.open(2, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(2),
-                            reserve_tokens=40)
+            rig.client.open(2, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(2), reserve_tokens=40)
         with pytest.raises(Rejected):  # and nothing of it was kept
             rig.append(2, 0, 1)
-        assert rig.client.open(3, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(3),
-                               reserve_tokens=30) == 0
+        assert rig.client.open(3, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(3), reserve_tokens=30) == 0
         stats = rig.store.stats()
         assert (stats["reservations"], stats["reservations_refused"]) == (2, 1)
         assert stats["checkpoints"] == 2 and stats["bytes_charged"] == 100 * per_token
         reserved = {c.request_id: c.reserved_tokens for c in rig.store.checkpoints()}
         assert reserved == {1: 70, 3: 30}
         with pytest.raises(ValueError, match="reserve_tokens must be in"):
-            rig.client.open(4, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(4),
-                            reserve_tokens=-1)
+            rig.client.open(4, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(4), reserve_tokens=-1)
     finally:
         rig.close()
 
@@ -245,8 +258,14 @@ def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: byt
         assert mismatch.restored_tokens == 11 and mismatch.reprefill_tokens == 29
 
         remote = remote_restore(
-            rig.client, 1, target, slots, token_ids=tokens, model_fingerprint=MODEL,
-            capability=rig.cap(1), chunk_tokens=8,
+            rig.client,
+            1,
+            target,
+            slots,
+            token_ids=tokens,
+            model_fingerprint=MODEL,
+            capability=rig.cap(1),
+            chunk_tokens=8,
         )
         assert remote.status is RestoreStatus.CRC_MISMATCH and remote.restored_tokens == 28
         missing = rig.store.restore(77, target, slots, token_ids=tokens, model_fingerprint=MODEL)
@@ -255,10 +274,14 @@ def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: byt
         for rid, status in ((77, RestoreStatus.MISSING), (1, RestoreStatus.COMPLETE)):
             empty = rig.store.restore(rid, target, [], token_ids=[], model_fingerprint=MODEL)
             assert (empty.status, empty.restored_tokens) == (status, 0)
-        empty = remote_restore(rig.client, 1, target, [], token_ids=[], model_fingerprint="other",
-                               capability=rig.cap(1))
+        empty = remote_restore(
+            rig.client, 1, target, [], token_ids=[], model_fingerprint="other", capability=rig.cap(1)
+        )
         assert (empty.status, empty.restored_tokens, empty.durable_tokens) == (
-            RestoreStatus.FINGERPRINT_MISMATCH, 0, 40)
+            RestoreStatus.FINGERPRINT_MISMATCH,
+            0,
+            40,
+        )
     finally:
         rig.close()
 
@@ -269,12 +292,16 @@ def test_remote_restore_matches_local(rig: Rig) -> None:
     target = small_cache(seed=3)
     slots = torch.arange(200, 250, dtype=torch.int64)
     result = remote_restore(
-        rig.client, 6, target, slots, token_ids=rig.tokens(6, 50), model_fingerprint=MODEL,
-        capability=rig.cap(6), chunk_tokens=16,
+        rig.client,
+        6,
+        target,
+        slots,
+        token_ids=rig.tokens(6, 50),
+        model_fingerprint=MODEL,
+        capability=rig.cap(6),
+        chunk_tokens=16,
     )
-    assert (result.status, result.restored_tokens, result.reprefill_tokens) == (
-        RestoreStatus.COMPLETE, 45, 5
-    )
+    assert (result.status, result.restored_tokens, result.reprefill_tokens) == (RestoreStatus.COMPLETE, 45, 5)
     assert_kv_equal(rig.layout, rig.slots(6, 45), target, slots[:45])
 
 
@@ -291,8 +318,16 @@ def test_restorable_tokens_is_the_shortest_shard() -> None:
 def test_records_straddling_chunks_round_trip_and_memory_is_reused(secret: bytes) -> None:
     # 384-byte records in 4 KiB chunks: every 32 records, 11 straddle a chunk boundary.
     def layout(seed: int) -> KVLayout:
-        return make_paged_cache("vllm_flash", num_layers=2, num_blocks=32, block_size=16,
-                                num_kv_heads=3, head_dim=16, dtype=torch.bfloat16, seed=seed)
+        return make_paged_cache(
+            "vllm_flash",
+            num_layers=2,
+            num_blocks=32,
+            block_size=16,
+            num_kv_heads=3,
+            head_dim=16,
+            dtype=torch.bfloat16,
+            seed=seed,
+        )
 
     source = layout(0)
     assert source.record_bytes == 384
@@ -306,8 +341,9 @@ def test_records_straddling_chunks_round_trip_and_memory_is_reused(secret: bytes
     with store.serve(secret, tls=TLS) as server, Client("127.0.0.1", server.port, secret, tls=TLS) as c:
         c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
         for start, end in [(0, 5), (5, 120), (100, 130), (130, 200)]:  # (100, 130) overlaps
-            c.append(1, SHARD, EPOCH, start, tokens[start:end], crcs[start:end],
-                     records[start:end].numpy(), cap)
+            c.append(
+                1, SHARD, EPOCH, start, tokens[start:end], crcs[start:end], records[start:end].numpy(), cap
+            )
         got = c.read(1, SHARD, EPOCH, 7, 150, source.record_bytes, cap)
         assert np.array_equal(got.records, records[7:157].numpy())
         assert np.array_equal(got.crcs, crcs[7:157])
@@ -368,9 +404,10 @@ def hold_checkpoint(
     store = HolderStore()
     fp = fingerprint_bytes(source, MODEL)
     cap = issue_capability(secret, 1, SHARD, EPOCH)
-    with store.serve(secret, tls=TLS, verify_records=False) as server, Client(
-        "127.0.0.1", server.port, secret, tls=TLS
-    ) as c:
+    with (
+        store.serve(secret, tls=TLS, verify_records=False) as server,
+        Client("127.0.0.1", server.port, secret, tls=TLS) as c,
+    ):
         c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
         c.append(1, SHARD, EPOCH, 0, tokens, crcs, records.numpy(), cap)
     return store
@@ -381,8 +418,9 @@ def hold_checkpoint(
 )
 def test_restore_is_bit_exact_for_every_layout(secret: bytes, kind: str) -> None:
     def layout(seed: int) -> KVLayout:
-        return make_paged_cache(kind, num_layers=2, num_blocks=16, block_size=8,
-                                num_kv_heads=2, head_dim=16, seed=seed)
+        return make_paged_cache(
+            kind, num_layers=2, num_blocks=16, block_size=8, num_kv_heads=2, head_dim=16, seed=seed
+        )
 
     source, target = layout(0), layout(1)
     slots = torch.arange(5, 42, dtype=torch.int64)
@@ -403,9 +441,17 @@ def test_restore_checks_every_byte_of_wide_and_unaligned_rows(
     """1 KiB rows (64-byte aligned: the verified scatter's wide stores) and 240-byte rows
     (mostly unaligned, with tails: its narrow ones) restore bit for bit, and a byte flipped at
     the start or the end of record 17 after its crc was taken stops the restore there."""
+
     def layout(seed: int) -> KVLayout:
-        return make_paged_cache("vllm_flash", num_layers=2, num_blocks=16, block_size=8,
-                                num_kv_heads=heads, head_dim=head_dim, seed=seed)
+        return make_paged_cache(
+            "vllm_flash",
+            num_layers=2,
+            num_blocks=16,
+            block_size=8,
+            num_kv_heads=heads,
+            head_dim=head_dim,
+            seed=seed,
+        )
 
     source, target = layout(0), layout(1)
     slots = torch.arange(3, 43, dtype=torch.int64)
@@ -443,8 +489,9 @@ def test_copy_out_hands_out_what_was_appended(rig: Rig, threads: int) -> None:
     def copy_out(rid: int, start: int, n: int, record_bytes: int = rig.layout.record_bytes) -> tuple:
         ids, crcs = np.zeros(n, np.uint32), np.zeros(n, np.uint32)
         records = np.zeros((n, record_bytes), np.uint8)
-        found, fingerprints, copied, durable = rig.store._native.copy_out(rid, SHARD, start, ids, crcs, records,
-                                                                          num_threads=threads)
+        found, fingerprints, copied, durable = rig.store._native.copy_out(
+            rid, SHARD, start, ids, crcs, records, num_threads=threads
+        )
         return found, fingerprints, copied, durable, ids[:copied], crcs[:copied], records[:copied]
 
     found, fingerprints, copied, durable, ids, crcs, records = copy_out(4, 10, 16)
@@ -457,8 +504,9 @@ def test_copy_out_hands_out_what_was_appended(rig: Rig, threads: int) -> None:
     assert copy_out(4, 0, 4, rig.layout.record_bytes + 2)[:4] == (True, fp, 0, 45)  # other records
     assert copy_out(99, 0, 4)[0] is False
     with pytest.raises(ValueError, match="records \\[n, record_bytes\\] expected"):
-        rig.store._native.copy_out(4, SHARD, 0, np.zeros(2, np.uint32), np.zeros(2, np.uint32),
-                                   np.zeros((3, 8), np.uint8))
+        rig.store._native.copy_out(
+            4, SHARD, 0, np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros((3, 8), np.uint8)
+        )
 
 
 @pytest.mark.cuda
@@ -468,14 +516,27 @@ def test_restore_into_a_cuda_cache_stops_at_the_first_bad_record(secret: bytes, 
     rig = corrupted_rig(secret)
     try:
         target = make_paged_cache(
-            "vllm_flash", num_layers=2, num_blocks=64, block_size=16, num_kv_heads=2, head_dim=16,
-            dtype=torch.bfloat16, seed=5, device="cuda",
+            "vllm_flash",
+            num_layers=2,
+            num_blocks=64,
+            block_size=16,
+            num_kv_heads=2,
+            head_dim=16,
+            dtype=torch.bfloat16,
+            seed=5,
+            device="cuda",
         )
         slots = torch.arange(40, dtype=torch.int64).flip(0)
         if remote:
             result = remote_restore(
-                rig.client, 1, target, slots, token_ids=rig.tokens(1, 40), model_fingerprint=MODEL,
-                capability=rig.cap(1), chunk_tokens=8,
+                rig.client,
+                1,
+                target,
+                slots,
+                token_ids=rig.tokens(1, 40),
+                model_fingerprint=MODEL,
+                capability=rig.cap(1),
+                chunk_tokens=8,
             )
         else:
             result = rig.store.restore(1, target, slots, token_ids=rig.tokens(1, 40), model_fingerprint=MODEL)
@@ -529,8 +590,9 @@ server.close()
 def test_an_append_refused_for_want_of_host_memory_is_not_charged() -> None:
     """The host cannot map another slab (address-space limit): the append is refused, the
     checkpoint's charge stays what it was and the next append goes on."""
-    out = subprocess.run([sys.executable, "-c", _OUT_OF_MEMORY_SCRIPT], capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", _OUT_OF_MEMORY_SCRIPT], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     token_bytes = (64 << 10) + 8

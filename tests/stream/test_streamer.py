@@ -28,8 +28,14 @@ SLOTS_PER_REQUEST = 128
 
 def cache(seed: int = 0) -> KVLayout:
     return make_paged_cache(
-        "vllm_flash", num_layers=2, num_blocks=96, block_size=16, num_kv_heads=2, head_dim=16,
-        dtype=torch.bfloat16, seed=seed,
+        "vllm_flash",
+        num_layers=2,
+        num_blocks=96,
+        block_size=16,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        seed=seed,
     )
 
 
@@ -56,7 +62,11 @@ class Loop:
         for rid in rids or self.rids:
             start, end = self.length[rid], self.length[rid] + new
             s = self.slots(rid, start, end)
-            scatter_tokens(self.layout, s, torch.randint(0, 256, (new, self.layout.record_bytes), dtype=torch.uint8, generator=self.gen))
+            scatter_tokens(
+                self.layout,
+                s,
+                torch.randint(0, 256, (new, self.layout.record_bytes), dtype=torch.uint8, generator=self.gen),
+            )
             ids += [rid] * new
             positions += list(range(start, end))
             slots.append(s)
@@ -71,7 +81,12 @@ class Loop:
         slots = torch.arange(n, dtype=torch.int64)
         with Client("127.0.0.1", port, secret, tls=TLS) as client:
             result = remote_restore(
-                client, rid, target, slots, token_ids=self.tokens(rid, n), model_fingerprint=MODEL,
+                client,
+                rid,
+                target,
+                slots,
+                token_ids=self.tokens(rid, n),
+                model_fingerprint=MODEL,
                 capability=issue_capability(secret, rid, 0, 0),
             )
         assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, n)
@@ -154,7 +169,9 @@ def test_full_staging_buffer_defers_then_catches_up(holder: Any, make_streamer: 
         loop.check_holder(h.port, secret, rid)
 
 
-def test_slow_holder_drops_without_blocking_the_engine(holder: Any, make_streamer: Any, secret: bytes) -> None:
+def test_slow_holder_drops_without_blocking_the_engine(
+    holder: Any, make_streamer: Any, secret: bytes
+) -> None:
     h = holder()
     streamer = make_streamer(max_queued_steps=2, ack_timeout_s=0.5)
     rids = [21, 22]
@@ -290,12 +307,20 @@ def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: byt
                 target = cache(seed=20 + r)
                 slots = torch.arange(64, 104, dtype=torch.int64)
                 result = remote_restore(
-                    client, 7, target, slots, token_ids=list(range(40)), model_fingerprint=MODEL,
-                    capability=issue_capability(secret, 7, r, 0), shard=r, max_tokens=n,
+                    client,
+                    7,
+                    target,
+                    slots,
+                    token_ids=list(range(40)),
+                    model_fingerprint=MODEL,
+                    capability=issue_capability(secret, 7, r, 0),
+                    shard=r,
+                    max_tokens=n,
                 )
                 assert (result.restored_tokens, result.reprefill_tokens) == (29, 11)
-                assert torch.equal(gather_tokens(target, slots[:29]),
-                                   gather_tokens(ranks[r], torch.arange(29)))
+                assert torch.equal(
+                    gather_tokens(target, slots[:29]), gather_tokens(ranks[r], torch.arange(29))
+                )
     finally:
         for s in streamers:
             s.close()
@@ -314,7 +339,9 @@ def test_backlog_in_freed_pages_is_never_sent(holder: Any, make_streamer: Any, s
     assert len(behind) == 4
     rid = behind[0]
     streamer.wait_for_save(rid)  # the engine frees its pages, which are then reused:
-    scatter_tokens(loop.layout, loop.slots(rid, 0, 4), torch.zeros(4, loop.layout.record_bytes, dtype=torch.uint8))
+    scatter_tokens(
+        loop.layout, loop.slots(rid, 0, 4), torch.zeros(4, loop.layout.record_bytes, dtype=torch.uint8)
+    )
     loop.step(rids=[rid])  # a later token of it, in a live page
     assert streamer.flush(timeout_s=10)
     stats = streamer.stats()
@@ -331,8 +358,9 @@ def test_holder_that_cannot_reserve_the_expected_size_is_a_lost_replica(
     h = holder(50 * per_token, "--eviction", "none")
     streamer = make_streamer()
     for rid, expected in ((61, 40), (62, 20)):  # 40 fit; 20 more do not
-        streamer.add_request(rid, [("127.0.0.1", h.port)], issue_capability(secret, rid, 0, 0),
-                             expected_tokens=expected)
+        streamer.add_request(
+            rid, [("127.0.0.1", h.port)], issue_capability(secret, rid, 0, 0), expected_tokens=expected
+        )
     loop = Loop(streamer, [61, 62])
     loop.step(new=5)
     assert streamer.flush(timeout_s=10)
@@ -342,8 +370,9 @@ def test_holder_that_cannot_reserve_the_expected_size_is_a_lost_replica(
     assert store["reservations"] == 1 and store["reservations_refused"] == 1
     assert store["bytes_charged"] == 40 * per_token
     with pytest.raises(ValueError, match="expected_tokens must be in"):
-        streamer.add_request(63, [("127.0.0.1", h.port)], issue_capability(secret, 63, 0, 0),
-                             expected_tokens=-2)
+        streamer.add_request(
+            63, [("127.0.0.1", h.port)], issue_capability(secret, 63, 0, 0), expected_tokens=-2
+        )
 
 
 @pytest.mark.parametrize("eviction", ["none", "shortest_prefix"])

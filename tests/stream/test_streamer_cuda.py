@@ -23,7 +23,13 @@ needs_gpu = pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device
 
 MODEL = "stream-model-cuda"
 TLS = "tcp"
-GEOMETRY: dict[str, Any] = {"num_layers": 2, "num_blocks": 64, "block_size": 16, "num_kv_heads": 2, "head_dim": 16}
+GEOMETRY: dict[str, Any] = {
+    "num_layers": 2,
+    "num_blocks": 64,
+    "block_size": 16,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+}
 
 
 def held_records(port: int, secret: bytes, rid: int, kind: str, n: int) -> torch.Tensor:
@@ -32,8 +38,13 @@ def held_records(port: int, secret: bytes, rid: int, kind: str, n: int) -> torch
     slots = torch.arange(n, dtype=torch.int64)
     with Client("127.0.0.1", port, secret, tls=TLS) as client:
         result = remote_restore(
-            client, rid, target, slots, token_ids=np.arange(n, dtype=np.uint32),
-            model_fingerprint=MODEL, capability=issue_capability(secret, rid, 0, 0),
+            client,
+            rid,
+            target,
+            slots,
+            token_ids=np.arange(n, dtype=np.uint32),
+            model_fingerprint=MODEL,
+            capability=issue_capability(secret, rid, 0, 0),
         )
     assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, n)
     return gather_tokens(target, slots)
@@ -59,8 +70,9 @@ def test_a_cuda_cache_streams_bit_exact(kind: str, holder: Any, secret: bytes) -
     with streamer_for(layout, secret, h.port, 7) as streamer:
         for start in range(0, 40, 8):  # five steps of eight tokens
             end = start + 8
-            streamer.save_step([7] * 8, list(range(start, end)), slots[start:end],
-                               np.arange(start, end, dtype=np.uint32))
+            streamer.save_step(
+                [7] * 8, list(range(start, end)), slots[start:end], np.arange(start, end, dtype=np.uint32)
+            )
         assert streamer.flush(timeout_s=30)
         stats = streamer.stats()
     assert stats.durable == {7: 40} and stats.counters["gather_failures"] == 0
@@ -78,8 +90,9 @@ def test_a_step_is_gathered_after_the_engines_queued_writes(
     h = holder()
     n = 64
     slots = torch.arange(100, 100 + n, dtype=torch.int64)
-    fresh = torch.randint(0, 256, (n, layout.record_bytes), dtype=torch.uint8,
-                          generator=torch.Generator().manual_seed(3)).to(layout.device)
+    fresh = torch.randint(
+        0, 256, (n, layout.record_bytes), dtype=torch.uint8, generator=torch.Generator().manual_seed(3)
+    ).to(layout.device)
     torch.cuda.synchronize()
     engine = torch.cuda.Stream() if engine_on_side_stream else torch.cuda.current_stream()
     with streamer_for(layout, secret, h.port, 3) as streamer, torch.cuda.stream(engine):
@@ -95,4 +108,3 @@ def test_a_step_is_gathered_after_the_engines_queued_writes(
         assert engine.query()  # the gather waited for it
         assert streamer.flush(timeout_s=30)
     assert torch.equal(held_records(h.port, secret, 3, "vllm_flash", n), fresh.cpu())
-

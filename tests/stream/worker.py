@@ -31,8 +31,14 @@ PREFILL = 16
 
 def make_layout(num_blocks: int, seed: int = 0) -> KVLayout:
     return make_paged_cache(
-        "vllm_flash", num_layers=2, num_blocks=num_blocks, block_size=BLOCK_SIZE,
-        num_kv_heads=2, head_dim=16, dtype=torch.bfloat16, seed=seed,
+        "vllm_flash",
+        num_layers=2,
+        num_blocks=num_blocks,
+        block_size=BLOCK_SIZE,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        seed=seed,
     )
 
 

@@ -45,7 +45,8 @@ def spawn(spawn: Any) -> Any:
 @pytest.fixture
 def server(spawn: Any, secret_file: Path) -> Any:
     """A server process over TLS; .port is its port."""
-    proc = spawn("serve", "--secret-file", str(secret_file), "--tls", TLS,
-                 "--max-payload-bytes", str(64 << 20))
+    proc = spawn(
+        "serve", "--secret-file", str(secret_file), "--tls", TLS, "--max-payload-bytes", str(64 << 20)
+    )
     proc.port = proc.read()["port"]
     return proc

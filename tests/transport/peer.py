@@ -77,20 +77,26 @@ def stream(args: argparse.Namespace) -> None:
     secret = read_secret_file(args.secret_file)
     capability = issue_capability(secret, args.request_id, SHARD, EPOCH)
     appends = [
-        make_append(args.request_id, i * args.tokens_per_append, args.tokens_per_append,
-                    args.record_bytes)
+        make_append(args.request_id, i * args.tokens_per_append, args.tokens_per_append, args.record_bytes)
         for i in range(args.num_appends)
     ]
     with Client("127.0.0.1", args.port, secret, tls=args.tls) as client:
-        client.open(args.request_id, SHARD, EPOCH, args.record_bytes, LAYOUT_FP, MODEL_FP,
-                    capability)
+        client.open(args.request_id, SHARD, EPOCH, args.record_bytes, LAYOUT_FP, MODEL_FP, capability)
         in_flight: deque[int] = deque()
         for i, (token_ids, crcs, records) in enumerate(appends):
             if args.interval_s > 0:
                 time.sleep(args.interval_s)
             in_flight.append(
-                client.start_append(args.request_id, SHARD, EPOCH, i * args.tokens_per_append,
-                                    token_ids, crcs, records, capability)
+                client.start_append(
+                    args.request_id,
+                    SHARD,
+                    EPOCH,
+                    i * args.tokens_per_append,
+                    token_ids,
+                    crcs,
+                    records,
+                    capability,
+                )
             )
             if len(in_flight) >= args.window:
                 _emit({"durable": client.wait(in_flight.popleft(), timeout_s=30.0)})

@@ -20,15 +20,17 @@ def client(server: Any, secret: bytes):
         yield c
 
 
-def _open(client: tp.Client, peer: Any, secret: bytes, request_id: int, record_bytes: int,
-          epoch: int = 1) -> bytes:
+def _open(
+    client: tp.Client, peer: Any, secret: bytes, request_id: int, record_bytes: int, epoch: int = 1
+) -> bytes:
     cap = tp.issue_capability(secret, request_id, 0, epoch)
     assert client.open(request_id, 0, epoch, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap) == 0
     return cap
 
 
-def _read_all(client: tp.Client, secret: bytes, request_id: int, num_tokens: int,
-              record_bytes: int, epoch: int = 1) -> tp.ReadResult:
+def _read_all(
+    client: tp.Client, secret: bytes, request_id: int, num_tokens: int, record_bytes: int, epoch: int = 1
+) -> tp.ReadResult:
     cap = tp.issue_capability(secret, request_id, 0, epoch)
     return client.read(request_id, 0, epoch, 0, num_tokens, record_bytes, cap)
 
@@ -113,9 +115,10 @@ def test_overlap_gap_conflict_and_crc(client, server, peer, secret) -> None:
 
 def test_epoch_fencing(server, peer, secret) -> None:
     request_id, record_bytes = 11, 64
-    with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old, tp.Client(
-        "127.0.0.1", server.port, secret, tls=TLS
-    ) as new:
+    with (
+        tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old,
+        tp.Client("127.0.0.1", server.port, secret, tls=TLS) as new,
+    ):
         cap1 = _open(old, peer, secret, request_id, record_bytes, epoch=1)
         token_ids, crcs, records = peer.make_append(request_id, 0, 8, record_bytes)
         assert old.append(request_id, 0, 1, 0, token_ids[:4], crcs[:4], records[:4], cap1) == 4
@@ -145,9 +148,10 @@ def test_a_dropped_checkpoint_stays_fenced(server, peer, secret) -> None:
     epoch: with its old, still valid capability it would fill it with records a later restore
     would trust."""
     request_id, record_bytes = 12, 64
-    with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old, tp.Client(
-        "127.0.0.1", server.port, secret, tls=TLS
-    ) as new:
+    with (
+        tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old,
+        tp.Client("127.0.0.1", server.port, secret, tls=TLS) as new,
+    ):
         cap1 = _open(old, peer, secret, request_id, record_bytes, epoch=1)
         cap2 = tp.issue_capability(secret, request_id, 0, 2)
         assert new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap2) == 0
@@ -181,8 +185,8 @@ def test_wrong_capability_is_refused_and_gets_nothing(client, server, peer, secr
     assert client.append(request_id, 0, 1, 0, token_ids, crcs, records, cap) == 4
     wrong = [
         tp.issue_capability(secret, request_id + 1, 0, 1),  # another request's
-        tp.issue_capability(secret, request_id, 1, 1),      # another shard's
-        tp.issue_capability(b"w" * 32, request_id, 0, 1),   # forged without the secret
+        tp.issue_capability(secret, request_id, 1, 1),  # another shard's
+        tp.issue_capability(b"w" * 32, request_id, 0, 1),  # forged without the secret
         bytes(32),
     ]
     out = np.zeros((4, record_bytes), dtype=np.uint8)
@@ -232,14 +236,14 @@ def test_self_test_reports_transports_and_bandwidth(client, server) -> None:
 def test_newer_epoch_fences_an_append_in_flight(server, peer, secret) -> None:
     request_id, n, record_bytes = 12, 1024, 49152  # one 48 MiB append
     token_ids, crcs, records = peer.make_append(request_id, 0, n, record_bytes)
-    with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old, tp.Client(
-        "127.0.0.1", server.port, secret, tls=TLS
-    ) as new:
+    with (
+        tp.Client("127.0.0.1", server.port, secret, tls=TLS) as old,
+        tp.Client("127.0.0.1", server.port, secret, tls=TLS) as new,
+    ):
         cap1 = _open(old, peer, secret, request_id, record_bytes, epoch=1)
         op = old.start_append(request_id, 0, 1, 0, token_ids, crcs, records, cap1)
         cap2 = tp.issue_capability(secret, request_id, 0, 2)
-        durable_at_open = new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP,
-                                   cap2)
+        durable_at_open = new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap2)
         # The new writer goes on at once, while the fenced receive may still be landing.
         ids2, crcs2, records2 = peer.make_append(request_id + 1, durable_at_open, 16, record_bytes)
         assert new.append(request_id, 0, 2, durable_at_open, ids2, crcs2, records2, cap2) == (

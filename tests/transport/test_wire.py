@@ -46,24 +46,55 @@ def test_valid_header_of_every_kind_decodes(kind: int) -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(request_id=U64, op_id=U64, shard=U32, epoch=U32, start=st.integers(0, 2**63),
-       num_tokens=st.integers(1, 1024), record_bytes=st.integers(1, 4096),
-       capability=st.binary(min_size=32, max_size=32))
-def test_append_header_round_trips_little_endian(request_id, op_id, shard, epoch, start,
-                                                 num_tokens, record_bytes, capability):
+@given(
+    request_id=U64,
+    op_id=U64,
+    shard=U32,
+    epoch=U32,
+    start=st.integers(0, 2**63),
+    num_tokens=st.integers(1, 1024),
+    record_bytes=st.integers(1, 4096),
+    capability=st.binary(min_size=32, max_size=32),
+)
+def test_append_header_round_trips_little_endian(
+    request_id, op_id, shard, epoch, start, num_tokens, record_bytes, capability
+):
     payload = num_tokens * (8 + record_bytes)
     header = _native_module().encode_header(
-        5, request_id=request_id, op_id=op_id, shard=shard, epoch=epoch, start_pos=start,
-        num_tokens=num_tokens, record_bytes=record_bytes, payload_bytes=payload,
-        capability=capability)
+        5,
+        request_id=request_id,
+        op_id=op_id,
+        shard=shard,
+        epoch=epoch,
+        start_pos=start,
+        num_tokens=num_tokens,
+        record_bytes=record_bytes,
+        payload_bytes=payload,
+        capability=capability,
+    )
     # The layout is fixed little-endian (wire.h): check it byte by byte.
     assert struct.unpack_from("<IHHQQIIQIIQQI", header) == (
-        0x4E4D554C, 1, 5, request_id, op_id, shard, epoch, start, num_tokens, record_bytes,
-        payload, 0, 0)
+        0x4E4D554C,
+        1,
+        5,
+        request_id,
+        op_id,
+        shard,
+        epoch,
+        start,
+        num_tokens,
+        record_bytes,
+        payload,
+        0,
+        0,
+    )
     assert header[68:100] == capability
     decoded = _native_module().decode_header(header, payload, **LIMITS)
     assert (decoded["request_id"], decoded["num_tokens"], decoded["capability"]) == (
-        request_id, num_tokens, capability)
+        request_id,
+        num_tokens,
+        capability,
+    )
 
 
 @settings(max_examples=200, deadline=None)
@@ -84,10 +115,16 @@ def test_any_corrupted_byte_is_refused(position: int, flip: int) -> None:
         (dict(kind=5), KINDS[5] - 1, "payload is"),
         (dict(kind=5, payload_bytes=KINDS[5] + 8), KINDS[5] + 8, "needs"),
         (dict(kind=5, num_tokens=2048, payload_bytes=2048 * 24), 2048 * 24, "num_tokens over"),
-        (dict(kind=5, record_bytes=1 << 17, num_tokens=1, payload_bytes=(1 << 17) + 8),
-         (1 << 17) + 8, "record_bytes over"),
-        (dict(kind=5, num_tokens=1024, record_bytes=1 << 16, payload_bytes=1024 * ((1 << 16) + 8)),
-         1024 * ((1 << 16) + 8), "payload over"),
+        (
+            dict(kind=5, record_bytes=1 << 17, num_tokens=1, payload_bytes=(1 << 17) + 8),
+            (1 << 17) + 8,
+            "record_bytes over",
+        ),
+        (
+            dict(kind=5, num_tokens=1024, record_bytes=1 << 16, payload_bytes=1024 * ((1 << 16) + 8)),
+            1024 * ((1 << 16) + 8),
+            "payload over",
+        ),
         (dict(kind=5, num_tokens=0, payload_bytes=0), 0, "empty append"),
         (dict(kind=5, start_pos=2**64 - 2), KINDS[5], "overflows"),
         (dict(kind=4, record_bytes=0), 64, "record_bytes 0"),
@@ -116,8 +153,12 @@ def test_capability_binds_request_shard_epoch_and_secret() -> None:
     secret = b"s" * 32
     cap = tp.issue_capability(secret, 1, 2, 3)
     assert len(cap) == 32 and cap == tp.issue_capability(secret, 1, 2, 3)
-    others = {tp.issue_capability(secret, 2, 2, 3), tp.issue_capability(secret, 1, 3, 3),
-              tp.issue_capability(secret, 1, 2, 4), tp.issue_capability(b"t" * 32, 1, 2, 3)}
+    others = {
+        tp.issue_capability(secret, 2, 2, 3),
+        tp.issue_capability(secret, 1, 3, 3),
+        tp.issue_capability(secret, 1, 2, 4),
+        tp.issue_capability(b"t" * 32, 1, 2, 3),
+    }
     assert cap not in others and len(others) == 4
 
 
@@ -130,12 +171,15 @@ def test_capability_is_hmac_sha256() -> None:
     assert tp.issue_capability(secret, 5, 1, 9) == hmac.new(secret, message, hashlib.sha256).digest()
 
 
-@pytest.mark.parametrize("secret,error,match", [
-    (None, ValueError, "no default cluster secret"),
-    (b"", ValueError, "at least 16 bytes, got 0"),
-    (b"x" * 15, ValueError, "at least 16 bytes, got 15"),
-    ("a-string-secret-of-32-characters", TypeError, "secret must be bytes, got str"),
-])
+@pytest.mark.parametrize(
+    "secret,error,match",
+    [
+        (None, ValueError, "no default cluster secret"),
+        (b"", ValueError, "at least 16 bytes, got 0"),
+        (b"x" * 15, ValueError, "at least 16 bytes, got 15"),
+        ("a-string-secret-of-32-characters", TypeError, "secret must be bytes, got str"),
+    ],
+)
 def test_no_default_or_short_secret(secret, error, match) -> None:
     with pytest.raises(error, match=match):
         tp.Server(secret)
@@ -149,9 +193,16 @@ def test_native_server_refuses_short_secret() -> None:
     with pytest.raises(ValueError, match="at least 16 bytes"):
         native = _native_module()
         store = native.HolderStore(budget_bytes=1 << 20, policy=0, chunk_bytes=1 << 21, pinned=False)
-        native.serve_holder_store(store,
-                                  secret=b"short", address="127.0.0.1", port=0, tls="tcp",
-                                  verify_records=True, handshake_timeout_s=10.0, **LIMITS)
+        native.serve_holder_store(
+            store,
+            secret=b"short",
+            address="127.0.0.1",
+            port=0,
+            tls="tcp",
+            verify_records=True,
+            handshake_timeout_s=10.0,
+            **LIMITS,
+        )
 
 
 def test_read_secret_file(tmp_path: Path) -> None:
@@ -169,11 +220,14 @@ def test_read_secret_file(tmp_path: Path) -> None:
         tp.read_secret_file(tmp_path / "missing")
 
 
-@pytest.mark.parametrize("field,value,error,match", [
-    ("max_tokens_per_message", 0, ValueError, r"max_tokens_per_message must be in \[1, "),
-    ("max_record_bytes", 2**32, ValueError, r"max_record_bytes must be in \[1, "),
-    ("max_payload_bytes", 1.5, TypeError, "max_payload_bytes must be an int, got float"),
-])
+@pytest.mark.parametrize(
+    "field,value,error,match",
+    [
+        ("max_tokens_per_message", 0, ValueError, r"max_tokens_per_message must be in \[1, "),
+        ("max_record_bytes", 2**32, ValueError, r"max_record_bytes must be in \[1, "),
+        ("max_payload_bytes", 1.5, TypeError, "max_payload_bytes must be an int, got float"),
+    ],
+)
 def test_wire_limits_validation(field, value, error, match) -> None:
     with pytest.raises(error, match=match):
         tp.WireLimits(**{field: value})
@@ -218,9 +272,10 @@ def test_connect_to_nothing_is_peer_gone_or_timeout() -> None:
 
 def test_invalid_arguments_never_reach_native() -> None:
     secret = b"k" * 32
-    with tp.Server(secret, tls="tcp") as server, tp.Client(
-        "127.0.0.1", server.port, secret, tls="tcp"
-    ) as client:
+    with (
+        tp.Server(secret, tls="tcp") as server,
+        tp.Client("127.0.0.1", server.port, secret, tls="tcp") as client,
+    ):
         cap = tp.issue_capability(secret, 1, 0, 0)
         records = np.zeros((4, 16), dtype=np.uint8)
         ids = np.zeros(4, dtype=np.uint32)
@@ -228,8 +283,11 @@ def test_invalid_arguments_never_reach_native() -> None:
             (dict(records=records.astype(np.int8)), ValueError, "records must have dtype uint8"),
             (dict(records=records[:, ::2]), ValueError, "records must be C-contiguous"),
             (dict(records=records.ravel()), ValueError, "records must have 2 dimension"),
-            (dict(records=np.zeros((0, 16), np.uint8), token_ids=ids[:0], crcs=ids[:0]),
-             ValueError, "records must hold 1 to"),
+            (
+                dict(records=np.zeros((0, 16), np.uint8), token_ids=ids[:0], crcs=ids[:0]),
+                ValueError,
+                "records must hold 1 to",
+            ),
             (dict(records=[[0]]), TypeError, "records must be a numpy.ndarray, got list"),
             (dict(token_ids=ids.astype(np.int64)), ValueError, "token_ids must have dtype uint32"),
             (dict(crcs=ids[:3]), ValueError, "crcs must have 4 entries, got 3"),
@@ -240,8 +298,16 @@ def test_invalid_arguments_never_reach_native() -> None:
             (dict(start_pos=True), TypeError, "start_pos must be an int, got bool"),
         ]
         for override, error, match in cases:
-            args = dict(request_id=1, shard=0, epoch=0, start_pos=0, token_ids=ids, crcs=ids,
-                        records=records, capability=cap)
+            args = dict(
+                request_id=1,
+                shard=0,
+                epoch=0,
+                start_pos=0,
+                token_ids=ids,
+                crcs=ids,
+                records=records,
+                capability=cap,
+            )
             args.update(override)
             with pytest.raises(error, match=match):
                 client.start_append(**args)

@@ -35,7 +35,7 @@ FAKE_TOKENS = [255, 254, 253, 252]
 
 
 def _outcome(call: Callable[[], object]) -> str:
-    """"accepted" or the name of the transport error the holder refused the act with."""
+    """ "accepted" or the name of the transport error the holder refused the act with."""
     try:
         call()
     except TransportError as exc:
@@ -80,7 +80,10 @@ def main() -> int:
             runs = [d for d in client.heartbeat().directives if d.kind == RUN]
             for run in runs:
                 grants[run.request_id] = (run.epoch, run.holders[0].capabilities[0] if run.holders else b"")
-            taken = [{"request_id": r.request_id, "epoch": r.epoch, "holders": [h.worker_id for h in r.holders]} for r in runs]
+            taken = [
+                {"request_id": r.request_id, "epoch": r.epoch, "holders": [h.worker_id for h in r.holders]}
+                for r in runs
+            ]
             print(json.dumps({"requests": taken}), flush=True)
         elif command[:1] == ["attack"]:
             request_id = int(command[1])
@@ -89,7 +92,9 @@ def main() -> int:
             report = pb.TokenReport(
                 worker_id=args.worker_id,
                 worker_epoch=worker_epoch,
-                requests=[pb.RequestTokens(request_id=r, epoch=grants[r][0], token_ids=FAKE_TOKENS) for r in grants],
+                requests=[
+                    pb.RequestTokens(request_id=r, epoch=grants[r][0], token_ids=FAKE_TOKENS) for r in grants
+                ],
             )
             metadata = ((AUTH_METADATA_KEY, sign_call(secret, method("ReportTokens"))),)
             try:

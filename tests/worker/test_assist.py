@@ -54,7 +54,9 @@ def test_assistant_answers_syncs_with_drafts_the_target_accepts() -> None:
 def test_assistant_ignores_syncs_while_unpaired() -> None:
     _, draft = _pair()
     assistant = Assistant(draft, "127.0.0.1", 0, lambda: 0, secret=SECRET).start()
-    survivor = AssistedRequests(("127.0.0.1", assistant.socket.getsockname()[1]), peer_worker_id=1, secret=SECRET)
+    survivor = AssistedRequests(
+        ("127.0.0.1", assistant.socket.getsockname()[1]), peer_worker_id=1, secret=SECRET
+    )
     try:
         survivor.sync({1: [1, 2, 3]}, {})
         time.sleep(0.3)

@@ -39,7 +39,9 @@ def _wait(predicate, timeout_s: float) -> bool:
     return False
 
 
-def _submit_all(cluster: LocalCluster, arrivals: list[Arrival]) -> tuple[list[RequestResult], list[threading.Thread]]:
+def _submit_all(
+    cluster: LocalCluster, arrivals: list[Arrival]
+) -> tuple[list[RequestResult], list[threading.Thread]]:
     """One thread per request, each submitting at its arrival time (from now)."""
     start_s = time.monotonic()
     results = [RequestResult(i, a.time_s) for i, a in enumerate(arrivals)]
@@ -62,7 +64,8 @@ def _reference(workdir: Path, arrivals: list[Arrival]) -> list[list[int]]:
     try:
         engine = Engine(load_model(workdir / "target.pt"))
         return engine.generate(
-            [list(a.prompt_token_ids) for a in arrivals], [SamplingParams(max_tokens=a.max_new_tokens) for a in arrivals]
+            [list(a.prompt_token_ids) for a in arrivals],
+            [SamplingParams(max_tokens=a.max_new_tokens) for a in arrivals],
         )
     finally:
         torch.set_num_threads(previous)
@@ -265,7 +268,9 @@ def test_rogue_worker_acting_with_its_old_epochs_is_refused(tmp_path: Path) -> N
 
             assert _wait(holder_found, 60)
             request_id, holder_id = found[0]
-            holder = next(e["holder"] for e in cluster.workers[holder_id].events if e.get("event") == "registered")
+            holder = next(
+                e["holder"] for e in cluster.workers[holder_id].events if e.get("event") == "registered"
+            )
             rogue.stdin.write(f"attack {request_id} {holder}\n")
             rogue.stdin.flush()
             attack = json.loads(rogue.stdout.readline())

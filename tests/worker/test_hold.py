@@ -61,7 +61,11 @@ def test_hold_reserves_and_a_worker_without_room_refuses_to_the_gateway(
         if budget_bytes == GIB:  # reserved at placement: 608 bytes, one record
             _wait(lambda: store.stats()["reservations"] == 1)
             (checkpoint,) = store.checkpoints()
-            assert (checkpoint.request_id, checkpoint.reserved_tokens, checkpoint.opened) == (request_id, 1, False)
+            assert (checkpoint.request_id, checkpoint.reserved_tokens, checkpoint.opened) == (
+                request_id,
+                1,
+                False,
+            )
             time.sleep(0.5)  # a few heartbeats: nothing is refused, the copy stays on worker 1
             with gateway.condition:
                 assert gateway.coordinator.monitor.request(request_id).holder_ids == (1,)

@@ -23,8 +23,7 @@ inline void validate_planes(const PlaneDesc* planes, int num_planes, int64_t rec
   for (int i = 0; i < num_planes; ++i) {
     const PlaneDesc& p = planes[i];
     if (p.base_address == 0 || p.num_slots < 0 || p.block_size < 1 || p.num_pieces < 1 ||
-        p.piece_bytes < 1 || p.record_offset < 0 ||
-        plane_row_bytes(p) >= (int64_t{1} << 31) ||
+        p.piece_bytes < 1 || p.record_offset < 0 || plane_row_bytes(p) >= (int64_t{1} << 31) ||
         p.record_offset + plane_row_bytes(p) > record_bytes) {
       throw std::invalid_argument("planes: malformed descriptor of plane " + std::to_string(i));
     }
@@ -38,8 +37,8 @@ inline void validate_slots(const PlaneDesc* planes, int num_planes, const int64_
   for (int i = 1; i < num_planes; ++i) num_slots = std::min(num_slots, planes[i].num_slots);
   for (int64_t t = 0; t < num_tokens; ++t) {
     if (slot_ids[t] < 0 || slot_ids[t] >= num_slots) {
-      throw std::out_of_range("slot_ids: slot " + std::to_string(slot_ids[t]) +
-                              " outside [0, " + std::to_string(num_slots) + ")");
+      throw std::out_of_range("slot_ids: slot " + std::to_string(slot_ids[t]) + " outside [0, " +
+                              std::to_string(num_slots) + ")");
     }
   }
 }
@@ -82,20 +81,17 @@ enum class RecordPlacement {
 void gather_tokens_cuda(uint8_t* records, const PlaneDesc* planes_host,
                         const PlaneDesc* planes_device, int num_planes, int64_t record_bytes,
                         const int64_t* slot_ids_device, int64_t num_tokens,
-                        RecordPlacement placement, uint8_t* staging_device,
-                        CUstream_st* stream);
+                        RecordPlacement placement, uint8_t* staging_device, CUstream_st* stream);
 void scatter_tokens_cuda(const uint8_t* records, const PlaneDesc* planes_host,
                          const PlaneDesc* planes_device, int num_planes, int64_t record_bytes,
                          const int64_t* slot_ids_device, int64_t num_tokens,
-                         RecordPlacement placement, uint8_t* staging_device,
-                         CUstream_st* stream);
+                         RecordPlacement placement, uint8_t* staging_device, CUstream_st* stream);
 
 // Runs the CUDA kernel's per-lane code on the CPU over host memory, lane by lane, for a grid
 // of num_blocks blocks (<= 0: the grid the launcher would use). Lets the kernel's index and
 // access-width logic be tested on machines without a GPU; not a fast path.
 void emulate_move_tokens_on_host(uint8_t* records, const PlaneDesc* planes, int num_planes,
-                                 int64_t record_bytes, const int64_t* slot_ids,
-                                 int64_t num_tokens, MoveDirection direction,
-                                 int64_t num_blocks);
+                                 int64_t record_bytes, const int64_t* slot_ids, int64_t num_tokens,
+                                 MoveDirection direction, int64_t num_blocks);
 
 }  // namespace lumen

@@ -19,12 +19,12 @@ namespace lumen {
 
 // Nine int64 fields, no padding: Python packs a layout as an int64 tensor [num_planes, 9].
 struct PlaneDesc {
-  int64_t base_address;   // address of the row of slot 0
-  int64_t num_slots;      // num_blocks * block_size
+  int64_t base_address;  // address of the row of slot 0
+  int64_t num_slots;     // num_blocks * block_size
   int64_t block_size;
-  int64_t block_stride;   // bytes between blocks
-  int64_t token_stride;   // bytes between the slots of one block
-  int64_t piece_stride;   // bytes between the pieces of one row
+  int64_t block_stride;  // bytes between blocks
+  int64_t token_stride;  // bytes between the slots of one block
+  int64_t piece_stride;  // bytes between the pieces of one row
   int64_t num_pieces;
   int64_t piece_bytes;
   int64_t record_offset;  // where the row starts inside a token record

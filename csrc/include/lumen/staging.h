@@ -38,7 +38,7 @@ class StagingPool {
   uint8_t* arena_;
   mutable std::mutex mutex_;
   std::condition_variable freed_;
-  std::vector<int64_t> free_;       // indices of free buffers (LIFO: reuse warm buffers)
+  std::vector<int64_t> free_;  // indices of free buffers (LIFO: reuse warm buffers)
   std::vector<bool> held_;
 };
 

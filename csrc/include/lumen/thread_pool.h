@@ -62,7 +62,9 @@ class ThreadPool {
   }
 
  private:
-  ThreadPool() { pthread_atfork(nullptr, nullptr, [] { instance().reset_in_child(); }); }
+  ThreadPool() {
+    pthread_atfork(nullptr, nullptr, [] { instance().reset_in_child(); });
+  }
 
   // In a child after fork(): only the forking thread exists, and any lock may have been held by
   // a thread that is gone. Start over with fresh primitives and no workers; the old thread

@@ -43,13 +43,13 @@ enum class DraftKind : int { kOneHot = 0, kDense = 1, kSparse = 2 };
 // validates first; these keep a bad call from reading out of bounds or sampling from garbage.
 enum class VerifyStatus : int64_t {
   kOk = 0,
-  kBadTargetRow = 1,   // probabilities: NaN, negative, or sum outside 1 +- sum_tolerance
-  kBadLogitsRow = 2,   // logits: NaN, +inf, or no finite entry
-  kBadDraftRow = 3,    // draft probabilities: NaN, negative, or sum outside 1 +- sum_tolerance
-  kDraftIdRange = 4,   // draft token id outside [0, V)
-  kTopkIdRange = 5,    // sparse draft id outside [0, V)
-  kBadTemperature = 6, // negative or non-finite temperature
-  kBadDraftCount = 7,  // num_draft_tokens[b] < 0 or + 1 > out_cols
+  kBadTargetRow = 1,    // probabilities: NaN, negative, or sum outside 1 +- sum_tolerance
+  kBadLogitsRow = 2,    // logits: NaN, +inf, or no finite entry
+  kBadDraftRow = 3,     // draft probabilities: NaN, negative, or sum outside 1 +- sum_tolerance
+  kDraftIdRange = 4,    // draft token id outside [0, V)
+  kTopkIdRange = 5,     // sparse draft id outside [0, V)
+  kBadTemperature = 6,  // negative or non-finite temperature
+  kBadDraftCount = 7,   // num_draft_tokens[b] < 0 or + 1 > out_cols
 };
 
 LUMEN_VD_HOST_DEVICE inline int64_t make_status(VerifyStatus code, int64_t position) {
@@ -74,13 +74,13 @@ struct VerifyDraftArgs {
   const int64_t* draft_start;       // [num_requests]
   const int64_t* draft_token_ids;   // [*]
   DraftKind draft_kind;
-  const void* draft_probs;          // dense [*, vocab_size] or sparse [*, topk]; else null
-  const int64_t* draft_topk_ids;    // sparse [*, topk]; else null
+  const void* draft_probs;        // dense [*, vocab_size] or sparse [*, topk]; else null
+  const int64_t* draft_topk_ids;  // sparse [*, topk]; else null
   int64_t topk;
-  const double* temperature;        // [num_requests] for logits; null for probabilities
-  const double* uniforms;           // [*, 2] indexed by target row; null -> Philox
-  const uint64_t* seeds;            // [num_requests] when uniforms is null
-  const int64_t* positions;         // [num_requests] when uniforms is null
+  const double* temperature;  // [num_requests] for logits; null for probabilities
+  const double* uniforms;     // [*, 2] indexed by target row; null -> Philox
+  const uint64_t* seeds;      // [num_requests] when uniforms is null
+  const int64_t* positions;   // [num_requests] when uniforms is null
   double sum_tolerance;
 };
 

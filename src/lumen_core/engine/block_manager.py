@@ -17,9 +17,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks <= 0 or block_size <= 0:
-            raise ValueError(
-                f"`num_blocks` and `block_size` must be > 0, got {num_blocks} and {block_size}"
-            )
+            raise ValueError(f"`num_blocks` and `block_size` must be > 0, got {num_blocks} and {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self._free_block_ids: deque[int] = deque(range(num_blocks))

@@ -41,9 +41,7 @@ class PagedKVCache:
     def block_size(self) -> int:
         return self.cache_config.block_size
 
-    def write(
-        self, layer_id: int, slot_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> None:
+    def write(self, layer_id: int, slot_ids: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store ``k`` and ``v`` ``[T, H, D]`` of layer ``layer_id`` into ``slot_ids`` ``[T]``."""
         kv = self.kv_caches[layer_id]
         flat = kv.view(2, -1, kv.shape[3], kv.shape[4])

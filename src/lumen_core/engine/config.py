@@ -60,8 +60,7 @@ class ModelConfig:
             raise ValueError(f"`head_dim` must be even (RoPE rotates pairs), got {self.head_dim}")
         if self.rope_theta <= 0 or self.rms_norm_eps <= 0:
             raise ValueError(
-                "`rope_theta` and `rms_norm_eps` must be > 0, "
-                f"got {self.rope_theta} and {self.rms_norm_eps}"
+                f"`rope_theta` and `rms_norm_eps` must be > 0, got {self.rope_theta} and {self.rms_norm_eps}"
             )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:

@@ -92,8 +92,7 @@ class Checkpoint:
     def __post_init__(self) -> None:
         if self.records.dtype != torch.uint8 or self.records.dim() != 2:
             raise ValueError(
-                f"`records` must be a 2-d uint8 tensor, got {self.records.dtype} "
-                f"{tuple(self.records.shape)}"
+                f"`records` must be a 2-d uint8 tensor, got {self.records.dtype} {tuple(self.records.shape)}"
             )
         n = len(self.token_ids)
         if self.records.shape[0] != n or tuple(self.crcs.shape) != (n,):
@@ -137,9 +136,7 @@ class HostCheckpointConnector(KVConnector):
 
     def __init__(self, model_fingerprint: str) -> None:
         if not isinstance(model_fingerprint, str) or not model_fingerprint:
-            raise TypeError(
-                f"`model_fingerprint` must be a non-empty str, got {model_fingerprint!r}"
-            )
+            raise TypeError(f"`model_fingerprint` must be a non-empty str, got {model_fingerprint!r}")
         self.model_fingerprint = model_fingerprint
         self._held: dict[str, _Held] = {}
         self._load_errors: set[int] = set()
@@ -168,12 +165,9 @@ class HostCheckpointConnector(KVConnector):
             )
         if checkpoint.model_fingerprint != self.model_fingerprint:
             raise ValueError(
-                f"`checkpoint` model must be {self.model_fingerprint}, "
-                f"got {checkpoint.model_fingerprint}"
+                f"`checkpoint` model must be {self.model_fingerprint}, got {checkpoint.model_fingerprint}"
             )
-        self._held[request_id] = _Held(
-            list(checkpoint.token_ids), checkpoint.records, checkpoint.crcs
-        )
+        self._held[request_id] = _Held(list(checkpoint.token_ids), checkpoint.records, checkpoint.crcs)
 
     def get_num_new_matched_tokens(self, request: Request) -> int:
         held = self._held.get(request.request_id)
@@ -190,9 +184,7 @@ class HostCheckpointConnector(KVConnector):
         n = len(slot_ids)
         records, crcs = self._held[request.request_id].compact()
         records, crcs = records[:n].contiguous(), crcs[:n]
-        scatter_tokens(
-            self.layout, torch.tensor(slot_ids, dtype=torch.long), records.to(self.layout.device)
-        )
+        scatter_tokens(self.layout, torch.tensor(slot_ids, dtype=torch.long), records.to(self.layout.device))
         bad = (checksum(records) != crcs).nonzero().flatten().tolist()
         block_size = self.layout.block_size
         self._load_errors.update(slot_ids[i] // block_size for i in bad)

@@ -21,9 +21,7 @@ def truncated_draft(target: Llama, num_layers: int) -> Llama:
     """A draft made of ``target``'s embeddings, first ``num_layers`` layers, final norm and LM
     head (copies, so it can be saved and loaded on its own). Same vocabulary by construction."""
     if not 1 <= num_layers <= target.config.num_layers:
-        raise ValueError(
-            f"`num_layers` must be in [1, {target.config.num_layers}], got {num_layers}"
-        )
+        raise ValueError(f"`num_layers` must be in [1, {target.config.num_layers}], got {num_layers}")
     draft = Llama(replace(target.config, num_layers=num_layers))
     state = {
         name: tensor
@@ -70,18 +68,12 @@ class DraftProposer:
     def __init__(self, model: Llama, cache_config: CacheConfig | None = None) -> None:
         self.model = model
         self.cache_config = cache_config or CacheConfig()
-        self.cache = PagedKVCache(
-            model.config, self.cache_config, dtype=model.dtype, device=model.device
-        )
-        self.block_manager = BlockManager(
-            self.cache_config.num_blocks, self.cache_config.block_size
-        )
+        self.cache = PagedKVCache(model.config, self.cache_config, dtype=model.dtype, device=model.device)
+        self.block_manager = BlockManager(self.cache_config.num_blocks, self.cache_config.block_size)
         self.runner = ModelRunner(model, self.cache)
         self._requests: dict[str, Request] = {}
 
-    def propose(
-        self, token_ids: Mapping[str, Sequence[int]], num_draft_tokens: int
-    ) -> dict[str, list[int]]:
+    def propose(self, token_ids: Mapping[str, Sequence[int]], num_draft_tokens: int) -> dict[str, list[int]]:
         """Up to ``num_draft_tokens`` greedy draft tokens for each request of ``token_ids``."""
         if num_draft_tokens < 0:
             raise ValueError(f"`num_draft_tokens` must be >= 0, got {num_draft_tokens}")

@@ -77,12 +77,8 @@ class Engine:
     ) -> None:
         self.model = model
         self.cache_config = cache_config or CacheConfig()
-        self.cache = PagedKVCache(
-            model.config, self.cache_config, dtype=model.dtype, device=model.device
-        )
-        self.block_manager = BlockManager(
-            self.cache_config.num_blocks, self.cache_config.block_size
-        )
+        self.cache = PagedKVCache(model.config, self.cache_config, dtype=model.dtype, device=model.device)
+        self.block_manager = BlockManager(self.cache_config.num_blocks, self.cache_config.block_size)
         self.runner = ModelRunner(model, self.cache)
         self.connector = connector
         loader = None
@@ -122,8 +118,7 @@ class Engine:
             raise ValueError("`prompt_token_ids` must be non-empty, got 0 tokens")
         if len(outputs) >= params.max_tokens:
             raise ValueError(
-                f"`output_token_ids` must be shorter than max_tokens={params.max_tokens}, "
-                f"got {len(outputs)}"
+                f"`output_token_ids` must be shorter than max_tokens={params.max_tokens}, got {len(outputs)}"
             )
         num_blocks = self.block_manager.num_blocks_for(len(prompt) + params.max_tokens)
         if num_blocks > self.cache_config.num_blocks:
@@ -152,11 +147,7 @@ class Engine:
         if draft_probs is not None:
             expected = (len(drafts), self.model.config.vocab_size)
             if not isinstance(draft_probs, torch.Tensor) or tuple(draft_probs.shape) != expected:
-                got = (
-                    tuple(draft_probs.shape)
-                    if isinstance(draft_probs, torch.Tensor)
-                    else draft_probs
-                )
+                got = tuple(draft_probs.shape) if isinstance(draft_probs, torch.Tensor) else draft_probs
                 raise ValueError(f"`draft_probs` must have shape {expected}, got {got}")
         request.draft_token_ids = drafts
         request.draft_probs = draft_probs
@@ -297,9 +288,7 @@ class Engine:
             for r, k in zip(requests, ks, strict=True):
                 if r.draft_probs is None:
                     rows.append(
-                        torch.nn.functional.one_hot(
-                            draft_ids.new_tensor(r.draft_token_ids[:k]), vocab
-                        )
+                        torch.nn.functional.one_hot(draft_ids.new_tensor(r.draft_token_ids[:k]), vocab)
                     )
                 else:
                     rows.append(r.draft_probs[:k])

@@ -34,9 +34,7 @@ class Attention(Protocol):
     ``k`` and ``v`` into its cache.
     """
 
-    def __call__(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor: ...
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor: ...
 
 
 class RMSNorm(nn.Module):
@@ -63,9 +61,7 @@ class RotaryEmbedding(nn.Module):
         exponent = torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim
         self.register_buffer("inv_freq", 1.0 / (theta**exponent), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, dtype: torch.dtype
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin ``[T, 1, head_dim]`` for ``positions`` ``[T]``."""
         freqs = positions.to(torch.float64)[:, None] * self.inv_freq[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
@@ -194,9 +190,7 @@ class CausalAttention:
     def __init__(self, seq_lens: Sequence[int]) -> None:
         self.seq_lens = list(seq_lens)
 
-    def __call__(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         outs = []
         start = 0
         group = q.shape[1] // k.shape[1]
@@ -254,9 +248,7 @@ def random_weights(
                 std = 2.5 / math.sqrt(config.hidden_size)
             else:
                 std = 1.0 / math.sqrt(param.shape[1])
-            if layer_output_scales is not None and name.endswith(
-                ("o_proj.weight", "down_proj.weight")
-            ):
+            if layer_output_scales is not None and name.endswith(("o_proj.weight", "down_proj.weight")):
                 std *= layer_output_scales[int(name.split(".")[2])]
             param.copy_(values * std)
     return model.to(torch_dtype)

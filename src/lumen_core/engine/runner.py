@@ -74,9 +74,7 @@ class PagedAttention:
     ) -> None:
         self.cache = cache
         self.flash = flash
-        self.slot_ids = torch.tensor(
-            [s for c in chunks for s in c.slot_ids], dtype=torch.long, device=device
-        )
+        self.slot_ids = torch.tensor([s for c in chunks for s in c.slot_ids], dtype=torch.long, device=device)
         starts = list(itertools.accumulate((len(c.token_ids) for c in chunks), initial=0))
         groups: dict[int, list[int]] = {}
         for i, c in enumerate(chunks):
@@ -87,10 +85,7 @@ class PagedAttention:
         self.flash_args: list[tuple[torch.Tensor, torch.Tensor]] = []
         for n, members in groups.items():
             width = max(len(chunks[i].block_ids) for i in members)
-            table = [
-                list(chunks[i].block_ids) + [0] * (width - len(chunks[i].block_ids))
-                for i in members
-            ]
+            table = [list(chunks[i].block_ids) + [0] * (width - len(chunks[i].block_ids)) for i in members]
             rows = torch.tensor(
                 [starts[i] + j for i in members for j in range(n)], dtype=torch.long, device=device
             )
@@ -108,18 +103,14 @@ class PagedAttention:
                 )
                 self.flash_args.append((pages.view(len(members), width).to(torch.int32), seqlens))
 
-    def __call__(
-        self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
-    ) -> torch.Tensor:
+    def __call__(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         self.cache.write(layer_id, self.slot_ids, k, v)
         out = torch.empty_like(q)
         if self.flash is not None:
             kv = self.cache.kv_caches[layer_id]
             for (n, rows, _, _), (table, seqlens) in zip(self.groups, self.flash_args, strict=True):
                 qs = q[rows].view(-1, n, *q.shape[1:])
-                attn = self.flash(
-                    qs, kv[0], kv[1], cache_seqlens=seqlens, block_table=table, causal=True
-                )
+                attn = self.flash(qs, kv[0], kv[1], cache_seqlens=seqlens, block_table=table, causal=True)
                 out[rows] = attn.reshape(-1, *q.shape[1:])
             return out
         for n, rows, pages, mask in self.groups:
@@ -154,11 +145,7 @@ class ModelRunner:
             [t for c in chunks for t in c.token_ids], dtype=torch.long, device=self.device
         )
         positions = torch.tensor(
-            [
-                p
-                for c in chunks
-                for p in range(c.start_position, c.start_position + len(c.token_ids))
-            ],
+            [p for c in chunks for p in range(c.start_position, c.start_position + len(c.token_ids))],
             dtype=torch.long,
             device=self.device,
         )

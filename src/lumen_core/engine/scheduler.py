@@ -104,18 +104,13 @@ class Scheduler:
             budget -= num_tokens
             i += 1
         while (
-            self.waiting
-            and budget > 0
-            and not out.preempted
-            and len(self.running) < self.config.max_num_seqs
+            self.waiting and budget > 0 and not out.preempted and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting[0]
             num_matched = 0
             if self.prefix_loader is not None:
                 # The last token is always recomputed: its logits give the next token.
-                num_matched = min(
-                    self.prefix_loader.num_matched_tokens(request), request.num_tokens - 1
-                )
+                num_matched = min(self.prefix_loader.num_matched_tokens(request), request.num_tokens - 1)
             total = min(request.num_tokens, num_matched + budget)
             if not self.block_manager.can_allocate(request, total):
                 break

@@ -265,9 +265,7 @@ class LoadMonitor:
         worker_id = check_id("worker_id", event.worker_id)
         slot = self._slot_of(worker_id)
         if self._state[slot] != FAILED:
-            raise ValueError(
-                f"worker_id must be a failed worker, got {worker_id} ({self._state[slot]})"
-            )
+            raise ValueError(f"worker_id must be a failed worker, got {worker_id} ({self._state[slot]})")
         self._state[slot] = RECOVERING
 
     def _on_heartbeat(self, event: Heartbeat) -> None:
@@ -356,7 +354,7 @@ class LoadMonitor:
         return [int(w) for w in self._ids[: self._n]]
 
     def state(self, worker_id: int) -> str:
-        """"serving", "recovering" or "failed"."""
+        """ "serving", "recovering" or "failed"."""
         return self._state[self._slot_of(check_id("worker_id", worker_id))]
 
     def worker(self, worker_id: int) -> WorkerView:
@@ -623,9 +621,7 @@ class LoadMonitor:
     def _serving_slot(self, worker_id: int) -> int:
         slot = self._slot_of(worker_id)
         if self._state[slot] != SERVING:
-            raise ValueError(
-                f"worker_id must be a serving worker, got {worker_id} ({self._state[slot]})"
-            )
+            raise ValueError(f"worker_id must be a serving worker, got {worker_id} ({self._state[slot]})")
         return slot
 
     def _request_of(self, request_id: int) -> _Request:

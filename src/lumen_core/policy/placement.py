@@ -34,9 +34,7 @@ class PlacementConfig:
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise ValueError(f"replicas must be an int >= 1, got {self.replicas!r}")
         if not isinstance(self.respect_domains, bool):
-            raise TypeError(
-                f"respect_domains must be a bool, got {type(self.respect_domains).__name__}"
-            )
+            raise TypeError(f"respect_domains must be a bool, got {type(self.respect_domains).__name__}")
 
 
 def _check_monitor(monitor: object) -> LoadMonitor:
@@ -210,8 +208,7 @@ class FixedNeighbour(Placement):
         chosen = [w for w in neighbours if monitor.free_bytes(w) >= size_bytes]
         full = [w for w in neighbours if w not in chosen]
         parts = [
-            f"neighbour {w} of worker {serving_id}{self._domain_note(monitor, serving_id, w)}"
-            for w in chosen
+            f"neighbour {w} of worker {serving_id}{self._domain_note(monitor, serving_id, w)}" for w in chosen
         ]
         parts += [
             f"neighbour {w} is full ({monitor.free_bytes(w)} of {size_bytes} bytes free), copy not kept"

@@ -88,9 +88,7 @@ class Router(ABC):
         failed_worker_id = check_id("failed_worker_id", failed_worker_id)
         state = monitor.state(failed_worker_id)
         if state == "serving":
-            raise ValueError(
-                f"failed_worker_id must be a failed worker, got {failed_worker_id} (serving)"
-            )
+            raise ValueError(f"failed_worker_id must be a failed worker, got {failed_worker_id} (serving)")
         request_ids = monitor.running_on(failed_worker_id)
         if request_ids and not monitor.live_worker_ids():
             raise ValueError(
@@ -210,8 +208,7 @@ class LocalityAware(Router):
                 f"and prefix short ({durable_tokens} <= tau={tau} tokens): checkpoint dropped",
             )
         overload = (
-            f"|C_r|={durable_tokens} > tau={tau} tokens (holder L={loads[holder_id]:.3f} > "
-            f"theta={theta:.3f})"
+            f"|C_r|={durable_tokens} > tau={tau} tokens (holder L={loads[holder_id]:.3f} > theta={theta:.3f})"
         )
         if self.config.remote_restore:
             remote = self._remote(monitor, request, holder_id, durable_tokens, overload)

@@ -215,9 +215,29 @@ class SimResult:
 
 class _Req:
     __slots__ = (
-        "rid", "arrival", "prompt", "output", "worker", "phase", "gen", "target_ctx", "prefilled",
-        "reserved", "base_progress", "gen_base", "first_s", "finish_s", "interrupted", "replay_s",
-        "holders", "marks", "decode_seq", "stream_seq", "reported", "move", "durable_at_failure",
+        "rid",
+        "arrival",
+        "prompt",
+        "output",
+        "worker",
+        "phase",
+        "gen",
+        "target_ctx",
+        "prefilled",
+        "reserved",
+        "base_progress",
+        "gen_base",
+        "first_s",
+        "finish_s",
+        "interrupted",
+        "replay_s",
+        "holders",
+        "marks",
+        "decode_seq",
+        "stream_seq",
+        "reported",
+        "move",
+        "durable_at_failure",
         "pending_stream",
     )
 
@@ -250,10 +270,35 @@ class _Req:
 
 class _Worker:
     __slots__ = (
-        "wid", "state", "believed_serving", "epoch", "busy", "waiting", "prefill", "heap", "n_dec",
-        "ctx_base", "progress", "ckpt", "kv_used", "num_moving", "produced", "sent", "sent_t",
-        "history", "seq", "durable_seq", "durable_progress", "assistant", "assist_steps", "plan",
-        "plan_dec", "plan_gain", "lost", "decoding", "ckpt_dec",
+        "wid",
+        "state",
+        "believed_serving",
+        "epoch",
+        "busy",
+        "waiting",
+        "prefill",
+        "heap",
+        "n_dec",
+        "ctx_base",
+        "progress",
+        "ckpt",
+        "kv_used",
+        "num_moving",
+        "produced",
+        "sent",
+        "sent_t",
+        "history",
+        "seq",
+        "durable_seq",
+        "durable_progress",
+        "assistant",
+        "assist_steps",
+        "plan",
+        "plan_dec",
+        "plan_gain",
+        "lost",
+        "decoding",
+        "ckpt_dec",
     )
 
     def __init__(self, wid: int) -> None:
@@ -341,12 +386,18 @@ class ClusterSim:
             raise TypeError(f"`policy` must build a PolicySet, got {type(self.policy).__name__}")
         self.planner = self.policy.planner
         self.reload_s = config.reload_time_s
-        self.draft_load_s = self.cost.draft_load_time_s if config.draft_load_s is None else config.draft_load_s
+        self.draft_load_s = (
+            self.cost.draft_load_time_s if config.draft_load_s is None else config.draft_load_s
+        )
         self.workers = [_Worker(w) for w in range(config.num_workers)]
         self.reqs = [
             _Req(i, float(a), int(p), int(o))
             for i, (a, p, o) in enumerate(
-                zip(workload.arrival_s.tolist(), workload.prompt_tokens.tolist(), workload.output_tokens.tolist())
+                zip(
+                    workload.arrival_s.tolist(),
+                    workload.prompt_tokens.tolist(),
+                    workload.output_tokens.tolist(),
+                )
             )
         ]
         self._heap: list[tuple[float, int, int, Any, Any]] = []
@@ -379,7 +430,9 @@ class ClusterSim:
     def run(self) -> SimResult:
         config = self.config
         for worker in self.workers:
-            self._apply(WorkerJoined(0.0, worker.wid, config.holder_budget_bytes, config.domain_of(worker.wid)))
+            self._apply(
+                WorkerJoined(0.0, worker.wid, config.holder_budget_bytes, config.domain_of(worker.wid))
+            )
             self._push(config.heartbeat_s * (1.0 + worker.wid / config.num_workers), _HEARTBEAT, worker)
         for failure in self.failures:
             self._push(failure.time_s, _FAIL, failure)
@@ -636,11 +689,20 @@ class ClusterSim:
             return
         self._push(self._now + self.config.heartbeat_s, _HEARTBEAT, worker)
         if worker.state != _SERVING:
-            if worker.state == _RECOVERING and self.planner is not None and self.planner.survivor_of(worker.wid) is None:
+            if (
+                worker.state == _RECOVERING
+                and self.planner is not None
+                and self.planner.survivor_of(worker.wid) is None
+            ):
                 self._pair(worker)
             return
         self._apply(
-            Heartbeat(self._now, worker.wid, len(worker.prefill) + worker.n_dec, len(worker.waiting) + worker.num_moving)
+            Heartbeat(
+                self._now,
+                worker.wid,
+                len(worker.prefill) + worker.n_dec,
+                len(worker.waiting) + worker.num_moving,
+            )
         )
         if not worker.ckpt:
             return
@@ -713,7 +775,9 @@ class ClusterSim:
         if detected:
             self._push(now + self.config.detect_s, _DETECT, detected)
         if contexts:
-            self._coverage.append(checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS))
+            self._coverage.append(
+                checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS)
+            )
         if math.isnan(self._balance):
             held = [self.monitor.worker(w).held_tokens for w in self.monitor.live_worker_ids()]
             self._balance = holder_balance_ratio(np.array(held))
@@ -855,7 +919,9 @@ class ClusterSim:
         worker.believed_serving = True
         worker.progress = 0.0
         self._apply(
-            WorkerJoined(self._now, worker.wid, self.config.holder_budget_bytes, self.config.domain_of(worker.wid))
+            WorkerJoined(
+                self._now, worker.wid, self.config.holder_budget_bytes, self.config.domain_of(worker.wid)
+            )
         )
 
     # ---- speculative assist gain (injected into the planner) ---------------------------------------

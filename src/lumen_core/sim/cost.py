@@ -213,4 +213,3 @@ class CostModel:
     @property
     def draft_load_time_s(self) -> float:
         return self.draft.weights_bytes / self.config.storage_bytes_per_s + self.config.draft_start_s
-

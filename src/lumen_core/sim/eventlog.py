@@ -28,9 +28,7 @@ from lumen_core.policy.load import LoadConfig, LoadMonitor
 from lumen_core.policy.presets import PolicySet
 
 _TYPES: dict[str, type] = {
-    cls.__name__: cls
-    for cls in vars(ev).values()
-    if isinstance(cls, type) and dataclasses.is_dataclass(cls)
+    cls.__name__: cls for cls in vars(ev).values() if isinstance(cls, type) and dataclasses.is_dataclass(cls)
 }
 CALLS = ("place", "route", "replace", "pair", "finish", "release_survivor")
 
@@ -98,7 +96,9 @@ class EventLog:
         self._write({"op": op, "args": args, "result": to_json(result)})
 
     def gain(self, survivor_id: int, num_draft_tokens: int, value: float) -> None:
-        self._write({"op": "gain", "survivor_id": survivor_id, "num_draft_tokens": num_draft_tokens, "value": value})
+        self._write(
+            {"op": "gain", "survivor_id": survivor_id, "num_draft_tokens": num_draft_tokens, "value": value}
+        )
 
 
 def read_event_log(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -69,7 +69,15 @@ PAPER_RANGES: dict[tuple[str, str, str], tuple[float, float]] = {
     ("table1", "S&R", "replay_ttft_s"): (24.0, 29.0),
 }
 EXPERIMENTS = (
-    "table1", "proto4", "proto8", "ablation", "sensitivity", "holder_failure", "rack", "long_context", "scale",
+    "table1",
+    "proto4",
+    "proto8",
+    "ablation",
+    "sensitivity",
+    "holder_failure",
+    "rack",
+    "long_context",
+    "scale",
 )
 
 
@@ -199,7 +207,16 @@ def _rows(
     for metric, value in metrics.items():
         key = (experiment, policy, metric)
         rows.append(
-            Row(experiment, policy, workers, metric, float(value), PAPER.get(key), setting, PAPER_RANGES.get(key))
+            Row(
+                experiment,
+                policy,
+                workers,
+                metric,
+                float(value),
+                PAPER.get(key),
+                setting,
+                PAPER_RANGES.get(key),
+            )
         )
     return rows
 
@@ -219,8 +236,15 @@ def compare_policies(
     failure_s = scenario.failures[0].time_s
     ff = window_means(baseline.records, failure_s, scenario.eval_s)
     rows = [
-        Row(experiment, "failure-free", workers, "mean_ttft_s", float(np.nanmean(baseline.records.ttft_s)),
-            PAPER.get((experiment, "failure-free", "mean_ttft_s")), setting + ("; " if setting else "") + "whole run"),
+        Row(
+            experiment,
+            "failure-free",
+            workers,
+            "mean_ttft_s",
+            float(np.nanmean(baseline.records.ttft_s)),
+            PAPER.get((experiment, "failure-free", "mean_ttft_s")),
+            setting + ("; " if setting else "") + "whole run",
+        ),
         Row(experiment, "failure-free", workers, "window_ttft_s", ff["mean_ttft_s"], None, setting),
         Row(experiment, "failure-free", workers, "window_tpot_s", ff["mean_tpot_s"], None, setting),
     ]
@@ -257,7 +281,9 @@ def _rolling_series(
 PROTO_FAILURE_TIMES_S = (150.0, 300.0)
 
 
-def proto_scenario(num_workers: int, options: Options, failure_s: float = PROTO_FAILURE_TIMES_S[0]) -> Scenario:
+def proto_scenario(
+    num_workers: int, options: Options, failure_s: float = PROTO_FAILURE_TIMES_S[0]
+) -> Scenario:
     config = proto_config(num_workers)
     return Scenario(
         config,
@@ -303,7 +329,9 @@ def table1(options: Options) -> Outcome:
     for num_workers in sizes:
         config = table1_config(num_workers)
         step = max(1, TABLE1_SPAN_WORKERS // num_workers)
-        workload = load_trace(options.trace_path).thinned(step).scaled_to_rate(options.rate_per_worker * num_workers)
+        workload = (
+            load_trace(options.trace_path).thinned(step).scaled_to_rate(options.rate_per_worker * num_workers)
+        )
         span_s = float(workload.arrival_s[-1])
         scenario = Scenario(
             config,
@@ -347,9 +375,12 @@ def ablation(options: Options) -> Outcome:
     rows, _, _ = compare_policies("ablation", scenario, policies, options)
     outcome = Outcome("ablation", rows)
     outcome.series["bars"] = {
-        r.policy: {m: next(x.value for x in rows if x.policy == r.policy and x.metric == m)
-                   for m in ("mean_ttft_s", "mean_tpot_s", "recovery_s")}
-        for r in rows if r.policy in policies and r.metric == "mean_ttft_s"
+        r.policy: {
+            m: next(x.value for x in rows if x.policy == r.policy and x.metric == m)
+            for m in ("mean_ttft_s", "mean_tpot_s", "recovery_s")
+        }
+        for r in rows
+        if r.policy in policies and r.metric == "mean_ttft_s"
     }
     return outcome
 
@@ -383,23 +414,34 @@ def sensitivity(options: Options) -> Outcome:
             elif parameter == "tau_tokens":
                 router_config = RouterConfig(tau_tokens=int(value))
             elif parameter == "num_draft_tokens":
-                assist_config = AssistConfig(num_draft_tokens=int(value), cold_num_draft_tokens=min(2, int(value)))
+                assist_config = AssistConfig(
+                    num_draft_tokens=int(value), cold_num_draft_tokens=min(2, int(value))
+                )
             elif parameter == "acceptance":
-                scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, acceptance=value))
+                scenario = dataclasses.replace(
+                    base, config=dataclasses.replace(base.config, acceptance=value)
+                )
             elif parameter == "reload_s":
                 scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, reload_s=value))
             elif parameter in ("alpha", "beta"):
-                scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, **{parameter: value}))
+                scenario = dataclasses.replace(
+                    base, config=dataclasses.replace(base.config, **{parameter: value})
+                )
             factory = preset("LUMEN", router_config=router_config, assist_config=assist_config)
             rows, _, _ = compare_policies(
-                "sensitivity", scenario, {"LUMEN": factory}, dataclasses.replace(options, event_log_path=None),
+                "sensitivity",
+                scenario,
+                {"LUMEN": factory},
+                dataclasses.replace(options, event_log_path=None),
                 setting=f"{parameter}={value:g}",
                 baseline=baseline,
             )
             outcome.rows += [r for r in rows if r.policy == "LUMEN"]
             curve["x"].append(value)
             for metric in ("mean_ttft_s", "recovery_s"):
-                curve[metric].append(next(r.value for r in rows if r.policy == "LUMEN" and r.metric == metric))
+                curve[metric].append(
+                    next(r.value for r in rows if r.policy == "LUMEN" and r.metric == metric)
+                )
         curves[parameter] = curve
     outcome.series["curves"] = curves
     return outcome
@@ -411,7 +453,9 @@ def holder_failure(options: Options) -> Outcome:
     scenario = dataclasses.replace(base, failures=(Failure(base.failures[0].time_s, (0, 1)),))
     rows, _, _ = compare_policies("holder_failure", scenario, _presets(), options)
     return Outcome(
-        "holder_failure", rows, notes=[f"workers 0 and 1 fail together at {base.failures[0].time_s:g} s (proto4 cluster)"]
+        "holder_failure",
+        rows,
+        notes=[f"workers 0 and 1 fail together at {base.failures[0].time_s:g} s (proto4 cluster)"],
     )
 
 
@@ -458,13 +502,26 @@ def long_context(options: Options) -> Outcome:
             result = run_one(scenario, preset("LUMEN"))
             coverage.append(result.coverage_at_failure)
             outcome.rows.append(
-                Row("long_context", "LUMEN", 4, "checkpoint_coverage", result.coverage_at_failure, None,
-                    f"prompt={prompt}; budget={budget_gb}GB")
+                Row(
+                    "long_context",
+                    "LUMEN",
+                    4,
+                    "checkpoint_coverage",
+                    result.coverage_at_failure,
+                    None,
+                    f"prompt={prompt}; budget={budget_gb}GB",
+                )
             )
             outcome.rows.append(
-                Row("long_context", "LUMEN", 4, "restored_fraction",
-                    result.actions["restore"] / max(result.num_interrupted, 1), None,
-                    f"prompt={prompt}; budget={budget_gb}GB")
+                Row(
+                    "long_context",
+                    "LUMEN",
+                    4,
+                    "restored_fraction",
+                    result.actions["restore"] / max(result.num_interrupted, 1),
+                    None,
+                    f"prompt={prompt}; budget={budget_gb}GB",
+                )
             )
         grid[f"{budget_gb} GB"] = coverage
     outcome.series["coverage"] = {"prompts": list(LONG_CONTEXT_PROMPTS), "budgets": grid}
@@ -490,7 +547,9 @@ def scale(options: Options) -> Outcome:
     wall_s = time.perf_counter() - started
     result = results[options.policy]
     outcome = Outcome("scale", rows)
-    outcome.rows.append(Row("scale", options.policy, num_workers, "sim_requests_per_wall_s", 2 * len(workload) / wall_s))
+    outcome.rows.append(
+        Row("scale", options.policy, num_workers, "sim_requests_per_wall_s", 2 * len(workload) / wall_s)
+    )
     outcome.rows.append(Row("scale", options.policy, num_workers, "wall_s", wall_s))
     outcome.rows.append(Row("scale", options.policy, num_workers, "iterations", float(result.num_iterations)))
     outcome.notes.append(
@@ -543,4 +602,3 @@ def load_config_for(config: ClusterConfig, workload: Workload) -> LoadConfig:
     """The LoadConfig a ClusterSim builds for this cluster and workload (for replays)."""
     sim = ClusterSim(config, workload.head(1), preset("S&R"))
     return dataclasses.replace(sim.monitor.config, mean_request_tokens=workload.mean_request_tokens)
-

@@ -36,7 +36,12 @@ def _path(base: str | Path, suffix: str) -> Path:
 def plot_outcome(outcome: Outcome, path: str | Path) -> list[Path]:
     """Draw what the experiment has series for: one figure goes to ``path``, several to
     ``<path>-<series>.png``. Returns the files written (maybe none)."""
-    drawers = {"rolling": _plot_rolling, "bars": _plot_bars, "curves": _plot_curves, "coverage": _plot_coverage}
+    drawers = {
+        "rolling": _plot_rolling,
+        "bars": _plot_bars,
+        "curves": _plot_curves,
+        "coverage": _plot_coverage,
+    }
     present = [name for name in drawers if name in outcome.series]
     return [drawers[name](outcome, _path(path, name if len(present) > 1 else "")) for name in present]
 

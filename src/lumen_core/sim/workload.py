@@ -77,7 +77,9 @@ class Workload:
     def head(self, num_requests: int) -> Workload:
         """The first ``num_requests`` requests."""
         return Workload(
-            self.arrival_s[:num_requests], self.prompt_tokens[:num_requests], self.output_tokens[:num_requests]
+            self.arrival_s[:num_requests],
+            self.prompt_tokens[:num_requests],
+            self.output_tokens[:num_requests],
         )
 
     def thinned(self, step: int) -> Workload:

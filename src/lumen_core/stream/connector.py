@@ -141,9 +141,7 @@ class StreamingConnector(KVConnector):
         if not callable(key_for):
             raise TypeError(f"key_for must be callable, got {type(key_for).__name__}")
         self.key_for = key_for
-        self.capability_for = capability_for or (
-            lambda key: issue_capability(self.secret, key, 0, 0)
-        )
+        self.capability_for = capability_for or (lambda key: issue_capability(self.secret, key, 0, 0))
         if not isinstance(tls, str):
             raise TypeError(f"tls must be a str, got {type(tls).__name__}")
         self.tls = tls
@@ -160,7 +158,10 @@ class StreamingConnector(KVConnector):
         """The streamer, started with the first request that streams."""
         if self.streamer is None:
             self.streamer = CheckpointStreamer(
-                self.layout, self.secret, model_fingerprint=self.model_fingerprint, tls=self.tls,
+                self.layout,
+                self.secret,
+                model_fingerprint=self.model_fingerprint,
+                tls=self.tls,
                 **self.streamer_options,
             )
         return self.streamer

@@ -148,7 +148,9 @@ class HolderStore:
             raise ValueError("pinned must be False or None without a CUDA device, got True")
         self.eviction = eviction
         self._native = native.HolderStore(
-            budget_bytes=int(budget_bytes), policy=eviction.value, chunk_bytes=int(chunk_bytes),
+            budget_bytes=int(budget_bytes),
+            policy=eviction.value,
+            chunk_bytes=int(chunk_bytes),
             pinned=pinned,
         )
 
@@ -254,7 +256,12 @@ class HolderStore:
                 return _Chunk(bytes(fingerprints), ids[:copied], crcs[:copied], int(durable))
 
             return _restore_in_chunks(
-                read, layout, slots, tokens, limit, fingerprint_bytes(layout, model_fingerprint),
+                read,
+                layout,
+                slots,
+                tokens,
+                limit,
+                fingerprint_bytes(layout, model_fingerprint),
                 _RESTORE_CHUNK_TOKENS,
             )
         status, restored, durable = self._native.restore_into(
@@ -301,13 +308,22 @@ def remote_restore(
     def read(start: int, records: torch.Tensor) -> _Chunk | None:
         try:
             result = client.read(
-                request_id, shard, epoch, start, len(records), layout.record_bytes, capability,
-                out=records.numpy(), timeout_s=timeout_s,
+                request_id,
+                shard,
+                epoch,
+                start,
+                len(records),
+                layout.record_bytes,
+                capability,
+                out=records.numpy(),
+                timeout_s=timeout_s,
             )
         except Rejected:  # the holder has no such checkpoint (released, evicted, expired)
             return None
         return _Chunk(
-            result.layout_fingerprint + result.model_fingerprint, result.token_ids, result.crcs,
+            result.layout_fingerprint + result.model_fingerprint,
+            result.token_ids,
+            result.crcs,
             result.durable_tokens,
         )
 
@@ -349,8 +365,10 @@ def _restore_in_chunks(
     its way to the device; the restore returns once the cache holds every restored record."""
     cuda = layout.device.type == "cuda"
     rows = min(chunk, max(limit, 1))
-    buffers = [torch.empty((rows, layout.record_bytes), dtype=torch.uint8, pin_memory=cuda)
-               for _ in range(2 if cuda else 1)]
+    buffers = [
+        torch.empty((rows, layout.record_bytes), dtype=torch.uint8, pin_memory=cuda)
+        for _ in range(2 if cuda else 1)
+    ]
     # The event after the last scatter from each buffer: it must pass before a read refills it.
     scattered: list[torch.cuda.Event | None] = [None] * len(buffers)
     restored = durable = reads = 0

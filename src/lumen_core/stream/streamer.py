@@ -165,9 +165,7 @@ class CheckpointStreamer:
         check_int("expected_tokens", expected_tokens, 0, U64_MAX)
         self._native.add_request(request_id, addresses, bytes(capability), epoch, expected_tokens)
 
-    def save_step(
-        self, request_ids: object, positions: object, slot_ids: object, token_ids: object
-    ) -> int:
+    def save_step(self, request_ids: object, positions: object, slot_ids: object, token_ids: object) -> int:
         """Enqueue one step: token i of request ``request_ids[i]`` at position ``positions[i]``
         was written into slot ``slot_ids[i]`` and is token ``token_ids[i]``. A request's tokens
         are adjacent and consecutive. Returns the fence of the step (0: dropped, nothing to
@@ -224,8 +222,7 @@ class CheckpointStreamer:
         replicas: dict[int, tuple[ReplicaStats, ...]] = {}
         for request_id, num_saved, reps in self._native.requests():
             states = tuple(
-                ReplicaStats((str(a), int(p)), int(s), int(d), bool(live))
-                for a, p, s, d, live in reps
+                ReplicaStats((str(a), int(p)), int(s), int(d), bool(live)) for a, p, s, d, live in reps
             )
             saved[int(request_id)] = int(num_saved)
             replicas[int(request_id)] = states

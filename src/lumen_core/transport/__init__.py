@@ -285,7 +285,10 @@ class Client:
         cap = _check_bytes("capability", capability, CAPABILITY_BYTES)
         return int(
             self._native.open(
-                *key, record_bytes, fingerprints, cap,
+                *key,
+                record_bytes,
+                fingerprints,
+                cap,
                 _check_int("reserve_tokens", reserve_tokens, 0, 2**64 - 1),
                 _check_timeout(timeout_s),
             )
@@ -311,8 +314,7 @@ class Client:
         num_tokens = records.shape[0]
         if not 1 <= num_tokens <= self.limits.max_tokens_per_message:
             raise ValueError(
-                f"records must hold 1 to {self.limits.max_tokens_per_message} tokens, "
-                f"got {num_tokens}"
+                f"records must hold 1 to {self.limits.max_tokens_per_message} tokens, got {num_tokens}"
             )
         if records.shape[1] < 1:
             raise ValueError("records must have record_bytes >= 1, got 0")
@@ -342,9 +344,7 @@ class Client:
         timeout_s: float = 10.0,
     ) -> int:
         """``start_append`` then ``wait``."""
-        op_id = self.start_append(
-            request_id, shard, epoch, start_pos, token_ids, crcs, records, capability
-        )
+        op_id = self.start_append(request_id, shard, epoch, start_pos, token_ids, crcs, records, capability)
         return self.wait(op_id, timeout_s=timeout_s)
 
     def release(
@@ -381,9 +381,7 @@ class Client:
         else:
             _check_array("out", out, np.uint8, 2)
             if out.shape != (max_tokens, record_bytes):
-                raise ValueError(
-                    f"out must have shape {(max_tokens, record_bytes)}, got {out.shape}"
-                )
+                raise ValueError(f"out must have shape {(max_tokens, record_bytes)}, got {out.shape}")
         token_ids = np.empty(max_tokens, dtype=np.uint32)
         crcs = np.empty(max_tokens, dtype=np.uint32)
         start, num_tokens, durable, fingerprints = self._native.read(
@@ -416,9 +414,7 @@ class Client:
         _check_int("count", count, 1, 1 << 20)
         _check_int("window", window, 1, 1 << 10)
         if isinstance(expected_gb_per_s, bool) or not isinstance(expected_gb_per_s, (int, float)):
-            raise TypeError(
-                f"expected_gb_per_s must be a number, got {type(expected_gb_per_s).__name__}"
-            )
+            raise TypeError(f"expected_gb_per_s must be a number, got {type(expected_gb_per_s).__name__}")
         transports = tuple(self.transports())
         shard = int.from_bytes(os.urandom(4), "little")  # scratch key: no clash with others
         bytes_per_s = self._native.measure_bandwidth(

@@ -159,9 +159,7 @@ class Assistant:
 class AssistedRequests:
     """The survivor's side: ``sync`` after a step, ``drafts`` before the next (never blocks)."""
 
-    def __init__(
-        self, peer: Address, peer_worker_id: int, *, secret: bytes, max_requests: int = 32
-    ) -> None:
+    def __init__(self, peer: Address, peer_worker_id: int, *, secret: bytes, max_requests: int = 32) -> None:
         self.secret = check_secret(secret)
         self.num_refused = 0
         self.peer = peer

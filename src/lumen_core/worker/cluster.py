@@ -206,7 +206,9 @@ class LocalCluster:
         return [e for w in self.exited for e in w.events if e.get("event") == "stopped"]
 
     # ---- requests ------------------------------------------------------------------------
-    def run_request(self, result: RequestResult, prompt: list[int], max_new_tokens: int, timeout_s: float) -> None:
+    def run_request(
+        self, result: RequestResult, prompt: list[int], max_new_tokens: int, timeout_s: float
+    ) -> None:
         """Submit one request and record its tokens (blocking; one thread per request)."""
         try:
             for chunk in self.client.submit(prompt, max_new_tokens, timeout_s=timeout_s):

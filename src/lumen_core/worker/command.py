@@ -26,10 +26,16 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--gateway", required=True, metavar="HOST:PORT")
     parser.add_argument("--secret-file", required=True, metavar="PATH", help="cluster secret (0600 file)")
     parser.add_argument("--model", required=True, metavar="PATH", help="weights written by engine.save_model")
-    parser.add_argument("--draft", default=None, metavar="PATH", help="draft weights (loaded first on restart)")
+    parser.add_argument(
+        "--draft", default=None, metavar="PATH", help="draft weights (loaded first on restart)"
+    )
     parser.add_argument("--recovering", action="store_true", help="a restart after a failure")
-    parser.add_argument("--budget-bytes", type=int, default=1 << 30, help="holder budget for others' checkpoints")
-    parser.add_argument("--holder-host", default="127.0.0.1", help="holder listen address (default: loopback)")
+    parser.add_argument(
+        "--budget-bytes", type=int, default=1 << 30, help="holder budget for others' checkpoints"
+    )
+    parser.add_argument(
+        "--holder-host", default="127.0.0.1", help="holder listen address (default: loopback)"
+    )
     parser.add_argument("--num-blocks", type=int, default=1024, help="KV cache pages")
     parser.add_argument(
         "--modelled-full-load-s",
@@ -101,5 +107,8 @@ def run_worker(args: argparse.Namespace) -> int:
         status = worker.run()
     finally:
         worker.close()
-    print(json.dumps({"event": "stopped", "status": status, "reason": worker.fence_reason, **worker.stats()}), flush=True)
+    print(
+        json.dumps({"event": "stopped", "status": status, "reason": worker.fence_reason, **worker.stats()}),
+        flush=True,
+    )
     return status

@@ -71,9 +71,15 @@ def run_demo(
     trace = load_trace(options.trace_path)
     num_requests = max(2, round(options.rate_per_s * options.duration_s))
     workload = trace.head(num_requests).scaled_to_rate(options.rate_per_s)
-    arrivals = arrivals_from_workload(workload, seed=options.seed, max_output_tokens=options.max_output_tokens)
+    arrivals = arrivals_from_workload(
+        workload, seed=options.seed, max_output_tokens=options.max_output_tokens
+    )
     say(f"{len(arrivals)} requests over {options.duration_s:.0f} s, {options.workers} workers")
-    common = {"num_workers": options.workers, "modelled_full_load_s": options.modelled_full_load_s, "seed": options.seed}
+    common = {
+        "num_workers": options.workers,
+        "modelled_full_load_s": options.modelled_full_load_s,
+        "seed": options.seed,
+    }
     baseline = run_scenario(workdir / "baseline", "LUMEN", arrivals, num_workers=options.workers, failure=None,
                             progress=say, modelled_full_load_s=options.modelled_full_load_s, seed=options.seed)  # fmt: skip
     base_records = baseline.records()
@@ -86,7 +92,9 @@ def run_demo(
     )
     rows: list[dict[str, object]] = []
     starts = np.arange(0.0, options.duration_s, options.window_s / 4)
-    timelines: dict[str, object] = {"failure-free": (starts, rolling_means(base_records, starts, options.window_s), math.nan)}
+    timelines: dict[str, object] = {
+        "failure-free": (starts, rolling_means(base_records, starts, options.window_s), math.nan)
+    }
     for policy in options.policies:
         per_repeat: list[dict[str, object]] = []
         for repeat in range(options.repeats):
@@ -107,7 +115,12 @@ def run_demo(
                     "mean_ttft_s": _mean(np.where(records.interrupted, np.nan, ttft)),
                     "mean_tpot_s": _mean(records.tpot_s),
                     "recovery_s": recovery_time_s(
-                        records, base_records, result.failure_s, options.window_s, horizon, tolerance=options.tolerance
+                        records,
+                        base_records,
+                        result.failure_s,
+                        options.window_s,
+                        horizon,
+                        tolerance=options.tolerance,
                     ),
                     "replay_ttft_s": _mean(replay),
                     "lost": lost,
@@ -122,7 +135,11 @@ def run_demo(
                 }
             )
             if repeat == 0:
-                timelines[policy] = (starts, rolling_means(records, starts, options.window_s), result.failure_s)
+                timelines[policy] = (
+                    starts,
+                    rolling_means(records, starts, options.window_s),
+                    result.failure_s,
+                )
         row: dict[str, object] = {"policy": policy}
         for key in COLUMNS[1:]:
             values = [float(r[key]) for r in per_repeat]  # type: ignore[arg-type]
@@ -176,15 +193,23 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     )
     defaults = DemoOptions()
     parser.add_argument("--workers", type=int, default=defaults.workers)
-    parser.add_argument("--duration", type=float, default=defaults.duration_s, help="seconds of replayed arrivals")
-    parser.add_argument("--rate", type=float, default=defaults.rate_per_s, help="arrivals per second (whole cluster)")
+    parser.add_argument(
+        "--duration", type=float, default=defaults.duration_s, help="seconds of replayed arrivals"
+    )
+    parser.add_argument(
+        "--rate", type=float, default=defaults.rate_per_s, help="arrivals per second (whole cluster)"
+    )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--trace", default=None, help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens")
     parser.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
     parser.add_argument("--repeats", type=int, default=1, help="runs per policy (medians reported)")
     parser.add_argument("--json", default=None, metavar="PATH", help="one row per policy (null: undefined)")
-    parser.add_argument("--plot", default="demo_timeline.png", metavar="PATH", help="PNG timeline ('' for none)")
-    parser.add_argument("--workdir", default=None, metavar="DIR", help="secret, models, worker logs (default: temporary)")
+    parser.add_argument(
+        "--plot", default="demo_timeline.png", metavar="PATH", help="PNG timeline ('' for none)"
+    )
+    parser.add_argument(
+        "--workdir", default=None, metavar="DIR", help="secret, models, worker logs (default: temporary)"
+    )
     parser.set_defaults(func=run_demo_command)
     return parser
 
@@ -221,7 +246,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
         print(f"FAILED: requests lost or outputs differ under {', '.join(map(str, failed))}")
     if args.json:
         finite = [
-            {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()} for row in rows
+            {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+            for row in rows
         ]
         Path(args.json).write_text(json.dumps(finite, indent=1, allow_nan=False) + "\n")
         print(f"json: {args.json}")

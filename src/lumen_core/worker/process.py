@@ -76,7 +76,6 @@ EXIT_OK = 0
 EXIT_FENCED = 3
 
 
-
 @dataclass(frozen=True)
 class WorkerConfig:
     """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path (and
@@ -196,7 +195,9 @@ class Worker:
         """This heartbeat's report (refusals and evictions until the gateway has had them)."""
         checkpoints = self.store.checkpoints()
         held = tuple(
-            HeldReport(c.request_id, c.epoch, c.durable_tokens) for c in checkpoints if c.shard == 0 and c.opened
+            HeldReport(c.request_id, c.epoch, c.durable_tokens)
+            for c in checkpoints
+            if c.shard == 0 and c.opened
         )
         held_bytes = sum(c.durable_tokens * (c.record_bytes + 8) for c in checkpoints)
         with self._dropped_lock:
@@ -341,7 +342,8 @@ class Worker:
             shards = len(directive.holders[0].capabilities) if directive.holders else 1
             before = {c.request_id for c in self.store.checkpoints()}
             refused = not all(
-                self.store.reserve(request_id, num_tokens, record_bytes, shard=shard) for shard in range(shards)
+                self.store.reserve(request_id, num_tokens, record_bytes, shard=shard)
+                for shard in range(shards)
             )
             if refused:
                 self.store.expire(request_id)  # the shards reserved before the refusal
@@ -371,7 +373,10 @@ class Worker:
         if directive.kind == RESUME:
             self.counters["resumed"] += 1
             action = directive.action
-            if action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE) and directive.source is not None:
+            if (
+                action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE)
+                and directive.source is not None
+            ):
                 local = directive.source.worker_id == self.config.worker_id
                 source = RestoreSource(
                     directive.epoch,
@@ -437,7 +442,11 @@ class Worker:
             for key in out.finished:
                 assisted.finished(int(key))
             assisted.sync(
-                {int(r.request_id): list(r.token_ids) for r in engine.scheduler.running if r.request_id not in out.finished},
+                {
+                    int(r.request_id): list(r.token_ids)
+                    for r in engine.scheduler.running
+                    if r.request_id not in out.finished
+                },
                 {int(k): (n, out.num_accepted.get(k, 0)) for k, n in out.num_draft_tokens.items()},
             )
         reports = []
@@ -486,7 +495,9 @@ class Worker:
                 self.client.model_loaded(budget_bytes=self.config.budget_bytes)
             try:
                 directive = self.directives.get(
-                    timeout=0 if self.engine is not None and self.engine.has_unfinished() else self.config.idle_wait_s
+                    timeout=0
+                    if self.engine is not None and self.engine.has_unfinished()
+                    else self.config.idle_wait_s
                 )
             except queue.Empty:
                 directive = None

@@ -125,8 +125,10 @@ def _victim(cluster: LocalCluster, plan: FailurePlan) -> int | None:
                 view = monitor.request(request_id)
                 # A request its policy keeps no checkpoint of (S&R) counts once it has run
                 # as long as a checkpointed one would have to.
-                tokens = max((d for _, d in view.durable_tokens), default=0) if view.holder_ids else (
-                    view.prompt_tokens + len(cluster.gateway.coordinator.tokens(request_id)[0])
+                tokens = (
+                    max((d for _, d in view.durable_tokens), default=0)
+                    if view.holder_ids
+                    else (view.prompt_tokens + len(cluster.gateway.coordinator.tokens(request_id)[0]))
                 )
                 if tokens >= plan.min_durable_tokens:
                     durable += 1
@@ -195,7 +197,9 @@ def run_scenario(
             interrupted = tuple(route.request_id for route in outcome.routes)
             result.interrupted_ids = interrupted
             result.routes = outcome.routes
-            say(f"{policy}: SIGKILL worker {victim} at {result.failure_s:.1f} s ({len(interrupted)} requests running)")
+            say(
+                f"{policy}: SIGKILL worker {victim} at {result.failure_s:.1f} s ({len(interrupted)} requests running)"
+            )
             cluster.restart(victim)
             result.restart_s = cluster.now_s()
             say(f"{policy}: worker {victim} restarted (recovering) at {result.restart_s:.1f} s")

@@ -32,8 +32,8 @@ struct HolderOptions {
 struct HolderStats {
   uint64_t checkpoints = 0;
   uint64_t budget_bytes = 0;
-  uint64_t bytes_charged = 0;   // sum over checkpoints of max(reserved, held) bytes
-  uint64_t bytes_held = 0;      // durable record, token id and crc bytes
+  uint64_t bytes_charged = 0;  // sum over checkpoints of max(reserved, held) bytes
+  uint64_t bytes_held = 0;     // durable record, token id and crc bytes
   uint64_t tokens_held = 0;
   uint64_t reservations = 0;
   uint64_t reservations_refused = 0;
@@ -126,9 +126,8 @@ class HolderStore final : public transport::RecordSink {
   // differ too). False when there is no such opened checkpoint; *copied: tokens copied;
   // *durable: the checkpoint's durable length. The records are copied by num_threads threads.
   bool copy_out(uint64_t request_id, uint32_t shard, uint64_t start, uint64_t max_tokens,
-                uint32_t record_bytes, uint8_t* fingerprints, uint32_t* token_ids,
-                uint32_t* crcs, uint8_t* records, uint64_t* copied, uint64_t* durable,
-                int num_threads = 1);
+                uint32_t record_bytes, uint8_t* fingerprints, uint32_t* token_ids, uint32_t* crcs,
+                uint8_t* records, uint64_t* copied, uint64_t* durable, int num_threads = 1);
 
  private:
   struct Pending {

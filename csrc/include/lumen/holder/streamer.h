@@ -35,7 +35,7 @@ struct StreamerOptions {
   std::string secret;
   std::string tls;
   uint32_t shard = 0;
-  std::vector<PlaneDesc> planes;      // the engine's KV cache, validated by the caller
+  std::vector<PlaneDesc> planes;  // the engine's KV cache, validated by the caller
   uint32_t record_bytes = 0;
   std::vector<uint8_t> fingerprints;  // layout then model, 2 * kFingerprintBytes
   int64_t staging_buffers = 4;
@@ -50,20 +50,20 @@ struct StreamerOptions {
 
 struct StreamerStats {
   uint64_t steps_enqueued = 0;
-  uint64_t steps_dropped = 0;     // queue full: not enqueued
+  uint64_t steps_dropped = 0;  // queue full: not enqueued
   uint64_t tokens_saved = 0;
-  uint64_t tokens_dropped = 0;    // tokens of dropped steps
-  uint64_t tokens_deferred = 0;   // left for a later step: staging buffer full
-  uint64_t bytes_sent = 0;        // payload bytes of appends started
-  uint64_t bytes_acked = 0;       // payload bytes of appends acknowledged durable
-  uint64_t bytes_dropped = 0;     // record bytes of dropped and deferred tokens
+  uint64_t tokens_dropped = 0;   // tokens of dropped steps
+  uint64_t tokens_deferred = 0;  // left for a later step: staging buffer full
+  uint64_t bytes_sent = 0;       // payload bytes of appends started
+  uint64_t bytes_acked = 0;      // payload bytes of appends acknowledged durable
+  uint64_t bytes_dropped = 0;    // record bytes of dropped and deferred tokens
   uint64_t appends_started = 0;
   uint64_t appends_failed = 0;
   uint64_t holders_gone = 0;
-  uint64_t replicas_lost = 0;     // refused (evicted, conflict, stale epoch) by a live holder
+  uint64_t replicas_lost = 0;  // refused (evicted, conflict, stale epoch) by a live holder
   uint64_t replacements = 0;
   uint64_t releases_failed = 0;
-  uint64_t gather_failures = 0;   // steps whose gather failed (CUDA error): not sent
+  uint64_t gather_failures = 0;  // steps whose gather failed (CUDA error): not sent
 };
 
 struct ReplicaState {
@@ -138,18 +138,18 @@ class Streamer {
   struct Request {
     transport::Mac capability{};
     uint32_t epoch = 0;
-    uint64_t expected_tokens = 0;    // reserved on each holder at open
-    std::vector<int64_t> slots;      // by position
+    uint64_t expected_tokens = 0;  // reserved on each holder at open
+    std::vector<int64_t> slots;    // by position
     std::vector<uint32_t> token_ids;
     std::vector<Replica> replicas;
-    uint64_t queued_steps = 0;       // steps that still have to gather its pages
+    uint64_t queued_steps = 0;  // steps that still have to gather its pages
     // Positions below this may live in freed pages (wait_for_save was called before a free):
     // a replica that has not sent them cannot catch up any more.
     uint64_t readable_from = 0;
   };
   struct Work {
-    uint64_t fence = 0;                // a step (> 0) or a release (0)
-    uint64_t mark = 0;                 // a step's point on the engine's stream (StepGather)
+    uint64_t fence = 0;  // a step (> 0) or a release (0)
+    uint64_t mark = 0;   // a step's point on the engine's stream (StepGather)
     std::vector<uint64_t> request_ids;
     // a release: (holder, capability, epoch) of each replica of request_ids[0]
     std::vector<std::pair<Holder*, std::pair<transport::Mac, uint32_t>>> releases;

@@ -48,9 +48,9 @@ struct ReadArgs {
   uint64_t start_pos = 0;
   uint32_t max_tokens = 0;
   uint32_t record_bytes = 0;
-  uint32_t* token_ids = nullptr;  // [max_tokens], written
-  uint32_t* crcs = nullptr;       // [max_tokens], written
-  uint8_t* records = nullptr;     // [max_tokens * record_bytes], written
+  uint32_t* token_ids = nullptr;    // [max_tokens], written
+  uint32_t* crcs = nullptr;         // [max_tokens], written
+  uint8_t* records = nullptr;       // [max_tokens * record_bytes], written
   uint8_t* fingerprints = nullptr;  // [2 * kFingerprintBytes], written
   Mac capability{};
 };
@@ -64,8 +64,8 @@ struct ReadReply {
 struct ClientStats {
   uint64_t ops_started = 0;
   uint64_t ops_failed = 0;
-  uint64_t bytes_sent = 0;      // append payload bytes acknowledged
-  uint64_t bytes_read = 0;      // read payload bytes received
+  uint64_t bytes_sent = 0;  // append payload bytes acknowledged
+  uint64_t bytes_read = 0;  // read payload bytes received
   uint64_t malformed_replies = 0;
 };
 
@@ -98,8 +98,8 @@ class Client {
   // Streams count appends of message_bytes (zero records of up to 32 KiB with their crcs) to
   // a scratch checkpoint (request_id 2**64 - 1, the given shard), releases it, and returns
   // the payload bytes per second achieved with `window` appends in flight.
-  double measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t window,
-                           uint32_t shard, double timeout_s);
+  double measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t window, uint32_t shard,
+                           double timeout_s);
 
   // The (transport, device) pairs UCX chose for this connection, e.g. ("tcp", "lo").
   std::vector<std::pair<std::string, std::string>> transports();
@@ -112,7 +112,7 @@ class Client {
   struct Op {
     uint64_t id = 0;
     MessageKind kind = MessageKind::kOpen;
-    int inflight = 0;       // UCX requests still using the caller's memory
+    int inflight = 0;  // UCX requests still using the caller's memory
     bool replied = false;
     bool finished = false;  // guarded by mutex_
     Status status = Status::kOk;
@@ -127,8 +127,8 @@ class Client {
   };
   using OpPtr = std::shared_ptr<Op>;
 
-  static ucs_status_t on_message(void* arg, const void* header, size_t header_length,
-                                 void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_message(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
   static void on_send_done(void* request, ucs_status_t status, void* user_data);
   static void on_recv_done(void* request, ucs_status_t status, size_t length, void* user_data);

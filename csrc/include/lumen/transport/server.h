@@ -23,7 +23,7 @@ struct ServerOptions {
   std::string secret;
   std::string tls;
   WireLimits limits;
-  bool verify_records = true;  // recompute each record's crc32c on receipt
+  bool verify_records = true;         // recompute each record's crc32c on receipt
   double handshake_timeout_s = 10.0;  // connections not authenticated by then are dropped
 };
 
@@ -34,17 +34,17 @@ struct ServerStats {
   uint64_t handshakes_ok = 0;
   uint64_t handshakes_failed = 0;
   uint64_t handshake_timeouts = 0;
-  uint64_t malformed = 0;         // messages that failed validation (connection dropped)
-  uint64_t unauthenticated = 0;   // messages before the handshake (connection dropped)
+  uint64_t malformed = 0;        // messages that failed validation (connection dropped)
+  uint64_t unauthenticated = 0;  // messages before the handshake (connection dropped)
   uint64_t bad_capability = 0;
   uint64_t stale_epoch = 0;
-  uint64_t rejected = 0;          // refused by the sink: not open, gap, unknown checkpoint
+  uint64_t rejected = 0;  // refused by the sink: not open, gap, unknown checkpoint
   uint64_t conflicts = 0;
-  uint64_t crc_failures = 0;      // appends whose records did not match their crcs
+  uint64_t crc_failures = 0;  // appends whose records did not match their crcs
   uint64_t appends_committed = 0;
-  uint64_t appends_aborted = 0;   // failed in flight (peer gone) or after a failed append
+  uint64_t appends_aborted = 0;  // failed in flight (peer gone) or after a failed append
   uint64_t tokens_committed = 0;
-  uint64_t bytes_received = 0;    // payload bytes of committed appends
+  uint64_t bytes_received = 0;  // payload bytes of committed appends
   uint64_t opens = 0;
   uint64_t releases = 0;
   uint64_t reads = 0;
@@ -77,15 +77,15 @@ class Server {
     WireHeader header;
     AppendTarget target;
     std::vector<ucp_dt_iov_t> iov;  // token ids, crcs, then the record pieces
-    Status failure = Status::kOk;  // why the payload did not arrive intact
-    bool receiving = false;        // UCX is still writing into target
-    bool settled = false;          // the sender has its answer
+    Status failure = Status::kOk;   // why the payload did not arrive intact
+    bool receiving = false;         // UCX is still writing into target
+    bool settled = false;           // the sender has its answer
   };
 
   static void on_conn_request(ucp_conn_request_h request, void* arg);
   static void on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t status);
-  static ucs_status_t on_message(void* arg, const void* header, size_t header_length,
-                                 void* data, size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_message(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param);
   static void on_append_received(void* request, ucs_status_t status, size_t length,
                                  void* user_data);
 

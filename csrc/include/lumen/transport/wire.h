@@ -60,13 +60,13 @@ constexpr uint16_t kMaxKind = 10;
 // Reply status codes; also the codes of TransportError. Values are part of the wire format.
 enum class Status : uint32_t {
   kOk = 0,
-  kRejected = 1,     // unauthenticated, bad capability, not open, gap, limit, unknown request
-  kConflict = 2,     // overlapping append whose crcs differ, or open with other fingerprints
-  kStaleEpoch = 3,   // epoch older than the one recorded for the request
-  kMalformed = 4,    // the message failed validation
-  kPeerGone = 5,     // the connection failed or was closed
-  kTimeout = 6,      // the deadline passed
-  kAborted = 7,      // an earlier append of the same checkpoint failed; resend from durable
+  kRejected = 1,    // unauthenticated, bad capability, not open, gap, limit, unknown request
+  kConflict = 2,    // overlapping append whose crcs differ, or open with other fingerprints
+  kStaleEpoch = 3,  // epoch older than the one recorded for the request
+  kMalformed = 4,   // the message failed validation
+  kPeerGone = 5,    // the connection failed or was closed
+  kTimeout = 6,     // the deadline passed
+  kAborted = 7,     // an earlier append of the same checkpoint failed; resend from durable
 };
 const char* status_name(Status status);
 const char* kind_name(MessageKind kind);

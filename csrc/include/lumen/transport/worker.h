@@ -38,8 +38,7 @@ class Worker {
   // and must leave no UCX request outstanding (it may progress the worker itself). While
   // busy() (called on the thread) holds, the thread polls instead of sleeping. tick runs on
   // the thread about every kTickMs, busy or idle.
-  void start(std::function<void()> on_stop, std::function<bool()> busy,
-             std::function<void()> tick);
+  void start(std::function<void()> on_stop, std::function<bool()> busy, std::function<void()> tick);
   static constexpr int kTickMs = 50;
   // Stops and joins the progress thread (idempotent).
   void stop();
