@@ -7,6 +7,7 @@ numpy integers count as ints because ids and counts often come out of numpy arra
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import TypeVar
 
@@ -49,7 +50,7 @@ def check_number(
     number = float(value)
     if positive and not number > 0:
         raise ValueError(f"`{name}` must be > 0, got {value}")
-    if number != number or (low is not None and number < low) or (high is not None and number > high):
+    if math.isnan(number) or (low is not None and number < low) or (high is not None and number > high):
         raise ValueError(f"`{name}` must be {_bounds(low, high)}, got {value}")
     return number
 

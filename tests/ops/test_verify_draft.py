@@ -570,7 +570,7 @@ VERIFY_HEADER = Path(__file__).parents[2] / "csrc" / "include" / "lumen" / "veri
     "enum", [verify.ScalarType, verify.TargetKind, verify.DraftKind, verify.VerifyStatus]
 )
 def test_enums_name_the_headers_values(enum):
-    body = re.search(rf"enum class {enum.__name__} : \w+ {{(.*?)}};", VERIFY_HEADER.read_text(), re.S)
+    body = re.search(rf"enum class {enum.__name__} : \w+ {{(.*?)}};", VERIFY_HEADER.read_text(), re.DOTALL)
     assert body is not None, f"lumen::{enum.__name__} not found in {VERIFY_HEADER}"
     values = {
         re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).upper(): int(value)
