@@ -13,7 +13,7 @@ import pytest
 
 import lumen_core
 from lumen_core.cli import main
-from lumen_core.gateway.auth import read_secret_file
+from lumen_core.auth import read_secret_file
 from lumen_core.gateway.client import GatewayClient
 
 pytestmark = pytest.mark.timeout(60)

@@ -8,7 +8,7 @@ import pytest
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.auth import issue_capability
+from lumen_core.auth import issue_capability
 from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
 from lumen_core.gateway.coordinator import (
     ASSIST_DRAFT,
@@ -352,13 +352,13 @@ def test_server_and_client_validation(start_gateway, connect):
         GatewayServer(GatewayConfig(), SECRET, host=127)
     with pytest.raises(ValueError, match=r"port must be an int in \[0, 65535\], got 70000"):
         GatewayServer(GatewayConfig(), SECRET, port=70000)
-    with pytest.raises(ValueError, match="secret must be given: there is no default cluster secret"):
+    with pytest.raises(ValueError, match="`secret` must be given, got None: there is no default cluster secret"):
         GatewayServer(GatewayConfig(), None)
     with pytest.raises(TypeError, match="address must be a str, got int"):
         GatewayClient(5, SECRET)
     with pytest.raises(ValueError, match="timeout_s must be a number > 0, got 0"):
         GatewayClient("127.0.0.1:1", SECRET, timeout_s=0)
-    with pytest.raises(ValueError, match="secret must be given"):
+    with pytest.raises(ValueError, match="`secret` must be given"):
         GatewayClient("127.0.0.1:1", None)
     with pytest.raises(ValueError, match="state must be 'serving' or 'recovering', got 'failed'"):
         state_to_pb("failed")

@@ -21,7 +21,7 @@ import grpc
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.auth import AUTH_METADATA_KEY, check_secret, sign_call
+from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
 from lumen_core.gateway.coordinator import SERVING, Directive, HeldReport, RunningReport
 from lumen_core.gateway.protocol import (
     directive_from_pb,

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lumen_core.gateway.auth import check_secret, issue_capability
+from lumen_core.auth import check_secret, issue_capability
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import AssistConfig, GainFn, make_acceptance_gain
 from lumen_core.policy.events import (

@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
+from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
 from lumen_core.gateway.coordinator import (
     Coordinator,
     GatewayConfig,

@@ -54,7 +54,7 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from lumen_core.gateway.auth import read_secret_file
+    from lumen_core.auth import read_secret_file
     from lumen_core.gateway.client import GatewayError
     from lumen_core.gateway.coordinator import RECOVERING, SERVING
     from lumen_core.worker.process import Worker, WorkerConfig
