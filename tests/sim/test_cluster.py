@@ -170,7 +170,7 @@ def test_validation():
     huge = poisson_workload(1.0, 2, (400_000, 400_000), (1, 1), 0)
     with pytest.raises(ValueError, match="must fit one worker's KV cache"):
         ClusterSim(SMALL, huge, preset("S&R"))
-    with pytest.raises(ValueError, match="name must be one of"):
+    with pytest.raises(ValueError, match="`name` must be one of"):
         preset("nope")
 
 

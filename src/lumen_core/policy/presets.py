@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lumen_core._validate import check_instance
 from lumen_core.policy.assist import AssistConfig, GainFn, SpecAssistPlanner, make_acceptance_gain
 from lumen_core.policy.placement import FixedNeighbour, LoadAware, NoCheckpoint, Placement, PlacementConfig
 from lumen_core.policy.routing import AllToHolder, LocalityAware, Rebalance, Router, RouterConfig
@@ -42,8 +43,7 @@ def make_policy(
     DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)``. Raises TypeError for a non-str name, ValueError
     for an unknown one.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    check_instance("name", name, str)
     if name == "S&R":
         return PolicySet(name, NoCheckpoint(), Rebalance(), None)
     if name == "FC":
@@ -53,4 +53,4 @@ def make_policy(
             gain_fn = make_acceptance_gain(DEFAULT_ACCEPTANCE_RATE, DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)
         planner = SpecAssistPlanner(assist_config, gain_fn)
         return PolicySet(name, LoadAware(placement_config), LocalityAware(router_config), planner)
-    raise ValueError(f"name must be one of {', '.join(POLICY_NAMES)}, got {name!r}")
+    raise ValueError(f"`name` must be one of {', '.join(POLICY_NAMES)}, got {name!r}")
