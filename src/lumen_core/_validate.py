@@ -50,7 +50,10 @@ def check_number(
     number = float(value)
     if positive and not number > 0:
         raise ValueError(f"`{name}` must be > 0, got {value}")
-    if math.isnan(number) or (low is not None and number < low) or (high is not None and number > high):
+    if low is None and high is None:
+        if math.isnan(number):
+            raise ValueError(f"`{name}` must be a number other than NaN, got {value}")
+    elif math.isnan(number) or (low is not None and number < low) or (high is not None and number > high):
         raise ValueError(f"`{name}` must be {_bounds(low, high)}, got {value}")
     return number
 
