@@ -98,14 +98,6 @@ def test_secret_file_is_private_random_and_never_overwritten(tmp_path):
         write_secret_file(tmp_path / "short.secret", num_bytes=8)
 
 
-def test_the_transport_reads_the_secret_file_the_gateway_writes(tmp_path):
-    from lumen_core.transport import read_secret_file as transport_read_secret_file
-
-    path = tmp_path / "cluster.secret"
-    secret = write_secret_file(path)
-    assert transport_read_secret_file(path) == secret == read_secret_file(path)
-
-
 def test_secret_file_refused_when_others_can_read_it_or_it_is_short(tmp_path):
     path = tmp_path / "open.secret"
     path.write_bytes(SECRET)

@@ -49,7 +49,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "gateway": {"_validate", "auth", "metrics", "policy", "sim.eventlog"},
         "worker": {"_validate", "auth", "engine", "gateway", "metrics", "policy", "sim", "stream"},
         # entry points
-        "cli": {"gateway", "policy", "sim", "stream", "transport", "worker"},
+        "cli": {"auth", "gateway", "policy", "sim", "stream", "transport", "worker"},
         "__init__": {"_native", "policy"},
     }.items()
 }

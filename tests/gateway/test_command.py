@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import lumen_core
-from lumen_core.cli import main
 from lumen_core.auth import read_secret_file
+from lumen_core.cli import main
 from lumen_core.gateway.client import GatewayClient
 
 pytestmark = pytest.mark.timeout(60)

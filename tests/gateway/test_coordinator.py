@@ -19,9 +19,9 @@ from lumen_core.gateway.coordinator import (
     RunningReport,
     StaleEpochError,
 )
-from lumen_core.policy.placement import PlacementConfig
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
+from lumen_core.policy.placement import PlacementConfig
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -6,9 +6,9 @@ import urllib.request
 import grpc
 import pytest
 
+from lumen_core.auth import issue_capability
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.auth import issue_capability
 from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
 from lumen_core.gateway.coordinator import (
     ASSIST_DRAFT,

@@ -19,8 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lumen_core.engine import ModelConfig, build_draft_pair, save_model
 from lumen_core.auth import read_secret_file, write_secret_file
+from lumen_core.engine import ModelConfig, build_draft_pair, save_model
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.coordinator import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
