@@ -94,9 +94,7 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
     file = Path(path)
     mode = file.stat().st_mode
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(
-            f"secret file must be accessible by its owner only (0600), got {oct(mode & 0o777)}"
-        )
+        raise PermissionError(f"`path` must be accessible by its owner only (0600), got {oct(mode & 0o777)}")
     return check_secret(file.read_bytes())
 
 
