@@ -15,6 +15,10 @@ import numpy as np
 
 T = TypeVar("T")
 
+# Bounds of the u32 and u64 fields of the wire formats (request ids, shards, epochs).
+U32_MAX = 2**32 - 1
+U64_MAX = 2**64 - 1
+
 
 def _bounds(low: float | None, high: float | None) -> str:
     if low is not None and high is not None:

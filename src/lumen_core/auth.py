@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from lumen_core._validate import check_bytes, check_int, check_number
+from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_int, check_number
 
 __all__ = [
     "AUTH_METADATA_KEY",
@@ -59,8 +59,6 @@ SECRET_FILE_BYTES = 32
 _MAX_SECRET_FILE_BYTES = 1 << 20
 _MAC_BYTES = 32
 _NONCE_BYTES = 16
-_U64_MAX = 2**64 - 1
-_U32_MAX = 2**32 - 1
 _MAX_REMEMBERED_NONCES = 4096
 
 
@@ -106,9 +104,9 @@ def issue_capability(secret: bytes, request_id: int, shard: int, epoch: int) -> 
     key = check_secret(secret)
     message = _CAPABILITY_LABEL + struct.pack(
         "<QII",
-        check_int("request_id", request_id, 0, _U64_MAX),
-        check_int("shard", shard, 0, _U32_MAX),
-        check_int("epoch", epoch, 0, _U32_MAX),
+        check_int("request_id", request_id, 0, U64_MAX),
+        check_int("shard", shard, 0, U32_MAX),
+        check_int("epoch", epoch, 0, U32_MAX),
     )
     return hmac.new(key, message, hashlib.sha256).digest()
 
