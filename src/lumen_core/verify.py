@@ -263,6 +263,30 @@ def verify_draft(
     """
     target = check_tensor("target", target)
     draft_token_ids = check_tensor("draft_token_ids", draft_token_ids)
+    vocab_size = _check_target(target)
+    device = target.device
+    _check_device(draft_token_ids, "draft_token_ids", device)
+    layout = _verify_layout(target, draft_token_ids, num_draft_tokens)
+    num_requests = layout.num_draft_tokens.numel()
+    mask = _used_draft_mask(layout, draft_token_ids.shape)
+    _check_ids(draft_token_ids, "draft_token_ids", vocab_size, mask)
+    q = _check_draft_probs(draft_probs, draft_token_ids, vocab_size, mask)
+    temps = _verify_temperature(temperature, num_requests)
+    all_greedy = temps is not None and bool((temps == 0).all())
+    draws = _check_draws(uniforms, seeds, positions, target, layout, all_greedy=all_greedy)
+    if draft_token_ids.numel() == 0:
+        q = _DraftQ(DraftKind.ONE_HOT)  # no q is read
+    if num_requests == 0:
+        empty = torch.empty(0, dtype=torch.int64, device=device)
+        return VerifyResult(
+            torch.empty(0, layout.out_cols, dtype=torch.int64, device=device), empty, empty.clone()
+        )
+    return _run(target, draft_token_ids, layout, q, temps, draws, num_threads)
+
+
+def _check_target(target: torch.Tensor) -> int:
+    """The vocabulary size of a valid ``target``; ValueError for a dtype, size or device the
+    native paths do not take."""
     if target.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"`target` must be float16, bfloat16, float32 or float64, got {target.dtype}")
     vocab_size = target.shape[-1] if target.dim() else 0
@@ -270,58 +294,86 @@ def verify_draft(
         raise ValueError(
             f"`target` must have a vocabulary size in [1, {VERIFY_MAX_VOCAB_SIZE}], got {vocab_size}"
         )
-    device = target.device
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"`target` must be on the CPU or a CUDA device, got {device}")
-    _check_device(draft_token_ids, "draft_token_ids", device)
-    layout = _verify_layout(target, draft_token_ids, num_draft_tokens)
-    num_requests = layout.num_draft_tokens.numel()
-    mask = _used_draft_mask(layout, draft_token_ids.shape)
-    _check_ids(draft_token_ids, "draft_token_ids", vocab_size, mask)
-    compute_dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
+    if target.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"`target` must be on the CPU or a CUDA device, got {target.device}")
+    return vocab_size
 
-    draft_kind, dense_q, topk_ids, topk_probs = DraftKind.ONE_HOT, None, None, None
+
+@dataclass(frozen=True)
+class _DraftQ:
+    """The draft distribution as the native side takes it: ``probs`` dense ``[*, V]`` or
+    sparse ``[*, K]`` beside ``topk_ids``; neither for one-hot drafts."""
+
+    kind: DraftKind
+    probs: torch.Tensor | None = None
+    topk_ids: torch.Tensor | None = None
+
+
+def _check_draft_probs(
+    draft_probs: object, draft_token_ids: torch.Tensor, vocab_size: int, mask: torch.Tensor | None
+) -> _DraftQ:
+    device = draft_token_ids.device
+    if draft_probs is None:
+        return _DraftQ(DraftKind.ONE_HOT)
     if isinstance(draft_probs, torch.Tensor):
-        draft_kind = DraftKind.DENSE
         want = tuple(draft_token_ids.shape) + (vocab_size,)
         if tuple(draft_probs.shape) != want:
             raise ValueError(f"`draft_probs` must have shape {want}, got {tuple(draft_probs.shape)}")
         if draft_probs.dtype not in _FLOAT_DTYPES:
             raise ValueError(f"`draft_probs` must be a float tensor, got {draft_probs.dtype}")
         _check_device(draft_probs, "draft_probs", device)
-        dense_q = draft_probs
-    elif isinstance(draft_probs, tuple):
-        if len(draft_probs) != 2 or not all(isinstance(x, torch.Tensor) for x in draft_probs):
-            raise TypeError("`draft_probs` must be None, a tensor or a tuple (ids, probs) of tensors")
-        draft_kind = DraftKind.SPARSE
-        topk_ids, topk_probs = draft_probs
-        _check_device(topk_ids, "draft_probs ids", device)
-        _check_device(topk_probs, "draft_probs probs", device)
-        lead = tuple(draft_token_ids.shape)
-        if (
-            topk_ids.dim() != len(lead) + 1
-            or tuple(topk_ids.shape[:-1]) != lead
-            or topk_ids.shape != topk_probs.shape
-            or topk_ids.shape[-1] < 1
-        ):
-            raise ValueError(
-                f"`draft_probs` (ids, probs) must both have shape {lead + ('K',)} with K >= 1, "
-                f"got {tuple(topk_ids.shape)} and {tuple(topk_probs.shape)}"
-            )
-        if topk_probs.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"`draft_probs` sparse probs must be a float tensor, got {topk_probs.dtype}")
-        _check_ids(topk_ids, "draft_probs ids", vocab_size, mask)
-        used_ids = topk_ids.detach().cpu()
-        sorted_ids = (used_ids if mask is None else used_ids[mask]).sort(dim=-1).values
-        if bool((sorted_ids[..., 1:] == sorted_ids[..., :-1]).any()):
-            raise ValueError("`draft_probs` ids must be distinct within each draft row, got a duplicate")
-    elif draft_probs is not None:
+        return _DraftQ(DraftKind.DENSE, draft_probs)
+    if not isinstance(draft_probs, tuple):
         raise TypeError(
             f"`draft_probs` must be None, a tensor or a tuple (ids, probs), got {type(draft_probs).__name__}"
         )
+    if len(draft_probs) != 2 or not all(isinstance(x, torch.Tensor) for x in draft_probs):
+        raise TypeError("`draft_probs` must be None, a tensor or a tuple (ids, probs) of tensors")
+    topk_ids, topk_probs = draft_probs
+    _check_device(topk_ids, "draft_probs ids", device)
+    _check_device(topk_probs, "draft_probs probs", device)
+    lead = tuple(draft_token_ids.shape)
+    if (
+        topk_ids.dim() != len(lead) + 1
+        or tuple(topk_ids.shape[:-1]) != lead
+        or topk_ids.shape != topk_probs.shape
+        or topk_ids.shape[-1] < 1
+    ):
+        raise ValueError(
+            f"`draft_probs` (ids, probs) must both have shape {lead + ('K',)} with K >= 1, "
+            f"got {tuple(topk_ids.shape)} and {tuple(topk_probs.shape)}"
+        )
+    if topk_probs.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"`draft_probs` sparse probs must be a float tensor, got {topk_probs.dtype}")
+    _check_ids(topk_ids, "draft_probs ids", vocab_size, mask)
+    used_ids = topk_ids.detach().cpu()
+    sorted_ids = (used_ids if mask is None else used_ids[mask]).sort(dim=-1).values
+    if bool((sorted_ids[..., 1:] == sorted_ids[..., :-1]).any()):
+        raise ValueError("`draft_probs` ids must be distinct within each draft row, got a duplicate")
+    return _DraftQ(DraftKind.SPARSE, topk_probs, topk_ids)
 
-    temps = _verify_temperature(temperature, num_requests)
-    all_greedy = temps is not None and bool((temps == 0).all())
+
+@dataclass(frozen=True)
+class _Draws:
+    """Where the uniforms come from: explicit ``uniforms``, or Philox ``seeds``/``positions``."""
+
+    uniforms: torch.Tensor | None = None
+    seeds: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+
+
+def _check_draws(
+    uniforms: object,
+    seeds: object,
+    positions: object,
+    target: torch.Tensor,
+    layout: _VerifyLayout,
+    *,
+    all_greedy: bool,
+) -> _Draws:
+    """The validated source of uniforms. Greedy verification draws none: zero seeds and
+    positions stand in when the caller gave neither."""
+    device, num_requests = target.device, layout.num_draft_tokens.numel()
     if uniforms is not None and (seeds is not None or positions is not None):
         raise ValueError("`uniforms` must be None when `seeds`/`positions` are given, got both")
     if uniforms is not None:
@@ -334,51 +386,58 @@ def verify_draft(
             )
         if uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
             raise ValueError("`uniforms` must be in [0, 1), got a value outside")
-    elif seeds is None and positions is None and all_greedy:
-        seeds = torch.zeros(num_requests, dtype=torch.int64, device=device)
-        positions = torch.zeros(num_requests, dtype=torch.int64, device=device)
-    elif seeds is None or positions is None:
+        return _Draws(uniforms=uniforms)
+    if seeds is None and positions is None and all_greedy:
+        zeros = torch.zeros(num_requests, dtype=torch.int64, device=device)
+        return _Draws(seeds=zeros, positions=zeros)
+    if seeds is None or positions is None:
         raise ValueError("`seeds` and `positions` must both be given when `uniforms` is None, got a None")
-    if uniforms is None:
-        seeds = check_tensor("seeds", seeds)
-        positions = check_tensor("positions", positions)
-        for name, x in (("seeds", seeds), ("positions", positions)):
-            _check_device(x, name, device)
-            if x.dtype not in _ID_DTYPES or tuple(x.shape) != (num_requests,):
-                raise ValueError(
-                    f"`{name}` must be int32/int64 of shape ({num_requests},), got {x.dtype} {tuple(x.shape)}"
-                )
-        if (
-            positions.numel()
-            and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols
-        ):
+    seeds = check_tensor("seeds", seeds)
+    positions = check_tensor("positions", positions)
+    for name, x in (("seeds", seeds), ("positions", positions)):
+        _check_device(x, name, device)
+        if x.dtype not in _ID_DTYPES or tuple(x.shape) != (num_requests,):
             raise ValueError(
-                f"`positions` must be in [0, 2**63 - {layout.out_cols}), "
-                f"got [{int(positions.min())}, {int(positions.max())}]"
+                f"`{name}` must be int32/int64 of shape ({num_requests},), got {x.dtype} {tuple(x.shape)}"
             )
+    if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols:
+        raise ValueError(
+            f"`positions` must be in [0, 2**63 - {layout.out_cols}), "
+            f"got [{int(positions.min())}, {int(positions.max())}]"
+        )
+    return _Draws(seeds=seeds, positions=positions)
 
-    if draft_token_ids.numel() == 0:
-        draft_kind, dense_q, topk_ids, topk_probs = DraftKind.ONE_HOT, None, None, None  # no q is read
-    out_cols = layout.out_cols
-    if num_requests == 0:
-        empty = torch.empty(0, dtype=torch.int64, device=device)
-        return VerifyResult(torch.empty(0, out_cols, dtype=torch.int64, device=device), empty, empty.clone())
+
+def _run(
+    target: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    layout: _VerifyLayout,
+    q: _DraftQ,
+    temps: torch.Tensor | None,
+    draws: _Draws,
+    num_threads: int | None,
+) -> VerifyResult:
+    """Move the validated inputs to the target's device in the dtypes of VerifyDraftArgs, run
+    the native op there, and raise for the first request whose status is not OK."""
+    device = target.device
+    compute_dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
+    num_requests, out_cols = layout.num_draft_tokens.numel(), layout.out_cols
 
     def on_device(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
         return None if x is None else to_device(x, device, dtype)
 
-    keep = {
+    keep = {  # referenced until the op is done: the native side holds their addresses only
         "target": on_device(target, compute_dtype),
         "num_draft_tokens": on_device(layout.num_draft_tokens, torch.int64),
         "target_row_start": on_device(layout.target_row_start, torch.int64),
         "draft_start": on_device(layout.draft_start, torch.int64),
         "draft_token_ids": on_device(draft_token_ids.reshape(-1), torch.int64),
-        "draft_probs": on_device(dense_q if dense_q is not None else topk_probs, compute_dtype),
-        "draft_topk_ids": on_device(topk_ids, torch.int64),
+        "draft_probs": on_device(q.probs, compute_dtype),
+        "draft_topk_ids": on_device(q.topk_ids, torch.int64),
         "temperature": on_device(temps, torch.float64),
-        "uniforms": on_device(uniforms, torch.float64),
-        "seeds": on_device(seeds, torch.int64) if uniforms is None else None,
-        "positions": on_device(positions, torch.int64) if uniforms is None else None,
+        "uniforms": on_device(draws.uniforms, torch.float64),
+        "seeds": on_device(draws.seeds, torch.int64),
+        "positions": on_device(draws.positions, torch.int64),
     }
     output_token_ids = torch.empty(num_requests, out_cols, dtype=torch.int64, device=device)
     num_accepted = torch.empty(num_requests, dtype=torch.int64, device=device)
@@ -393,10 +452,10 @@ def verify_draft(
         out_cols=out_cols,
         dtype=ScalarType.FLOAT32 if compute_dtype == torch.float32 else ScalarType.FLOAT64,
         target_kind=TargetKind.PROBS if temps is None else TargetKind.LOGITS,
-        draft_kind=draft_kind,
+        draft_kind=q.kind,
         num_requests=num_requests,
-        vocab_size=vocab_size,
-        topk=0 if topk_ids is None else topk_ids.shape[-1],
+        vocab_size=target.shape[-1],
+        topk=0 if q.topk_ids is None else q.topk_ids.shape[-1],
         sum_tolerance=VERIFY_SUM_TOLERANCE,
     )
     if device.type == "cuda":
