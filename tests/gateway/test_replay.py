@@ -31,7 +31,7 @@ from lumen_core.policy.events import (
 )
 from lumen_core.policy.presets import POLICY_NAMES, make_policy
 from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, preset
-from lumen_core.sim.eventlog import EventLog, read_event_log
+from lumen_core.eventlog import EventLog, read_event_log
 from lumen_core.sim.experiments import load_config_for
 from lumen_core.sim.workload import poisson_workload
 
@@ -167,7 +167,7 @@ def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_p
     from lumen_core.gateway.coordinator import HeldReport
     from lumen_core.gateway.server import GatewayServer
     from lumen_core.policy.load import LoadConfig
-    from lumen_core.sim.eventlog import replay_event_log
+    from lumen_core.eventlog import replay_event_log
 
     path = tmp_path / "gateway.jsonl"
     log = EventLog.open(path)

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from lumen_core.policy.events import PlacementDecision, RecoveryAction, RequestAdmitted, RouteDecision
 from lumen_core.policy.presets import POLICY_NAMES
 from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, combination, preset
-from lumen_core.sim.eventlog import EventLog, read_event_log, replay_event_log
+from lumen_core.eventlog import EventLog, read_event_log, replay_event_log
 from lumen_core.sim.experiments import load_config_for
 from lumen_core.sim.workload import load_trace, poisson_workload
 
@@ -185,7 +185,7 @@ def test_whole_trace_runs_at_64_workers_without_loss():
 def test_event_log_validation(tmp_path):
     import io
 
-    from lumen_core.sim.eventlog import from_json, to_json
+    from lumen_core.eventlog import from_json, to_json
 
     decision = RouteDecision(3, 1, RecoveryAction.RESTORE, 2, 100, "r")
     assert from_json(to_json(decision)) == decision

@@ -13,7 +13,7 @@ the same events: admission ``apply(RequestAdmitted)`` then ``place``; a failure 
 ``route(w)`` followed by ``place`` of every re-routed request left without a holder, then
 ``replace(w)`` for each; a restarted worker ``apply(WorkerRecovering)`` then ``pair`` (again at
 its heartbeats while unpaired); its full model loaded: ``finish`` then ``apply(WorkerJoined)``.
-With an ``EventLog`` (``sim.eventlog``) it writes every event, call and gain query in the
+With an ``EventLog`` (``lumen_core.eventlog``) it writes every event, call and gain query in the
 simulator's format.
 
 Epochs: each registration of a worker gets a new worker epoch (above any it reports having
@@ -58,7 +58,7 @@ from lumen_core.policy.presets import (
     make_policy,
 )
 from lumen_core.policy.routing import RouterConfig
-from lumen_core.sim.eventlog import EventLog
+from lumen_core.eventlog import EventLog
 
 SERVING = "serving"
 RECOVERING = "recovering"

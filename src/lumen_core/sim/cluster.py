@@ -45,8 +45,8 @@ from lumen_core.policy.load import LoadConfig, LoadMonitor
 from lumen_core.policy.placement import FixedNeighbour, LoadAware, PlacementConfig
 from lumen_core.policy.presets import PolicySet, make_policy
 from lumen_core.policy.routing import AllToHolder, LocalityAware, RouterConfig
-from lumen_core.sim.cost import CostConfig, CostModel
-from lumen_core.sim.eventlog import EventLog
+from lumen_core.cost import CostConfig, CostModel
+from lumen_core.eventlog import EventLog
 from lumen_core.sim.workload import Workload
 
 # Request phases.

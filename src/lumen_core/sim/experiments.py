@@ -33,7 +33,7 @@ from lumen_core.sim.cluster import (
     combination,
     preset,
 )
-from lumen_core.sim.eventlog import EventLog
+from lumen_core.eventlog import EventLog
 from lumen_core.sim.workload import Workload, load_trace, poisson_workload
 
 # Calibrated once with `calibrate_rate(proto_config(4), load_trace())` (bisection, 14 steps in
