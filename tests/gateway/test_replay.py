@@ -19,7 +19,8 @@ from collections import deque
 
 import pytest
 
-from lumen_core.gateway.coordinator import RECOVERING, SERVING, Coordinator, GatewayConfig
+from lumen_core.eventlog import EventLog, read_event_log
+from lumen_core.gateway.coordinator import Coordinator, GatewayConfig
 from lumen_core.policy.events import (
     CheckpointGrew,
     Heartbeat,
@@ -28,10 +29,10 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.presets import POLICY_NAMES, make_policy
 from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, preset
-from lumen_core.eventlog import EventLog, read_event_log
 from lumen_core.sim.experiments import load_config_for
 from lumen_core.sim.workload import poisson_workload
 
@@ -77,12 +78,12 @@ def replay_through_coordinator(sim_path, policy, load_config, out_path) -> Coord
                 coordinator.register(
                     now_s,
                     event.worker_id,
-                    state=SERVING,
+                    state=WorkerState.SERVING,
                     budget_bytes=event.budget_bytes,
                     domain=event.domain,
                 )
             elif isinstance(event, WorkerRecovering):
-                coordinator.register(now_s, event.worker_id, state=RECOVERING)
+                coordinator.register(now_s, event.worker_id, state=WorkerState.RECOVERING)
             elif isinstance(event, WorkerFailed):
                 failed = [event.worker_id]
                 while records[i]["op"] == "event" and isinstance(records[i]["event"], WorkerFailed):
@@ -163,11 +164,11 @@ def test_a_different_policy_disagrees_so_the_replay_can_fail(tmp_path):
 def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_path):
     """The other direction: the log a live gateway writes (gRPC, real clients, a failure and an
     assist pairing) replays through ``sim.eventlog.replay_event_log`` to the same decisions."""
+    from lumen_core.eventlog import replay_event_log
     from lumen_core.gateway.client import GatewayClient
     from lumen_core.gateway.coordinator import HeldReport
     from lumen_core.gateway.server import GatewayServer
     from lumen_core.policy.load import LoadConfig
-    from lumen_core.eventlog import replay_event_log
 
     path = tmp_path / "gateway.jsonl"
     log = EventLog.open(path)
@@ -185,7 +186,7 @@ def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_p
                 held = [HeldReport(d.request_id, 1, 50) for d in directives if d.kind == "hold"]
                 worker.heartbeat(num_running=2, held=held)
             assert client.report_exit(0, 1, "SIGKILL")
-            workers[0].register(0, state=RECOVERING)
+            workers[0].register(0, state=WorkerState.RECOVERING)
             workers[0].heartbeat(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)
             workers[0].model_loaded(budget_bytes=1 << 36)
             for stream in streams:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lumen_core.eventlog import EventLog
 from lumen_core.gateway.auth import check_secret, issue_capability
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import AssistConfig, GainFn, make_acceptance_gain
@@ -48,6 +49,7 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.load import LoadConfig, LoadMonitor
 from lumen_core.policy.placement import PlacementConfig
@@ -58,11 +60,7 @@ from lumen_core.policy.presets import (
     make_policy,
 )
 from lumen_core.policy.routing import RouterConfig
-from lumen_core.eventlog import EventLog
 
-SERVING = "serving"
-RECOVERING = "recovering"
-FAILED = "failed"
 COVERAGE_SLACK_TOKENS = 16  # as the simulator: a checkpoint may trail its request by a few tokens
 
 # Directive kinds (lumen.proto's Directive.Kind, lower case).
@@ -241,7 +239,7 @@ class GatewayMetrics:
     worker_load: dict[int, float]
     worker_queue_depth: dict[int, int]
     worker_held_bytes: dict[int, int]
-    worker_state: dict[int, str]
+    worker_state: dict[int, WorkerState]
 
 
 class _Worker:
@@ -263,7 +261,7 @@ class _Worker:
     ) -> None:
         self.worker_id = worker_id
         self.epoch = epoch
-        self.state = SERVING
+        self.state = WorkerState.SERVING
         self.lease_deadline_s = lease_deadline_s
         self.holder_address = address
         self.num_shards = num_shards
@@ -402,7 +400,7 @@ class Coordinator:
 
     # ---- directives ------------------------------------------------------------------------
     def _send(self, worker_id: int, directive: Directive) -> None:
-        if worker_id in self._workers and self._workers[worker_id].state != FAILED:
+        if worker_id in self._workers and self._workers[worker_id].state != WorkerState.FAILED:
             self._directives.setdefault(worker_id, []).append(directive)
 
     def take_directives(self, worker_id: int) -> list[Directive]:
@@ -444,7 +442,7 @@ class Coordinator:
         now_s: float,
         worker_id: int,
         *,
-        state: str = SERVING,
+        state: str = WorkerState.SERVING,
         budget_bytes: int = 0,
         domain: str = "",
         holder_address: str = "",
@@ -453,17 +451,17 @@ class Coordinator:
         running: Sequence[RunningReport] = (),
         held: Sequence[HeldReport] = (),
     ) -> Registration:
-        """A worker process starts (SERVING or RECOVERING) or re-registers with a restarted
+        """A worker process starts (serving or recovering) or re-registers with a restarted
         gateway, reporting what it runs and holds. A live earlier incarnation is failed first
         (its process restarted before its lease expired). Returns the new epoch and, for a
         recovering worker, its assist pairing."""
         worker_id = _check_id("worker_id", worker_id)
-        if state not in (SERVING, RECOVERING):
-            raise ValueError(f"state must be 'serving' or 'recovering', got {state!r}")
+        if state not in (WorkerState.SERVING, WorkerState.RECOVERING):
+            raise ValueError(f"state must be 'serving' or 'recovering', got {str(state)!r}")
         num_shards = _check_id("num_shards", num_shards)
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-        if state == RECOVERING and running:
+        if state == WorkerState.RECOVERING and running:
             raise ValueError(f"running must be empty for a recovering worker, got {len(running)} requests")
         _check_id("budget_bytes", budget_bytes)
         if not isinstance(domain, str) or not isinstance(holder_address, str):
@@ -472,7 +470,7 @@ class Coordinator:
                 f"{type(holder_address).__name__}"
             )
         old = self._workers.get(worker_id)
-        if old is not None and old.state != FAILED:
+        if old is not None and old.state != WorkerState.FAILED:
             self.fail(
                 now_s, [worker_id], cause=f"worker {worker_id} registered again (epoch {old.epoch} is gone)"
             )
@@ -482,10 +480,10 @@ class Coordinator:
         self._directives.pop(worker_id, None)
         known = worker_id in self.monitor.worker_ids()
         assist = None
-        if state == SERVING:
+        if state == WorkerState.SERVING:
             self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
         else:
-            worker.state = RECOVERING
+            worker.state = WorkerState.RECOVERING
             if not known:  # a restarted gateway meets a worker that is mid-recovery
                 self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
                 self._apply(WorkerFailed(now_s, worker_id))
@@ -533,7 +531,7 @@ class Coordinator:
             report.epoch != request.epoch
             or holder_id == request.worker_id
             or holder_id in view.holder_ids
-            or self._workers[holder_id].state != SERVING
+            or self._workers[holder_id].state != WorkerState.SERVING
         ):
             self._send(
                 holder_id, Directive(RELEASE, request_id=request.request_id, reason="stale checkpoint")
@@ -567,13 +565,13 @@ class Coordinator:
             )
         if epoch != worker.epoch:
             return LeaseStatus(True, False, f"epoch {epoch} is stale (current epoch {worker.epoch})")
-        if worker.state == FAILED:
+        if worker.state == WorkerState.FAILED:
             return LeaseStatus(True, False, worker.fence_reason)
         worker.lease_deadline_s = now_s + self.config.lease_s
         return LeaseStatus(False, False, "")
 
     def report_load(self, now_s: float, worker_id: int, num_running: int, num_waiting: int) -> None:
-        if self._workers[worker_id].state == SERVING:
+        if self._workers[worker_id].state == WorkerState.SERVING:
             self._apply(Heartbeat(now_s, worker_id, num_running, num_waiting))
 
     def report_checkpoint(
@@ -604,7 +602,7 @@ class Coordinator:
         if holder_id in self.monitor.refused_by(request_id):
             return None  # reported again (a heartbeat whose reply was lost): handled already
         self._apply(CheckpointRefused(now_s, request_id, holder_id))
-        if self._workers[request.worker_id].state != SERVING:
+        if self._workers[request.worker_id].state != WorkerState.SERVING:
             return None
         decision = self._place(request_id)
         if decision.new_holder_ids:
@@ -638,7 +636,7 @@ class Coordinator:
         """A recovering worker's heartbeat: pair it if unpaired, record its cumulative draft
         counters; returns the draft length for its next steps (0 when it assists nobody)."""
         worker = self._workers[worker_id]
-        if worker.state != RECOVERING or self.policy.planner is None:
+        if worker.state != WorkerState.RECOVERING or self.policy.planner is None:
             return 0
         if accepted > proposed:
             raise ValueError(f"accepted must be <= proposed, got {accepted} > {proposed}")
@@ -657,7 +655,7 @@ class Coordinator:
         worker_id: int,
         epoch: int,
         *,
-        state: str = SERVING,
+        state: str = WorkerState.SERVING,
         num_running: int = 0,
         num_waiting: int = 0,
         held_bytes: int = 0,
@@ -676,8 +674,8 @@ class Coordinator:
         worker = self._workers[worker_id]
         if state != worker.state:
             raise ValueError(
-                f"state must be the registered state {worker.state!r} (ModelLoaded switches over), "
-                f"got {state!r}"
+                f"state must be the registered state {str(worker.state)!r} (ModelLoaded switches over), "
+                f"got {str(state)!r}"
             )
         worker.held_bytes = _check_id("held_bytes", held_bytes)
         self.report_load(now_s, worker_id, num_running, num_waiting)
@@ -702,9 +700,9 @@ class Coordinator:
         """Switch-over: a recovering worker's full model is loaded. Ends its assist pairing
         (the freed survivor is told) and it serves again with L = 0. Returns the survivor."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
-        if worker is None or epoch != worker.epoch or worker.state == FAILED:
+        if worker is None or epoch != worker.epoch or worker.state == WorkerState.FAILED:
             raise StaleEpochError(f"worker {worker_id} epoch {epoch} is not a live incarnation")
-        if worker.state != RECOVERING:
+        if worker.state != WorkerState.RECOVERING:
             raise ValueError(f"worker_id must be a recovering worker, got {worker_id} ({worker.state})")
         _check_id("budget_bytes", budget_bytes)
         if not isinstance(domain, str):
@@ -717,14 +715,16 @@ class Coordinator:
                 self._send(
                     freed, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant switched over")
                 )
-        worker.state = SERVING
+        worker.state = WorkerState.SERVING
         self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
         return freed
 
     def expire_leases(self, now_s: float) -> FailureOutcome | None:
         """Fail every live worker whose lease ran out (all detected together)."""
         expired = sorted(
-            w.worker_id for w in self._workers.values() if w.state != FAILED and w.lease_deadline_s < now_s
+            w.worker_id
+            for w in self._workers.values()
+            if w.state != WorkerState.FAILED and w.lease_deadline_s < now_s
         )
         if not expired:
             return None
@@ -736,7 +736,7 @@ class Coordinator:
         """A worker process exited. Fails that incarnation unless it is already failed or has
         been superseded (an older epoch): returns the outcome, or None."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
-        if worker is None or worker.epoch != epoch or worker.state == FAILED:
+        if worker is None or worker.epoch != epoch or worker.state == WorkerState.FAILED:
             return None
         return self.fail(now_s, [worker_id], cause=f"process exited{': ' + reason if reason else ''}")
 
@@ -748,12 +748,12 @@ class Coordinator:
         failed = [w for w in dict.fromkeys(_check_id("worker_ids", w) for w in worker_ids)]
         for worker_id in failed:
             worker = self._workers.get(worker_id)
-            if worker is None or worker.state == FAILED:
+            if worker is None or worker.state == WorkerState.FAILED:
                 raise ValueError(f"worker_ids must be live registered workers, got {worker_id}")
         planner = self.policy.planner
         for worker_id in failed:
             worker = self._workers[worker_id]
-            worker.state = FAILED
+            worker.state = WorkerState.FAILED
             worker.fence_reason = f"epoch {worker.epoch} fenced at {now_s:.3f}: {cause}"
             self._directives.pop(worker_id, None)
             if planner is not None:
@@ -941,7 +941,7 @@ class Coordinator:
     def check_worker_epoch(self, worker_id: int, worker_epoch: int) -> None:
         """Raise StaleEpochError unless (worker, epoch) is a live incarnation."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
-        if worker is None or worker.epoch != worker_epoch or worker.state == FAILED:
+        if worker is None or worker.epoch != worker_epoch or worker.state == WorkerState.FAILED:
             raise StaleEpochError(f"worker {worker_id} epoch {worker_epoch} is fenced")
 
     def finish_request(self, now_s: float, request_id: int) -> None:
@@ -988,7 +988,7 @@ class Coordinator:
     def worker_epoch(self, worker_id: int) -> int:
         return self._workers[_check_id("worker_id", worker_id)].epoch
 
-    def worker_state(self, worker_id: int) -> str:
+    def worker_state(self, worker_id: int) -> WorkerState:
         return self._workers[_check_id("worker_id", worker_id)].state
 
     def worker_ids(self) -> list[int]:

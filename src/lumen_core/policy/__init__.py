@@ -28,6 +28,7 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.load import LoadConfig, LoadMonitor, RequestView, WorkerView
 from lumen_core.policy.placement import (
@@ -81,6 +82,7 @@ __all__ = [
     "WorkerFailed",
     "WorkerJoined",
     "WorkerRecovering",
+    "WorkerState",
     "WorkerView",
     "expected_tokens_per_step",
     "make_acceptance_gain",

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from lumen_core.cost import CostConfig, CostModel
+from lumen_core.eventlog import EventLog
 from lumen_core.metrics import RequestRecords, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import AssistConfig, GainFn, SpecAssistPlanner, expected_tokens_per_step
 from lumen_core.policy.events import (
@@ -40,20 +42,18 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.load import LoadConfig, LoadMonitor
 from lumen_core.policy.placement import FixedNeighbour, LoadAware, PlacementConfig
 from lumen_core.policy.presets import PolicySet, make_policy
 from lumen_core.policy.routing import AllToHolder, LocalityAware, RouterConfig
-from lumen_core.cost import CostConfig, CostModel
-from lumen_core.eventlog import EventLog
 from lumen_core.sim.workload import Workload
 
 # Request phases.
 _WAITING, _PREFILL, _DECODE, _MOVING, _LOST, _DONE = range(6)
 # Event kinds (heap entries: time, tie-break sequence, kind, a, b).
 _ITER_END, _FAIL, _DETECT, _ARRIVE_AT, _DRAFT_READY, _MODEL_READY, _HEARTBEAT = range(7)
-_SERVING, _FAILED, _RECOVERING = "serving", "failed", "recovering"
 # "All but the last few tokens" of checkpoint coverage (DESIGN.md section 8).
 COVERAGE_SLACK_TOKENS = 16
 
@@ -303,7 +303,7 @@ class _Worker:
 
     def __init__(self, wid: int) -> None:
         self.wid = wid
-        self.state = _SERVING
+        self.state = WorkerState.SERVING
         self.believed_serving = True
         self.epoch = 0
         self.busy = False
@@ -506,7 +506,7 @@ class ClusterSim:
         req.worker = worker.wid
         self._apply(RequestAdmitted(self._now, req.rid, worker.wid, req.prompt, req.output))
         self._place(req)
-        if worker.state != _SERVING:  # dead but not yet detected: the request is lost with it
+        if worker.state != WorkerState.SERVING:  # dead but not yet detected: the request is lost with it
             req.phase = _LOST
             req.interrupted = True
             worker.lost.append(req)
@@ -532,7 +532,7 @@ class ClusterSim:
 
     # ---- iterations ---------------------------------------------------------------------------
     def _kick(self, worker: _Worker) -> None:
-        if not worker.busy and worker.state == _SERVING:
+        if not worker.busy and worker.state == WorkerState.SERVING:
             self._start_iteration(worker)
 
     def _start_iteration(self, worker: _Worker) -> None:
@@ -688,9 +688,9 @@ class ClusterSim:
         if self._num_done >= len(self.reqs):
             return
         self._push(self._now + self.config.heartbeat_s, _HEARTBEAT, worker)
-        if worker.state != _SERVING:
+        if worker.state != WorkerState.SERVING:
             if (
-                worker.state == _RECOVERING
+                worker.state == WorkerState.RECOVERING
                 and self.planner is not None
                 and self.planner.survivor_of(worker.wid) is None
             ):
@@ -723,7 +723,7 @@ class ClusterSim:
         detected: list[_Worker] = []
         for wid in failure.worker_ids:
             worker = self.workers[wid]
-            if worker.state == _FAILED:
+            if worker.state == WorkerState.FAILED:
                 continue
             self._advance_stream(worker, now)
             lost: list[_Req] = []
@@ -749,7 +749,7 @@ class ClusterSim:
                 req.pending_stream = 0
                 req.reported = 0
             worker.lost = lost
-            worker.state = _FAILED
+            worker.state = WorkerState.FAILED
             worker.epoch += 1
             worker.busy = False
             worker.waiting.clear()
@@ -797,7 +797,7 @@ class ClusterSim:
             worker.believed_serving = False
             for req in worker.lost:
                 for holder_id in req.holders:
-                    if self.workers[holder_id].state == _SERVING and req.durable_at_failure > 0:
+                    if self.workers[holder_id].state == WorkerState.SERVING and req.durable_at_failure > 0:
                         self._apply(CheckpointGrew(now, req.rid, holder_id, req.durable_at_failure))
         for worker in workers:
             self._apply(WorkerFailed(now, worker.wid))
@@ -806,7 +806,7 @@ class ClusterSim:
         for worker in workers:
             self._replace(worker)
         for holder in self.workers:
-            if holder.state == _SERVING:
+            if holder.state == WorkerState.SERVING:
                 self._kick(holder)
         for worker in workers:
             if self.planner is not None:
@@ -824,7 +824,7 @@ class ClusterSim:
             req = lost.pop(decision.request_id)
             target = self.workers[decision.target_worker_id]
             req.worker = target.wid
-            if target.state != _SERVING:
+            if target.state != WorkerState.SERVING:
                 # Dead too but not yet detected (a later failure): lost again with it.
                 target.lost.append(req)
                 continue
@@ -889,9 +889,9 @@ class ClusterSim:
         self._kick(worker)
 
     def _on_draft_ready(self, worker: _Worker, epoch: int) -> None:
-        if epoch != worker.epoch or worker.state != _FAILED:
+        if epoch != worker.epoch or worker.state != WorkerState.FAILED:
             return
-        worker.state = _RECOVERING
+        worker.state = WorkerState.RECOVERING
         self._apply(WorkerRecovering(self._now, worker.wid))
         self._pair(worker)
 
@@ -915,7 +915,7 @@ class ClusterSim:
                 self.log.decision("finish", {"assistant_id": worker.wid}, freed)
             if freed is not None:
                 self.workers[freed].assistant = None
-        worker.state = _SERVING
+        worker.state = WorkerState.SERVING
         worker.believed_serving = True
         worker.progress = 0.0
         self._apply(
