@@ -31,8 +31,8 @@ from lumen_core.policy.events import (
     WorkerRecovering,
     WorkerState,
 )
-from lumen_core.policy.presets import POLICY_NAMES, make_policy
-from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, preset
+from lumen_core.policy.presets import POLICY_NAMES, make_policy, preset
+from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure
 from lumen_core.sim.experiments import load_config_for
 from lumen_core.sim.workload import poisson_workload
 
