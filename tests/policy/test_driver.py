@@ -8,17 +8,15 @@ import pytest
 from lumen_core.policy import (
     CheckpointGrew,
     Heartbeat,
+    LoadConfig,
     PlacementConfig,
     RecoveryAction,
     RecoveryDriver,
     RequestFinished,
-    WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
     preset,
 )
-
-from .conftest import SMALL
 
 
 class ListRecorder:
@@ -40,17 +38,24 @@ class ListRecorder:
         return [op if op != "event" else type(payload).__name__ for op, payload in self.records]
 
 
-def make_driver(policy: str = "LUMEN", num_workers: int = 4, gain: float = 1.0):
-    recorder = ListRecorder()
-    driver = RecoveryDriver(
-        preset(policy), SMALL, gain_fn=lambda monitor, survivor_id, k: gain, recorder=recorder
-    )
-    for worker_id in range(num_workers):
-        driver.apply(WorkerJoined(0.0, worker_id, 10**9))
-    return driver, recorder
+@pytest.fixture
+def make_driver(make_cluster):
+    """make_driver(policy, num_workers=4, placement_config=...) -> (driver, its ListRecorder),
+    the workers joined; every pairing is worth a gain of 1."""
+    load_config = make_cluster(0).config  # the small units of the hand-made clusters
+
+    def build(policy: str = "LUMEN", num_workers: int = 4, **configs: object):
+        recorder = ListRecorder()
+        factory = preset(policy, **configs)  # type: ignore[arg-type]
+        driver = RecoveryDriver(factory, load_config, gain_fn=lambda m, s, k: 1.0, recorder=recorder)
+        for worker_id in range(num_workers):
+            driver.apply(WorkerJoined(0.0, worker_id, 10**9))
+        return driver, recorder
+
+    return build
 
 
-def test_admission_is_join_shortest_queue_then_place():
+def test_admission_is_join_shortest_queue_then_place(make_driver):
     driver, recorder = make_driver("FC")
     driver.apply(Heartbeat(0.1, 0, 3, 1))
     driver.apply(Heartbeat(0.1, 1, 1, 0))
@@ -64,13 +69,13 @@ def test_admission_is_join_shortest_queue_then_place():
     assert recorder.records[-1] == ("event", RequestFinished(0.3, 7))
 
 
-def test_no_serving_worker_means_no_choice():
+def test_no_serving_worker_means_no_choice(make_driver):
     driver, _ = make_driver(num_workers=1)
     driver.fail(1.0, [0])
     assert driver.choose_worker() is None
 
 
-def test_failure_plan_is_made_in_the_protocols_order():
+def test_failure_plan_is_made_in_the_protocols_order(make_driver):
     driver, recorder = make_driver("FC")
     for request_id, worker_id in ((1, 0), (2, 0), (3, 1)):
         driver.admit(0.1, request_id, worker_id, 40, 10)
@@ -94,10 +99,8 @@ def test_failure_plan_is_made_in_the_protocols_order():
     assert plan.placements == tuple(r.placement for r in plan.reroutes)
 
 
-def test_a_rerouted_request_keeps_its_surviving_holders():
-    driver = RecoveryDriver(preset("FC", placement_config=PlacementConfig(replicas=2)), SMALL)
-    for worker_id in range(4):
-        driver.apply(WorkerJoined(0.0, worker_id, 10**9))
+def test_a_rerouted_request_keeps_its_surviving_holders(make_driver):
+    driver, _ = make_driver("FC", placement_config=PlacementConfig(replicas=2))
     driver.admit(0.1, 1, 0, 40, 10)
     assert driver.monitor.request(1).holder_ids == (1, 2)
     driver.apply(CheckpointGrew(0.2, 1, 1, 30))
@@ -109,16 +112,20 @@ def test_a_rerouted_request_keeps_its_surviving_holders():
     assert replaced.new_holder_ids == (3,) and driver.monitor.request(1).holder_ids == (2, 3)
 
 
-def test_requests_routed_to_a_doomed_worker_are_not_placed():
-    driver, recorder = make_driver("FC", num_workers=3)
+@pytest.mark.parametrize("doomed_ids", [(), (2,)])
+def test_requests_routed_to_a_doomed_worker_are_not_placed(make_driver, doomed_ids):
+    driver, recorder = make_driver("FC", num_workers=4)
     driver.admit(0.1, 1, 0, 40, 10)
-    plan = driver.fail(1.0, [0, 1], doomed_ids=[2])  # 0's holder 1 dies too; 2 is dead unseen
+    del recorder.records[:]
+    plan = driver.fail(1.0, [0, 1], doomed_ids=doomed_ids)  # 0's holder 1 dies with it
     (reroute,) = plan.reroutes
-    assert reroute.route.target_worker_id == 2 and reroute.placement is None and reroute.holder_ids == ()
-    assert "place" not in recorder.ops()[-4:]
+    assert reroute.route.target_worker_id == 2  # least loaded, lowest id
+    placed = ["place"] if not doomed_ids else []
+    assert recorder.ops() == ["WorkerFailed"] * 2 + ["route", *placed, "route"] + ["replace"] * 2
+    assert (reroute.placement is None) == bool(doomed_ids)
 
 
-def test_requests_are_lost_when_no_worker_is_left():
+def test_requests_are_lost_when_no_worker_is_left(make_driver):
     driver, recorder = make_driver("S&R", num_workers=2)
     driver.admit(0.1, 1, 0, 40, 10)
     driver.admit(0.1, 2, 1, 40, 10)
@@ -131,7 +138,7 @@ def test_requests_are_lost_when_no_worker_is_left():
     assert driver.monitor.request_ids() == []
 
 
-def test_pairing_recovery_and_switch_over():
+def test_pairing_recovery_and_switch_over(make_driver):
     driver, recorder = make_driver("LUMEN")
     driver.apply(Heartbeat(0.1, 2, 9, 0))  # the most loaded survivor
     driver.fail(1.0, [0])
@@ -152,7 +159,7 @@ def test_pairing_recovery_and_switch_over():
     assert driver.survivor_of(0) is None and driver.monitor.live_worker_ids() == [0, 1, 2, 3]
 
 
-def test_a_failure_ends_the_pairings_of_the_dead_on_both_sides():
+def test_a_failure_ends_the_pairings_of_the_dead_on_both_sides(make_driver):
     driver, recorder = make_driver("LUMEN")
     driver.apply(Heartbeat(0.1, 2, 9, 0))
     driver.apply(Heartbeat(0.1, 3, 5, 0))
@@ -171,7 +178,7 @@ def test_a_failure_ends_the_pairings_of_the_dead_on_both_sides():
     assert driver.end_pairings(2).freed_assistant_id is None  # ended once: nothing left to end
 
 
-def test_without_a_planner_nothing_pairs():
+def test_without_a_planner_nothing_pairs(make_driver):
     driver, recorder = make_driver("FC")
     driver.fail(1.0, [0])
     assert not driver.assists and driver.recover(2.0, 0) is None
@@ -183,4 +190,4 @@ def test_without_a_planner_nothing_pairs():
 
 def test_validation():
     with pytest.raises(TypeError, match="`policy` must build a PolicySet, got str"):
-        RecoveryDriver(lambda gain_fn: "LUMEN", SMALL)  # type: ignore[arg-type,return-value]
+        RecoveryDriver(lambda gain_fn: "LUMEN", LoadConfig())  # type: ignore[arg-type,return-value]
