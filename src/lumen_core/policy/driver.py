@@ -169,17 +169,15 @@ class RecoveryDriver:
         ``queue_depth(worker_id)`` measures a queue; default: running + waiting as the last
         heartbeat reported them (what a gateway knows; the simulator passes its exact queues).
         """
-        monitor = self.monitor
-        if queue_depth is None:
-
-            def queue_depth(worker_id: int) -> int:
-                view = monitor.worker(worker_id)
-                return view.num_running + view.num_waiting
-
-        live = monitor.live_worker_ids()
+        depth = self._reported_queue_depth if queue_depth is None else queue_depth
+        live = self.monitor.live_worker_ids()
         if not live:
             return None
-        return min(live, key=lambda w: (queue_depth(w), w))
+        return min(live, key=lambda w: (depth(w), w))
+
+    def _reported_queue_depth(self, worker_id: int) -> int:
+        view = self.monitor.worker(worker_id)
+        return view.num_running + view.num_waiting
 
     def admit(
         self, now_s: float, request_id: int, worker_id: int, prompt_tokens: int, expected_output_tokens: int
