@@ -349,3 +349,4 @@ def test_states_are_one_enum_that_reads_as_its_value(make_cluster):
     assert monitor.state(1) is WorkerState.RECOVERING
     assert WorkerState.RECOVERING == "recovering" and WorkerState("serving") is WorkerState.SERVING
     assert f"{WorkerState.FAILED}" == str(WorkerState.FAILED) == "failed"
+    assert {WorkerState.SERVING: 1}["serving"] == 1  # a str key finds it: drivers map either
