@@ -15,7 +15,6 @@ from lumen_core.gateway.coordinator import (
     ASSIST_STOP,
     ASSIST_VERIFY,
     HOLD,
-    RECOVERING,
     RESUME,
     RUN,
     STREAM,
@@ -23,7 +22,7 @@ from lumen_core.gateway.coordinator import (
     HeldReport,
     RunningReport,
 )
-from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.events import RecoveryAction, WorkerState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -229,7 +228,7 @@ def test_assist_pairing_then_switch_over(start_gateway, connect):
     workers[1].heartbeat(num_running=2)
     assert connect(server).report_exit(0, 1, "SIGKILL")
     restarted = connect(server)
-    registration = restarted.register(0, state=RECOVERING, holder_address="127.0.0.1:7100")
+    registration = restarted.register(0, state=WorkerState.RECOVERING, holder_address="127.0.0.1:7100")
     assert registration.epoch == 2
     (draft,) = [d for d in registration.directives if d.kind == ASSIST_DRAFT]
     assert draft.peer_worker_id == 2 and draft.num_draft_tokens == 2  # most loaded; cold k
@@ -515,7 +514,7 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
     survivors[1].heartbeat(num_running=4)
     assert connect(server).report_exit(0, 1, "SIGKILL")
     assistant = connect(server)
-    registration = assistant.register(0, state=RECOVERING)
+    registration = assistant.register(0, state=WorkerState.RECOVERING)
     assert [d.kind for d in registration.directives] == [ASSIST_DRAFT]
     received = []
     loop = HeartbeatLoop(assistant, lambda: WorkerReport(assist_steps=200), received.extend, print).start()

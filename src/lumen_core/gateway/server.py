@@ -32,7 +32,7 @@ from lumen_core.gateway.protocol import (
     running_from_pb,
     state_from_pb,
 )
-from lumen_core.sim.eventlog import EventLog
+from lumen_core.eventlog import EventLog
 
 _STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
 _ERROR_CODES = {

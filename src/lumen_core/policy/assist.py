@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from lumen_core._validate import check_instance, check_int, check_number
-from lumen_core.policy.events import AssistDecision
+from lumen_core.policy.events import AssistDecision, WorkerState
 from lumen_core.policy.load import LoadMonitor
 
 GainFn = Callable[[LoadMonitor, int, int], float]
@@ -91,7 +91,7 @@ class SpecAssistPlanner:
         check_instance("monitor", monitor, LoadMonitor)
         assistant_id = check_int("assistant_id", assistant_id)
         state = monitor.worker(assistant_id).state
-        if state != "recovering":
+        if state != WorkerState.RECOVERING:
             raise ValueError(f"`assistant_id` must be a recovering worker, got {assistant_id} ({state})")
         k = self.config.num_draft_tokens
         cold_k = self.config.cold_num_draft_tokens

@@ -41,12 +41,10 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 
-SERVING = "serving"
 _NOTHING: frozenset[int] = frozenset()
-RECOVERING = "recovering"
-FAILED = "failed"
 
 
 @dataclass(frozen=True)
@@ -77,7 +75,7 @@ class WorkerView:
     """Snapshot of one worker's accounting."""
 
     worker_id: int
-    state: str  # "serving" | "recovering" | "failed"
+    state: WorkerState
     domain: str
     budget_bytes: int
     reserved_bytes: int
@@ -140,7 +138,7 @@ class LoadMonitor:
         self._slot: dict[int, int] = {}
         self._n = 0
         # per-slot Python scalars
-        self._state: list[str] = []
+        self._state: list[WorkerState] = []
         self._domain_name: list[str] = []
         self._budget: list[int] = []
         self._reserved: list[int] = []
@@ -200,12 +198,12 @@ class LoadMonitor:
         slot = self._slot.get(worker_id)
         if slot is None:
             slot = self._new_slot(worker_id)
-        elif self._state[slot] == SERVING:
+        elif self._state[slot] == WorkerState.SERVING:
             raise ValueError(f"`worker_id` must be a worker that is not serving, got {worker_id} (serving)")
         else:
             self._remove_domain(slot)
         # A (re)joining worker starts empty: its host memory was lost with it (L = 0).
-        self._state[slot] = SERVING
+        self._state[slot] = WorkerState.SERVING
         self._budget[slot] = budget
         self._reserved[slot] = 0
         self._held[slot] = 0
@@ -222,12 +220,12 @@ class LoadMonitor:
     def _on_worker_failed(self, event: WorkerFailed) -> None:
         worker_id = check_int("worker_id", event.worker_id)
         slot = self._slot_of(worker_id)
-        if self._state[slot] == FAILED:
+        if self._state[slot] == WorkerState.FAILED:
             return
         self._mean_before_failure[worker_id] = self.mean_load()
-        if self._state[slot] == SERVING:
+        if self._state[slot] == WorkerState.SERVING:
             self._live_ids.remove(worker_id)
-        self._state[slot] = FAILED
+        self._state[slot] = WorkerState.FAILED
         self._live[slot] = False
         self._avail[slot] = np.inf
         affected = self._affected_ids.setdefault(worker_id, set())
@@ -241,15 +239,15 @@ class LoadMonitor:
     def _on_worker_recovering(self, event: WorkerRecovering) -> None:
         worker_id = check_int("worker_id", event.worker_id)
         slot = self._slot_of(worker_id)
-        if self._state[slot] != FAILED:
+        if self._state[slot] != WorkerState.FAILED:
             raise ValueError(f"`worker_id` must be a failed worker, got {worker_id} ({self._state[slot]})")
-        self._state[slot] = RECOVERING
+        self._state[slot] = WorkerState.RECOVERING
 
     def _on_heartbeat(self, event: Heartbeat) -> None:
         slot = self._slot_of(check_int("worker_id", event.worker_id))
         num_running = check_int("num_running", event.num_running, low=0)
         num_waiting = check_int("num_waiting", event.num_waiting, low=0)
-        if self._state[slot] != SERVING:
+        if self._state[slot] != WorkerState.SERVING:
             return
         self._running[slot] = num_running
         self._waiting[slot] = num_waiting
@@ -330,8 +328,8 @@ class LoadMonitor:
         """Ids of every worker the monitor knows, in any state, sorted."""
         return [int(w) for w in self._ids[: self._n]]
 
-    def state(self, worker_id: int) -> str:
-        """ "serving", "recovering" or "failed"."""
+    def state(self, worker_id: int) -> WorkerState:
+        """The worker's state."""
         return self._state[self._slot_of(check_int("worker_id", worker_id))]
 
     def worker(self, worker_id: int) -> WorkerView:
@@ -565,7 +563,7 @@ class LoadMonitor:
         # Recomputed from integers every time, so L never drifts and ties stay exact.
         load = self._held_weight * self._held[slot] + self._beta * (self._running[slot] + self._waiting[slot])
         self._load[slot] = load
-        self._avail[slot] = load if self._state[slot] == SERVING else np.inf
+        self._avail[slot] = load if self._state[slot] == WorkerState.SERVING else np.inf
 
     def _add_reserved(self, slot: int, delta_bytes: int) -> None:
         reserved = self._reserved[slot] + delta_bytes
@@ -597,7 +595,7 @@ class LoadMonitor:
 
     def _serving_slot(self, worker_id: int) -> int:
         slot = self._slot_of(worker_id)
-        if self._state[slot] != SERVING:
+        if self._state[slot] != WorkerState.SERVING:
             raise ValueError(f"`worker_id` must be a serving worker, got {worker_id} ({self._state[slot]})")
         return slot
 
@@ -621,7 +619,7 @@ class LoadMonitor:
             array = getattr(self, name)
             array[position + 1 : n + 1] = array[position:n].copy()
         self._ids[position] = worker_id
-        self._state.insert(position, FAILED)
+        self._state.insert(position, WorkerState.FAILED)
         self._domain_name.insert(position, "")
         for name in ("_budget", "_reserved", "_held", "_running", "_waiting"):
             getattr(self, name).insert(position, 0)

@@ -16,7 +16,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from lumen_core._validate import check_bool, check_instance, check_int, check_number
-from lumen_core.policy.events import RecoveryAction, RouteDecision
+from lumen_core.policy.events import RecoveryAction, RouteDecision, WorkerState
 from lumen_core.policy.load import LoadMonitor, RequestView
 
 
@@ -80,7 +80,7 @@ class Router(ABC):
         check_instance("monitor", monitor, LoadMonitor)
         failed_worker_id = check_int("failed_worker_id", failed_worker_id)
         state = monitor.state(failed_worker_id)
-        if state == "serving":
+        if state == WorkerState.SERVING:
             raise ValueError(f"`failed_worker_id` must be a failed worker, got {failed_worker_id} (serving)")
         request_ids = monitor.running_on(failed_worker_id)
         if request_ids and not monitor.live_worker_ids():
