@@ -183,7 +183,7 @@ def test_without_a_planner_nothing_pairs(make_driver):
     driver.fail(1.0, [0])
     assert not driver.assists and driver.recover(2.0, 0) is None
     assert driver.survivor_of(0) is None and driver.num_draft_tokens(0, 0) == 0
-    with pytest.raises(ValueError, match="policy must assist to pair workers, got 'FC'"):
+    with pytest.raises(ValueError, match="`policy` must assist to pair workers, got 'FC'"):
         driver.pair(0)
     assert driver.switch_over(3.0, 0, 10**9) is None and recorder.ops()[-1] == "WorkerJoined"
 
