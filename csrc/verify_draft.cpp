@@ -67,18 +67,10 @@ int64_t sample_chunked(const S* w, int64_t n, const double* sums, int64_t num_ch
                        double u) {
   const double x = u * total;
   double prefix = 0.0;
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const double next = prefix + sums[c];
-    const int64_t begin = c * kSampleChunk, end = std::min(n, begin + kSampleChunk);
-    if (next > x) {
-      double s = prefix;
-      for (int64_t t = begin; t < end; ++t) {
-        s += static_cast<double>(w[t]);
-        if (s > x) return t;
-      }
-      return last_positive(w, begin, end);
-    }
-    prefix = next;
+  const int64_t chosen = choose_chunk(sums, num_chunks, x, &prefix);
+  if (chosen >= 0) {
+    const int64_t begin = chosen * kSampleChunk;
+    return begin + scan_chunk(w + begin, std::min(n, begin + kSampleChunk) - begin, prefix, x);
   }
   for (int64_t c = num_chunks - 1; c >= 0; --c) {
     if (sums[c] > 0.0) {

@@ -30,6 +30,10 @@ struct BlockShared {
   double broadcast_value;
   int64_t broadcast_index;
   int broadcast_flag;
+  // block_sample's chosen chunk and the prefix before it: fields of their own, because the
+  // block_chunk_total just before may still have threads reading broadcast_value.
+  double sample_prefix;
+  int64_t sample_chunk;
 };
 
 __device__ double block_sum(double v, BlockShared& sh) {
@@ -192,38 +196,17 @@ __device__ int64_t block_sample(const W& w, int64_t n, const double* sums, doubl
   const double x = u * total;
   if (threadIdx.x == 0) {
     double prefix = 0.0;
-    int64_t chosen = -1;
-    for (int64_t c = 0; c < num_chunks && chosen < 0; ++c) {
-      const double next = prefix + sums[c];
-      if (next > x) {
-        chosen = c;
-      } else {
-        prefix = next;
-      }
-    }
-    sh.broadcast_index = chosen;
-    sh.broadcast_value = prefix;
+    sh.sample_chunk = choose_chunk(sums, num_chunks, x, &prefix);
+    sh.sample_prefix = prefix;
   }
   __syncthreads();
-  const int64_t chosen = sh.broadcast_index;
-  const double prefix = sh.broadcast_value;
-  __syncthreads();  // every thread has read the broadcast before thread 0 rewrites it
+  const int64_t chosen = sh.sample_chunk;
+  const double prefix = sh.sample_prefix;
   if (chosen >= 0) {
     const int64_t begin = chosen * kSampleChunk, size = min(n, begin + kSampleChunk) - begin;
     for (int64_t t = threadIdx.x; t < size; t += kThreads) chunk_w[t] = w(begin + t);
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int64_t token = -1;
-      double s = prefix;
-      for (int64_t t = 0; t < size && token < 0; ++t) {
-        s += chunk_w[t];
-        if (s > x) token = begin + t;
-      }
-      for (int64_t t = size - 1; t >= 0 && token < 0; --t) {
-        if (chunk_w[t] > 0.0) token = begin + t;
-      }
-      sh.broadcast_index = token < 0 ? begin : token;
-    }
+    if (threadIdx.x == 0) sh.broadcast_index = begin + scan_chunk(chunk_w, size, prefix, x);
   } else if (threadIdx.x == 0) {
     // Rounding left x at or past the total: the last positive weight of the last non-empty chunk.
     int64_t token = -1;

@@ -132,6 +132,39 @@ LUMEN_VD_HOST_DEVICE inline bool topk_id_repeats(const int64_t* ids, int64_t top
   return false;
 }
 
+// The two walks of the sampling rule, shared by the CPU loop and the kernel (which runs
+// scan_chunk over the chunk staged in shared memory). choose_chunk: the first chunk whose
+// running prefix of chunk sums exceeds x, or -1; *prefix is the sum of the chunk sums before it.
+LUMEN_VD_HOST_DEVICE inline int64_t choose_chunk(const double* sums, int64_t num_chunks, double x,
+                                                 double* prefix) {
+  double s = 0.0;
+  for (int64_t c = 0; c < num_chunks; ++c) {
+    const double next = s + sums[c];
+    if (next > x) {
+      *prefix = s;
+      return c;
+    }
+    s = next;
+  }
+  *prefix = s;
+  return -1;
+}
+
+// Inside the chosen chunk w[0..size): the first t where prefix + w[0] + ... + w[t] (in float64,
+// left to right) exceeds x; if rounding leaves none, the last t with w[t] > 0, else 0.
+template <typename S>
+LUMEN_VD_HOST_DEVICE int64_t scan_chunk(const S* w, int64_t size, double prefix, double x) {
+  double s = prefix;
+  for (int64_t t = 0; t < size; ++t) {
+    s += static_cast<double>(w[t]);
+    if (s > x) return t;
+  }
+  for (int64_t t = size - 1; t >= 0; --t) {
+    if (w[t] > 0.0) return t;
+  }
+  return 0;
+}
+
 // The CPU row check (every entry >= 0, |sum - 1| <= tolerance; NaN and +inf fail). kAuto uses
 // AVX2 where the CPU has it; kPortable forces the plain loop (so tests cover both paths).
 enum class SimdPath : int { kAuto = 0, kPortable = 1 };
