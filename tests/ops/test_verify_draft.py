@@ -795,11 +795,8 @@ def test_cuda_launch_never_waits_for_the_device():
         {"seeds": torch.arange(8), "positions": torch.arange(8) * 7},
         {"uniforms": u, "num_draft_tokens": ks, "draft_probs": q},
         {"uniforms": u, "draft_probs": sparse_of(q, drafts, 8)},
-        {
-            "temperature": torch.linspace(0, 2, 8, dtype=torch.float64),
-            "seeds": torch.arange(8),
-            "positions": ks,
-        },
+        # Device temperatures (greedy: no exp, whose last bit CUDA and libm may differ in).
+        {"temperature": torch.zeros(8, dtype=torch.float64), "seeds": torch.arange(8), "positions": ks},
     ]
     on_gpu = [_cuda_kwargs(kwargs) for kwargs in calls]
     target, ids = p.cuda(), drafts.cuda()
