@@ -1,7 +1,8 @@
 """Benchmark of verify_draft against a vectorised torch implementation of the same semantics
 in the style of vLLM's rejection sampler, measured in the same run with the same threads.
 
-    python bench/verify_draft.py [--device cpu|cuda] [--threads N] [--repeat R] [--json PATH]
+    python bench/verify_draft.py [--device cpu|cuda] [--threads N] [--repeat R] [--calls N]
+                                 [--hot-path-only] [--json PATH]
 
 B = 64 requests, k = 4 drafts, V = 32,000 and 151,936, float32 target probabilities, dense
 and one-hot draft probabilities. The torch baseline gathers p(d) and q(d), builds the accept
@@ -11,7 +12,15 @@ checked once before timing: the accepted counts and accepted tokens of both impl
 agree on the same uniforms (acceptance depends only on u0), and two requests match the loop
 reference bit for bit. A second baseline, `torch_cdf`, replaces torch.multinomial by an
 inverse CDF (cumsum + searchsorted) on the given uniforms, the strongest torch idiom found.
-JSON rows: vocab, draft, impl, device, threads, ms, ratio_vs_torch, ratio_vs_torch_cdf.
+JSON rows (metric `verify_draft_vs_torch`): vocab, draft, impl, device, threads, ms,
+ratio_vs_torch, ratio_vs_torch_cdf.
+
+The hot path (metric `verify_draft_ms`, with B, k, V, device, clock, calls): B = 64, k = 4,
+V = 32,000, probabilities on the device, one-hot drafts, Philox draws. `clock` `host_wall`: wall
+time per call over `calls` back-to-back calls (Python checks included) with one
+synchronisation at the end. `clock` `cuda_event` (CUDA only): device time per call between two
+events around the same number of calls, queued while the GPU sleeps so that no launch gap
+counts. The outputs of the first call are checked against the CPU path bit for bit first.
 """
 
 import argparse
@@ -72,7 +81,7 @@ def torch_verify_cdf(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same, sampling by inverse CDF (cumsum + searchsorted) with the given uniforms
     instead of torch.multinomial: the strongest torch idiom found for this op."""
-    num_requests, rows, vocab_size = target.shape
+    _, rows, vocab_size = target.shape
     k = rows - 1
     ids = draft_token_ids.unsqueeze(-1)
     p_d = target[:, :k].gather(-1, ids).squeeze(-1).double()
@@ -140,16 +149,76 @@ def check(target, ids, draft_probs, uniforms, threads: int) -> None:
     assert torch.equal(ours.output_token_ids[:2].cpu(), ref.output_token_ids), "reference differs"
 
 
+def hot_path_rows(device: str, calls: int, threads: int) -> list[dict[str, object]]:
+    """The `verify_draft_ms` rows of the hot path (module docstring)."""
+    vocab_size = VOCAB_SIZES[0]
+    target, drafts, _ = make_inputs(vocab_size, device)
+    ids, _ = drafts["one_hot"]
+    seeds = torch.arange(NUM_REQUESTS, dtype=torch.int64, device=device)
+    positions = torch.full((NUM_REQUESTS,), 1000, dtype=torch.int64, device=device)
+
+    def call() -> object:
+        return verify_draft(target, ids, seeds=seeds, positions=positions, num_threads=threads)
+
+    first = call().check()
+    cpu = verify_draft(target.cpu(), ids.cpu(), seeds=seeds.cpu(), positions=positions.cpu())
+    assert torch.equal(first.output_token_ids.cpu(), cpu.output_token_ids), "differs from the CPU path"
+    for _ in range(10):  # warm-up
+        call()
+    synchronize = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    synchronize()
+    timings = {"host_wall": (time.perf_counter() - start) * 1e3 / calls}
+    if device == "cuda":
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        # Keep the GPU busy (at ~2 GHz) for twice the host time of the calls below, so they are
+        # all queued before the first one runs.
+        torch.cuda._sleep(int(timings["host_wall"] * calls * 2e6 * 2))
+        begin.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        end.synchronize()
+        timings["cuda_event"] = begin.elapsed_time(end) / calls
+    rows = []
+    for clock, ms in timings.items():
+        rows.append(
+            {
+                "metric": "verify_draft_ms",
+                "B": NUM_REQUESTS,
+                "k": NUM_DRAFTS,
+                "V": vocab_size,
+                "device": device,
+                "clock": clock,
+                "calls": calls,
+                "threads": threads,
+                "ms": round(ms, 4),
+            }
+        )
+        print(
+            f"verify_draft_ms B={NUM_REQUESTS} k={NUM_DRAFTS} V={vocab_size} {device} {clock:>10} {ms:9.4f} ms"
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--calls", type=int, default=None, help="hot-path calls (1000 on CUDA, 20 on the CPU)"
+    )
+    parser.add_argument("--hot-path-only", action="store_true", help="only the verify_draft_ms rows")
     parser.add_argument("--json", dest="json_path", default=None)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    rows = []
-    for vocab_size in VOCAB_SIZES:
+    calls = args.calls if args.calls is not None else (1000 if args.device == "cuda" else 20)
+    rows = hot_path_rows(args.device, calls, args.threads)
+    for vocab_size in () if args.hot_path_only else VOCAB_SIZES:
         target, drafts, uniforms = make_inputs(vocab_size, args.device)
         for draft, (ids, draft_probs) in drafts.items():
             check(target, ids, draft_probs, uniforms, args.threads)
@@ -164,6 +233,7 @@ def main() -> None:
             for name, ms in ((impl, ms_ours), ("torch", ms_torch), ("torch_cdf", ms_cdf)):
                 rows.append(
                     {
+                        "metric": "verify_draft_vs_torch",
                         "vocab": vocab_size,
                         "draft": draft,
                         "impl": name,

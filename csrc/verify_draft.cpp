@@ -67,18 +67,10 @@ int64_t sample_chunked(const S* w, int64_t n, const double* sums, int64_t num_ch
                        double u) {
   const double x = u * total;
   double prefix = 0.0;
-  for (int64_t c = 0; c < num_chunks; ++c) {
-    const double next = prefix + sums[c];
-    const int64_t begin = c * kSampleChunk, end = std::min(n, begin + kSampleChunk);
-    if (next > x) {
-      double s = prefix;
-      for (int64_t t = begin; t < end; ++t) {
-        s += static_cast<double>(w[t]);
-        if (s > x) return t;
-      }
-      return last_positive(w, begin, end);
-    }
-    prefix = next;
+  const int64_t chosen = choose_chunk(sums, num_chunks, x, &prefix);
+  if (chosen >= 0) {
+    const int64_t begin = chosen * kSampleChunk;
+    return begin + scan_chunk(w + begin, std::min(n, begin + kSampleChunk) - begin, prefix, x);
   }
   for (int64_t c = num_chunks - 1; c >= 0; --c) {
     if (sums[c] > 0.0) {
@@ -215,7 +207,7 @@ class RequestVerifier {
   RequestVerifier(const VerifyDraftArgs& a, Scratch& s) : a_(a), s_(s), vocab_(a.vocab_size) {}
 
   void run(int64_t b) {
-    const int64_t k = a_.num_draft_tokens[b];
+    const int64_t k = request_num_drafts(a_, b);
     int64_t* out = a_.output_token_ids + b * a_.out_cols;
     std::fill(out, out + a_.out_cols, int64_t{-1});
     a_.num_accepted[b] = 0;
@@ -229,7 +221,7 @@ class RequestVerifier {
     if (status != 0) return;
     const bool greedy = a_.temperature != nullptr && a_.temperature[b] == 0.0;
     for (int64_t i = 0; i < k; ++i) {
-      const int64_t d = a_.draft_token_ids[a_.draft_start[b] + i];
+      const int64_t d = a_.draft_token_ids[request_draft_start(a_, b) + i];
       // -1 means accepted: a rejection may resample the draft itself (q(d) = 0, or the
       // fallback to p), so token != d cannot tell the two apart.
       const int64_t token = greedy ? verify_greedy(b, i, d) : verify_sampled(b, i, d);
@@ -247,11 +239,11 @@ class RequestVerifier {
 
  private:
   const T* row(int64_t b, int64_t i) const {
-    return static_cast<const T*>(a_.target) + (a_.target_row_start[b] + i) * vocab_;
+    return static_cast<const T*>(a_.target) + (request_row_start(a_, b) + i) * vocab_;
   }
 
   double uniform(int64_t b, int64_t i, uint32_t index) const {
-    if (a_.uniforms != nullptr) return a_.uniforms[(a_.target_row_start[b] + i) * 2 + index];
+    if (a_.uniforms != nullptr) return a_.uniforms[(request_row_start(a_, b) + i) * 2 + index];
     return philox_uniform(a_.seeds[b], static_cast<uint64_t>(a_.positions[b] + i), index);
   }
 
@@ -261,6 +253,7 @@ class RequestVerifier {
       if (!(temp >= 0.0) || !std::isfinite(temp))
         return make_status(VerifyStatus::kBadTemperature, 0);
     }
+    if (const int64_t status = draws_status(a_, b, k); status != 0) return status;
     s_.row_max.assign(static_cast<size_t>(k + 1), 0.0);
     for (int64_t i = 0; i <= k; ++i) {
       if (a_.target_kind == TargetKind::kProbs) {
@@ -273,7 +266,7 @@ class RequestVerifier {
       }
     }
     for (int64_t i = 0; i < k; ++i) {
-      const int64_t j = a_.draft_start[b] + i;
+      const int64_t j = request_draft_start(a_, b) + i;
       const int64_t d = a_.draft_token_ids[j];
       if (d < 0 || d >= vocab_) return make_status(VerifyStatus::kDraftIdRange, i);
       if (a_.draft_kind == DraftKind::kDense) {
@@ -284,6 +277,11 @@ class RequestVerifier {
         for (int64_t r = 0; r < a_.topk; ++r) {
           const int64_t id = a_.draft_topk_ids[j * a_.topk + r];
           if (id < 0 || id >= vocab_) return make_status(VerifyStatus::kTopkIdRange, i);
+        }
+        for (int64_t r = 0; r < a_.topk; ++r) {
+          if (topk_id_repeats(a_.draft_topk_ids + j * a_.topk, a_.topk, r)) {
+            return make_status(VerifyStatus::kDuplicateTopkId, i);
+          }
         }
         if (!probability_row_ok(sparse_q(j), a_.topk, a_.sum_tolerance, SimdPath::kAuto)) {
           return make_status(VerifyStatus::kBadDraftRow, i);
@@ -338,7 +336,7 @@ class RequestVerifier {
 
   // -1 when draft d is accepted at position i, else the token sampled in its place.
   int64_t verify_sampled(int64_t b, int64_t i, int64_t d) {
-    const int64_t j = a_.draft_start[b] + i;
+    const int64_t j = request_draft_start(a_, b) + i;
     const bool logits = a_.target_kind == TargetKind::kLogits;
     if (logits) load_logits_p(b, i);
     const double p_d = logits ? s_.p[d] : static_cast<double>(row(b, i)[d]);

@@ -3,9 +3,11 @@
 // vocabulary-wide step (row validation, max, argmax, softmax normaliser, sampling) the
 // threads stride over the vocabulary and reduce through shared memory. Sampling follows the
 // chunk rule of lumen/verify_draft.h: thread j sums chunks j, j + kThreads, ... left to
-// right (so each chunk sum equals the CPU's to the bit), then thread 0 walks the chunk sums
-// and scans the chosen chunk. Reductions whose order does not matter (validation sums, max,
-// argmax with lowest-id ties) use the usual tree. Outputs and status are written by the block.
+// right (so each chunk sum equals the CPU's to the bit); thread 0 walks the chunk sums, the
+// block stages the chosen chunk in shared memory, and thread 0 scans it. Reductions whose
+// order does not matter (validation sums, max, argmax with lowest-id ties) use the usual tree.
+// Every check behind lumen/verify_draft.h's VerifyStatus runs in the kernel, so one launch
+// validates and verifies and nothing waits on the host; the block writes outputs and status.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -28,6 +30,10 @@ struct BlockShared {
   double broadcast_value;
   int64_t broadcast_index;
   int broadcast_flag;
+  // block_sample's chosen chunk and the prefix before it: fields of their own, because the
+  // block_chunk_total just before may still have threads reading broadcast_value.
+  double sample_prefix;
+  int64_t sample_chunk;
 };
 
 __device__ double block_sum(double v, BlockShared& sh) {
@@ -179,29 +185,31 @@ __device__ int64_t last_positive(const W& w, int64_t begin, int64_t end) {
   return begin;
 }
 
-// Thread 0 samples by the chunk rule from sums[] (block_chunk_total of the same w) and
-// broadcasts the token.
+// Samples by the chunk rule from sums[] (block_chunk_total of the same w) and returns the
+// token to every thread. Thread 0 finds the chunk; the block stages that chunk's weights in
+// chunk_w (so the one sequential scan reads shared memory, not global rows or recomputed
+// logits), and thread 0 scans it left to right from the prefix, as the CPU does.
 template <typename W>
 __device__ int64_t block_sample(const W& w, int64_t n, const double* sums, double total, double u,
-                                BlockShared& sh) {
+                                double* chunk_w, BlockShared& sh) {
+  const int64_t num_chunks = (n + kSampleChunk - 1) / kSampleChunk;
+  const double x = u * total;
   if (threadIdx.x == 0) {
-    const int64_t num_chunks = (n + kSampleChunk - 1) / kSampleChunk;
-    const double x = u * total;
     double prefix = 0.0;
+    sh.sample_chunk = choose_chunk(sums, num_chunks, x, &prefix);
+    sh.sample_prefix = prefix;
+  }
+  __syncthreads();
+  const int64_t chosen = sh.sample_chunk;
+  const double prefix = sh.sample_prefix;
+  if (chosen >= 0) {
+    const int64_t begin = chosen * kSampleChunk, size = min(n, begin + kSampleChunk) - begin;
+    for (int64_t t = threadIdx.x; t < size; t += kThreads) chunk_w[t] = w(begin + t);
+    __syncthreads();
+    if (threadIdx.x == 0) sh.broadcast_index = begin + scan_chunk(chunk_w, size, prefix, x);
+  } else if (threadIdx.x == 0) {
+    // Rounding left x at or past the total: the last positive weight of the last non-empty chunk.
     int64_t token = -1;
-    for (int64_t c = 0; c < num_chunks && token < 0; ++c) {
-      const double next = prefix + sums[c];
-      const int64_t begin = c * kSampleChunk, end = min(n, begin + kSampleChunk);
-      if (next > x) {
-        double s = prefix;
-        for (int64_t t = begin; t < end && token < 0; ++t) {
-          s += w(t);
-          if (s > x) token = t;
-        }
-        if (token < 0) token = last_positive(w, begin, end);
-      }
-      prefix = next;
-    }
     for (int64_t c = num_chunks - 1; c >= 0 && token < 0; --c) {
       if (sums[c] > 0.0) token = last_positive(w, c * kSampleChunk, min(n, (c + 1) * kSampleChunk));
     }
@@ -253,17 +261,18 @@ struct Residual {
 template <typename T>
 __global__ void verify_draft_kernel(VerifyDraftArgs a) {
   extern __shared__ double sums[];
+  __shared__ double chunk_w[kSampleChunk];
   __shared__ BlockShared sh;
   const int64_t b = blockIdx.x;
   const int64_t V = a.vocab_size;
-  const int64_t k = a.num_draft_tokens[b];
+  const int64_t k = request_num_drafts(a, b);
   int64_t* out = a.output_token_ids + b * a.out_cols;
   for (int64_t c = threadIdx.x; c < a.out_cols; c += kThreads) out[c] = -1;
   const auto row = [&](int64_t i) {
-    return static_cast<const T*>(a.target) + (a.target_row_start[b] + i) * V;
+    return static_cast<const T*>(a.target) + (request_row_start(a, b) + i) * V;
   };
   const auto uniform = [&](int64_t i, uint32_t index) {
-    if (a.uniforms != nullptr) return a.uniforms[(a.target_row_start[b] + i) * 2 + index];
+    if (a.uniforms != nullptr) return a.uniforms[(request_row_start(a, b) + i) * 2 + index];
     return philox_uniform(a.seeds[b], static_cast<uint64_t>(a.positions[b] + i), index);
   };
   const auto finish = [&](int64_t status, int64_t accepted, int64_t emitted) {
@@ -279,6 +288,7 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
   const double temp = logits ? a.temperature[b] : 1.0;
   if (!(temp >= 0.0) || !isfinite(temp))
     return finish(make_status(VerifyStatus::kBadTemperature, 0), 0, 0);
+  if (const int64_t status = draws_status(a, b, k); status != 0) return finish(status, 0, 0);
   const bool greedy = logits && temp == 0.0;
 
   // Validation of every row the request owns, before any output.
@@ -291,7 +301,7 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
     }
   }
   for (int64_t i = 0; i < k; ++i) {
-    const int64_t j = a.draft_start[b] + i;
+    const int64_t j = request_draft_start(a, b) + i;
     const int64_t d = a.draft_token_ids[j];
     if (d < 0 || d >= V) return finish(make_status(VerifyStatus::kDraftIdRange, i), 0, 0);
     bool ok = true;
@@ -305,6 +315,13 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
         ids_ok &= id >= 0 && id < V;
       }
       if (!block_all(ids_ok, sh)) return finish(make_status(VerifyStatus::kTopkIdRange, i), 0, 0);
+      bool distinct = true;
+      for (int64_t r = threadIdx.x; r < a.topk; r += kThreads) {
+        distinct &= !topk_id_repeats(a.draft_topk_ids + j * a.topk, a.topk, r);
+      }
+      if (!block_all(distinct, sh)) {
+        return finish(make_status(VerifyStatus::kDuplicateTopkId, i), 0, 0);
+      }
       ok = block_probability_row_ok(static_cast<const T*>(a.draft_probs) + j * a.topk, a.topk,
                                     a.sum_tolerance, sh);
     }
@@ -320,7 +337,7 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
     return p;
   };
   for (int64_t i = 0; i < k; ++i) {
-    const int64_t j = a.draft_start[b] + i;
+    const int64_t j = request_draft_start(a, b) + i;
     const int64_t d = a.draft_token_ids[j];
     int64_t token = d;
     bool accepted = true;
@@ -342,10 +359,10 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
         const double u = uniform(i, 1);
         const double mass = block_chunk_total(r, V, sums, sh);
         if (mass > kResidualMinMass) {
-          token = block_sample(r, V, sums, mass, u, sh);
+          token = block_sample(r, V, sums, mass, u, chunk_w, sh);
         } else {
           const double total = block_chunk_total(p, V, sums, sh);
-          token = block_sample(p, V, sums, total, u, sh);
+          token = block_sample(p, V, sums, total, u, chunk_w, sh);
         }
       }
     }
@@ -358,7 +375,7 @@ __global__ void verify_draft_kernel(VerifyDraftArgs a) {
   } else {
     const TargetP<T> p = target_p(k);
     const double total = block_chunk_total(p, V, sums, sh);
-    bonus = block_sample(p, V, sums, total, uniform(k, 1), sh);
+    bonus = block_sample(p, V, sums, total, uniform(k, 1), chunk_w, sh);
   }
   if (threadIdx.x == 0) out[k] = bonus;
   finish(0, k, k + 1);

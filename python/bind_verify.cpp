@@ -23,7 +23,7 @@ void bind_verify(py::module_& m) {
       },
       py::arg("buffers"), py::arg("num_threads"),
       "Chain speculative verification on the CPU; `buffers` maps the VerifyDraftArgs field "
-      "names (lumen/verify_draft.h) to addresses and sizes validated by ops.verify_draft.");
+      "names (lumen/verify_draft.h) to addresses and sizes validated by verify.verify_draft.");
   m.def(
       "probability_row_ok",
       [](py::buffer row, double tolerance, bool portable) {

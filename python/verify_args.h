@@ -1,6 +1,7 @@
 // Shared by python/bind_verify.cpp and python/cuda/bind_verify.cpp: turns the dict of
-// addresses and sizes built by lumen_core.ops.verify_draft into lumen::VerifyDraftArgs,
-// re-checking the cheap invariants (enum ranges, sizes, required buffers present).
+// addresses and sizes built by lumen_core.verify.verify_draft into lumen::VerifyDraftArgs,
+// re-checking the cheap invariants (enum ranges, sizes, required buffers present; null layout
+// arrays select the padded layout of lumen/verify_draft.h).
 #pragma once
 #include <pybind11/pybind11.h>
 
@@ -59,14 +60,16 @@ inline lumen::VerifyDraftArgs make_verify_args(py::dict a) {
   const bool needs_rng = args.uniforms == nullptr;
   if (args.num_requests > 0 &&
       (args.target == nullptr || args.output_token_ids == nullptr || args.status == nullptr ||
-       args.num_draft_tokens == nullptr || args.target_row_start == nullptr ||
-       args.draft_start == nullptr ||
+       (args.target_row_start == nullptr) != (args.draft_start == nullptr) ||
+       (args.target_row_start != nullptr && args.num_draft_tokens == nullptr) ||
        (args.target_kind == lumen::TargetKind::kLogits && args.temperature == nullptr) ||
        (args.draft_kind != lumen::DraftKind::kOneHot && args.draft_probs == nullptr) ||
        (args.draft_kind == lumen::DraftKind::kSparse &&
         (args.draft_topk_ids == nullptr || args.topk < 1)) ||
        (needs_rng && (args.seeds == nullptr || args.positions == nullptr)))) {
-    throw std::invalid_argument("verify_draft: a required buffer address is null");
+    throw std::invalid_argument(
+        "verify_draft: a required buffer address is null (or only one of target_row_start and "
+        "draft_start is)");
   }
   return args;
 }

@@ -1,5 +1,6 @@
-// Binding of csrc/verify_draft.cu: device addresses validated by ops.verify_draft (all on one
-// CUDA device), cheap invariants re-checked, launched on the caller's stream.
+// Binding of csrc/verify_draft.cu: device addresses validated by lumen_core.verify.verify_draft
+// (all on one CUDA device), cheap invariants re-checked, launched on the caller's stream with
+// no synchronisation (the kernel writes per-request status to device memory).
 #include <pybind11/pybind11.h>
 
 #include <cstdint>

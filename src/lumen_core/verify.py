@@ -1,5 +1,8 @@
 """Draft verification: exact batched chain speculative sampling (DESIGN.md section 5), the
-Python face of ``csrc/verify_draft.*``. Validation in Python, then one native call.
+Python face of ``csrc/verify_draft.*``. Shapes, dtypes, devices and host-resident values are
+checked in Python; then one native call, which checks every value it reads and reports per
+request. On CUDA the call never waits for the device: the kernel's verdicts stay in device
+memory until ``VerifyResult.check`` (or any read of the results) synchronises.
 
 ``reference.verify_draft_reference`` is the loop-form specification every path agrees with
 to the bit.
@@ -8,6 +11,7 @@ to the bit.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,6 +63,9 @@ class VerifyStatus(enum.IntEnum):
     TOPK_ID_RANGE = 5
     BAD_TEMPERATURE = 6
     BAD_DRAFT_COUNT = 7
+    BAD_UNIFORM = 8
+    BAD_POSITION = 9
+    DUPLICATE_TOPK_ID = 10
 
 
 DraftProbs = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
@@ -71,22 +78,37 @@ class VerifyResult:
     ``output_token_ids``: ``[B, k_max + 1]`` int64, request b's emitted tokens in
     ``[:num_emitted[b]]`` (its accepted drafts, then the correction or bonus token), -1 after.
     ``num_accepted``: ``[B]`` int64 accepted drafts. ``num_emitted``: ``[B]`` int64,
-    ``num_accepted + 1``.
+    ``num_accepted + 1``. ``status``: ``[B]`` int64 ``VerifyStatus << 32 | position`` per
+    request (0 = ok), or None where every request is known to be valid. A request the native
+    side refused has ``num_emitted`` 0 and only -1 in its output row.
     """
 
     output_token_ids: torch.Tensor
     num_accepted: torch.Tensor
     num_emitted: torch.Tensor
+    status: torch.Tensor | None = None
+
+    def check(self) -> VerifyResult:
+        """``self`` when every request was verified; else raises what ``verify_draft`` raises
+        for the first refused request (ValueError or IndexError). Copies ``status`` to the host:
+        on CUDA this waits for the stream that ran the op."""
+        if self.status is not None:
+            _raise_on_status(self.status.cpu())
+        return self
 
 
 @dataclass(frozen=True)
 class _VerifyLayout:
-    """Where each request's rows and drafts live, as [B] int64 CPU tensors."""
+    """Where each request's rows and drafts live. ``num_draft_tokens``: ``[B]`` int64 on the
+    host or on the target's device (then the kernel checks its values), None when every request
+    has ``out_cols - 1`` drafts. ``target_row_start``/``draft_start``: ``[B]`` int64 host tensors
+    of the packed layout, None for the padded one (the native side computes them)."""
 
-    num_draft_tokens: torch.Tensor
-    target_row_start: torch.Tensor
-    draft_start: torch.Tensor
+    num_requests: int
     out_cols: int
+    num_draft_tokens: torch.Tensor | None = None
+    target_row_start: torch.Tensor | None = None
+    draft_start: torch.Tensor | None = None
 
 
 def _verify_layout(
@@ -105,13 +127,13 @@ def _verify_layout(
                 f"got {tuple(draft_token_ids.shape)}"
             )
         if num_draft_tokens is None:
-            ks = torch.full((num_requests,), max_k, dtype=torch.int64)
-        else:
-            ks = _as_counts(num_draft_tokens, num_requests)
-            if ks.numel() and int(ks.max()) > max_k:
-                raise ValueError(f"`num_draft_tokens` must be <= {max_k} (padded k), got {int(ks.max())}")
-        rows = torch.arange(num_requests, dtype=torch.int64)
-        return _VerifyLayout(ks, rows * rows_per_request, rows * max_k, max_k + 1)
+            return _VerifyLayout(num_requests, max_k + 1)
+        if _on_cuda_like(num_draft_tokens, target):
+            return _VerifyLayout(num_requests, max_k + 1, _device_counts(num_draft_tokens, num_requests))
+        ks = _as_counts(num_draft_tokens, num_requests)
+        if ks.numel() and int(ks.max()) > max_k:
+            raise ValueError(f"`num_draft_tokens` must be <= {max_k} (padded k), got {int(ks.max())}")
+        return _VerifyLayout(num_requests, max_k + 1, ks)
     if target.dim() == 2:
         if num_draft_tokens is None:
             raise ValueError("`num_draft_tokens` must be given for a packed 2-D target, got None")
@@ -132,8 +154,25 @@ def _verify_layout(
         row_start = torch.cumsum(ks + 1, 0) - (ks + 1)
         draft_start = torch.cumsum(ks, 0) - ks
         out_cols = int(ks.max()) + 1 if ks.numel() else 1
-        return _VerifyLayout(ks, row_start, draft_start, out_cols)
+        return _VerifyLayout(ks.numel(), out_cols, ks, row_start, draft_start)
     raise ValueError(f"`target` must be 3-D [B, k+1, V] or 2-D packed [sum(k+1), V], got {target.dim()}-D")
+
+
+def _on_cuda_like(x: object, target: torch.Tensor) -> bool:
+    """Whether ``x`` is a tensor on ``target``'s CUDA device: its values are left to the kernel."""
+    return target.device.type == "cuda" and isinstance(x, torch.Tensor) and x.device == target.device
+
+
+def _device_counts(num_draft_tokens: torch.Tensor, num_requests: int) -> torch.Tensor:
+    """``num_draft_tokens`` on the target's CUDA device, its dtype and shape checked (its values
+    are the kernel's: BAD_DRAFT_COUNT)."""
+    if num_draft_tokens.dtype not in _ID_DTYPES:
+        raise ValueError(f"`num_draft_tokens` must be int32 or int64, got {num_draft_tokens.dtype}")
+    if tuple(num_draft_tokens.shape) != (num_requests,):
+        raise ValueError(
+            f"`num_draft_tokens` must have shape [{num_requests}], got {tuple(num_draft_tokens.shape)}"
+        )
+    return num_draft_tokens
 
 
 def _as_counts(num_draft_tokens: object, num_requests: int | None) -> torch.Tensor:
@@ -159,8 +198,10 @@ def _as_counts(num_draft_tokens: object, num_requests: int | None) -> torch.Tens
 
 
 def _used_draft_mask(layout: _VerifyLayout, draft_shape: torch.Size) -> torch.Tensor | None:
-    """For a padded layout with shorter requests: which draft slots are read. None = all."""
-    if len(draft_shape) != 2 or bool((layout.num_draft_tokens == draft_shape[1]).all()):
+    """For a padded layout with shorter requests (host counts): which draft slots are read.
+    None = all."""
+    ks = layout.num_draft_tokens
+    if len(draft_shape) != 2 or ks is None or bool((ks == draft_shape[1]).all()):
         return None
     return torch.arange(draft_shape[1]).unsqueeze(0) < layout.num_draft_tokens.unsqueeze(1)
 
@@ -179,24 +220,29 @@ def _check_ids(ids: torch.Tensor, name: str, vocab_size: int, mask: torch.Tensor
         raise IndexError(f"`{name}` must be in [0, {vocab_size}), got {bad}")
 
 
-def _verify_temperature(temperature: object, num_requests: int) -> torch.Tensor | None:
+def _verify_temperature(temperature: object, target: torch.Tensor, num_requests: int) -> torch.Tensor | None:
+    """``[B]`` float64 temperatures on the target's device, or None (probabilities). Values are
+    checked here unless ``temperature`` is a tensor on the target's CUDA device (the kernel's:
+    BAD_TEMPERATURE)."""
     if temperature is None:
         return None
+    device = target.device
     if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-        temps = torch.full((num_requests,), float(temperature), dtype=torch.float64)
-    elif isinstance(temperature, torch.Tensor):
-        if not temperature.is_floating_point():
-            raise ValueError(f"`temperature` must be a floating tensor, got {temperature.dtype}")
-        if tuple(temperature.shape) != (num_requests,):
-            raise ValueError(
-                f"`temperature` must have shape ({num_requests},), got {tuple(temperature.shape)}"
-            )
-        temps = temperature.detach().to("cpu", torch.float64)
-    else:
+        if not (math.isfinite(temperature) and temperature >= 0):
+            raise ValueError(f"`temperature` must be finite and >= 0, got {temperature}")
+        return torch.full((num_requests,), float(temperature), dtype=torch.float64, device=device)
+    if not isinstance(temperature, torch.Tensor):
         raise TypeError(f"`temperature` must be a float, a tensor or None, got {type(temperature).__name__}")
+    if not temperature.is_floating_point():
+        raise ValueError(f"`temperature` must be a floating tensor, got {temperature.dtype}")
+    if tuple(temperature.shape) != (num_requests,):
+        raise ValueError(f"`temperature` must have shape ({num_requests},), got {tuple(temperature.shape)}")
+    if _on_cuda_like(temperature, target):
+        return temperature.detach().to(torch.float64)
+    temps = temperature.detach().to("cpu", torch.float64)
     if temps.numel() and not bool((torch.isfinite(temps) & (temps >= 0)).all()):
         raise ValueError(f"`temperature` must be finite and >= 0, got {temps.tolist()}")
-    return temps
+    return to_device(temps, device, torch.float64)
 
 
 def _check_device(x: torch.Tensor, name: str, device: torch.device) -> None:
@@ -251,8 +297,12 @@ def verify_draft(
         num_threads: CPU threads (default ``torch.get_num_threads()``); ignored on CUDA.
 
     Returns:
-        VerifyResult on the target's device. CUDA: synchronises the current stream to check
-        the per-request status.
+        VerifyResult on the target's device. CPU: every request was verified (a refused one
+        raises here). CUDA: one kernel launch on the current stream and no host
+        synchronisation (a packed ``target`` with ``num_draft_tokens`` on the device, and
+        omitted draws with a device ``temperature``, each wait once to read it); the values of
+        tensors on the device are checked by the kernel, and a request it refuses has
+        ``num_emitted`` 0: ``VerifyResult.check()`` synchronises and raises the errors below.
 
     Raises:
         TypeError: an argument of the wrong Python type.
@@ -267,13 +317,15 @@ def verify_draft(
     device = target.device
     _check_device(draft_token_ids, "draft_token_ids", device)
     layout = _verify_layout(target, draft_token_ids, num_draft_tokens)
-    num_requests = layout.num_draft_tokens.numel()
-    mask = _used_draft_mask(layout, draft_token_ids.shape)
-    _check_ids(draft_token_ids, "draft_token_ids", vocab_size, mask)
-    q = _check_draft_probs(draft_probs, draft_token_ids, vocab_size, mask)
-    temps = _verify_temperature(temperature, num_requests)
-    all_greedy = temps is not None and bool((temps == 0).all())
-    draws = _check_draws(uniforms, seeds, positions, target, layout, all_greedy=all_greedy)
+    num_requests = layout.num_requests
+    # On CUDA the kernel checks the values of device tensors (reading them here would wait).
+    host_values = device.type == "cpu"
+    mask = _used_draft_mask(layout, draft_token_ids.shape) if host_values else None
+    if host_values:
+        _check_ids(draft_token_ids, "draft_token_ids", vocab_size, mask)
+    q = _check_draft_probs(draft_probs, draft_token_ids, vocab_size, mask, host_values=host_values)
+    temps = _verify_temperature(temperature, target, num_requests)
+    draws = _check_draws(uniforms, seeds, positions, target, layout, temps, host_values=host_values)
     if draft_token_ids.numel() == 0:
         q = _DraftQ(DraftKind.ONE_HOT)  # no q is read
     if num_requests == 0:
@@ -310,8 +362,15 @@ class _DraftQ:
 
 
 def _check_draft_probs(
-    draft_probs: object, draft_token_ids: torch.Tensor, vocab_size: int, mask: torch.Tensor | None
+    draft_probs: object,
+    draft_token_ids: torch.Tensor,
+    vocab_size: int,
+    mask: torch.Tensor | None,
+    *,
+    host_values: bool,
 ) -> _DraftQ:
+    """The validated draft distribution; sparse ids are range- and duplicate-checked here when
+    ``host_values`` (else by the kernel: TOPK_ID_RANGE, DUPLICATE_TOPK_ID)."""
     device = draft_token_ids.device
     if draft_probs is None:
         return _DraftQ(DraftKind.ONE_HOT)
@@ -345,6 +404,10 @@ def _check_draft_probs(
         )
     if topk_probs.dtype not in _FLOAT_DTYPES:
         raise ValueError(f"`draft_probs` sparse probs must be a float tensor, got {topk_probs.dtype}")
+    if topk_ids.dtype not in _ID_DTYPES:
+        raise ValueError(f"`draft_probs ids` must be int32 or int64, got {topk_ids.dtype}")
+    if not host_values:
+        return _DraftQ(DraftKind.SPARSE, topk_probs, topk_ids)
     _check_ids(topk_ids, "draft_probs ids", vocab_size, mask)
     used_ids = topk_ids.detach().cpu()
     sorted_ids = (used_ids if mask is None else used_ids[mask]).sort(dim=-1).values
@@ -368,12 +431,15 @@ def _check_draws(
     positions: object,
     target: torch.Tensor,
     layout: _VerifyLayout,
+    temps: torch.Tensor | None,
     *,
-    all_greedy: bool,
+    host_values: bool,
 ) -> _Draws:
-    """The validated source of uniforms. Greedy verification draws none: zero seeds and
-    positions stand in when the caller gave neither."""
-    device, num_requests = target.device, layout.num_draft_tokens.numel()
+    """The validated source of uniforms; their values (uniforms in [0, 1), positions in range)
+    are checked here when ``host_values``, else by the kernel (BAD_UNIFORM, BAD_POSITION).
+    Greedy verification draws none: zero seeds and positions stand in when the caller gave
+    neither and every temperature is 0."""
+    device, num_requests = target.device, layout.num_requests
     if uniforms is not None and (seeds is not None or positions is not None):
         raise ValueError("`uniforms` must be None when `seeds`/`positions` are given, got both")
     if uniforms is not None:
@@ -384,10 +450,10 @@ def _check_draws(
             raise ValueError(
                 f"`uniforms` must be float64 of shape {want}, got {uniforms.dtype} {tuple(uniforms.shape)}"
             )
-        if uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
+        if host_values and uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
             raise ValueError("`uniforms` must be in [0, 1), got a value outside")
         return _Draws(uniforms=uniforms)
-    if seeds is None and positions is None and all_greedy:
+    if seeds is None and positions is None and temps is not None and bool((temps == 0).all()):
         zeros = torch.zeros(num_requests, dtype=torch.int64, device=device)
         return _Draws(seeds=zeros, positions=zeros)
     if seeds is None or positions is None:
@@ -400,7 +466,11 @@ def _check_draws(
             raise ValueError(
                 f"`{name}` must be int32/int64 of shape ({num_requests},), got {x.dtype} {tuple(x.shape)}"
             )
-    if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols:
+    if (
+        host_values
+        and positions.numel()
+        and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols
+    ):
         raise ValueError(
             f"`positions` must be in [0, 2**63 - {layout.out_cols}), "
             f"got [{int(positions.min())}, {int(positions.max())}]"
@@ -417,16 +487,22 @@ def _run(
     draws: _Draws,
     num_threads: int | None,
 ) -> VerifyResult:
-    """Move the validated inputs to the target's device in the dtypes of VerifyDraftArgs, run
-    the native op there, and raise for the first request whose status is not OK."""
+    """Move the validated inputs to the target's device in the dtypes of VerifyDraftArgs and run
+    the native op there. CPU: raise for the first request whose status is not OK. CUDA: launch
+    and return; the status stays on the device."""
     device = target.device
     compute_dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
-    num_requests, out_cols = layout.num_draft_tokens.numel(), layout.out_cols
+    num_requests, out_cols = layout.num_requests, layout.out_cols
 
     def on_device(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-        return None if x is None else to_device(x, device, dtype)
+        if x is None or (x.dtype == dtype and x.device == device and x.is_contiguous()):
+            return x  # the hot path: already in place, no torch call
+        return to_device(x, device, dtype)
 
-    keep = {  # referenced until the op is done: the native side holds their addresses only
+    # The native side holds addresses only. CPU: these stay referenced until it returns. CUDA:
+    # temporaries freed on return go back to the caching allocator, which hands their blocks only
+    # to work queued after the kernel on this stream.
+    keep = {
         "target": on_device(target, compute_dtype),
         "num_draft_tokens": on_device(layout.num_draft_tokens, torch.int64),
         "target_row_start": on_device(layout.target_row_start, torch.int64),
@@ -439,10 +515,10 @@ def _run(
         "seeds": on_device(draws.seeds, torch.int64),
         "positions": on_device(draws.positions, torch.int64),
     }
-    output_token_ids = torch.empty(num_requests, out_cols, dtype=torch.int64, device=device)
-    num_accepted = torch.empty(num_requests, dtype=torch.int64, device=device)
-    num_emitted = torch.empty(num_requests, dtype=torch.int64, device=device)
-    status = torch.empty(num_requests, dtype=torch.int64, device=device)
+    # One allocation for the four outputs (each a contiguous view); the native side writes all.
+    flat = torch.empty(num_requests * (out_cols + 3), dtype=torch.int64, device=device)
+    output_token_ids = flat[: num_requests * out_cols].view(num_requests, out_cols)
+    num_accepted, num_emitted, status = flat[num_requests * out_cols :].view(3, num_requests).unbind()
     buffers: dict[str, int | float] = {name: (0 if x is None else x.data_ptr()) for name, x in keep.items()}
     buffers.update(
         output_token_ids=output_token_ids.data_ptr(),
@@ -462,13 +538,11 @@ def _run(
         with torch.cuda.device(device):
             stream = torch.cuda.current_stream(device)
             _native.require_cuda().verify_draft(buffers, stream.cuda_stream)
-            status_cpu = status.cpu()
     else:
         threads = check_num_threads(num_threads, default=torch.get_num_threads())
         _native.require_cpu().verify_draft(buffers, threads)
-        status_cpu = status
-    _raise_on_status(status_cpu)
-    return VerifyResult(output_token_ids, num_accepted, num_emitted)
+        _raise_on_status(status)
+    return VerifyResult(output_token_ids, num_accepted, num_emitted, status)
 
 
 def _raise_on_status(status: torch.Tensor) -> None:
@@ -499,4 +573,12 @@ def _raise_on_status(status: torch.Tensor) -> None:
         )
     if code is VerifyStatus.BAD_DRAFT_COUNT:
         raise ValueError(f"`num_draft_tokens` must be in [0, out_cols - 1], got a bad one at {where}")
+    if code is VerifyStatus.BAD_UNIFORM:
+        raise ValueError(f"`uniforms` must be in [0, 1), got a value outside at {where}")
+    if code is VerifyStatus.BAD_POSITION:
+        raise ValueError(f"`positions` must be in [0, 2**63 - out_cols), got a bad one at {where}")
+    if code is VerifyStatus.DUPLICATE_TOPK_ID:
+        raise ValueError(
+            f"`draft_probs` ids must be distinct within each draft row, got a duplicate at {where}"
+        )
     raise ValueError(f"`temperature` must be finite and >= 0, got a bad one at {where}")

@@ -319,7 +319,7 @@ def test_native_philox_rejects_bad_input():
 
 # ---- validation -------------------------------------------------------------------------------
 def _ok(**overrides):
-    p, q, drafts, u = make_problem(9, 2, 2, 8)
+    p, _, drafts, u = make_problem(9, 2, 2, 8)
     args = {"target": p.float(), "draft_token_ids": drafts, "draft_probs": None, "uniforms": u}
     args.update(overrides)
     return args
@@ -597,13 +597,70 @@ def test_native_guards_catch_what_python_would_have(monkeypatch):
 
     def too_many_drafts(*args):
         layout = real_layout(*args)
-        return verify._VerifyLayout(
-            layout.num_draft_tokens + 1, layout.target_row_start, layout.draft_start, 3
-        )
+        return verify._VerifyLayout(layout.num_requests, 3, torch.full((2,), 3))
 
     monkeypatch.setattr(verify, "_verify_layout", too_many_drafts)
     with pytest.raises(ValueError, match="`num_draft_tokens` must be in \\[0, out_cols - 1\\].*request 0"):
         _call(_ok())
+
+
+def _run_unchecked(target, drafts, *, q=None, layout=None, uniforms=None, seeds=None, positions=None):
+    """The native CPU op on inputs no Python value check has seen (as on CUDA, where the values
+    of device tensors are the kernel's to check); padded layout unless `layout` is given."""
+    layout = layout or verify._VerifyLayout(target.shape[0], target.shape[1])
+    q = q or verify._DraftQ(verify.DraftKind.ONE_HOT)
+    return verify._run(target, drafts, layout, q, None, verify._Draws(uniforms, seeds, positions), 1)
+
+
+def test_native_checks_the_draws_and_sparse_ids():
+    p, _, drafts, u = make_problem(14, 2, 2, 8)
+    p = p.float()
+    cases = []
+    for index, value, where in [
+        ((1, 2, 1), 1.0, "request 1 position 2"),
+        ((0, 0, 0), float("nan"), "request 0 position 0"),
+    ]:
+        cases.append(
+            ({"uniforms": _bad_value(u, index, value)}, f"`uniforms` must be in \\[0, 1\\).*{where}")
+        )
+    seeds = torch.zeros(2, dtype=torch.int64)
+    for positions, where in [([0, 2**63 - 3], "request 1"), ([-1, 0], "request 0")]:
+        cases.append(
+            (
+                {"seeds": seeds, "positions": torch.tensor(positions)},
+                f"`positions` must be in \\[0, 2\\*\\*63 - out_cols\\).*{where}",
+            )
+        )
+    sparse = verify._DraftQ(
+        verify.DraftKind.SPARSE,
+        torch.full((2, 2, 2), 0.5),
+        torch.tensor([[[0, 1], [2, 2]], [[0, 1], [0, 1]]]),
+    )
+    cases.append(
+        ({"q": sparse, "uniforms": u}, "ids must be distinct within each draft row.*request 0 position 1")
+    )
+    for kwargs, match in cases:
+        with pytest.raises(ValueError, match=match):
+            _run_unchecked(p, drafts, **kwargs)
+    _run_unchecked(p, drafts, seeds=seeds, positions=torch.tensor([0, 2**63 - 4]))  # the last valid one
+
+
+def test_a_refused_request_emits_nothing_and_check_raises(monkeypatch):
+    p, _, drafts, u = make_problem(15, 3, 2, 8)
+    monkeypatch.setattr(verify, "_raise_on_status", lambda status: None)
+    result = _run_unchecked(p.float(), drafts, uniforms=_bad_value(u, (1, 0, 0), -0.5))
+    monkeypatch.undo()
+    assert result.num_emitted[1] == 0 and result.num_accepted[1] == 0
+    assert torch.equal(result.output_token_ids[1], torch.full((3,), -1))
+    assert bool((result.num_emitted[[0, 2]] >= 1).all())
+    assert result.status.tolist() == [0, int(verify.VerifyStatus.BAD_UNIFORM) << 32, 0]
+    with pytest.raises(ValueError, match="`uniforms` must be in \\[0, 1\\).*request 1 position 0"):
+        result.check()
+    valid = verify_draft(p.float(), drafts, uniforms=u)
+    assert valid.check() is valid and valid.status.tolist() == [0, 0, 0]
+    assert (
+        VerifyResult(*(valid.output_token_ids, valid.num_accepted, valid.num_emitted)).check().status is None
+    )
 
 
 def test_binding_rechecks_cheap_invariants():
@@ -646,11 +703,18 @@ def test_binding_rechecks_cheap_invariants():
         ("target", 0, "address is null"),
         ("uniforms", 0, "address is null"),
         ("draft_kind", 1, "address is null"),
+        ("draft_start", 0, "only one of target_row_start and draft_start"),
+        ("num_draft_tokens", 0, "address is null"),
     ]:
         with pytest.raises(ValueError, match=match):
             _native.C.verify_draft({**buffers, key: value}, 1)
     with pytest.raises(ValueError, match="num_threads must be >= 1"):
         _native.C.verify_draft(buffers, 0)
+    # Null layout arrays: the padded layout with k = out_cols - 1 (here row 0, draft 0 again).
+    padded = {**buffers, "num_draft_tokens": 0, "target_row_start": 0, "draft_start": 0}
+    before = out.clone()
+    _native.C.verify_draft(padded, 1)
+    assert int(counts[2][0]) == 0 and torch.equal(out, before)
 
 
 # ---- CUDA -------------------------------------------------------------------------------------
@@ -703,10 +767,94 @@ def test_cuda_matches_cpu_on_logits_greedy_packed_and_philox():
 @pytest.mark.cuda
 @cuda
 def test_cuda_rejects_bad_values_and_devices():
-    p, q, drafts, u = make_problem(13, 2, 2, 8)
+    p, _, drafts, u = make_problem(13, 2, 2, 8)
     bad = p.float().clone()
     bad[1, 1, 1] = float("nan")
+    result = verify_draft(bad.cuda(), drafts.cuda(), uniforms=u.cuda())  # asynchronous: no raise
+    assert result.num_emitted.tolist()[1] == 0
     with pytest.raises(ValueError, match="`target` rows must be probabilities.*request 1 position 1"):
-        verify_draft(bad.cuda(), drafts.cuda(), uniforms=u.cuda())
+        result.check()
     with pytest.raises(ValueError, match="`uniforms` must be on cuda"):
         verify_draft(p.cuda(), drafts.cuda(), uniforms=u)
+
+
+def _cuda_kwargs(kwargs):
+    return {
+        name: (tuple(t.cuda() for t in x) if isinstance(x, tuple) else x.cuda()) for name, x in kwargs.items()
+    }
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_launch_never_waits_for_the_device():
+    p, q, drafts, u = make_problem(16, 8, 4, 5000, closeness=0.9)
+    p, q = p.float(), q.float()
+    ks = torch.tensor([4, 0, 2, 4, 1, 3, 4, 4])
+    calls = [
+        {"uniforms": u},
+        {"seeds": torch.arange(8), "positions": torch.arange(8) * 7},
+        {"uniforms": u, "num_draft_tokens": ks, "draft_probs": q},
+        {"uniforms": u, "draft_probs": sparse_of(q, drafts, 8)},
+        # Device temperatures (greedy: no exp, whose last bit CUDA and libm may differ in).
+        {"temperature": torch.zeros(8, dtype=torch.float64), "seeds": torch.arange(8), "positions": ks},
+    ]
+    on_gpu = [_cuda_kwargs(kwargs) for kwargs in calls]
+    target, ids = p.cuda(), drafts.cuda()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronising torch call below raises
+    try:
+        results = [verify_draft(target, ids, **kwargs) for kwargs in on_gpu]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for kwargs, gpu in zip(calls, results, strict=True):
+        cpu = verify_draft(p, drafts, **kwargs)
+        gpu.check()
+        assert_same(
+            cpu, VerifyResult(gpu.output_token_ids.cpu(), gpu.num_accepted.cpu(), gpu.num_emitted.cpu())
+        )
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_refusals_surface_on_check():
+    p, _, _, u = make_problem(17, 2, 2, 8)
+    p = p.float()
+    cases = [
+        (
+            {"draft_token_ids": torch.tensor([[0, 1], [8, 1]])},
+            IndexError,
+            "ids must be in \\[0, V\\).*request 1 position 0",
+        ),
+        (
+            {"uniforms": _bad_value(u, (0, 1, 1), 1.0)},
+            ValueError,
+            "`uniforms` must be in.*request 0 position 1",
+        ),
+        ({"num_draft_tokens": torch.tensor([2, 3])}, ValueError, "`num_draft_tokens` must be in.*request 1"),
+        (
+            {
+                "uniforms": None,
+                "seeds": torch.zeros(2, dtype=torch.int64),
+                "positions": torch.tensor([2**63 - 3, 0]),
+            },
+            ValueError,
+            "`positions` must be in.*request 0",
+        ),
+        (
+            {"temperature": torch.tensor([1.0, -1.0], dtype=torch.float64)},
+            ValueError,
+            "`temperature` must be finite and >= 0.*request 1",
+        ),
+        (
+            {"draft_probs": (torch.tensor([[[0, 0], [1, 2]], [[0, 1], [0, 1]]]), torch.full((2, 2, 2), 0.5))},
+            ValueError,
+            "ids must be distinct.*request 0 position 0",
+        ),
+    ]
+    for overrides, error, match in cases:
+        args = _cuda_kwargs(
+            {name: x for name, x in _ok(target=p, uniforms=u, **overrides).items() if x is not None}
+        )
+        result = _call({"draft_probs": None, **args})
+        with pytest.raises(error, match=match):
+            result.check()
