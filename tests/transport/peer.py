@@ -53,11 +53,13 @@ def _emit(obj: dict) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    from lumen_core.stream import HolderStore
     from lumen_core.transport import Server, WireLimits, read_secret_file
 
     limits = WireLimits(max_payload_bytes=args.max_payload_bytes)
     with Server(
         read_secret_file(args.secret_file),
+        store=HolderStore(),
         tls=args.tls,
         limits=limits,
         verify_records=not args.no_verify,

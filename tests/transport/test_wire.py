@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from lumen_core import _native
 from lumen_core import transport as tp
+from lumen_core.stream import HolderStore
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
@@ -182,7 +183,7 @@ def test_capability_is_hmac_sha256() -> None:
 )
 def test_no_default_or_short_secret(secret, error, match) -> None:
     with pytest.raises(error, match=match):
-        tp.Server(secret)
+        tp.Server(secret, store=HolderStore())
     with pytest.raises(error, match=match):
         tp.Client("127.0.0.1", 1, secret)
     with pytest.raises(error, match=match):
@@ -236,19 +237,19 @@ def test_wire_limits_validation(field, value, error, match) -> None:
 def test_server_argument_validation() -> None:
     secret = b"k" * 32
     with pytest.raises(TypeError, match="address must be a str, got int"):
-        tp.Server(secret, address=1)
+        tp.Server(secret, store=HolderStore(), address=1)
     with pytest.raises(ValueError, match=r"port must be in \[0, 65535\], got 70000"):
-        tp.Server(secret, port=70000)
+        tp.Server(secret, store=HolderStore(), port=70000)
     with pytest.raises(TypeError, match="tls must be a str, got NoneType"):
-        tp.Server(secret, tls=None)
+        tp.Server(secret, store=HolderStore(), tls=None)
     with pytest.raises(TypeError, match="limits must be a WireLimits, got dict"):
-        tp.Server(secret, limits={})
+        tp.Server(secret, store=HolderStore(), limits={})
     with pytest.raises(ValueError, match="address must be a host name or IP address"):
-        tp.Server(secret, address="no such host.invalid")
+        tp.Server(secret, store=HolderStore(), address="no such host.invalid")
     with pytest.raises(ValueError, match="handshake_timeout_s must be > 0, got 0"):
-        tp.Server(secret, handshake_timeout_s=0)
+        tp.Server(secret, store=HolderStore(), handshake_timeout_s=0)
     with pytest.raises(TypeError, match="handshake_timeout_s must be a number, got str"):
-        tp.Server(secret, handshake_timeout_s="1")
+        tp.Server(secret, store=HolderStore(), handshake_timeout_s="1")
 
 
 def test_client_argument_validation() -> None:
@@ -264,7 +265,7 @@ def test_client_argument_validation() -> None:
 
 
 def test_connect_to_nothing_is_peer_gone_or_timeout() -> None:
-    with tp.Server(b"k" * 32, tls="tcp") as server:
+    with tp.Server(b"k" * 32, store=HolderStore(), tls="tcp") as server:
         port = server.port
     with pytest.raises((tp.PeerGone, tp.Timeout)):
         tp.Client("127.0.0.1", port, b"k" * 32, tls="tcp", connect_timeout_s=3.0)
@@ -273,7 +274,7 @@ def test_connect_to_nothing_is_peer_gone_or_timeout() -> None:
 def test_invalid_arguments_never_reach_native() -> None:
     secret = b"k" * 32
     with (
-        tp.Server(secret, tls="tcp") as server,
+        tp.Server(secret, store=HolderStore(), tls="tcp") as server,
         tp.Client("127.0.0.1", server.port, secret, tls="tcp") as client,
     ):
         cap = tp.issue_capability(secret, 1, 0, 0)
