@@ -6,6 +6,10 @@ import numpy as np
 
 U32_MAX = 2**32 - 1
 U64_MAX = 2**64 - 1
+# The longest deadline a call takes (about 11.6 days; kMaxTimeoutS in lumen/transport/worker.h).
+# Deadlines are finite: inf and values past what a steady_clock deadline holds (about 9.2e9 s)
+# are refused rather than read as "no deadline".
+MAX_TIMEOUT_S = 1e6
 
 
 def check_int(name: str, value: object, low: int, high: int) -> int:
@@ -28,11 +32,12 @@ def check_bytes(name: str, value: object, size: int | None = None) -> bytes:
 
 
 def check_timeout(timeout_s: object, name: str = "timeout_s") -> float:
-    """``timeout_s`` as a float > 0."""
+    """``timeout_s`` as a float in (0, MAX_TIMEOUT_S]; ValueError for anything else (nan and inf
+    included), TypeError for a non-number."""
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(timeout_s).__name__}")
-    if not timeout_s > 0:
-        raise ValueError(f"{name} must be > 0, got {timeout_s}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"{name} must be in (0, {MAX_TIMEOUT_S}] seconds, got {timeout_s}")
     return float(timeout_s)
 
 

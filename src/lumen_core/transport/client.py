@@ -20,7 +20,13 @@ from lumen_core.transport._checks import (
     check_key,
     check_timeout,
 )
-from lumen_core.transport.wire import CAPABILITY_BYTES, FINGERPRINT_BYTES, WireLimits
+from lumen_core.transport.wire import (
+    CAPABILITY_BYTES,
+    FINGERPRINT_BYTES,
+    WireLimits,
+    append_payload_bytes,
+    read_reply_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -49,7 +55,7 @@ class ReadResult:
 class Client:
     """One authenticated connection to a ``Server``.
 
-    Every call takes a deadline (``timeout_s``) and raises ``Timeout`` when it passes (an
+    Every call takes a deadline (``timeout_s``, finite: in (0, 1e6] s) and raises ``Timeout`` when it passes (an
     operation whose transfer was still in flight drops the connection, so the caller's arrays
     are never touched after the call returns), ``PeerGone`` when the connection fails, and
     ``Rejected``/``Conflict``/``StaleEpoch``/``Malformed``/``Aborted`` when the server refuses.
@@ -141,8 +147,18 @@ class Client:
             raise ValueError(
                 f"records must hold 1 to {self.limits.max_tokens_per_message} tokens, got {num_tokens}"
             )
-        if records.shape[1] < 1:
+        record_bytes = records.shape[1]
+        if record_bytes < 1:
             raise ValueError("records must have record_bytes >= 1, got 0")
+        if record_bytes > self.limits.max_record_bytes:
+            raise ValueError(
+                f"records must have at most {self.limits.max_record_bytes} bytes a record, got {record_bytes}"
+            )
+        payload_bytes = append_payload_bytes(num_tokens, record_bytes)
+        if payload_bytes > self.limits.max_payload_bytes:
+            raise ValueError(
+                f"records must fit max_payload_bytes={self.limits.max_payload_bytes}, got {payload_bytes} bytes"
+            )
         for name, array in (("token_ids", token_ids), ("crcs", crcs)):
             check_array(name, array, np.uint32, 1)
             if array.shape[0] != num_tokens:
@@ -200,6 +216,13 @@ class Client:
         check_int("start_pos", start_pos, 0, U64_MAX)
         check_int("max_tokens", max_tokens, 1, self.limits.max_tokens_per_message)
         check_int("record_bytes", record_bytes, 1, self.limits.max_record_bytes)
+        # The reply to a read of max_tokens must fit what this client accepts in one message.
+        if read_reply_bytes(max_tokens, record_bytes) > self.limits.max_payload_bytes:
+            fit = max(0, self.limits.max_payload_bytes - read_reply_bytes(0, 0)) // (8 + record_bytes)
+            raise ValueError(
+                f"max_tokens must be at most {fit} for record_bytes={record_bytes} (the reply must fit "
+                f"max_payload_bytes={self.limits.max_payload_bytes}), got {max_tokens}"
+            )
         cap = check_bytes("capability", capability, CAPABILITY_BYTES)
         if out is None:
             out = np.empty((max_tokens, record_bytes), dtype=np.uint8)

@@ -26,7 +26,11 @@ class Server:
 
     Runs its own UCX progress thread; ``stats()`` returns the counters of every refusal.
     ``tls`` sets UCX_TLS for this server only ("" leaves UCX's choice). A connection that has
-    not proven the secret within ``handshake_timeout_s`` is dropped.
+    not proven the secret within ``handshake_timeout_s`` of being accepted is dropped, whatever
+    it sent (plain TCP included); past ``max_unauthenticated`` such connections, new ones are
+    closed at once (counted as ``connections_refused``). So is a connection with an
+    append whose payload has not all arrived within ``receive_timeout_s`` (its writer stalled):
+    the receive fails and the store gets its memory back.
 
     Raises TypeError/ValueError for bad arguments and RuntimeError when UCX cannot listen.
     """
@@ -42,6 +46,8 @@ class Server:
         limits: WireLimits = WireLimits(),
         verify_records: bool = True,
         handshake_timeout_s: float = 10.0,
+        max_unauthenticated: int = 64,
+        receive_timeout_s: float = 30.0,
     ) -> None:
         key = check_secret(secret)
         if not isinstance(address, str):
@@ -55,16 +61,18 @@ class Server:
         # The holder's store is the one native sink; its binding builds the server over it.
         if not isinstance(store, RecordSink) or not isinstance(store._native, native.HolderStore):
             raise TypeError(f"store must be a HolderStore or another RecordSink, got {type(store).__name__}")
-        self._native = native.serve_holder_store(
-            store._native,
+        options = native.ServerOptions(
             secret=key,
             address=address,
             port=port,
             tls=tls,
             verify_records=bool(verify_records),
             handshake_timeout_s=check_timeout(handshake_timeout_s, "handshake_timeout_s"),
+            max_unauthenticated=check_int("max_unauthenticated", max_unauthenticated, 1, 1 << 16),
+            receive_timeout_s=check_timeout(receive_timeout_s, "receive_timeout_s"),
             **limits.kwargs(),
         )
+        self._native = native.serve_holder_store(store._native, options)
         self.address = address
         self.store = store
 

@@ -13,6 +13,16 @@ FINGERPRINT_BYTES = 32
 CAPABILITY_BYTES = 32
 
 
+def append_payload_bytes(num_tokens: int, record_bytes: int) -> int:
+    """Bytes of an APPEND payload: token ids and crcs (u32 each), then the records."""
+    return num_tokens * (8 + record_bytes)
+
+
+def read_reply_bytes(num_tokens: int, record_bytes: int) -> int:
+    """Bytes of a READ_DATA payload: both fingerprints, then what an append of it carries."""
+    return 2 * FINGERPRINT_BYTES + append_payload_bytes(num_tokens, record_bytes)
+
+
 @dataclass(frozen=True)
 class WireLimits:
     """What a receiver accepts in one message; larger messages are refused as malformed."""
