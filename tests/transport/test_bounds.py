@@ -261,6 +261,47 @@ def test_a_holder_remembers_the_latest_retired_epochs(pair) -> None:
         open_at(1, 1)
 
 
+def test_memory_a_stalled_receive_writes_into_counts_against_the_budget(
+    spawn, peer, secret, secret_file
+) -> None:
+    """A writer stalls (SIGSTOP) with appends half received; a new epoch takes the checkpoint
+    over and appends until the budget refuses. The chunks the stalled receives still write
+    into stay mapped beside the new ones, so they are charged: the records in use never
+    exceed the budget, and the charge returns once those receives end."""
+    request_id, n, record_bytes = 41, 1024, 32768  # 32 MiB appends, 4 in flight
+    budget, chunk = 256 << 20, 2 << 20
+    store = HolderStore(budget, chunk_bytes=chunk)
+    with tp.Server(secret, store=store, tls=TLS) as server:
+        streamer = spawn(
+            "stream",
+            *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
+            *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
+            *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
+        )
+        assert streamer.read()["durable"] >= n
+        try:
+            _stop_mid_receive(server, streamer.proc.pid)
+            cap = tp.issue_capability(secret, request_id, peer.SHARD, 2)
+            with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
+                fingerprints = (peer.LAYOUT_FP, peer.MODEL_FP)
+                pos = client.open(request_id, peer.SHARD, 2, record_bytes, *fingerprints, cap)
+                with pytest.raises(tp.Rejected):
+                    for _ in range(16):  # 16 MiB appends: the budget runs out first
+                        append = peer.make_append(request_id, pos, n // 2, record_bytes)
+                        pos = client.append(request_id, peer.SHARD, 2, pos, *append, cap)
+                stats = store.stats()
+                assert stats["appends_refused_budget"] >= 1
+                assert stats["arena_bytes"] - stats["arena_free_bytes"] <= budget + chunk
+                charged = stats["bytes_charged"]
+                os.kill(streamer.proc.pid, signal.SIGCONT)  # its receives end; it is refused
+                streamer.proc.wait(timeout=30)
+                _wait_for(lambda: store.stats()["bytes_charged"] < charged)
+                assert store.stats()["bytes_charged"] <= budget
+        finally:
+            if streamer.proc.poll() is None:
+                os.kill(streamer.proc.pid, signal.SIGCONT)
+
+
 RAW_OP = 2**63  # send_raw's first op id
 
 
