@@ -84,7 +84,7 @@ class Client:
             secret=key,
             tls=tls,
             connect_timeout_s=check_timeout(connect_timeout_s, "connect_timeout_s"),
-            **limits.kwargs(),
+            **limits._kwargs(),
         )
 
     @property

@@ -70,7 +70,7 @@ class Server:
             handshake_timeout_s=check_timeout(handshake_timeout_s, "handshake_timeout_s"),
             max_unauthenticated=check_int("max_unauthenticated", max_unauthenticated, 1, 1 << 16),
             receive_timeout_s=check_timeout(receive_timeout_s, "receive_timeout_s"),
-            **limits.kwargs(),
+            **limits._kwargs(),
         )
         self._native = native.serve_holder_store(store._native, options)
         self.address = address

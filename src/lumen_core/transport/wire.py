@@ -36,8 +36,8 @@ class WireLimits:
         check_int("max_record_bytes", self.max_record_bytes, 1, U32_MAX)
         check_int("max_payload_bytes", self.max_payload_bytes, 1, U64_MAX)
 
-    def kwargs(self) -> dict[str, int]:
-        """The limits as the native constructors' keyword arguments."""
+    def _kwargs(self) -> dict[str, int]:
+        """The limits as the native constructors' keyword arguments (the streamer's too)."""
         return {
             "max_tokens_per_message": self.max_tokens_per_message,
             "max_record_bytes": self.max_record_bytes,
