@@ -55,10 +55,12 @@ class ReadResult:
 class Client:
     """One authenticated connection to a ``Server``.
 
-    Every call takes a deadline (``timeout_s``, finite: in (0, 1e6] s) and raises ``Timeout`` when it passes (an
-    operation whose transfer was still in flight drops the connection, so the caller's arrays
-    are never touched after the call returns), ``PeerGone`` when the connection fails, and
+    Every call takes a deadline (``timeout_s``, finite: in (0, 1e6] s; ``inf`` is a ValueError)
+    and raises ``Timeout`` when it passes (an operation whose transfer was still in flight
+    drops the connection, so the caller's arrays are never touched after the call returns),
+    ``PeerGone`` when the connection fails (the server closed included), and
     ``Rejected``/``Conflict``/``StaleEpoch``/``Malformed``/``Aborted`` when the server refuses.
+    Arguments the limits would refuse on the wire are a ValueError before anything is sent.
     """
 
     def __init__(
@@ -157,7 +159,8 @@ class Client:
         payload_bytes = append_payload_bytes(num_tokens, record_bytes)
         if payload_bytes > self.limits.max_payload_bytes:
             raise ValueError(
-                f"records must fit max_payload_bytes={self.limits.max_payload_bytes}, got {payload_bytes} bytes"
+                f"records must fit max_payload_bytes={self.limits.max_payload_bytes}, "
+                f"got {payload_bytes} bytes"
             )
         for name, array in (("token_ids", token_ids), ("crcs", crcs)):
             check_array(name, array, np.uint32, 1)
