@@ -117,9 +117,11 @@ def perftest_gb_per_s(tls: str, size: int, iterations: int, peer_errors: bool) -
 
 
 def _serve(tls: str, secret_file: str, verify: bool) -> None:
-    from lumen_core.transport import Server, read_secret_file
+    from lumen_core.stream import HolderStore
+    from lumen_core.auth import read_secret_file
+    from lumen_core.transport import Server
 
-    with Server(read_secret_file(secret_file), tls=tls, verify_records=verify) as server:
+    with Server(read_secret_file(secret_file), store=HolderStore(), tls=tls, verify_records=verify) as server:
         print(server.port, flush=True)
         sys.stdin.read()  # until the parent closes stdin
 

@@ -159,21 +159,7 @@ def test_every_allowed_area_exists() -> None:
             assert dep.split(".")[0] in ALLOWED, (area, dep)
 
 
-_TRANSPORT_CYCLE = (
-    "transport/__init__.py imports stream.holder (the import cycle of issue 16); "
-    "the bounds-transport branch splits the transport into client, server and wire"
-)
-
-
-@pytest.mark.parametrize(
-    "area",
-    [
-        pytest.param(area, marks=pytest.mark.xfail(strict=True, reason=_TRANSPORT_CYCLE))
-        if area == "transport"
-        else area
-        for area in sorted(ALLOWED)
-    ],
-)
+@pytest.mark.parametrize("area", sorted(ALLOWED))
 def test_area_imports_only_what_its_contract_allows(area: str) -> None:
     for path in sources()[area]:
         assert violations(area, path.read_text()) == [], path.relative_to(PACKAGE)

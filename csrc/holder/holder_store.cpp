@@ -148,13 +148,18 @@ void HolderStore::abort_pending(Checkpoint* checkpoint, Status status,
       hold = std::make_shared<ChunkHold>();
       hold->arena = &arena_;
       checkpoint->records.detach_from(&arena_, checkpoint->durable_tokens, &hold->chunks);
+      // Mapped beside the chunks the checkpoint goes on in: charged until given back.
+      hold->charged_bytes = hold->chunks.size() * arena_.chunk_bytes();
+      charged_bytes_ += hold->charged_bytes;
     }
   }
   for (Pending& pending : checkpoint->pending) {
     ticket_keys_.erase(pending.ticket);
     if (!pending.received) {
+      charged_bytes_ += pending.buffer_bytes;
       orphans_.emplace(pending.ticket,
-                       Orphan{std::move(pending.buffer), pending.in_place ? hold : nullptr});
+                       Orphan{std::move(pending.buffer), pending.in_place ? hold : nullptr,
+                              pending.buffer_bytes});
     } else {
       give_buffer(pending.buffer_bytes, std::move(pending.buffer));
     }
@@ -340,7 +345,14 @@ Status HolderStore::commit(Checkpoint* checkpoint, Pending* pending) {
 void HolderStore::finish_append(uint64_t ticket, bool received_ok,
                                 std::vector<AppendOutcome>* outcomes) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (orphans_.erase(ticket) > 0) return;  // aborted while in flight: already reported
+  auto orphan = orphans_.find(ticket);
+  if (orphan != orphans_.end()) {  // aborted while in flight: reported, its memory returns
+    charged_bytes_ -= orphan->second.charged_bytes;
+    const std::shared_ptr<ChunkHold>& hold = orphan->second.hold;
+    if (hold && hold.use_count() == 1) charged_bytes_ -= hold->charged_bytes;
+    orphans_.erase(orphan);
+    return;
+  }
   auto key_it = ticket_keys_.find(ticket);
   if (key_it == ticket_keys_.end()) return;
   Checkpoint& checkpoint = checkpoints_.find(key_it->second)->second;

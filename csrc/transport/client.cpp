@@ -20,12 +20,6 @@ std::chrono::nanoseconds to_duration(double seconds) {
       std::chrono::duration<double>(seconds));
 }
 
-void check_timeout(double timeout_s) {
-  if (!(timeout_s > 0.0)) {
-    throw std::invalid_argument("timeout_s must be > 0, got " + std::to_string(timeout_s));
-  }
-}
-
 // The header of a request about checkpoint (request_id, shard) at epoch.
 WireHeader request_header(MessageKind kind, uint64_t op_id, uint64_t request_id, uint32_t shard,
                           uint32_t epoch, const Mac& capability) {
@@ -50,7 +44,7 @@ struct RequestContext {
 Client::Client(const ClientOptions& options)
     : options_(options), worker_(WorkerOptions{options.tls}) {
   check_secret(options_.secret);
-  check_timeout(options_.connect_timeout_s);
+  check_timeout("connect_timeout_s", options_.connect_timeout_s);
   socklen_t address_length = 0;
   const sockaddr_storage address =
       resolve_address(options_.address, options_.port, &address_length);
@@ -72,6 +66,11 @@ Client::Client(const ClientOptions& options)
                                                 ucs_status_string(status));
   }
   ep_open_ = true;
+  if (options_.handshake == Handshake::kSkip) {
+    connected_ = true;
+    worker_.start([this] { shutdown(); }, [this] { return !ops_.empty(); }, nullptr);
+    return;
+  }
   auto handshake = std::make_shared<Op>();
   handshake->id = kHandshakeOp;
   handshake->kind = MessageKind::kAuth;
@@ -97,7 +96,7 @@ void Client::close() {
 
 double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t window,
                                  uint32_t shard, double timeout_s) {
-  check_timeout(timeout_s);
+  check_timeout("timeout_s", timeout_s);
   constexpr uint64_t kSelfTestRequest = ~uint64_t{0};
   const uint64_t record_bytes = std::min<uint64_t>(message_bytes, 32768);
   const uint64_t num_tokens = message_bytes / std::max<uint64_t>(record_bytes, 1);
@@ -209,7 +208,8 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
                          UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-    param.flags = UCP_AM_SEND_FLAG_REPLY | UCP_AM_SEND_FLAG_COPY_HEADER;
+    param.flags = UCP_AM_SEND_FLAG_COPY_HEADER |
+                  (op->reply == RawReply::kWithReplyEp ? UCP_AM_SEND_FLAG_REPLY : 0);
     param.datatype = ucp_dt_make_iov();
     param.cb.send = &Client::on_send_done;
     param.user_data = context;
@@ -330,7 +330,7 @@ uint64_t Client::await(const OpPtr& op, double timeout_s) {
 
 uint64_t Client::run(const OpPtr& op, const WireHeader& h, const void* header_bytes,
                      const ucp_dt_iov_t* iov, size_t iov_count, double timeout_s) {
-  check_timeout(timeout_s);
+  check_timeout("timeout_s", timeout_s);
   submit(op, h, header_bytes, iov, iov_count);
   return await(op, timeout_s);
 }
@@ -338,7 +338,7 @@ uint64_t Client::run(const OpPtr& op, const WireHeader& h, const void* header_by
 uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint32_t record_bytes,
                       const uint8_t* fingerprints, const Mac& capability, uint64_t reserve_tokens,
                       double timeout_s) {
-  check_timeout(timeout_s);
+  check_timeout("timeout_s", timeout_s);
   OpPtr op = new_op(MessageKind::kOpen);
   op->owned_payload.assign(fingerprints, fingerprints + 2 * kFingerprintBytes);
   WireHeader h = request_header(MessageKind::kOpen, op->id, request_id, shard, epoch, capability);
@@ -351,8 +351,18 @@ uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint3
 
 uint64_t Client::start_append(const AppendArgs& a) {
   uint64_t payload_bytes = 0;
-  if (a.num_tokens == 0 || a.record_bytes == 0 ||
-      !append_payload_bytes(&payload_bytes, a.num_tokens, a.record_bytes) ||
+  const WireLimits& limits = options_.limits;
+  if (a.num_tokens == 0 || a.num_tokens > limits.max_tokens_per_message) {
+    throw std::invalid_argument("append must hold 1 to " +
+                                std::to_string(limits.max_tokens_per_message) + " tokens, got " +
+                                std::to_string(a.num_tokens));
+  }
+  if (a.record_bytes == 0 || a.record_bytes > limits.max_record_bytes) {
+    throw std::invalid_argument("record_bytes must be in [1, " +
+                                std::to_string(limits.max_record_bytes) + "], got " +
+                                std::to_string(a.record_bytes));
+  }
+  if (!append_payload_bytes(&payload_bytes, a.num_tokens, a.record_bytes) ||
       payload_bytes > options_.limits.max_payload_bytes) {
     throw std::invalid_argument("append must hold 1 to " +
                                 std::to_string(options_.limits.max_payload_bytes) +
@@ -380,7 +390,7 @@ uint64_t Client::start_append(const AppendArgs& a) {
 }
 
 uint64_t Client::wait(uint64_t op_id, double timeout_s) {
-  check_timeout(timeout_s);
+  check_timeout("timeout_s", timeout_s);
   OpPtr op;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -396,13 +406,13 @@ uint64_t Client::wait(uint64_t op_id, double timeout_s) {
 }
 
 uint64_t Client::append(const AppendArgs& args, double timeout_s) {
-  check_timeout(timeout_s);
+  check_timeout("timeout_s", timeout_s);
   return wait(start_append(args), timeout_s);
 }
 
 void Client::release(uint64_t request_id, uint32_t shard, uint32_t epoch, const Mac& capability,
                      double timeout_s) {
-  check_timeout(timeout_s);
+  check_timeout("timeout_s", timeout_s);
   OpPtr op = new_op(MessageKind::kRelease);
   const WireHeader h =
       request_header(MessageKind::kRelease, op->id, request_id, shard, epoch, capability);
@@ -410,11 +420,21 @@ void Client::release(uint64_t request_id, uint32_t shard, uint32_t epoch, const 
 }
 
 ReadReply Client::read(const ReadArgs& args, double timeout_s) {
-  check_timeout(timeout_s);
+  check_timeout("timeout_s", timeout_s);
   if (args.max_tokens == 0 || args.max_tokens > options_.limits.max_tokens_per_message) {
     throw std::invalid_argument("max_tokens must be in [1, " +
                                 std::to_string(options_.limits.max_tokens_per_message) + "], got " +
                                 std::to_string(args.max_tokens));
+  }
+  uint64_t reply_bytes = 0;
+  if (args.record_bytes == 0 || args.record_bytes > options_.limits.max_record_bytes ||
+      !append_payload_bytes(&reply_bytes, args.max_tokens, args.record_bytes) ||
+      reply_bytes + 2 * kFingerprintBytes > options_.limits.max_payload_bytes) {
+    // The reply would be refused as malformed on arrival, dropping the connection.
+    throw std::invalid_argument("read reply must fit " +
+                                std::to_string(options_.limits.max_payload_bytes) +
+                                " payload bytes, got " + std::to_string(args.max_tokens) +
+                                " tokens of " + std::to_string(args.record_bytes) + " bytes");
   }
   OpPtr op = new_op(MessageKind::kRead);
   op->read = args;
@@ -427,10 +447,11 @@ ReadReply Client::read(const ReadArgs& args, double timeout_s) {
 }
 
 uint64_t Client::send_raw(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,
-                          uint64_t op_id, double timeout_s) {
-  check_timeout(timeout_s);
+                          uint64_t op_id, double timeout_s, RawReply reply) {
+  check_timeout("timeout_s", timeout_s);
   auto op = std::make_shared<Op>();
   op->kind = MessageKind::kError;  // not a real operation kind: only its answer matters
+  op->reply = reply;
   op->owned_header = header;
   op->owned_payload = payload;
   {
@@ -473,6 +494,7 @@ ucs_status_t Client::handle(const WireHeader& h, void* data, bool rndv) {
   const bool handshaking = op && op->id == kHandshakeOp;
   switch (h.kind) {
     case MessageKind::kChallenge:
+      if (options_.handshake == Handshake::kSkip) return UCS_OK;  // left unanswered
       if (!handshaking || rndv) break;
       handle_challenge(static_cast<const uint8_t*>(data));
       return UCS_OK;

@@ -50,6 +50,11 @@ bool records_match(const AppendTarget& target, uint32_t num_tokens, uint32_t rec
   return index == num_tokens;
 }
 
+// How long close() waits for its flushing closes and the receives they fail. A client still
+// there sees its close within milliseconds; one that went away unnoticed (a client's own
+// close does not tell the server) never completes it, so the wait is short.
+constexpr double kShutdownGraceS = 0.5;
+
 bool is_request(MessageKind kind) {
   return kind == MessageKind::kOpen || kind == MessageKind::kAppend ||
          kind == MessageKind::kRelease || kind == MessageKind::kRead;
@@ -61,13 +66,11 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
     : options_(options), sink_(std::move(sink)), worker_(WorkerOptions{options.tls}) {
   check_secret(options_.secret);
   if (!sink_) throw std::invalid_argument("sink must be a RecordSink, got null");
-  if (!(options_.handshake_timeout_s > 0.0)) {
-    throw std::invalid_argument("handshake_timeout_s must be > 0, got " +
-                                std::to_string(options_.handshake_timeout_s));
-  }
+  check_timeout("handshake_timeout_s", options_.handshake_timeout_s);
+  check_timeout("receive_timeout_s", options_.receive_timeout_s);
+  // UCX listens on loopback only; clients reach it through the gate on options_.address.
   socklen_t address_length = 0;
-  const sockaddr_storage address =
-      resolve_address(options_.address, options_.port, &address_length);
+  const sockaddr_storage address = resolve_address("127.0.0.1", 0, &address_length);
 
   worker_.set_message_handler(&Server::on_message, this);
 
@@ -78,9 +81,7 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
   params.conn_handler.cb = &Server::on_conn_request;
   params.conn_handler.arg = this;
   ucs_status_t status = ucp_listener_create(worker_.handle(), &params, &listener_);
-  if (status != UCS_OK) {
-    throw_ucs("listen on " + options_.address + ":" + std::to_string(options_.port), status);
-  }
+  if (status != UCS_OK) throw_ucs("listen on 127.0.0.1", status);
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   status = ucp_listener_query(listener_, &attr);
@@ -88,20 +89,39 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
     ucp_listener_destroy(listener_);
     throw_ucs("ucp_listener_query", status);
   }
-  port_ = attr.sockaddr.ss_family == AF_INET6
-              ? ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port)
-              : ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  worker_.start([this] { shutdown(); }, [this] { return !appends_.empty(); },
-                [this] { expire_handshakes(); });
+  GateOptions gate;
+  gate.address = options_.address;
+  gate.port = options_.port;
+  gate.upstream_port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  gate.deadline_s = options_.handshake_timeout_s;
+  gate.max_pending = options_.max_unauthenticated;
+  try {
+    gate_ = std::make_unique<Gate>(gate);
+  } catch (...) {
+    ucp_listener_destroy(listener_);
+    throw;
+  }
+  port_ = gate_->port();
+  worker_.start([this] { shutdown(); }, [this] { return !appends_.empty(); }, [this] { expire(); });
 }
 
 Server::~Server() { close(); }
 
-void Server::close() { worker_.stop(); }
+void Server::close() {
+  worker_.stop();  // its flushing closes reach the clients through the gate
+  gate_->stop();
+}
 
 ServerStats Server::stats() const {
   ServerStats copy;
-  worker_.call([&] { copy = stats_; });
+  worker_.call([&] {
+    copy = stats_;
+    for (const auto& [ticket, pending] : appends_) copy.receives_in_flight += pending->receiving;
+  });
+  const GateStats gate = gate_->stats();
+  copy.connections_refused = gate.refused;
+  copy.connections_unauthenticated = gate.pending;
+  copy.handshake_timeouts += gate.expired;
   return copy;
 }
 
@@ -110,12 +130,14 @@ void Server::shutdown() {
     ucp_listener_destroy(listener_);
     listener_ = nullptr;
   }
+  // A flushing close tells each client its connection is gone (it sees PeerGone at once; a
+  // forced close would leave it to time out). Closed endpoints complete their receives with
+  // errors, which settles the appends.
   std::vector<Conn*> open;
   for (auto& [id, conn] : conns_) open.push_back(conn.get());
-  for (Conn* conn : open) drop(conn, /*force=*/true);
-  // Force-closed endpoints complete their receives with errors, which settles the appends.
+  for (Conn* conn : open) drop(conn, /*force=*/false);
   worker_.progress_until([this] { return worker_.closing_endpoints() == 0 && appends_.empty(); },
-                         5.0);
+                         kShutdownGraceS);
 }
 
 Server::Conn* Server::find(ucp_ep_h ep) {
@@ -133,6 +155,12 @@ void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   auto conn = std::make_unique<Conn>();
   conn->id = self->next_conn_id_++;
   conn->accepted_at = std::chrono::steady_clock::now();
+  ucp_conn_request_attr_t request_attr{};
+  request_attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &request_attr) == UCS_OK) {
+    conn->relay_port =
+        ntohs(reinterpret_cast<const sockaddr_in*>(&request_attr.client_address)->sin_port);
+  }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                       UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -162,7 +190,7 @@ bool Server::handshake_expired(const Conn& conn) const {
          std::chrono::duration<double>(options_.handshake_timeout_s);
 }
 
-void Server::expire_handshakes() {
+void Server::expire() {
   std::vector<Conn*> expired;
   for (auto& [id, conn] : conns_) {
     if (!conn->authenticated && handshake_expired(*conn)) expired.push_back(conn.get());
@@ -171,6 +199,28 @@ void Server::expire_handshakes() {
     stats_.handshake_timeouts++;
     drop(conn, /*force=*/true);
   }
+  // UCX reports no progress of a receive, only its end: one that has not ended by its
+  // deadline has a stalled sender. Dropping the connection fails the receive.
+  const auto now = std::chrono::steady_clock::now();
+  const auto limit = std::chrono::duration<double>(options_.receive_timeout_s);
+  std::vector<uint64_t> stalled;
+  for (const auto& [ticket, pending] : appends_) {
+    if (pending->receiving && now - pending->begun_at > limit) stalled.push_back(pending->conn_id);
+  }
+  for (uint64_t conn_id : stalled) {
+    if (Conn* conn = find(conn_id)) {  // several receives of one connection: dropped once
+      stats_.receive_timeouts++;
+      drop(conn, /*force=*/true);
+    }
+  }
+}
+
+void Server::drop_unauthenticated() {
+  std::vector<Conn*> unauthenticated;
+  for (auto& [id, conn] : conns_) {
+    if (!conn->authenticated) unauthenticated.push_back(conn.get());
+  }
+  for (Conn* conn : unauthenticated) drop(conn, /*force=*/true);
 }
 
 void Server::on_ep_error(void* arg, ucp_ep_h ep, ucs_status_t /*status*/) {
@@ -245,12 +295,15 @@ ucs_status_t Server::on_message(void* arg, const void* header, size_t header_len
   auto* self = static_cast<Server*>(arg);
   Conn* conn =
       (param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP) ? self->find(param->reply_ep) : nullptr;
-  if (conn == nullptr) {
-    // Still in flight from a connection already dropped (and counted), or sent without a
-    // reply endpoint, which no client of ours does: drop it.
-    if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) self->stats_.malformed++;
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    // Sent without a reply endpoint, which no client of ours does, so not by an authenticated
+    // peer; UCX does not say which connection it came on, so every connection still in its
+    // handshake is dropped (an honest one retries with a fresh connection).
+    self->stats_.malformed++;
+    self->drop_unauthenticated();
     return UCS_OK;
   }
+  if (conn == nullptr) return UCS_OK;  // in flight from a connection already dropped
   WireHeader h;
   std::string why;
   if (!decode_header(&h, &why, header, header_length, length, self->options_.limits)) {
@@ -361,6 +414,7 @@ void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload
     return;
   }
   conn->authenticated = true;
+  gate_->authenticated(conn->relay_port);
   stats_.handshakes_ok++;
   const Mac proof = handshake_mac(options_.secret, "server", client_nonce, conn->nonce.data());
   WireHeader ok;
@@ -381,6 +435,7 @@ ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, 
   pending->server = this;
   pending->conn_id = conn->id;
   pending->header = h;
+  pending->begun_at = std::chrono::steady_clock::now();
   const uint64_t n = h.num_tokens;
   pending->iov.push_back({pending->target.token_ids, 4 * n});
   pending->iov.push_back({pending->target.crcs, 4 * n});

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <iomanip>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -43,6 +45,15 @@ sockaddr_storage resolve_address(const std::string& address, uint16_t port, sock
   *length = found->ai_addrlen;
   freeaddrinfo(found);
   return out;
+}
+
+void check_timeout(const char* name, double seconds) {
+  if (!(seconds > 0.0 && seconds <= kMaxTimeoutS)) {
+    std::ostringstream message;
+    message << name << " must be in (0, " << std::fixed << std::setprecision(1) << kMaxTimeoutS
+            << "] seconds, got " << std::defaultfloat << seconds;
+    throw std::invalid_argument(message.str());
+  }
 }
 
 void throw_ucs(const std::string& what, ucs_status_t status) {

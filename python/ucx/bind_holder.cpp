@@ -149,23 +149,10 @@ void bind_holder(py::module_& m) {
 
   m.def(
       "serve_holder_store",
-      [](std::shared_ptr<lh::HolderStore> store, const py::bytes& secret,
-         const std::string& address, uint16_t port, const std::string& tls, uint32_t max_tokens,
-         uint32_t max_record_bytes, uint64_t max_payload_bytes, bool verify_records,
-         double handshake_timeout_s) {
-        lt::ServerOptions options;
-        options.secret = secret;
-        options.address = address;
-        options.port = port;
-        options.tls = tls;
-        options.limits = lumen_bind::to_limits(max_tokens, max_record_bytes, max_payload_bytes);
-        options.verify_records = verify_records;
-        options.handshake_timeout_s = handshake_timeout_s;
+      [](std::shared_ptr<lh::HolderStore> store, const lt::ServerOptions& options) {
         py::gil_scoped_release release;
         return std::make_unique<lt::Server>(options, std::move(store));
       },
-      py::arg("store"), py::kw_only(), py::arg("secret"), py::arg("address"), py::arg("port"),
-      py::arg("tls"), py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
-      py::arg("max_payload_bytes"), py::arg("verify_records"), py::arg("handshake_timeout_s"),
-      "A transport Server that keeps what it receives in `store`.");
+      py::arg("store"), py::arg("options"),
+      "A transport Server (built with a ServerOptions) that keeps what it receives in `store`.");
 }

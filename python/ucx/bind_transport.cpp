@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -32,6 +33,8 @@ using lumen_bind::to_mac;
 py::dict stats_dict(const lt::ServerStats& s) {
   py::dict d;
   d["connections_accepted"] = s.connections_accepted;
+  d["connections_refused"] = s.connections_refused;
+  d["connections_unauthenticated"] = s.connections_unauthenticated;
   d["connections_active"] = s.connections_active;
   d["handshakes_ok"] = s.handshakes_ok;
   d["handshakes_failed"] = s.handshakes_failed;
@@ -43,6 +46,8 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["rejected"] = s.rejected;
   d["conflicts"] = s.conflicts;
   d["crc_failures"] = s.crc_failures;
+  d["receive_timeouts"] = s.receive_timeouts;
+  d["receives_in_flight"] = s.receives_in_flight;
   d["appends_committed"] = s.appends_committed;
   d["appends_aborted"] = s.appends_aborted;
   d["tokens_committed"] = s.tokens_committed;
@@ -59,6 +64,16 @@ struct PyClient {
   std::map<uint64_t, py::object> sending;
   std::unique_ptr<lt::Client> client;
 };
+
+// The wire's token counts and record sizes are u32: a larger dimension must not be cut.
+void check_u32_shape(const U8Array& records, const char* name) {
+  for (int axis = 0; axis < 2; ++axis) {
+    if (static_cast<uint64_t>(records.shape(axis)) > UINT32_MAX) {
+      throw py::value_error(std::string(name) + " must have dimensions under 2**32, got " +
+                            std::to_string(records.shape(axis)));
+    }
+  }
+}
 
 }  // namespace
 
@@ -152,6 +167,30 @@ void bind_transport(py::module_& m) {
       py::arg("max_record_bytes"), py::arg("max_payload_bytes"),
       "Validates a header as a receiver does; ValueError says what is wrong.");
 
+  // What serve_holder_store (bind_holder.cpp) builds a Server with; Python checked each value,
+  // the Server re-checks the secret and the deadlines.
+  py::class_<lt::ServerOptions>(m, "ServerOptions")
+      .def(py::init([](const py::bytes& secret, const std::string& address, uint16_t port,
+                       const std::string& tls, uint32_t max_tokens, uint32_t max_record_bytes,
+                       uint64_t max_payload_bytes, bool verify_records, double handshake_timeout_s,
+                       uint32_t max_unauthenticated, double receive_timeout_s) {
+             lt::ServerOptions options;
+             options.secret = secret;
+             options.address = address;
+             options.port = port;
+             options.tls = tls;
+             options.limits = to_limits(max_tokens, max_record_bytes, max_payload_bytes);
+             options.verify_records = verify_records;
+             options.handshake_timeout_s = handshake_timeout_s;
+             options.max_unauthenticated = max_unauthenticated;
+             options.receive_timeout_s = receive_timeout_s;
+             return options;
+           }),
+           py::kw_only(), py::arg("secret"), py::arg("address"), py::arg("port"), py::arg("tls"),
+           py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
+           py::arg("max_payload_bytes"), py::arg("verify_records"), py::arg("handshake_timeout_s"),
+           py::arg("max_unauthenticated"), py::arg("receive_timeout_s"));
+
   // Constructed by serve_holder_store (bind_holder.cpp) over its HolderStore.
   py::class_<lt::Server>(m, "Server")
       .def_property_readonly("port", &lt::Server::port)
@@ -169,7 +208,7 @@ void bind_transport(py::module_& m) {
   py::class_<PyClient>(m, "Client")
       .def(py::init([](const std::string& address, uint16_t port, const py::bytes& secret,
                        const std::string& tls, double connect_timeout_s, uint32_t max_tokens,
-                       uint32_t max_record_bytes, uint64_t max_payload_bytes) {
+                       uint32_t max_record_bytes, uint64_t max_payload_bytes, bool skip_handshake) {
              lt::ClientOptions options;
              options.address = address;
              options.port = port;
@@ -177,6 +216,7 @@ void bind_transport(py::module_& m) {
              options.tls = tls;
              options.connect_timeout_s = connect_timeout_s;
              options.limits = to_limits(max_tokens, max_record_bytes, max_payload_bytes);
+             options.handshake = skip_handshake ? lt::Handshake::kSkip : lt::Handshake::kProve;
              auto out = std::make_unique<PyClient>();
              py::gil_scoped_release release;
              out->client = std::make_unique<lt::Client>(options);
@@ -184,7 +224,8 @@ void bind_transport(py::module_& m) {
            }),
            py::kw_only(), py::arg("address"), py::arg("port"), py::arg("secret"), py::arg("tls"),
            py::arg("connect_timeout_s"), py::arg("max_tokens_per_message"),
-           py::arg("max_record_bytes"), py::arg("max_payload_bytes"))
+           py::arg("max_record_bytes"), py::arg("max_payload_bytes"),
+           py::arg("skip_handshake") = false)
       .def(
           "open",
           [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch,
@@ -214,6 +255,7 @@ void bind_transport(py::module_& m) {
                 token_ids.shape(0) != records.shape(0) || crcs.shape(0) != records.shape(0)) {
               throw py::value_error("records must be [n, record_bytes] with n token_ids and crcs");
             }
+            check_u32_shape(records, "records");
             lt::AppendArgs a;
             a.request_id = request_id;
             a.shard = shard;
@@ -270,6 +312,7 @@ void bind_transport(py::module_& m) {
                 token_ids.shape(0) != records.shape(0) || crcs.shape(0) != records.shape(0)) {
               throw py::value_error("records must be [n, record_bytes] with n token_ids and crcs");
             }
+            check_u32_shape(records, "records");
             std::string fingerprints(2 * lt::kFingerprintBytes, '\0');
             lt::ReadArgs a;
             a.request_id = request_id;
@@ -297,14 +340,17 @@ void bind_transport(py::module_& m) {
       .def(
           "send_raw",
           [](PyClient& c, const py::bytes& header, const py::bytes& payload, uint64_t op_id,
-             double timeout_s) {
+             double timeout_s, bool reply_ep) {
             const std::string h = header;
             const std::string p = payload;
             py::gil_scoped_release release;
-            return c.client->send_raw(std::vector<uint8_t>(h.begin(), h.end()),
-                                      std::vector<uint8_t>(p.begin(), p.end()), op_id, timeout_s);
+            return c.client->send_raw(
+                std::vector<uint8_t>(h.begin(), h.end()), std::vector<uint8_t>(p.begin(), p.end()),
+                op_id, timeout_s,
+                reply_ep ? lt::RawReply::kWithReplyEp : lt::RawReply::kWithoutReplyEp);
           },
-          py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"))
+          py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"),
+          py::kw_only(), py::arg("reply_ep") = true)
       .def(
           "measure_bandwidth",
           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t window, uint32_t shard,

@@ -22,7 +22,8 @@ from lumen_core.layouts import KVLayout
 from lumen_core.ops import scatter_tokens
 from lumen_core.stream import CheckpointStreamer
 from lumen_core.testing import make_paged_cache, slots_for_blocks
-from lumen_core.transport import issue_capability, read_secret_file
+from lumen_core.auth import read_secret_file
+from lumen_core.transport import issue_capability
 
 MODEL = "worker-model"
 BLOCK_SIZE = 16

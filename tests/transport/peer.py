@@ -53,11 +53,14 @@ def _emit(obj: dict) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
-    from lumen_core.transport import Server, WireLimits, read_secret_file
+    from lumen_core.stream import HolderStore
+    from lumen_core.auth import read_secret_file
+    from lumen_core.transport import Server, WireLimits
 
     limits = WireLimits(max_payload_bytes=args.max_payload_bytes)
     with Server(
         read_secret_file(args.secret_file),
+        store=HolderStore(),
         tls=args.tls,
         limits=limits,
         verify_records=not args.no_verify,
@@ -72,7 +75,8 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def stream(args: argparse.Namespace) -> None:
-    from lumen_core.transport import Client, issue_capability, read_secret_file
+    from lumen_core.auth import read_secret_file
+    from lumen_core.transport import Client, issue_capability
 
     secret = read_secret_file(args.secret_file)
     capability = issue_capability(secret, args.request_id, SHARD, EPOCH)

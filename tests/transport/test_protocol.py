@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from lumen_core import transport as tp
+from lumen_core.stream import HolderStore
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(90)]
 
@@ -269,14 +270,14 @@ def test_close_is_idempotent_and_later_calls_are_peer_gone(server, secret) -> No
     assert not client.connected
     with pytest.raises(tp.PeerGone, match="the connection is closed"):
         client.release(1, 0, 1, tp.issue_capability(secret, 1, 0, 1))
-    local = tp.Server(secret, tls=TLS)
+    local = tp.Server(secret, store=HolderStore(), tls=TLS)
     local.close()
     local.close()
 
 
 def test_connection_that_does_not_authenticate_in_time_is_dropped(secret) -> None:
     # A deadline no handshake can meet: the proof arrives late (or never) and is refused.
-    with tp.Server(secret, tls=TLS, handshake_timeout_s=1e-6) as server:
+    with tp.Server(secret, store=HolderStore(), tls=TLS, handshake_timeout_s=1e-6) as server:
         with pytest.raises((tp.Timeout, tp.PeerGone)):
             tp.Client("127.0.0.1", server.port, secret, tls=TLS, connect_timeout_s=5.0)
         stats = server.stats()

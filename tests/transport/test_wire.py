@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +12,7 @@ from hypothesis import strategies as st
 
 from lumen_core import _native
 from lumen_core import transport as tp
+from lumen_core.stream import HolderStore
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
@@ -182,7 +182,7 @@ def test_capability_is_hmac_sha256() -> None:
 )
 def test_no_default_or_short_secret(secret, error, match) -> None:
     with pytest.raises(error, match=match):
-        tp.Server(secret)
+        tp.Server(secret, store=HolderStore())
     with pytest.raises(error, match=match):
         tp.Client("127.0.0.1", 1, secret)
     with pytest.raises(error, match=match):
@@ -193,31 +193,18 @@ def test_native_server_refuses_short_secret() -> None:
     with pytest.raises(ValueError, match="at least 16 bytes"):
         native = _native_module()
         store = native.HolderStore(budget_bytes=1 << 20, policy=0, chunk_bytes=1 << 21, pinned=False)
-        native.serve_holder_store(
-            store,
+        options = native.ServerOptions(
             secret=b"short",
             address="127.0.0.1",
             port=0,
             tls="tcp",
             verify_records=True,
             handshake_timeout_s=10.0,
+            max_unauthenticated=64,
+            receive_timeout_s=30.0,
             **LIMITS,
         )
-
-
-def test_read_secret_file(tmp_path: Path) -> None:
-    path = tmp_path / "secret"
-    path.write_bytes(b"k" * 32)
-    path.chmod(0o644)
-    with pytest.raises(PermissionError, match="owner only"):
-        tp.read_secret_file(path)
-    path.chmod(0o600)
-    assert tp.read_secret_file(path) == b"k" * 32
-    path.write_bytes(b"k" * 8)
-    with pytest.raises(ValueError, match="at least 16 bytes, got 8"):
-        tp.read_secret_file(path)
-    with pytest.raises(FileNotFoundError):
-        tp.read_secret_file(tmp_path / "missing")
+        native.serve_holder_store(store, options)
 
 
 @pytest.mark.parametrize(
@@ -236,26 +223,26 @@ def test_wire_limits_validation(field, value, error, match) -> None:
 def test_server_argument_validation() -> None:
     secret = b"k" * 32
     with pytest.raises(TypeError, match="address must be a str, got int"):
-        tp.Server(secret, address=1)
+        tp.Server(secret, store=HolderStore(), address=1)
     with pytest.raises(ValueError, match=r"port must be in \[0, 65535\], got 70000"):
-        tp.Server(secret, port=70000)
+        tp.Server(secret, store=HolderStore(), port=70000)
     with pytest.raises(TypeError, match="tls must be a str, got NoneType"):
-        tp.Server(secret, tls=None)
+        tp.Server(secret, store=HolderStore(), tls=None)
     with pytest.raises(TypeError, match="limits must be a WireLimits, got dict"):
-        tp.Server(secret, limits={})
+        tp.Server(secret, store=HolderStore(), limits={})
     with pytest.raises(ValueError, match="address must be a host name or IP address"):
-        tp.Server(secret, address="no such host.invalid")
-    with pytest.raises(ValueError, match="handshake_timeout_s must be > 0, got 0"):
-        tp.Server(secret, handshake_timeout_s=0)
+        tp.Server(secret, store=HolderStore(), address="no such host.invalid")
+    with pytest.raises(ValueError, match=r"handshake_timeout_s must be in \(0, 1000000.0\] seconds, got 0"):
+        tp.Server(secret, store=HolderStore(), handshake_timeout_s=0)
     with pytest.raises(TypeError, match="handshake_timeout_s must be a number, got str"):
-        tp.Server(secret, handshake_timeout_s="1")
+        tp.Server(secret, store=HolderStore(), handshake_timeout_s="1")
 
 
 def test_client_argument_validation() -> None:
     secret = b"k" * 32
     with pytest.raises(ValueError, match=r"port must be in \[1, 65535\], got 0"):
         tp.Client("127.0.0.1", 0, secret)
-    with pytest.raises(ValueError, match="connect_timeout_s must be > 0, got 0"):
+    with pytest.raises(ValueError, match=r"connect_timeout_s must be in \(0, 1000000.0\] seconds, got 0"):
         tp.Client("127.0.0.1", 1, secret, connect_timeout_s=0)
     with pytest.raises(TypeError, match="limits must be a WireLimits, got int"):
         tp.Client("127.0.0.1", 1, secret, limits=3)
@@ -264,7 +251,7 @@ def test_client_argument_validation() -> None:
 
 
 def test_connect_to_nothing_is_peer_gone_or_timeout() -> None:
-    with tp.Server(b"k" * 32, tls="tcp") as server:
+    with tp.Server(b"k" * 32, store=HolderStore(), tls="tcp") as server:
         port = server.port
     with pytest.raises((tp.PeerGone, tp.Timeout)):
         tp.Client("127.0.0.1", port, b"k" * 32, tls="tcp", connect_timeout_s=3.0)
@@ -273,7 +260,7 @@ def test_connect_to_nothing_is_peer_gone_or_timeout() -> None:
 def test_invalid_arguments_never_reach_native() -> None:
     secret = b"k" * 32
     with (
-        tp.Server(secret, tls="tcp") as server,
+        tp.Server(secret, store=HolderStore(), tls="tcp") as server,
         tp.Client("127.0.0.1", server.port, secret, tls="tcp") as client,
     ):
         cap = tp.issue_capability(secret, 1, 0, 0)
@@ -315,7 +302,7 @@ def test_invalid_arguments_never_reach_native() -> None:
             client.open(1, 0, 0, 16, b"abc", bytes(32), cap)
         with pytest.raises(ValueError, match=r"record_bytes must be in \[1, "):
             client.open(1, 0, 0, 0, bytes(32), bytes(32), cap)
-        with pytest.raises(ValueError, match="timeout_s must be > 0, got -1"):
+        with pytest.raises(ValueError, match=r"timeout_s must be in \(0, 1000000.0\] seconds, got -1"):
             client.release(1, 0, 0, cap, timeout_s=-1)
         with pytest.raises(ValueError, match=r"out must have shape \(4, 16\), got \(4, 8\)"):
             client.read(1, 0, 0, 0, 4, 16, cap, out=np.zeros((4, 8), np.uint8))

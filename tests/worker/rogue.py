@@ -28,7 +28,8 @@ from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.coordinator import RUN
 from lumen_core.gateway.protocol import method, parse_address
 from lumen_core.ops import checksum
-from lumen_core.transport import Client, TransportError, read_secret_file
+from lumen_core.auth import read_secret_file
+from lumen_core.transport import Client, TransportError
 
 RECORD_BYTES = 2048  # the tiny float64 model's KV record
 FAKE_TOKENS = [255, 254, 253, 252]

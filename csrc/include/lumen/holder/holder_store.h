@@ -32,7 +32,8 @@ struct HolderOptions {
 struct HolderStats {
   uint64_t checkpoints = 0;
   uint64_t budget_bytes = 0;
-  uint64_t bytes_charged = 0;  // sum over checkpoints of max(reserved, held) bytes
+  uint64_t bytes_charged = 0;  // sum over checkpoints of max(reserved, held) bytes, plus
+                               // the memory aborted receives still write into
   uint64_t bytes_held = 0;     // durable record, token id and crc bytes
   uint64_t tokens_held = 0;
   uint64_t reservations = 0;
@@ -145,6 +146,7 @@ class HolderStore final : public transport::RecordSink {
   struct ChunkHold {
     ChunkArena* arena = nullptr;
     std::vector<uint8_t*> chunks;
+    uint64_t charged_bytes = 0;  // the chunks' bytes, in charged_bytes_ until given back
     ~ChunkHold() {
       for (uint8_t* c : chunks) arena->give(c);
     }
@@ -153,6 +155,7 @@ class HolderStore final : public transport::RecordSink {
   struct Orphan {
     std::unique_ptr<uint8_t[]> buffer;
     std::shared_ptr<ChunkHold> hold;
+    uint64_t charged_bytes = 0;  // the buffer's bytes, in charged_bytes_ until freed
   };
   struct Checkpoint {
     uint64_t request_id = 0;

@@ -19,6 +19,15 @@
 
 namespace lumen::transport {
 
+// kProve: the connection proves the secret before anything else (every real client).
+// kSkip: it does not, for tests of what a server does with unauthenticated peers; only
+// send_raw is of use then.
+enum class Handshake { kProve, kSkip };
+
+// How send_raw sends: with UCX's reply endpoint, as every client message is sent, or without
+// it, so the server cannot tell which connection the message came on (for tests).
+enum class RawReply { kWithReplyEp, kWithoutReplyEp };
+
 struct ClientOptions {
   std::string address = "127.0.0.1";
   uint16_t port = 0;
@@ -26,6 +35,7 @@ struct ClientOptions {
   std::string tls;
   WireLimits limits;
   double connect_timeout_s = 10.0;
+  Handshake handshake = Handshake::kProve;
 };
 
 struct AppendArgs {
@@ -93,7 +103,7 @@ class Client {
   // Sends header (any bytes) and payload as one message and waits for the answer to op_id
   // (>= 2**63, or for the connection to fail): for tests of the server's validation.
   uint64_t send_raw(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,
-                    uint64_t op_id, double timeout_s);
+                    uint64_t op_id, double timeout_s, RawReply reply = RawReply::kWithReplyEp);
 
   // Streams count appends of message_bytes (zero records of up to 32 KiB with their crcs) to
   // a scratch checkpoint (request_id 2**64 - 1, the given shard), releases it, and returns
@@ -121,6 +131,7 @@ class Client {
     uint64_t payload_bytes = 0;
     ReadArgs read;
     ReadReply read_reply;
+    RawReply reply = RawReply::kWithReplyEp;
     ucp_dt_iov_t iov[4];
     std::vector<uint8_t> owned_header;
     std::vector<uint8_t> owned_payload;

@@ -1,6 +1,7 @@
-// The receiving side of the data plane: a UCP listener whose connections must prove the
-// cluster secret, then open/append/release/read checkpoints held by a RecordSink. Appends are
-// received straight into the sink's buffers by the progress thread; no Python runs on it.
+// The receiving side of the data plane: a UCP listener (behind a Gate that bounds connections
+// not yet authenticated) whose connections must prove the cluster secret, then
+// open/append/release/read checkpoints held by a RecordSink. Appends are received straight
+// into the sink's buffers by the progress thread; no Python runs on it.
 #pragma once
 #include <chrono>
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "lumen/transport/auth.h"
+#include "lumen/transport/gate.h"
 #include "lumen/transport/sink.h"
 #include "lumen/transport/wire.h"
 #include "lumen/transport/worker.h"
@@ -23,24 +25,34 @@ struct ServerOptions {
   std::string secret;
   std::string tls;
   WireLimits limits;
-  bool verify_records = true;         // recompute each record's crc32c on receipt
-  double handshake_timeout_s = 10.0;  // connections not authenticated by then are dropped
+  bool verify_records = true;  // recompute each record's crc32c on receipt
+  // A connection not authenticated this long after it was accepted (whatever it sent, UCX
+  // or not) is dropped; past max_unauthenticated such connections, new ones are closed at once.
+  double handshake_timeout_s = 10.0;
+  uint32_t max_unauthenticated = 64;
+  // An append whose payload has not all arrived by then (its writer stalled or died without
+  // its connection failing) drops the connection; the receive fails and its memory returns.
+  double receive_timeout_s = 30.0;
 };
 
 // Counters; every refusal and failure is visible here.
 struct ServerStats {
-  uint64_t connections_accepted = 0;
+  uint64_t connections_accepted = 0;         // UCX connections (past the gate)
+  uint64_t connections_refused = 0;          // closed at accept: max_unauthenticated were waiting
+  uint64_t connections_unauthenticated = 0;  // accepted, not yet authenticated (now)
   uint64_t connections_active = 0;
   uint64_t handshakes_ok = 0;
   uint64_t handshakes_failed = 0;
-  uint64_t handshake_timeouts = 0;
-  uint64_t malformed = 0;        // messages that failed validation (connection dropped)
-  uint64_t unauthenticated = 0;  // messages before the handshake (connection dropped)
+  uint64_t handshake_timeouts = 0;  // at the gate or after UCX's connection request
+  uint64_t malformed = 0;           // messages that failed validation (connection dropped)
+  uint64_t unauthenticated = 0;     // messages before the handshake (connection dropped)
   uint64_t bad_capability = 0;
   uint64_t stale_epoch = 0;
   uint64_t rejected = 0;  // refused by the sink: not open, gap, unknown checkpoint
   uint64_t conflicts = 0;
-  uint64_t crc_failures = 0;  // appends whose records did not match their crcs
+  uint64_t crc_failures = 0;        // appends whose records did not match their crcs
+  uint64_t receive_timeouts = 0;    // appends not received within receive_timeout_s (dropped)
+  uint64_t receives_in_flight = 0;  // appends whose payload is still arriving (now)
   uint64_t appends_committed = 0;
   uint64_t appends_aborted = 0;  // failed in flight (peer gone) or after a failed append
   uint64_t tokens_committed = 0;
@@ -66,6 +78,7 @@ class Server {
   struct Conn {
     uint64_t id = 0;
     ucp_ep_h ep = nullptr;
+    uint16_t relay_port = 0;  // the gate's upstream socket it came through
     std::chrono::steady_clock::time_point accepted_at;
     Nonce nonce{};
     bool authenticated = false;
@@ -77,9 +90,10 @@ class Server {
     WireHeader header;
     AppendTarget target;
     std::vector<ucp_dt_iov_t> iov;  // token ids, crcs, then the record pieces
-    Status failure = Status::kOk;   // why the payload did not arrive intact
-    bool receiving = false;         // UCX is still writing into target
-    bool settled = false;           // the sender has its answer
+    std::chrono::steady_clock::time_point begun_at;
+    Status failure = Status::kOk;  // why the payload did not arrive intact
+    bool receiving = false;        // UCX is still writing into target
+    bool settled = false;          // the sender has its answer
   };
 
   static void on_conn_request(ucp_conn_request_h request, void* arg);
@@ -102,13 +116,18 @@ class Server {
   Conn* find(uint64_t conn_id);
   void count_refusal(Status status);
   bool handshake_expired(const Conn& conn) const;
-  void expire_handshakes();
+  // Every tick: drops connections past their handshake deadline or with a receive past its
+  // receive deadline.
+  void expire();
+  // Drops every connection that has not authenticated (force: nothing is flushed to it).
+  void drop_unauthenticated();
   void shutdown();
 
   ServerOptions options_;
   std::shared_ptr<RecordSink> sink_;
-  mutable Worker worker_;  // stats() hands a copy job to its thread
-  ucp_listener_h listener_ = nullptr;
+  mutable Worker worker_;              // stats() hands a copy job to its thread
+  ucp_listener_h listener_ = nullptr;  // on 127.0.0.1, behind gate_
+  std::unique_ptr<Gate> gate_;
   uint16_t port_ = 0;
   uint64_t next_conn_id_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;

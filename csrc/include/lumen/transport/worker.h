@@ -68,6 +68,14 @@ class Worker {
   std::vector<std::function<void()>> posted_;
 };
 
+// The longest deadline any call takes, in seconds (about 11.6 days). Deadlines are finite: a
+// steady_clock deadline holds about 9.2e9 s, and inf would overflow it into the past.
+constexpr double kMaxTimeoutS = 1e6;
+
+// Throws std::invalid_argument "<name> must be in (0, kMaxTimeoutS] seconds, got <seconds>"
+// unless 0 < seconds <= kMaxTimeoutS (so nan and inf are refused).
+void check_timeout(const char* name, double seconds);
+
 // address:port as a socket address (numeric or by name); throws std::invalid_argument.
 sockaddr_storage resolve_address(const std::string& address, uint16_t port, socklen_t* length);
 
