@@ -9,7 +9,7 @@ import pytest
 
 from lumen_core import _native
 from lumen_core.cli import main
-from lumen_core.worker.demo import COLUMNS, plot_timeline, print_table
+from lumen_core.worker.demo import COLUMNS, faithful, plot_timeline, print_table
 
 
 def test_table_has_every_column_and_shows_undefined_as_dash(capsys) -> None:
@@ -19,6 +19,13 @@ def test_table_has_every_column_and_shows_undefined_as_dash(capsys) -> None:
     assert header.split() == list(COLUMNS)
     assert line.split()[COLUMNS.index("recovery_s")] == "-"
     assert line.split()[COLUMNS.index("acceptance")] == "0.500"
+
+
+@pytest.mark.parametrize(
+    ("fractions", "expected"), [((0.0, 0.05), True), ((0.01, 0.06), False), ((0.0, math.nan), False)]
+)
+def test_a_run_is_faithful_only_when_no_policy_overran_more_than_5_percent(fractions, expected) -> None:
+    assert faithful([{"paced_overrun_fraction": f} for f in fractions]) is expected
 
 
 def test_timeline_png(tmp_path: Path) -> None:

@@ -84,8 +84,10 @@ class LocalCluster:
         seed: int = 0,
         lease_s: float = 10.0,
         heartbeat_s: float = 0.25,
-        modelled_full_load_s: float = 2.0,
-        modelled_draft_load_s: float = 0.05,
+        modelled_full_load_s: float | None = 2.0,
+        modelled_draft_load_s: float | None = 0.05,
+        pace: str | None = None,
+        time_scale: float = 1.0,
         budget_bytes: int = 1 << 30,
         start_timeout_s: float = 60.0,
         router_config: RouterConfig = RouterConfig(),
@@ -96,6 +98,8 @@ class LocalCluster:
         self.num_workers = num_workers
         self.modelled_full_load_s = modelled_full_load_s
         self.modelled_draft_load_s = modelled_draft_load_s
+        self.pace = pace
+        self.time_scale = time_scale
         self.budget_bytes = budget_bytes
         self.start_timeout_s = start_timeout_s
         self.secret_path = self.workdir / "cluster.secret"
@@ -138,9 +142,15 @@ class LocalCluster:
             "--model", str(self.model_path),
             "--draft", str(self.draft_path),
             "--budget-bytes", str(self.budget_bytes),
-            "--modelled-full-load-s", str(self.modelled_full_load_s),
-            "--modelled-draft-load-s", str(self.modelled_draft_load_s),
+            "--time-scale", str(self.time_scale),
         ]  # fmt: skip
+        # None: the worker's default (the --pace setup's load times, else the 32B constants).
+        if self.modelled_full_load_s is not None:
+            command += ["--modelled-full-load-s", str(self.modelled_full_load_s)]
+        if self.modelled_draft_load_s is not None:
+            command += ["--modelled-draft-load-s", str(self.modelled_draft_load_s)]
+        if self.pace is not None:
+            command += ["--pace", self.pace]
         if recovering:
             command.append("--recovering")
         stderr_path = self.workdir / f"worker{worker_id}-{len(self.exited)}.log"

@@ -5,8 +5,18 @@ of the conversation trace; once a worker runs ``--min-requests`` requests with d
 checkpoints it is SIGKILLed and restarted (recovering: draft first, full model after the
 modelled load). The same arrivals (same seed) run once failure-free (the baseline of
 recovery time and of output identity) and once per policy. Metrics come from
-``lumen_core.metrics``. Timings on a shared machine are illustrative; the correctness
-columns (lost, identical, restored) carry the hard claims.
+``lumen_core.metrics``.
+
+Paced (``--pace``, on by default): every engine step and restore lasts what the cost model
+gives for the named setup (default Qwen3-32B on 2 H100s per worker), model and draft loads
+too, all stretched by ``--time-scale`` together with the arrival clock; figures are in
+modelled seconds. The live cluster then emulates that hardware: its figures show what LUMEN's
+mechanisms do under that model, run by real processes (queueing, batching, streaming,
+failure detection, directives, restores, draft verification); they validate the simulator's
+event, queueing and streaming logic, not its cost model. ``paced_overrun_fraction`` is the
+share of steps whose real compute took longer than their paced time; above 5% the run is
+not faithful to the modelled hardware and says so. ``--pace none``: unpaced, tiny-model
+timings (illustrative only; the correctness columns carry the claims).
 """
 
 from __future__ import annotations
@@ -24,12 +34,15 @@ from pathlib import Path
 import numpy as np
 
 from lumen_core.metrics import nan_mean, recovery_time_s, rolling_means
+from lumen_core.pacing import FAITHFUL_OVERRUN_FRACTION, parse_pace
 
 POLICIES = ("S&R", "FC", "LUMEN")
 COLUMNS = (
     "policy", "mean_ttft_s", "mean_tpot_s", "recovery_s", "replay_ttft_s", "lost", "identical", "total",
     "restored", "reprefilled", "accepted_drafts", "acceptance", "coverage", "holder_balance",
+    "paced_overrun_fraction",
 )  # fmt: skip
+DEFAULT_PACE = "qwen3-32b/h100x2"
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,8 @@ class DemoOptions:
     window_s: float = 3.0
     trace_path: str | None = None  # None: data/traces (or LUMEN_TRACE_DIR)
     tolerance: float = 0.25  # recovery: rolling means within 25% of the failure-free run's (noisy machine)
+    pace: str | None = DEFAULT_PACE  # None: unpaced (tiny-model timings, modelled_full_load_s)
+    time_scale: float = 1.0  # real seconds per modelled second (paced steps and arrivals)
 
 
 def _nanmedian(values: list[float]) -> float:
@@ -72,14 +87,16 @@ def run_demo(
     say(f"{len(arrivals)} requests over {options.duration_s:.0f} s, {options.workers} workers")
     common = {
         "num_workers": options.workers,
-        "modelled_full_load_s": options.modelled_full_load_s,
         "seed": options.seed,
+        "time_scale": options.time_scale,
+        "pace": options.pace,
+        # Paced: the loads of the --pace setup (times the time scale), from the worker.
+        "modelled_full_load_s": None if options.pace else options.modelled_full_load_s,
+        "modelled_draft_load_s": None if options.pace else 0.05,
     }
-    baseline = run_scenario(workdir / "baseline", "LUMEN", arrivals, num_workers=options.workers, failure=None,
-                            progress=say, modelled_full_load_s=options.modelled_full_load_s, seed=options.seed)  # fmt: skip
+    baseline = run_scenario(workdir / "baseline", "LUMEN", arrivals, failure=None, progress=say, **common)  # type: ignore[arg-type]
     base_records = baseline.records()
     reference = [r.token_ids for r in baseline.results]
-    say(f"failure-free run: {sum(r.finished for r in baseline.results)}/{len(arrivals)} finished")
     plan = FailurePlan(
         not_before_s=options.failure_at * options.duration_s,
         min_requests=options.min_requests,
@@ -127,6 +144,7 @@ def run_demo(
                     "acceptance": result.acceptance,
                     "coverage": result.coverage,
                     "holder_balance": result.holder_balance,
+                    "paced_overrun_fraction": result.paced_overrun_fraction,
                 }
             )
             if repeat == 0:
@@ -142,12 +160,26 @@ def run_demo(
                 row[key] = int(max(values))
             elif key == "identical":
                 row[key] = int(min(values))
+            elif key == "paced_overrun_fraction":  # the worst run, the failure-free one included
+                row[key] = _nanmax([*values, baseline.paced_overrun_fraction])
             elif key in ("total", "restored", "reprefilled", "accepted_drafts"):
                 row[key] = int(np.median(values))
             else:
                 row[key] = _nanmedian(values)
         rows.append(row)
     return rows, timelines
+
+
+def _nanmax(values: list[float]) -> float:
+    finite = [v for v in values if not math.isnan(v)]
+    return max(finite) if finite else math.nan
+
+
+def faithful(rows: list[dict[str, object]]) -> bool:
+    """Whether every run's paced steps overran at most ``FAITHFUL_OVERRUN_FRACTION`` of the
+    time (an unpaced run, NaN, is not faithful to any hardware)."""
+    fractions = [float(r["paced_overrun_fraction"]) for r in rows]  # type: ignore[arg-type]
+    return all(f <= FAITHFUL_OVERRUN_FRACTION for f in fractions) and bool(fractions)
 
 
 def _cell(value: object) -> str:
@@ -195,6 +227,18 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
         "--rate", type=float, default=defaults.rate_per_s, help="arrivals per second (whole cluster)"
     )
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument(
+        "--pace",
+        default=DEFAULT_PACE,
+        metavar="MODEL/GPUxTP",
+        help=f"modelled setup every step is paced to (default {DEFAULT_PACE}; 'none': unpaced)",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=defaults.time_scale,
+        help="real seconds per modelled second, for paced steps, loads and arrivals alike",
+    )
     parser.add_argument("--trace", default=None, help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens")
     parser.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
     parser.add_argument("--repeats", type=int, default=1, help="runs per policy (medians reported)")
@@ -213,9 +257,16 @@ def run_demo_command(args: argparse.Namespace) -> int:
     if args.workers < 3:
         print(f"lumen demo: --workers must be >= 3, got {args.workers}", file=sys.stderr)
         return 2
-    if args.repeats < 1 or args.duration <= 0 or args.rate <= 0:
-        print("lumen demo: --repeats must be >= 1, --duration and --rate > 0", file=sys.stderr)
+    if args.repeats < 1 or args.duration <= 0 or args.rate <= 0 or not args.time_scale > 0:
+        print("lumen demo: --repeats must be >= 1, --duration, --rate and --time-scale > 0", file=sys.stderr)
         return 2
+    pace = None if args.pace == "none" else args.pace
+    if pace is not None:
+        try:
+            parse_pace(pace)
+        except ValueError as exc:
+            print(f"lumen demo: {exc}", file=sys.stderr)
+            return 2
     options = DemoOptions(
         workers=args.workers,
         duration_s=args.duration,
@@ -224,6 +275,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
         policies=POLICIES if args.policy == "all" else (args.policy,),
         repeats=args.repeats,
         trace_path=args.trace,
+        pace=pace,
+        time_scale=args.time_scale,
     )
     started = time.monotonic()
 
@@ -233,9 +286,18 @@ def run_demo_command(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="lumen-demo-") as scratch:
         workdir = Path(args.workdir) if args.workdir else Path(scratch)
         rows, timelines = run_demo(options, workdir, say)
-    print("Live loopback cluster (timings illustrative: shared 2-core machine; "
-          f"medians of {options.repeats} run(s)):")  # fmt: skip
+    if pace is None:
+        print("Live loopback cluster, unpaced (timings illustrative: tiny model on a shared CPU; "
+              f"medians of {options.repeats} run(s)):")  # fmt: skip
+    else:
+        print(f"Live loopback cluster paced to {pace} (modelled seconds, time scale {options.time_scale:g}; "
+              f"medians of {options.repeats} run(s)): an emulation of that hardware by real processes; "
+              "it validates the simulator's event, queueing and streaming logic, not its cost model.")  # fmt: skip
     print_table(rows)
+    if pace is not None and not faithful(rows):
+        worst = max(float(r["paced_overrun_fraction"]) for r in rows)  # type: ignore[arg-type]
+        print(f"NOT FAITHFUL: {worst:.1%} of paced steps overran their modelled time (more than "
+              f"{FAITHFUL_OVERRUN_FRACTION:.0%}); raise --time-scale or lower the load")  # fmt: skip
     failed = [r["policy"] for r in rows if r["lost"] != 0 or r["identical"] != r["total"]]
     if failed:
         print(f"FAILED: requests lost or outputs differ under {', '.join(map(str, failed))}")

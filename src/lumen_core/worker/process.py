@@ -60,6 +60,7 @@ from lumen_core.gateway.coordinator import (
 )
 from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
 from lumen_core.gateway.protocol import parse_address
+from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
 from lumen_core.stream import (
     HolderStore,
@@ -94,6 +95,8 @@ class WorkerConfig:
     modelled_full_load_s: float = MODELLED_FULL_LOAD_S
     modelled_draft_load_s: float = MODELLED_DRAFT_LOAD_S
     idle_wait_s: float = 0.02
+    pace: str | None = None  # "MODEL/GPUxTP": engine steps paced to that setup (lumen_core.pacing)
+    time_scale: float = 1.0  # paced durations stretched by this factor
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
@@ -110,6 +113,10 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {self.budget_bytes!r}")
+        if not isinstance(self.time_scale, (int, float)) or not 0 < self.time_scale < math.inf:
+            raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale!r}")
+        if self.pace is not None:
+            parse_pace(self.pace)  # raises ValueError naming the presets
 
 
 @dataclass
@@ -161,6 +168,9 @@ class Worker:
         self._dropped_lock = threading.Lock()
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
+        # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
+        self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
+        self._paced_restores: dict[str, object] = {}
 
     # ---- models --------------------------------------------------------------------------
     def _load_full(self, modelled_s: float) -> None:
@@ -435,7 +445,11 @@ class Worker:
                 offset = request.num_tokens - position
                 if 0 <= offset < len(drafts) and request.token_ids[position:] == drafts[:offset]:
                     engine.set_drafts(str(request_id), drafts[offset:])
+        if self.pacer is not None:
+            self.pacer.begin()
         out = engine.step()
+        if self.pacer is not None:
+            self.pacer.end(modelled_step_s(self.pacer.cost, out, self._new_restores()))
         if assisted is not None:
             for key in out.finished:
                 assisted.finished(int(key))
@@ -460,6 +474,16 @@ class Worker:
             self.served.pop(int(key), None)
         self._report(reports)
 
+    def _new_restores(self) -> list[tuple[int, bool]]:
+        """(tokens, remote) of the restores the last step loaded (each paced once)."""
+        assert self.connector is not None
+        new = []
+        for key, result in self.connector.restores.items():
+            if self._paced_restores.get(key) is not result and result.restored_tokens > 0:
+                new.append((result.restored_tokens, key in self.remote_sources))
+            self._paced_restores[key] = result
+        return new
+
     def stats(self) -> dict[str, int]:
         """Counters: requests resumed here, of which restored (a prefix came from a holder; of
         those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
@@ -479,6 +503,8 @@ class Worker:
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
             "accepted_drafts": self._assist_counts()["accepted"],
+            "paced_steps": self.pacer.num_steps if self.pacer is not None else 0,
+            "paced_overruns": self.pacer.num_overruns if self.pacer is not None else 0,
         }
 
     def run(self) -> int:
