@@ -22,6 +22,7 @@ timings (illustrative only; the correctness columns carry the claims).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -30,18 +31,29 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lumen_core.metrics import nan_mean, recovery_time_s, rolling_means
+from lumen_core.metrics import rolling_means, run_figures
 from lumen_core.pacing import FAITHFUL_OVERRUN_FRACTION, parse_pace
+
+if TYPE_CHECKING:
+    from lumen_core.sim.cluster import SimResult
+    from lumen_core.worker.scenario import Arrival
 
 POLICIES = ("S&R", "FC", "LUMEN")
 COLUMNS = (
     "policy", "mean_ttft_s", "mean_tpot_s", "recovery_s", "replay_ttft_s", "lost", "identical", "total",
-    "restored", "reprefilled", "accepted_drafts", "acceptance", "coverage", "holder_balance",
+    "interrupted", "restored", "reprefilled", "accepted_drafts", "acceptance", "coverage", "holder_balance",
     "paced_overrun_fraction",
 )  # fmt: skip
+# With --compare-sim: the simulator's figures on the same arrivals (lumen_core.sim.replay).
+SIM_COLUMNS = (
+    "sim_mean_ttft_s", "sim_mean_tpot_s", "sim_recovery_s", "sim_replay_ttft_s", "sim_interrupted",
+    "sim_restored", "sim_reprefilled", "sim_accepted_drafts",
+)  # fmt: skip
+COUNTS = ("total", "interrupted", "restored", "reprefilled", "accepted_drafts")
 DEFAULT_PACE = "qwen3-32b/h100x2"
 
 
@@ -63,6 +75,11 @@ class DemoOptions:
     tolerance: float = 0.25  # recovery: rolling means within 25% of the failure-free run's (noisy machine)
     pace: str | None = DEFAULT_PACE  # None: unpaced (tiny-model timings, modelled_full_load_s)
     time_scale: float = 1.0  # real seconds per modelled second (paced steps and arrivals)
+    compare_sim: bool = False  # also run the simulator on the same arrivals (needs pace)
+
+
+# The faithful run (bench/RESULTS.md budget): enough load for 30+ interrupted requests.
+FULL = DemoOptions(workers=4, duration_s=60.0, rate_per_s=12.0, time_scale=8.0, repeats=3)
 
 
 def _nanmedian(values: list[float]) -> float:
@@ -97,6 +114,7 @@ def run_demo(
     baseline = run_scenario(workdir / "baseline", "LUMEN", arrivals, failure=None, progress=say, **common)  # type: ignore[arg-type]
     base_records = baseline.records()
     reference = [r.token_ids for r in baseline.results]
+    replay = _SimReplay(options, arrivals, reference) if options.compare_sim else None
     plan = FailurePlan(
         not_before_s=options.failure_at * options.duration_s,
         min_requests=options.min_requests,
@@ -116,28 +134,19 @@ def run_demo(
                 **common,  # type: ignore[arg-type]
             )  # fmt: skip
             records = result.records()
-            ttft = records.ttft_s
-            replay = records.replay_ttft_s(result.failure_s)
-            horizon = max(1.0, options.duration_s - result.failure_s)
             lost = sum(not r.finished for r in result.results)
             identical = sum(r.token_ids == ref for r, ref in zip(result.results, reference, strict=True))
+            horizon = max(1.0, options.duration_s - result.failure_s)
             per_repeat.append(
                 {
                     "policy": policy,
-                    "mean_ttft_s": nan_mean(np.where(records.interrupted, np.nan, ttft)),
-                    "mean_tpot_s": nan_mean(records.tpot_s),
-                    "recovery_s": recovery_time_s(
-                        records,
-                        base_records,
-                        result.failure_s,
-                        options.window_s,
-                        horizon,
-                        tolerance=options.tolerance,
+                    **run_figures(
+                        records, base_records, result.failure_s, options.window_s, horizon, options.tolerance
                     ),
-                    "replay_ttft_s": nan_mean(replay),
                     "lost": lost,
                     "identical": identical,
                     "total": len(arrivals),
+                    "interrupted": len(result.interrupted_ids),
                     "restored": result.restored,
                     "reprefilled": result.reprefilled,
                     "accepted_drafts": result.accepted_drafts,
@@ -147,14 +156,24 @@ def run_demo(
                     "paced_overrun_fraction": result.paced_overrun_fraction,
                 }
             )
+            simulated = None
+            if replay is not None:
+                simulated = replay.run(policy, result.failure_s, result.failed_worker_id)
+                per_repeat[-1].update(replay.figures(simulated, horizon))
             if repeat == 0:
                 timelines[policy] = (
                     starts,
                     rolling_means(records, starts, options.window_s),
                     result.failure_s,
                 )
+                if simulated is not None:
+                    timelines[f"{policy} (sim)"] = (
+                        starts,
+                        rolling_means(simulated.records, starts, options.window_s),
+                        simulated.failure_s,
+                    )
         row: dict[str, object] = {"policy": policy}
-        for key in COLUMNS[1:]:
+        for key in (*COLUMNS[1:], *(SIM_COLUMNS if replay is not None else ())):
             values = [float(r[key]) for r in per_repeat]  # type: ignore[arg-type]
             if key == "lost":
                 row[key] = int(max(values))
@@ -162,12 +181,74 @@ def run_demo(
                 row[key] = int(min(values))
             elif key == "paced_overrun_fraction":  # the worst run, the failure-free one included
                 row[key] = _nanmax([*values, baseline.paced_overrun_fraction])
-            elif key in ("total", "restored", "reprefilled", "accepted_drafts"):
+            elif key in COUNTS:
                 row[key] = int(np.median(values))
             else:
                 row[key] = _nanmedian(values)
         rows.append(row)
     return rows, timelines
+
+
+class _SimReplay:
+    """The simulator on the demo's arrivals: the live run's requests (prompt lengths, the
+    failure-free run's output lengths, modelled arrival times), cluster size, cost model,
+    batching limits, heartbeat and holder budget; its own failure-free baseline."""
+
+    def __init__(self, options: DemoOptions, arrivals: list[Arrival], reference: list[list[int]]) -> None:
+        from lumen_core.engine import SchedulerConfig
+        from lumen_core.sim.replay import LiveSetup, simulate
+        from lumen_core.sim.workload import Workload
+        from lumen_core.worker.cluster import HEARTBEAT_S, HOLDER_BUDGET_BYTES, TINY_RECORD_BYTES
+        from lumen_core.worker.process import WorkerConfig
+
+        assert options.pace is not None
+        cost = parse_pace(options.pace)
+        self.options = options
+        self.setup = LiveSetup(
+            num_workers=options.workers,
+            model=cost.model.name,
+            gpu=cost.gpu.name,
+            tp=cost.tp,
+            max_batched_tokens=SchedulerConfig().max_num_batched_tokens,
+            max_num_seqs=WorkerConfig.max_num_seqs,
+            heartbeat_s=HEARTBEAT_S / options.time_scale,
+            holder_budget_tokens=HOLDER_BUDGET_BYTES // (TINY_RECORD_BYTES + 8),
+            acceptance=math.nan,
+        )
+        self.workload = Workload(
+            arrival_s=np.array([a.time_s for a in arrivals], dtype=np.float64),
+            prompt_tokens=np.array([len(a.prompt_token_ids) for a in arrivals], dtype=np.int64),
+            output_tokens=np.array([max(1, len(tokens)) for tokens in reference], dtype=np.int64),
+        )
+        self._simulate = simulate
+        self.baseline = simulate(self.setup, self.workload, "LUMEN", None)
+
+    def run(self, policy: str, failure_s: float, worker_id: int) -> SimResult:
+        return self._simulate(self.setup, self.workload, policy, (failure_s, worker_id))
+
+    def figures(self, simulated: SimResult, horizon_s: float) -> dict[str, float]:
+        from lumen_core.sim.replay import sim_figures
+
+        return sim_figures(simulated, self.baseline, self.options.window_s, horizon_s, self.options.tolerance)
+
+
+# Live and simulated side by side: (live column, simulated column).
+COMPARED = (
+    ("mean_ttft_s", "sim_mean_ttft_s"), ("mean_tpot_s", "sim_mean_tpot_s"),
+    ("replay_ttft_s", "sim_replay_ttft_s"), ("recovery_s", "sim_recovery_s"),
+    ("interrupted", "sim_interrupted"), ("restored", "sim_restored"),
+    ("accepted_drafts", "sim_accepted_drafts"),
+)  # fmt: skip
+
+
+def print_comparison(rows: list[dict[str, object]]) -> None:
+    """One line per policy and figure: live, simulated and their ratio."""
+    print(f"{'policy':8}  {'figure':16}  {'live':>10}  {'simulated':>10}  {'live/sim':>8}")
+    for row in rows:
+        for live, sim in COMPARED:
+            a, b = float(row[live]), float(row[sim])  # type: ignore[arg-type]
+            ratio = a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
+            print(f"{row['policy']!s:8}  {live:16}  {_cell(a):>10}  {_cell(b):>10}  {_cell(ratio):>8}")
 
 
 def _nanmax(values: list[float]) -> float:
@@ -196,17 +277,26 @@ def print_table(rows: list[dict[str, object]]) -> None:
         print("  ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)))
 
 
-def plot_timeline(timelines: dict[str, object], path: Path) -> None:
+def plot_timeline(
+    timelines: dict[str, object], path: Path, title: str = "Live loopback cluster, one worker killed"
+) -> None:
+    """Rolling mean TTFT per run: live solid, simulated (names ending " (sim)") dashed in
+    the colour of their live run, the failure-free run black, each SIGKILL dotted."""
     from lumen_core.sim.plots import pyplot, save_figure
 
     figure, axis = pyplot().subplots(figsize=(8, 4))
-    for policy, (starts, means, failure_s) in timelines.items():  # type: ignore[misc]
-        line = axis.plot(starts, means[0], label=policy, color="black" if math.isnan(failure_s) else None)[0]
-        if not math.isnan(failure_s):
+    colors: dict[str, str] = {}
+    for name, (starts, means, failure_s) in timelines.items():  # type: ignore[misc]
+        live_name = name.removesuffix(" (sim)")
+        simulated = live_name != name
+        color = "black" if math.isnan(failure_s) else colors.get(live_name)
+        line = axis.plot(starts, means[0], label=name, color=color, linestyle="--" if simulated else "-")[0]
+        colors.setdefault(live_name, line.get_color())
+        if not math.isnan(failure_s) and not simulated:
             axis.axvline(failure_s, color=line.get_color(), linestyle=":", linewidth=1)
-    axis.set_xlabel("arrival time (s); dotted: SIGKILL")
+    axis.set_xlabel("arrival time (modelled s when paced); dotted: SIGKILL; dashed: simulator")
     axis.set_ylabel("rolling mean TTFT (s)")
-    axis.set_title("Live loopback cluster, one worker killed (illustrative timings)")
+    axis.set_title(title)
     axis.legend()
     save_figure(figure, path)
 
@@ -219,12 +309,18 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     defaults = DemoOptions()
-    parser.add_argument("--workers", type=int, default=defaults.workers)
+    parser.add_argument("--workers", type=int, default=None, help=f"default {defaults.workers}")
     parser.add_argument(
-        "--duration", type=float, default=defaults.duration_s, help="seconds of replayed arrivals"
+        "--duration",
+        type=float,
+        default=None,
+        help=f"modelled seconds of arrivals (default {defaults.duration_s:g})",
     )
     parser.add_argument(
-        "--rate", type=float, default=defaults.rate_per_s, help="arrivals per second (whole cluster)"
+        "--rate",
+        type=float,
+        default=None,
+        help=f"arrivals per modelled second (default {defaults.rate_per_s:g})",
     )
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument(
@@ -236,12 +332,24 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--time-scale",
         type=float,
-        default=defaults.time_scale,
-        help="real seconds per modelled second, for paced steps, loads and arrivals alike",
+        default=None,
+        help=f"real seconds per modelled second, for paced steps, loads and arrivals alike "
+        f"(default {defaults.time_scale:g})",
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help=f"the faithful run of bench/RESULTS.md: {FULL.workers} workers, {FULL.duration_s:g} s at "
+        f"{FULL.rate_per_s:g}/s, time scale {FULL.time_scale:g}, {FULL.repeats} repeats (flags override)",
+    )
+    parser.add_argument(
+        "--compare-sim",
+        action="store_true",
+        help="also run the simulator on the same arrivals and print live and simulated figures side by side",
     )
     parser.add_argument("--trace", default=None, help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens")
     parser.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per policy (medians reported)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per policy (medians reported)")
     parser.add_argument("--json", default=None, metavar="PATH", help="one row per policy (null: undefined)")
     parser.add_argument(
         "--plot", default="demo_timeline.png", metavar="PATH", help="PNG timeline ('' for none)"
@@ -254,29 +362,44 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
-    if args.workers < 3:
-        print(f"lumen demo: --workers must be >= 3, got {args.workers}", file=sys.stderr)
+    preset = FULL if args.full else DemoOptions()
+    given = {
+        "workers": args.workers,
+        "duration_s": args.duration,
+        "rate_per_s": args.rate,
+        "time_scale": args.time_scale,
+        "repeats": args.repeats,
+    }
+    chosen = {k: getattr(preset, k) if v is None else v for k, v in given.items()}
+    if chosen["workers"] < 3:
+        print(f"lumen demo: --workers must be >= 3, got {chosen['workers']}", file=sys.stderr)
         return 2
-    if args.repeats < 1 or args.duration <= 0 or args.rate <= 0 or not args.time_scale > 0:
+    if (
+        chosen["repeats"] < 1
+        or chosen["duration_s"] <= 0
+        or chosen["rate_per_s"] <= 0
+        or not chosen["time_scale"] > 0
+    ):
         print("lumen demo: --repeats must be >= 1, --duration, --rate and --time-scale > 0", file=sys.stderr)
         return 2
     pace = None if args.pace == "none" else args.pace
+    if pace is None and args.compare_sim:
+        print("lumen demo: --compare-sim needs a paced run (--pace MODEL/GPUxTP)", file=sys.stderr)
+        return 2
     if pace is not None:
         try:
             parse_pace(pace)
         except ValueError as exc:
             print(f"lumen demo: {exc}", file=sys.stderr)
             return 2
-    options = DemoOptions(
-        workers=args.workers,
-        duration_s=args.duration,
-        rate_per_s=args.rate,
+    options = dataclasses.replace(
+        preset,
+        **chosen,
         seed=args.seed,
         policies=POLICIES if args.policy == "all" else (args.policy,),
-        repeats=args.repeats,
         trace_path=args.trace,
         pace=pace,
-        time_scale=args.time_scale,
+        compare_sim=args.compare_sim,
     )
     started = time.monotonic()
 
@@ -294,6 +417,9 @@ def run_demo_command(args: argparse.Namespace) -> int:
               f"medians of {options.repeats} run(s)): an emulation of that hardware by real processes; "
               "it validates the simulator's event, queueing and streaming logic, not its cost model.")  # fmt: skip
     print_table(rows)
+    if options.compare_sim:
+        print("Live vs simulated on the same arrivals (same failure time and worker, cost model, policies):")
+        print_comparison(rows)
     if pace is not None and not faithful(rows):
         worst = max(float(r["paced_overrun_fraction"]) for r in rows)  # type: ignore[arg-type]
         print(f"NOT FAITHFUL: {worst:.1%} of paced steps overran their modelled time (more than "
@@ -309,7 +435,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
         Path(args.json).write_text(json.dumps(finite, indent=1, allow_nan=False) + "\n")
         print(f"json: {args.json}")
     if args.plot:
-        plot_timeline(timelines, Path(args.plot))
+        title = f"Live cluster paced to {pace}" if pace else "Live loopback cluster, unpaced (illustrative)"
+        plot_timeline(timelines, Path(args.plot), title=f"{title}, one worker killed")
         print(f"plot: {args.plot}")
     print(f"wall time {time.monotonic() - started:.1f} s")
     return 1 if failed else 0
