@@ -108,8 +108,8 @@ class Pacer:
     """Stretches each step to its modelled duration times ``time_scale``.
 
     ``begin()`` before the real compute, ``end(modelled_s)`` after it: sleeps until
-    ``time_scale * modelled_s`` has passed since ``begin`` and counts the step as overrun if
-    the compute alone took longer. ``clock``/``sleep`` are injected (tests). Not thread-safe:
+    ``time_scale * modelled_s`` has passed since the step began and counts the step as
+    overrun if the compute alone took longer. ``clock``/``sleep`` are injected (tests). Not thread-safe:
     one engine loop owns it."""
 
     def __init__(
@@ -127,12 +127,17 @@ class Pacer:
         self._clock = clock
         self._sleep = sleep
         self._started: float | None = None
+        self._deadline: float | None = None  # when the last step's paced time ended
         self.num_steps = 0
         self.num_overruns = 0
         self.modelled_s = 0.0  # the sum of paced steps' modelled durations
 
-    def begin(self) -> None:
-        self._started = self._clock()
+    def begin(self, *, after_previous: bool = False) -> None:
+        """Open a step. ``after_previous``: it follows the last step without idling, so it
+        starts where that one's paced time ended and the work done in between (token
+        reports, directives) is inside this step's paced time, not added to it."""
+        now = self._clock()
+        self._started = min(now, self._deadline) if after_previous and self._deadline is not None else now
 
     def end(self, modelled_s: float) -> None:
         """Close the step ``begin`` opened. A step with ``modelled_s == 0`` (nothing ran)
@@ -146,11 +151,14 @@ class Pacer:
             return
         self.num_steps += 1
         self.modelled_s += modelled_s
-        remaining = started + self.time_scale * modelled_s - self._clock()
+        deadline = started + self.time_scale * modelled_s
+        remaining = deadline - self._clock()
         if remaining < 0:
             self.num_overruns += 1
+            self._deadline = self._clock()
         else:
             self._sleep(remaining)
+            self._deadline = deadline
 
     @property
     def overrun_fraction(self) -> float:

@@ -17,7 +17,9 @@ SETUP = LiveSetup(
 
 def workload(n=60, span_s=6.0, prompt=40, output=120):
     return Workload(
-        arrival_s=np.linspace(0.0, span_s, n), prompt_tokens=np.full(n, prompt), output_tokens=np.full(n, output)
+        arrival_s=np.linspace(0.0, span_s, n),
+        prompt_tokens=np.full(n, prompt),
+        output_tokens=np.full(n, output),
     )
 
 
@@ -26,6 +28,7 @@ def test_the_cluster_config_is_the_live_one_in_modelled_units():
     assert (config.num_workers, config.model, config.gpu, config.tp) == (3, "Qwen3-32B", "H100", 2)
     assert (config.max_batched_tokens, config.max_num_seqs) == (512, 64)
     assert config.heartbeat_s == 0.0625 and config.detect_s == LIVE_DETECT_S
+    assert config.report_min_tokens == 1
     # Room for as many tokens as the live holder has, in the modelled model's KV bytes.
     assert config.holder_budget_bytes == 100_000 * CostModel("Qwen3-32B", "H100", 2).kv_bytes_per_token
     assert config.acceptance == 0.7  # NaN: the simulator's default

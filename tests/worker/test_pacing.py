@@ -136,3 +136,31 @@ def test_parse_pace_refuses_unknown_setups(spec):
         parse_pace(spec)
     with pytest.raises(TypeError, match="`pace` must be str, got int"):
         parse_pace(3)  # type: ignore[arg-type]
+
+
+def test_back_to_back_steps_keep_one_timeline_so_work_between_them_is_absorbed():
+    p, clock = pacer()
+    p.begin()
+    clock.now += 0.002
+    p.end(0.010)  # ends at 100.010
+    clock.now += 0.003  # token reports between the steps
+    p.begin(after_previous=True)
+    clock.now += 0.002
+    p.end(0.010)
+    assert clock.now == pytest.approx(100.020)  # not 100.023
+    clock.now += 0.5  # idle: the next step starts when it starts
+    p.begin(after_previous=False)
+    p.end(0.010)
+    assert clock.now == pytest.approx(100.530)
+    assert p.num_overruns == 0
+
+
+def test_an_overrun_step_is_followed_from_when_it_really_ended():
+    p, clock = pacer()
+    p.begin()
+    clock.now += 0.030
+    p.end(0.010)  # overran: ends at 100.030
+    p.begin(after_previous=True)
+    p.end(0.010)
+    assert clock.now == pytest.approx(100.040)
+    assert p.num_overruns == 1

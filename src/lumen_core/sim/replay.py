@@ -52,6 +52,7 @@ class LiveSetup:
             max_num_seqs=self.max_num_seqs,
             heartbeat_s=self.heartbeat_s,
             detect_s=LIVE_DETECT_S,
+            report_min_tokens=1,  # a live worker reports every held checkpoint at every heartbeat
         )
         budget_bytes = self.holder_budget_tokens * config.cost_model().kv_bytes_per_token
         acceptance = config.acceptance if math.isnan(self.acceptance) else self.acceptance

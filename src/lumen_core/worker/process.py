@@ -171,6 +171,7 @@ class Worker:
         # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
         self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
         self._paced_restores: dict[str, object] = {}
+        self._pace_continues = False  # the last paced step left work: the next one follows it
 
     # ---- models --------------------------------------------------------------------------
     def _load_full(self, modelled_s: float) -> None:
@@ -433,7 +434,13 @@ class Worker:
                 self._drop(ack.request_id)
 
     def _step(self) -> None:
+        """One engine step and its token reports. Paced (``--pace``): the tokens are reported
+        when the step's modelled time has passed; back-to-back steps keep one timeline, so
+        the reports and directives between them sit inside the paced time (the cost model's
+        per-iteration overhead covers them), not on top of it."""
         assert self.engine is not None
+        if self.pacer is not None:
+            self.pacer.begin(after_previous=self._pace_continues)
         engine = self.engine
         assisted = self.assisted
         if assisted is not None:
@@ -445,11 +452,7 @@ class Worker:
                 offset = request.num_tokens - position
                 if 0 <= offset < len(drafts) and request.token_ids[position:] == drafts[:offset]:
                     engine.set_drafts(str(request_id), drafts[offset:])
-        if self.pacer is not None:
-            self.pacer.begin()
         out = engine.step()
-        if self.pacer is not None:
-            self.pacer.end(modelled_step_s(self.pacer.cost, out, self._new_restores()))
         if assisted is not None:
             for key in out.finished:
                 assisted.finished(int(key))
@@ -472,6 +475,9 @@ class Worker:
             served.num_outputs += len(tokens)
         for key in out.finished:
             self.served.pop(int(key), None)
+        if self.pacer is not None:  # the tokens are out when the modelled step ends
+            self.pacer.end(modelled_step_s(self.pacer.cost, out, self._new_restores()))
+            self._pace_continues = engine.has_unfinished()
         self._report(reports)
 
     def _new_restores(self) -> list[tuple[int, bool]]:
