@@ -72,7 +72,7 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     rows = json.loads(rows_path.read_text())
     assert status == 0
     assert [r["policy"] for r in rows] == ["S&R", "FC", "LUMEN"]
-    assert all(set(r) == {*COLUMNS, *SIM_COLUMNS} for r in rows)
+    assert all(set(r) == {*COLUMNS, *SIM_COLUMNS, "repeat"} and r["repeat"] == 0 for r in rows)
     assert all(r["sim_interrupted"] >= 1 and r["interrupted"] >= 1 for r in rows)
     assert all(0 <= r["paced_overrun_fraction"] <= 1 for r in rows)
     assert all(r["lost"] == 0 and r["identical"] == r["total"] for r in rows)

@@ -91,9 +91,11 @@ def _nanmedian(values: list[float]) -> float:
 
 def run_demo(
     options: DemoOptions, workdir: Path, say: Callable[[str], None]
-) -> tuple[list[dict[str, object]], dict[str, object]]:
+) -> tuple[list[dict[str, object]], list[dict[str, object]], dict[str, object]]:
     """The failure-free run, then each policy ``repeats`` times; one row per policy (medians;
-    the worst of the correctness counts) and the first run's rolling means per policy."""
+    the worst of the correctness counts and of the overrun fraction), one per policy and
+    repeat (with its ``repeat`` index; intervals over repeats need these) and the first
+    run's rolling means per policy."""
     from lumen_core.sim.workload import load_trace
     from lumen_core.worker.scenario import FailurePlan, arrivals_from_workload, run_scenario
 
@@ -123,12 +125,13 @@ def run_demo(
         min_durable_tokens=options.min_durable_tokens,
     )
     rows: list[dict[str, object]] = []
+    runs: list[dict[str, object]] = []
     starts = np.arange(0.0, options.duration_s, options.window_s / 4)
     timelines: dict[str, object] = {
         "failure-free": (starts, rolling_means(base_records, starts, options.window_s), math.nan)
     }
     for policy in options.policies:
-        per_repeat: list[dict[str, object]] = []
+        per_repeat: list[dict[str, object]] = []  # this policy's runs, in order
         for repeat in range(options.repeats):
             say(f"{policy}: run {repeat + 1}/{options.repeats}")
             result = run_scenario(
@@ -188,7 +191,8 @@ def run_demo(
             else:
                 row[key] = _nanmedian(values)
         rows.append(row)
-    return rows, timelines
+        runs.extend({**r, "repeat": i} for i, r in enumerate(per_repeat))
+    return rows, runs, timelines
 
 
 class _SimReplay:
@@ -354,7 +358,9 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument("--trace", default=None, help="CSV with TIMESTAMP, ContextTokens, GeneratedTokens")
     parser.add_argument("--policy", choices=(*POLICIES, "all"), default="all")
     parser.add_argument("--repeats", type=int, default=None, help="runs per policy (medians reported)")
-    parser.add_argument("--json", default=None, metavar="PATH", help="one row per policy (null: undefined)")
+    parser.add_argument(
+        "--json", default=None, metavar="PATH", help="one row per policy and repeat (null: undefined)"
+    )
     parser.add_argument(
         "--plot", default="demo_timeline.png", metavar="PATH", help="PNG timeline ('' for none)"
     )
@@ -412,7 +418,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="lumen-demo-") as scratch:
         workdir = Path(args.workdir) if args.workdir else Path(scratch)
-        rows, timelines = run_demo(options, workdir, say)
+        rows, runs, timelines = run_demo(options, workdir, say)
     if pace is None:
         print("Live loopback cluster, unpaced (timings illustrative: tiny model on a shared CPU; "
               f"medians of {options.repeats} run(s)):")  # fmt: skip
@@ -434,7 +440,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     if args.json:
         finite = [
             {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
-            for row in rows
+            for row in runs
         ]
         Path(args.json).write_text(json.dumps(finite, indent=1, allow_nan=False) + "\n")
         print(f"json: {args.json}")

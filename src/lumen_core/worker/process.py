@@ -15,6 +15,10 @@ A worker started as ``recovering`` (restarted after a failure) loads the draft's
 first and the full model in the background; ``modelled_*_load_s`` add the load times of a
 32B model and its draft from NVMe on top of the real loads (modelled, not measured), then it
 tells the gateway ``ModelLoaded`` and serves.
+
+Paced (``WorkerConfig.pace``, issue 21): ``_step`` holds each engine step and its token
+reports to the modelled duration of what it ran (``lumen_core.pacing``); that hook is the
+only pacing code here.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
 from lumen_core.stream import (
     HolderStore,
+    RestoreResult,
     RestoreSource,
     StreamGrant,
     StreamingConnector,
@@ -80,7 +85,9 @@ class WorkerConfig:
     """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path (and
     draft_path): files written by ``engine.save_model``. state: "serving", or "recovering"
     for a restart after a failure. budget_bytes: host memory offered to other workers'
-    checkpoints. holder_host: where the embedded holder listens."""
+    checkpoints. holder_host: where the embedded holder listens. pace: a cost-model setup
+    ("MODEL/GPUxTP", ``pacing.parse_pace``) every engine step and restore is paced to, each
+    lasting ``time_scale`` times its modelled duration (None: unpaced)."""
 
     worker_id: int
     gateway: str
@@ -170,7 +177,7 @@ class Worker:
         self._evicted: set[int] = set()
         # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
         self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
-        self._paced_restores: dict[str, object] = {}
+        self._paced_restores: dict[str, RestoreResult] = {}
         self._pace_continues = False  # the last paced step left work: the next one follows it
 
     # ---- models --------------------------------------------------------------------------
