@@ -16,9 +16,12 @@ import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from lumen_core.cost import GPUS, MODELS, CostModel
-from lumen_core.engine.engine import StepOutput
+
+if TYPE_CHECKING:  # the engine (and torch) only for the type: the demo's CLI stays light
+    from lumen_core.engine.engine import StepOutput
 
 # Above this share of overrun steps a paced run no longer emulates the modelled hardware.
 FAITHFUL_OVERRUN_FRACTION = 0.05
