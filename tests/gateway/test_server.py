@@ -351,9 +351,7 @@ def test_server_and_client_validation(start_gateway, connect):
         GatewayServer(GatewayConfig(), SECRET, host=127)
     with pytest.raises(ValueError, match=r"port must be an int in \[0, 65535\], got 70000"):
         GatewayServer(GatewayConfig(), SECRET, port=70000)
-    with pytest.raises(
-        ValueError, match="`secret` must be given, got None: there is no default cluster secret"
-    ):
+    with pytest.raises(ValueError, match="`secret` must be given, got None: there is no default cluster secret"):
         GatewayServer(GatewayConfig(), None)
     with pytest.raises(TypeError, match="address must be a str, got int"):
         GatewayClient(5, SECRET)
