@@ -347,7 +347,7 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--full",
         action="store_true",
-        help=f"the faithful run of bench/RESULTS.md: {FULL.workers} workers, {FULL.duration_s:g} s at "
+        help=f"the faithful run for bench/RESULTS.md (docs/live_cluster.md): {FULL.workers} workers, {FULL.duration_s:g} s at "
         f"{FULL.rate_per_s:g}/s, time scale {FULL.time_scale:g}, {FULL.repeats} repeats (flags override)",
     )
     parser.add_argument(
