@@ -34,7 +34,7 @@ test: install
 # Needs the UCX module (LUMEN_UCX=ON or AUTO with libucx found). DEMO_ARGS: e.g. --repeats 3.
 DEMO_ARGS ?=
 demo: install
-	$(BIN)/lumen demo --json demo.json --plot demo_timeline.png $(DEMO_ARGS)
+	$(BIN)/lumen demo --compare-sim --json demo.json --plot demo_timeline.png $(DEMO_ARGS)
 
 # Every bench script under pytest-benchmark (scripts are not named test_*, so list them).
 bench: install

@@ -49,7 +49,9 @@ ALLOWED: dict[str, frozenset[str]] = {
         # the two drivers of the policy driver; they import nothing of each other
         "sim": {"_validate", "cost", "eventlog", "metrics", "policy", "rng"},
         "gateway": {"_validate", "auth", "eventlog", "metrics", "policy"},
-        "worker": {"_validate", "auth", "engine", "gateway", "metrics", "policy", "sim", "stream"},
+        # engine steps paced to the cost model (the engine's StepOutput for its type only)
+        "pacing": {"cost", "engine"},
+        "worker": {"_validate", "auth", "engine", "gateway", "metrics", "pacing", "policy", "sim", "stream"},
         # entry points
         "cli": {"auth", "gateway", "policy", "sim", "stream", "transport", "worker"},
         "__init__": {"_native", "policy"},

@@ -42,6 +42,30 @@ def _print_table(outcome: object) -> None:
         print(f"note: {note}")
 
 
+def _sim_rate(args: argparse.Namespace) -> float:
+    """The per-worker rate of this run, and a line on stdout saying which one it is."""
+    from lumen_core.sim.experiments import FAILURE_FREE_TTFT_S, RATE_PER_WORKER, calibrate_rate, proto_config
+    from lumen_core.sim.workload import load_trace
+
+    trace = args.trace or "the conversation trace"
+    if args.calibrate_ttft is None:
+        if args.rate == RATE_PER_WORKER:
+            print(
+                f"rate: {args.rate:.3f} requests/s per worker (the default, calibrated on the conversation "
+                f"trace to a failure-free mean TTFT of {FAILURE_FREE_TTFT_S} s)"
+            )
+        else:
+            print(f"rate: {args.rate:.3f} requests/s per worker (given)")
+        return args.rate
+    workers = args.workers or 4
+    rate = calibrate_rate(proto_config(workers), load_trace(args.trace), target_ttft_s=args.calibrate_ttft)
+    print(
+        f"rate: {rate:.3f} requests/s per worker, calibrated on {trace} to a failure-free S&R mean TTFT of "
+        f"{args.calibrate_ttft} s (proto config, {workers} workers)"
+    )
+    return rate
+
+
 def _sim(args: argparse.Namespace) -> int:
     from lumen_core.sim.experiments import Options, run_experiment
     from lumen_core.sim.plots import plot_outcome
@@ -51,7 +75,7 @@ def _sim(args: argparse.Namespace) -> int:
         workers=args.workers,
         policy=args.policy,
         seed=args.seed,
-        rate_per_worker=args.rate,
+        rate_per_worker=_sim_rate(args),
         progress=not args.no_progress and sys.stderr.isatty(),
         event_log_path=args.event_log,
     )
@@ -123,10 +147,10 @@ def _holder(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from lumen_core.gateway.command import add_gateway_parser
-    from lumen_core.worker.command import add_worker_parser
-    from lumen_core.worker.demo import add_demo_parser
     from lumen_core.policy.presets import POLICY_NAMES
     from lumen_core.sim.experiments import EXPERIMENTS, RATE_PER_WORKER
+    from lumen_core.worker.command import add_worker_parser
+    from lumen_core.worker.demo import add_demo_parser
 
     parser = argparse.ArgumentParser(prog="lumen", description="Fault-tolerant LLM serving (LUMEN).")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -142,7 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate",
         type=float,
         default=RATE_PER_WORKER,
-        help="requests per second per worker (calibrated default)",
+        help=f"requests per second per worker (default {RATE_PER_WORKER}: calibrated once on the conversation "
+        "trace to the paper's failure-free mean TTFT; a prefill-heavy --trace can saturate at it)",
+    )
+    sim.add_argument(
+        "--calibrate-ttft",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="instead of --rate: bisect the per-worker rate at which the failure-free S&R run of --trace "
+        "(proto config, --workers or 4) has this mean TTFT, and use it",
     )
     sim.add_argument("--json", default=None, metavar="PATH", help="write the rows as JSON")
     sim.add_argument(
@@ -180,6 +213,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--workers must be >= 2, got {args.workers}")
         if args.rate <= 0:
             parser.error(f"--rate must be > 0, got {args.rate}")
+        if args.calibrate_ttft is not None and args.calibrate_ttft <= 0:
+            parser.error(f"--calibrate-ttft must be > 0, got {args.calibrate_ttft}")
     if args.command == "holder":
         if not 0 <= args.port <= 65535:
             parser.error(f"--port must be in [0, 65535], got {args.port}")

@@ -212,3 +212,22 @@ def acceptance_rate(accepted_tokens: float, proposed_tokens: float) -> float:
             f"`accepted_tokens` must be <= `proposed_tokens`, got {accepted_tokens} > {proposed_tokens}"
         )
     return accepted_tokens / proposed_tokens if proposed_tokens else math.nan
+
+
+def run_figures(
+    records: RequestRecords,
+    baseline: RequestRecords,
+    failure_s: float,
+    window_s: float,
+    horizon_s: float,
+    tolerance: float,
+) -> dict[str, float]:
+    """The demo's timing figures of one run, live or simulated alike: ``mean_ttft_s`` of the
+    requests not interrupted, ``mean_tpot_s``, ``replay_ttft_s`` of the interrupted ones and
+    ``recovery_s`` against ``baseline`` (the failure-free run of the same arrivals)."""
+    return {
+        "mean_ttft_s": nan_mean(np.where(records.interrupted, np.nan, records.ttft_s)),
+        "mean_tpot_s": nan_mean(records.tpot_s),
+        "recovery_s": recovery_time_s(records, baseline, failure_s, window_s, horizon_s, tolerance=tolerance),
+        "replay_ttft_s": nan_mean(records.replay_ttft_s(failure_s)),
+    }

@@ -195,3 +195,44 @@ def test_rack_failure_domain_aware_placement_restores_more():
     aware = value(outcome, "LUMEN", "restored_fraction")
     assert aware > value(outcome, "LUMEN (domain-blind)", "restored_fraction")
     assert value(outcome, "LUMEN", "mean_ttft_s") <= value(outcome, "LUMEN (domain-blind)", "mean_ttft_s")
+
+
+def _prefill_heavy_trace(path, n=240, seed=5):
+    """A synthetic prefill-heavy trace: long prompts (2-6K tokens), short outputs (8-32)."""
+    rng = np.random.default_rng(seed)
+    gaps = rng.exponential(0.2, n)
+    lines = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    for t, p, o in zip(np.cumsum(gaps), rng.integers(2048, 6144, n), rng.integers(8, 32, n)):
+        minutes, seconds = divmod(float(t), 60.0)
+        lines.append(f"2024-01-01 00:{int(minutes):02d}:{seconds:010.7f},{p},{o}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_calibrate_ttft_finds_the_rate_of_that_ttft_on_the_given_trace(tmp_path, capsys):
+    from lumen_core.cli import _sim_rate, build_parser
+
+    trace = _prefill_heavy_trace(tmp_path / "prefill.csv")
+    args = build_parser().parse_args(
+        ["sim", "--experiment", "proto4", "--trace", str(trace), "--calibrate-ttft", "0.5"]
+    )
+    rate = _sim_rate(args)
+    assert f"calibrated on {trace} to a failure-free S&R mean TTFT of 0.5 s" in capsys.readouterr().out
+    assert rate != RATE_PER_WORKER
+    workload = load_trace(trace).scaled_to_rate(rate * 4)
+    result = ClusterSim(proto_config(4), workload, preset("S&R")).run()
+    assert float(np.nanmean(result.records.ttft_s)) == pytest.approx(0.5, rel=0.1)
+
+
+def test_the_default_rate_says_where_it_was_calibrated(capsys):
+    from lumen_core.cli import _sim_rate, build_parser
+
+    assert _sim_rate(build_parser().parse_args(["sim", "--experiment", "proto4"])) == RATE_PER_WORKER
+    assert "calibrated on the conversation trace" in capsys.readouterr().out
+    assert _sim_rate(build_parser().parse_args(["sim", "--experiment", "proto4", "--rate", "3"])) == 3.0
+    assert "(given)" in capsys.readouterr().out
+
+
+def test_calibrate_ttft_must_be_positive():
+    with pytest.raises(SystemExit):
+        main(["sim", "--experiment", "proto4", "--calibrate-ttft", "0"])

@@ -26,6 +26,8 @@ def model_file(tmp_path: Path) -> str:
         ({"modelled_full_load_s": -1.0}, "modelled_full_load_s must be a finite number >= 0"),
         ({"modelled_draft_load_s": float("inf")}, "modelled_draft_load_s must be a finite number >= 0"),
         ({"budget_bytes": -1}, "budget_bytes must be an int >= 0"),
+        ({"time_scale": 0.0}, "time_scale must be a finite number > 0"),
+        ({"pace": "qwen3-32b/b200x2"}, "`pace` must be MODEL/GPUxTP"),
     ],
 )
 def test_worker_config_refuses(model_file: str, changes: dict, message: str) -> None:
@@ -41,6 +43,15 @@ def test_lumen_worker_refuses_a_missing_secret_file(tmp_path: Path, model_file: 
     )  # fmt: skip
     assert status == 2
     assert "lumen worker:" in capsys.readouterr().err
+
+
+def test_lumen_worker_refuses_an_unknown_pace(tmp_path: Path, model_file: str, capsys) -> None:
+    status = main(
+        ["worker", "--worker-id", "0", "--gateway", "127.0.0.1:1", "--secret-file",
+         str(tmp_path / "missing"), "--model", model_file, "--pace", "gpt-5/h100"]
+    )  # fmt: skip
+    assert status == 2
+    assert "`pace` must be MODEL/GPUxTP" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

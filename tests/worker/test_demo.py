@@ -9,7 +9,14 @@ import pytest
 
 from lumen_core import _native
 from lumen_core.cli import main
-from lumen_core.worker.demo import COLUMNS, plot_timeline, print_table
+from lumen_core.worker.demo import (
+    COLUMNS,
+    SIM_COLUMNS,
+    faithful,
+    plot_timeline,
+    print_comparison,
+    print_table,
+)
 
 
 def test_table_has_every_column_and_shows_undefined_as_dash(capsys) -> None:
@@ -19,6 +26,29 @@ def test_table_has_every_column_and_shows_undefined_as_dash(capsys) -> None:
     assert header.split() == list(COLUMNS)
     assert line.split()[COLUMNS.index("recovery_s")] == "-"
     assert line.split()[COLUMNS.index("acceptance")] == "0.500"
+
+
+def test_comparison_prints_live_simulated_and_their_ratio_per_policy(capsys) -> None:
+    row = {c: 1.0 for c in (*COLUMNS, *SIM_COLUMNS)} | {
+        "policy": "FC",
+        "mean_ttft_s": 0.3,
+        "sim_mean_ttft_s": 0.2,
+    }
+    row |= {"recovery_s": math.nan, "restored": 31, "sim_restored": 30, "sim_recovery_s": 2.0}
+    print_comparison([row])
+    lines = {line.split()[1]: line.split()[2:] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["mean_ttft_s"] == ["0.300", "0.200", "1.500"]
+    assert lines["recovery_s"] == ["-", "2.000", "-"]
+    assert lines["restored"] == ["31", "30", "1.033"]
+    assert set(lines) == {"mean_ttft_s", "mean_tpot_s", "replay_ttft_s", "recovery_s", "interrupted", "restored",
+                          "accepted_drafts"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fractions", "expected"), [((0.0, 0.05), True), ((0.01, 0.06), False), ((0.0, math.nan), False)]
+)
+def test_a_run_is_faithful_only_when_no_policy_overran_more_than_5_percent(fractions, expected) -> None:
+    assert faithful([{"paced_overrun_fraction": f} for f in fractions]) is expected
 
 
 def test_timeline_png(tmp_path: Path) -> None:
@@ -32,16 +62,18 @@ def test_timeline_png(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.ucx
 @pytest.mark.skipif(not _native.HAS_UCX, reason="lumen_core._C_ucx is not built (LUMEN_UCX=ON)")
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_short_demo_end_to_end(tmp_path: Path) -> None:
     rows_path = tmp_path / "rows.json"
     status = main(
-        ["demo", "--workers", "3", "--duration", "16", "--rate", "6", "--json", str(rows_path),
-         "--plot", str(tmp_path / "t.png"), "--workdir", str(tmp_path / "work")]
+        ["demo", "--workers", "3", "--duration", "10", "--rate", "6", "--time-scale", "2", "--compare-sim",
+         "--json", str(rows_path), "--plot", str(tmp_path / "t.png"), "--workdir", str(tmp_path / "work")]
     )  # fmt: skip
     rows = json.loads(rows_path.read_text())
     assert status == 0
     assert [r["policy"] for r in rows] == ["S&R", "FC", "LUMEN"]
-    assert all(set(r) == set(COLUMNS) for r in rows)
+    assert all(set(r) == {*COLUMNS, *SIM_COLUMNS, "repeat"} and r["repeat"] == 0 for r in rows)
+    assert all(r["sim_interrupted"] >= 1 and r["interrupted"] >= 1 for r in rows)
+    assert all(0 <= r["paced_overrun_fraction"] <= 1 for r in rows)
     assert all(r["lost"] == 0 and r["identical"] == r["total"] for r in rows)
     assert (tmp_path / "t.png").is_file()

@@ -30,6 +30,10 @@ from lumen_core.policy.routing import RouterConfig
 
 TINY_MODEL = ModelConfig()
 DRAFT_NUM_LAYERS = 1
+# One token's K and V in the tiny model's float64 cache: the record size L(w) counts.
+TINY_RECORD_BYTES = 2 * TINY_MODEL.num_layers * TINY_MODEL.num_kv_heads * TINY_MODEL.head_dim * 8
+HEARTBEAT_S = 0.25  # real seconds: worker reports, directives and the lease ride on it
+HOLDER_BUDGET_BYTES = 1 << 30  # each worker's holder room for others' checkpoints
 LATE_LAYER_SCALE = 0.15  # how far the target's late layers move it from the draft (acceptance)
 
 
@@ -83,10 +87,12 @@ class LocalCluster:
         num_workers: int,
         seed: int = 0,
         lease_s: float = 10.0,
-        heartbeat_s: float = 0.25,
-        modelled_full_load_s: float = 2.0,
-        modelled_draft_load_s: float = 0.05,
-        budget_bytes: int = 1 << 30,
+        heartbeat_s: float = HEARTBEAT_S,
+        modelled_full_load_s: float | None = 2.0,
+        modelled_draft_load_s: float | None = 0.05,
+        pace: str | None = None,
+        time_scale: float = 1.0,
+        budget_bytes: int = HOLDER_BUDGET_BYTES,
         start_timeout_s: float = 60.0,
         router_config: RouterConfig = RouterConfig(),
     ) -> None:
@@ -96,6 +102,8 @@ class LocalCluster:
         self.num_workers = num_workers
         self.modelled_full_load_s = modelled_full_load_s
         self.modelled_draft_load_s = modelled_draft_load_s
+        self.pace = pace
+        self.time_scale = time_scale
         self.budget_bytes = budget_bytes
         self.start_timeout_s = start_timeout_s
         self.secret_path = self.workdir / "cluster.secret"
@@ -106,13 +114,12 @@ class LocalCluster:
         self.draft_path = self.workdir / "draft.pt"
         if not self.model_path.exists() or not self.draft_path.exists():
             write_models(self.workdir, seed=seed)
-        record_bytes = 2 * TINY_MODEL.num_layers * TINY_MODEL.num_kv_heads * TINY_MODEL.head_dim * 8
         self.gateway = GatewayServer(
             GatewayConfig(
                 policy=policy,
                 lease_s=lease_s,
                 heartbeat_s=heartbeat_s,
-                load_config=LoadConfig(kv_bytes_per_token=record_bytes),
+                load_config=LoadConfig(kv_bytes_per_token=TINY_RECORD_BYTES),
                 router_config=router_config,
             ),
             self.secret,
@@ -138,9 +145,15 @@ class LocalCluster:
             "--model", str(self.model_path),
             "--draft", str(self.draft_path),
             "--budget-bytes", str(self.budget_bytes),
-            "--modelled-full-load-s", str(self.modelled_full_load_s),
-            "--modelled-draft-load-s", str(self.modelled_draft_load_s),
+            "--time-scale", str(self.time_scale),
         ]  # fmt: skip
+        # None: the worker's default (the --pace setup's load times, else the 32B constants).
+        if self.modelled_full_load_s is not None:
+            command += ["--modelled-full-load-s", str(self.modelled_full_load_s)]
+        if self.modelled_draft_load_s is not None:
+            command += ["--modelled-draft-load-s", str(self.modelled_draft_load_s)]
+        if self.pace is not None:
+            command += ["--pace", self.pace]
         if recovering:
             command.append("--recovering")
         stderr_path = self.workdir / f"worker{worker_id}-{len(self.exited)}.log"

@@ -38,16 +38,30 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
     )
     parser.add_argument("--num-blocks", type=int, default=1024, help="KV cache pages")
     parser.add_argument(
+        "--pace",
+        default=None,
+        metavar="MODEL/GPUxTP",
+        help="pace each engine step (and restore) to the cost model of this setup, e.g. qwen3-32b/h100x2",
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="stretch every paced and modelled duration by this factor (default 1)",
+    )
+    parser.add_argument(
         "--modelled-full-load-s",
         type=float,
-        default=MODELLED_FULL_LOAD_S,
-        help="modelled load time of the full model on restart (default: 32B bf16 from NVMe)",
+        default=None,
+        help=f"modelled load time of the full model on restart, in real seconds (default: the --pace "
+        f"setup's, times --time-scale; without --pace {MODELLED_FULL_LOAD_S:.1f}: 32B bf16 from NVMe)",
     )
     parser.add_argument(
         "--modelled-draft-load-s",
         type=float,
-        default=MODELLED_DRAFT_LOAD_S,
-        help="modelled load time of the draft on restart (default: 0.6B bf16 from NVMe)",
+        default=None,
+        help=f"modelled load time of the draft on restart, in real seconds (default: the --pace "
+        f"setup's, times --time-scale; without --pace {MODELLED_DRAFT_LOAD_S:.2f}: 0.6B bf16 from NVMe)",
     )
     parser.set_defaults(func=run_worker)
     return parser
@@ -56,10 +70,17 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
 def run_worker(args: argparse.Namespace) -> int:
     from lumen_core.auth import read_secret_file
     from lumen_core.gateway.client import GatewayError
+    from lumen_core.pacing import parse_pace
     from lumen_core.policy.events import WorkerState
+    from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
     from lumen_core.worker.process import Worker, WorkerConfig
 
     try:
+        full_load_s, draft_load_s = args.modelled_full_load_s, args.modelled_draft_load_s
+        if args.pace is not None:
+            cost = parse_pace(args.pace)
+            full_load_s = cost.model_load_time_s * args.time_scale if full_load_s is None else full_load_s
+            draft_load_s = cost.draft_load_time_s * args.time_scale if draft_load_s is None else draft_load_s
         secret = read_secret_file(args.secret_file)
         config = WorkerConfig(
             worker_id=args.worker_id,
@@ -70,8 +91,10 @@ def run_worker(args: argparse.Namespace) -> int:
             budget_bytes=args.budget_bytes,
             holder_host=args.holder_host,
             num_blocks=args.num_blocks,
-            modelled_full_load_s=args.modelled_full_load_s,
-            modelled_draft_load_s=args.modelled_draft_load_s,
+            modelled_full_load_s=MODELLED_FULL_LOAD_S if full_load_s is None else full_load_s,
+            modelled_draft_load_s=MODELLED_DRAFT_LOAD_S if draft_load_s is None else draft_load_s,
+            pace=args.pace,
+            time_scale=args.time_scale,
         )
     except (OSError, ValueError) as exc:
         print(f"lumen worker: {exc}", file=sys.stderr)

@@ -15,6 +15,10 @@ A worker started as ``recovering`` (restarted after a failure) loads the draft's
 first and the full model in the background; ``modelled_*_load_s`` add the load times of a
 32B model and its draft from NVMe on top of the real loads (modelled, not measured), then it
 tells the gateway ``ModelLoaded`` and serves.
+
+Paced (``WorkerConfig.pace``, issue 21): ``_step`` holds each engine step and its token
+reports to the modelled duration of what it ran (``lumen_core.pacing``); that hook is the
+only pacing code here.
 """
 
 from __future__ import annotations
@@ -60,9 +64,11 @@ from lumen_core.gateway.coordinator import (
 )
 from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
 from lumen_core.gateway.protocol import parse_address
+from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
 from lumen_core.stream import (
     HolderStore,
+    RestoreResult,
     RestoreSource,
     StreamGrant,
     StreamingConnector,
@@ -79,7 +85,9 @@ class WorkerConfig:
     """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path (and
     draft_path): files written by ``engine.save_model``. state: "serving", or "recovering"
     for a restart after a failure. budget_bytes: host memory offered to other workers'
-    checkpoints. holder_host: where the embedded holder listens."""
+    checkpoints. holder_host: where the embedded holder listens. pace: a cost-model setup
+    ("MODEL/GPUxTP", ``pacing.parse_pace``) every engine step and restore is paced to, each
+    lasting ``time_scale`` times its modelled duration (None: unpaced)."""
 
     worker_id: int
     gateway: str
@@ -94,6 +102,8 @@ class WorkerConfig:
     modelled_full_load_s: float = MODELLED_FULL_LOAD_S
     modelled_draft_load_s: float = MODELLED_DRAFT_LOAD_S
     idle_wait_s: float = 0.02
+    pace: str | None = None  # "MODEL/GPUxTP": engine steps paced to that setup (lumen_core.pacing)
+    time_scale: float = 1.0  # paced durations stretched by this factor
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
@@ -110,6 +120,10 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {self.budget_bytes!r}")
+        if not isinstance(self.time_scale, (int, float)) or not 0 < self.time_scale < math.inf:
+            raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale!r}")
+        if self.pace is not None:
+            parse_pace(self.pace)  # raises ValueError naming the presets
 
 
 @dataclass
@@ -161,6 +175,10 @@ class Worker:
         self._dropped_lock = threading.Lock()
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
+        # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
+        self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
+        self._paced_restores: dict[str, RestoreResult] = {}
+        self._pace_continues = False  # the last paced step left work: the next one follows it
 
     # ---- models --------------------------------------------------------------------------
     def _load_full(self, modelled_s: float) -> None:
@@ -423,7 +441,13 @@ class Worker:
                 self._drop(ack.request_id)
 
     def _step(self) -> None:
+        """One engine step and its token reports. Paced (``--pace``): the tokens are reported
+        when the step's modelled time has passed; back-to-back steps keep one timeline, so
+        the reports and directives between them sit inside the paced time (the cost model's
+        per-iteration overhead covers them), not on top of it."""
         assert self.engine is not None
+        if self.pacer is not None:
+            self.pacer.begin(after_previous=self._pace_continues)
         engine = self.engine
         assisted = self.assisted
         if assisted is not None:
@@ -458,7 +482,20 @@ class Worker:
             served.num_outputs += len(tokens)
         for key in out.finished:
             self.served.pop(int(key), None)
+        if self.pacer is not None:  # the tokens are out when the modelled step ends
+            self.pacer.end(modelled_step_s(self.pacer.cost, out, self._new_restores()))
+            self._pace_continues = engine.has_unfinished()
         self._report(reports)
+
+    def _new_restores(self) -> list[tuple[int, bool]]:
+        """(tokens, remote) of the restores the last step loaded (each paced once)."""
+        assert self.connector is not None
+        new = []
+        for key, result in self.connector.restores.items():
+            if self._paced_restores.get(key) is not result and result.restored_tokens > 0:
+                new.append((result.restored_tokens, key in self.remote_sources))
+            self._paced_restores[key] = result
+        return new
 
     def stats(self) -> dict[str, int]:
         """Counters: requests resumed here, of which restored (a prefix came from a holder; of
@@ -479,6 +516,8 @@ class Worker:
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
             "accepted_drafts": self._assist_counts()["accepted"],
+            "paced_steps": self.pacer.num_steps if self.pacer is not None else 0,
+            "paced_overruns": self.pacer.num_overruns if self.pacer is not None else 0,
         }
 
     def run(self) -> int:

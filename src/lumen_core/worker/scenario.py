@@ -55,8 +55,8 @@ def arrivals_from_workload(
 class FailurePlan:
     """Kill a worker once one runs at least ``min_requests`` requests whose checkpoints hold
     at least ``min_durable_tokens`` durable tokens each (requests the policy does not
-    checkpoint: that many tokens computed), not before ``not_before_s``; restart
-    it at once (as a recovering worker)."""
+    checkpoint: that many tokens computed), not before ``not_before_s``; restart it at once
+    (as a recovering worker). Times are modelled seconds (``run_scenario``'s ``time_scale``)."""
 
     not_before_s: float
     min_requests: int = 4
@@ -80,26 +80,29 @@ class ScenarioResult:
     accepted_drafts: int = 0
     worker_stats: list[dict[str, object]] = field(default_factory=list)
     duration_s: float = 0.0
+    time_scale: float = 1.0  # real seconds per modelled second; every *_s here is modelled
 
     def records(self) -> RequestRecords:
-        """Per-request times for ``lumen_core.metrics`` (NaN where never reached)."""
+        """Per-request times for ``lumen_core.metrics`` in modelled seconds (the results'
+        real times over ``time_scale``; NaN where never reached)."""
         n = len(self.results)
         first = np.full(n, np.nan)
         finish = np.full(n, np.nan)
         replay = np.full(n, np.nan)
         interrupted = np.zeros(n, dtype=bool)
         ids = set(self.interrupted_ids)
+        scale = self.time_scale
         for i, r in enumerate(self.results):
             if r.token_times_s:
-                first[i] = r.token_times_s[0]
+                first[i] = r.token_times_s[0] / scale
             if r.finished:
-                finish[i] = r.token_times_s[-1] if r.token_times_s else np.nan
+                finish[i] = r.token_times_s[-1] / scale if r.token_times_s else np.nan
             if r.request_id in ids:
                 interrupted[i] = True
-                later = [t for t in r.token_times_s if t > self.failure_s]
+                later = [t / scale for t in r.token_times_s if t / scale > self.failure_s]
                 replay[i] = later[0] if later else np.nan
         return RequestRecords(
-            arrival_s=np.array([r.arrival_s for r in self.results]),
+            arrival_s=np.array([r.arrival_s / scale for r in self.results]),
             first_token_s=first,
             finish_s=finish,
             num_output_tokens=np.array([len(r.token_ids) for r in self.results]),
@@ -114,6 +117,14 @@ class ScenarioResult:
     @property
     def reprefilled(self) -> int:
         return sum(int(s.get("reprefilled", 0)) for s in self.worker_stats)  # type: ignore[call-overload]
+
+    @property
+    def paced_overrun_fraction(self) -> float:
+        """Share of paced engine steps whose real compute overran, over the workers that
+        stopped cleanly (a SIGKILLed worker reports nothing); NaN when nothing was paced."""
+        steps = sum(int(s.get("paced_steps", 0)) for s in self.worker_stats)  # type: ignore[call-overload]
+        overruns = sum(int(s.get("paced_overruns", 0)) for s in self.worker_stats)  # type: ignore[call-overload]
+        return overruns / steps if steps else math.nan
 
 
 def _victim(cluster: LocalCluster, plan: FailurePlan) -> int | None:
@@ -146,12 +157,28 @@ def run_scenario(
     failure: FailurePlan | None,
     request_timeout_s: float = 120.0,
     progress: Callable[[str], None] | None = None,
+    time_scale: float = 1.0,
     **cluster_options: object,
 ) -> ScenarioResult:
-    """Run the arrivals on a fresh cluster; see module doc. Every process is reaped."""
+    """Run the arrivals on a fresh cluster; see module doc. Every process is reaped.
+
+    ``time_scale`` stretches the arrival clock as the workers stretch their paced steps:
+    arrival times, the failure plan's times and the result's figures are modelled seconds,
+    ``request_timeout_s`` is real."""
     say = progress or (lambda _: None)
-    cluster = LocalCluster(workdir, policy=policy, num_workers=num_workers, **cluster_options)  # type: ignore[arg-type]
-    result = ScenarioResult(policy, [])
+    label = policy if failure is not None else "failure-free"
+    cluster = LocalCluster(
+        workdir,
+        policy=policy,
+        num_workers=num_workers,
+        time_scale=time_scale,
+        **cluster_options,  # type: ignore[arg-type]
+    )
+    result = ScenarioResult(policy, [], time_scale=time_scale)
+
+    def now_s() -> float:  # modelled
+        return cluster.now_s() / time_scale
+
     try:
         cluster.start()
         cluster.clock0 = time.monotonic()
@@ -161,7 +188,7 @@ def run_scenario(
 
         def submit_all() -> None:
             for arrival, record in zip(arrivals, results, strict=True):
-                delay = arrival.time_s - cluster.now_s()
+                delay = (arrival.time_s - now_s()) * time_scale
                 if delay > 0:
                     time.sleep(delay)
                 record.arrival_s = cluster.now_s()
@@ -178,9 +205,9 @@ def run_scenario(
         if failure is not None:
             deadline = failure.not_before_s + failure.give_up_s
             victim = None
-            while victim is None and cluster.now_s() < deadline:
+            while victim is None and now_s() < deadline:
                 time.sleep(0.05)
-                if cluster.now_s() >= failure.not_before_s:
+                if now_s() >= failure.not_before_s:
                     victim = _victim(cluster, failure)
             if victim is None:
                 raise RuntimeError(
@@ -191,7 +218,7 @@ def run_scenario(
                 metrics = cluster.gateway.coordinator.metrics()
             result.coverage, result.holder_balance = metrics.coverage, metrics.holder_balance
             result.failed_worker_id = victim
-            result.failure_s = cluster.kill(victim)
+            result.failure_s = cluster.kill(victim) / time_scale
             with cluster.gateway.condition:
                 outcome = cluster.gateway.coordinator.failures[-1]
             interrupted = tuple(route.request_id for route in outcome.routes)
@@ -201,17 +228,19 @@ def run_scenario(
                 f"{policy}: SIGKILL worker {victim} at {result.failure_s:.1f} s ({len(interrupted)} requests running)"
             )
             cluster.restart(victim)
-            result.restart_s = cluster.now_s()
+            result.restart_s = now_s()
             say(f"{policy}: worker {victim} restarted (recovering) at {result.restart_s:.1f} s")
-        submitter.join(timeout=max(1.0, arrivals[-1].time_s - cluster.now_s() + 30.0) if arrivals else 1.0)
+        submitter.join(
+            timeout=max(1.0, (arrivals[-1].time_s - now_s()) * time_scale + 30.0) if arrivals else 1.0
+        )
         end = time.monotonic() + request_timeout_s
         for thread in list(threads):
             thread.join(timeout=max(0.1, end - time.monotonic()))
-        say(f"{policy}: {sum(r.finished for r in results)}/{len(results)} requests finished")
+        say(f"{label}: {sum(r.finished for r in results)}/{len(results)} requests finished")
         with cluster.gateway.condition:
             metrics = cluster.gateway.coordinator.metrics()
         result.acceptance = metrics.acceptance
-        result.duration_s = cluster.now_s()
+        result.duration_s = now_s()
     finally:
         cluster.close()
     result.worker_stats = cluster.worker_stats()
