@@ -528,18 +528,23 @@ void Streamer::reap_oldest() {
       status = e.status();
     }
     const bool failed = status == Status::kPeerGone || status == Status::kTimeout;
+    // Only the current connection speaks for the holder: an append of one replaced since
+    // failed because it was closed.
+    const bool current = op.client == op.holder->client;
     // The later appends on a stalled connection fail at once instead of each timing out.
-    if (failed) op.client->close();
+    if (failed && current) op.client->close();
     std::lock_guard<std::mutex> lock(mutex_);
     if (status == Status::kOk) {
       stats_.bytes_acked += op.bytes;
     } else {
       ++stats_.appends_failed;
     }
-    if (failed) {
-      mark_down(op.holder);
-    } else if (op.client == op.holder->client) {
-      mark_up(op.holder);
+    if (current) {
+      if (failed) {
+        mark_down(op.holder);
+      } else {
+        mark_up(op.holder);
+      }
     }
     auto it = requests_.find(op.request_id);
     if (it == requests_.end()) continue;
@@ -560,18 +565,23 @@ void Streamer::reap_oldest() {
 
 void Streamer::process_release(const Work& work) {
   for (const auto& [holder, cap] : work.releases) {
-    bool ok = connect(holder);
-    if (ok) {
+    const bool connected = connect(holder);
+    Status status = Status::kOk;
+    if (connected) {
       try {
         holder->client->release(work.request_ids[0], options_.shard, cap.second, cap.first,
                                 options_.ack_timeout_s);
-      } catch (const TransportError&) {
-        ok = false;
+      } catch (const TransportError& e) {
+        status = e.status();
       }
     }
-    if (!ok) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.releases_failed;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!connected || status != Status::kOk) ++stats_.releases_failed;
+    if (!connected) continue;
+    if (status == Status::kPeerGone || status == Status::kTimeout) {
+      mark_down(holder);
+    } else {
+      mark_up(holder);  // it answered
     }
   }
 }
