@@ -580,7 +580,10 @@ RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
     }
     if (count == 0) break;
     if (!order.empty()) {
-      uint32_t crcs[3];  // recomputed by the fused copy; already checked above
+      // The non-temporal copy; the crcs it computes again are not needed. Verifying first
+      // halves the restore's speed (0.36x memcpy instead of 0.8x on the shared 2-core
+      // machine): the price of never writing an unverified record into the caller's cache.
+      uint32_t crcs[3];
       scatter_with_crc(group, slot_ids + done, count, planes, order, crcs);
     } else {
       for (int t = 0; t < count; ++t) {
