@@ -40,8 +40,8 @@ from lumen_core.engine import (
     SchedulerConfig,
     SpeculativeDecoder,
     build_draft_pair,
-    expected_tokens_per_step,
 )
+from lumen_core.policy import expected_tokens_per_step
 
 PROMPT_TOKENS = 32
 BLOCK_SIZE = 16

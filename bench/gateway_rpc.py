@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lumen_core.gateway.auth import CallVerifier, sign_call
+from lumen_core.auth import CallVerifier, sign_call
 from lumen_core.gateway.client import GatewayClient, RequestTokens
 from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, HeldReport
 from lumen_core.gateway.server import GatewayServer

@@ -1,5 +1,5 @@
 // Binding of csrc/verify_draft.cpp and lumen/philox.h: addresses of tensors that
-// lumen_core.ops.verify_draft has validated, cheap invariants re-checked, GIL released.
+// lumen_core.verify.verify_draft has validated, cheap invariants re-checked, GIL released.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 

@@ -3,7 +3,6 @@ helper processes that speak JSON lines (killed and reaped after every test)."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
@@ -84,19 +83,3 @@ def spawn() -> Iterator[Callable[[list[str]], JsonLinesProcess]]:
     yield _spawn
     for proc in procs:
         proc.reap()
-
-
-@pytest.fixture
-def imported_modules() -> Callable[[Path], set[str]]:
-    """imported_modules(path) -> the module names a Python source file imports (layering tests)."""
-
-    def _imported(path: Path) -> set[str]:
-        names: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Import):
-                names.update(alias.name for alias in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names.add(node.module)
-        return names
-
-    return _imported

@@ -25,11 +25,11 @@ __version__ = "0.1.0"
 _LAZY = {
     "KVLayout": "lumen_core.layouts",
     "StagingPool": "lumen_core.staging",
-    "VerifyResult": "lumen_core.ops",
+    "VerifyResult": "lumen_core.verify",
     "checksum": "lumen_core.ops",
     "gather_tokens": "lumen_core.ops",
     "scatter_tokens": "lumen_core.ops",
-    "verify_draft": "lumen_core.ops",
+    "verify_draft": "lumen_core.verify",
 }
 
 

@@ -84,8 +84,8 @@ def _holder(args: argparse.Namespace) -> int:
     import select
     import signal
 
+    from lumen_core.auth import read_secret_file
     from lumen_core.stream import EvictionPolicy, HolderStore
-    from lumen_core.transport import read_secret_file
 
     store = HolderStore(args.budget_bytes, eviction=EvictionPolicy[args.eviction.upper()])
     server = store.serve(

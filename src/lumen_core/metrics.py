@@ -64,7 +64,8 @@ class RequestRecords:
         return self.replay_token_s[self.interrupted] - failure_s
 
 
-def _mean(values: np.ndarray) -> float:
+def nan_mean(values: np.ndarray) -> float:
+    """The mean of the values that are not NaN (NaN where there are none)."""
     values = values[~np.isnan(values)]
     return float(values.mean()) if values.size else math.nan
 
@@ -84,10 +85,10 @@ def window_means(records: RequestRecords, failure_s: float, eval_s: float) -> di
     ttft = np.concatenate([records.ttft_s[fresh], replay])
     tpot = records.tpot_s[fresh | records.interrupted]
     return {
-        "mean_ttft_s": _mean(ttft),
-        "mean_tpot_s": _mean(tpot),
-        "noninterrupted_ttft_s": _mean(records.ttft_s[fresh]),
-        "replay_ttft_s": _mean(replay),
+        "mean_ttft_s": nan_mean(ttft),
+        "mean_tpot_s": nan_mean(tpot),
+        "noninterrupted_ttft_s": nan_mean(records.ttft_s[fresh]),
+        "replay_ttft_s": nan_mean(replay),
         "num_requests": int(fresh.sum() + records.interrupted.sum()),
         "num_interrupted": int(records.interrupted.sum()),
     }

@@ -1,40 +1,29 @@
-"""Data-plane ops on token records: validation in Python, then one native call.
+"""Data-plane ops on token records: gather, scatter and checksum (``csrc/gather.*``,
+``csrc/checksum.*``). Validation in Python, then one native call.
 
 Records are ``[n, record_bytes]`` uint8 tensors (DESIGN.md section 3.1). Every argument is
 checked here before a pointer reaches native code; the native side re-checks cheap invariants.
+Draft verification, the other op family, lives in ``lumen_core.verify``.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from lumen_core import _native
+from lumen_core._tensors import check_num_threads, check_tensor, to_device
+from lumen_core._validate import check_bool, check_instance
 from lumen_core.layouts import KVLayout
 
 RecordMode = Literal["device", "mapped", "staged"]
 _RECORD_MODES = ("device", "mapped", "staged")
 
 
-def _num_threads(num_threads: int | None) -> int:
-    """The thread count of a CPU op: all cores by default."""
-    if num_threads is None:
-        return max(1, os.cpu_count() or 1)
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int):
-        raise TypeError(f"`num_threads` must be an int or None, got {type(num_threads).__name__}")
-    if num_threads < 1:
-        raise ValueError(f"`num_threads` must be >= 1, got {num_threads}")
-    return num_threads
-
-
 def _check_records_tensor(records: object, name: str) -> torch.Tensor:
     """A 2-D, C-contiguous uint8 tensor, or TypeError/ValueError."""
-    if not isinstance(records, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(records).__name__}")
+    records = check_tensor(name, records)
     if records.dtype != torch.uint8:
         raise ValueError(f"`{name}` must have dtype torch.uint8, got {records.dtype}")
     if records.dim() != 2:
@@ -62,7 +51,7 @@ def checksum(records: torch.Tensor, *, num_threads: int | None = None) -> torch.
     records = _check_records_tensor(records, "records")
     if records.device.type != "cpu":
         raise ValueError(f"`records` must be on the CPU, got device {records.device}")
-    threads = _num_threads(num_threads)
+    threads = check_num_threads(num_threads)
     num_records, record_bytes = records.shape
     out = torch.empty(num_records, dtype=torch.uint32)
     if num_records == 0:
@@ -73,19 +62,11 @@ def checksum(records: torch.Tensor, *, num_threads: int | None = None) -> torch.
     return out
 
 
-def _check_layout(layout: object) -> KVLayout:
-    if not isinstance(layout, KVLayout):
-        raise TypeError(f"`layout` must be a KVLayout, got {type(layout).__name__}")
-    return layout
-
-
 def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool, check_slots: object) -> torch.Tensor:
     """The ids, validated (convert them with _as_index). The values of ids on a CUDA device are
     checked only when ``check_slots`` (that costs a device synchronisation)."""
-    if not isinstance(check_slots, bool):
-        raise TypeError(f"`check_slots` must be a bool, got {type(check_slots).__name__}")
-    if not isinstance(slot_ids, torch.Tensor):
-        raise TypeError(f"`slot_ids` must be a torch.Tensor, got {type(slot_ids).__name__}")
+    check_bool("check_slots", check_slots)
+    slot_ids = check_tensor("slot_ids", slot_ids)
     if slot_ids.dtype not in (torch.int32, torch.int64):
         raise ValueError(f"`slot_ids` must have dtype torch.int32 or torch.int64, got {slot_ids.dtype}")
     if slot_ids.dim() != 1:
@@ -105,19 +86,9 @@ def _check_slot_ids(slot_ids: object, layout: KVLayout, *, unique: bool, check_s
     return slot_ids
 
 
-def _to_device(x: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """``x`` as a contiguous ``dtype`` tensor on ``device`` (a CUDA device: call under the op's
-    stream). A CPU tensor goes up through pinned memory with an asynchronous copy, so the call
-    does not wait for the work already queued on the stream, as a pageable copy would."""
-    x = x.detach().to(dtype=dtype).contiguous()
-    if device.type == "cuda" and x.device.type == "cpu":
-        return x.pin_memory().to(device, non_blocking=True)
-    return x.to(device)
-
-
 def _as_index(slot_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Contiguous int64 ids on ``device`` (see _to_device)."""
-    return _to_device(slot_ids, device, torch.int64)
+    """Contiguous int64 ids on ``device`` (see to_device)."""
+    return to_device(slot_ids, device, torch.int64)
 
 
 def _check_records_shape(records: torch.Tensor, name: str, num_tokens: int, layout: KVLayout) -> None:
@@ -244,8 +215,8 @@ def gather_tokens(
             for a CPU layout or a stream of another device.
         IndexError: a slot outside ``[0, layout.num_slots)``.
     """
-    layout = _check_layout(layout)
-    threads = _num_threads(num_threads)
+    layout = check_instance("layout", layout, KVLayout)
+    threads = check_num_threads(num_threads)
     ids = _check_slot_ids(slot_ids, layout, unique=False, check_slots=check_slots)
     if out is not None:
         _check_records_tensor(out, "out")
@@ -307,8 +278,8 @@ def scatter_tokens(
             gather_tokens for ``mode`` and ``stream``.
         IndexError: a slot outside ``[0, layout.num_slots)``.
     """
-    layout = _check_layout(layout)
-    threads = _num_threads(num_threads)
+    layout = check_instance("layout", layout, KVLayout)
+    threads = check_num_threads(num_threads)
     ids = _check_slot_ids(slot_ids, layout, unique=True, check_slots=check_slots)
     _check_records_tensor(records, "records")
     _check_records_shape(records, "records", ids.numel(), layout)
@@ -330,404 +301,3 @@ def scatter_tokens(
         )
     else:
         _cuda_move("scatter", layout, ids, records, record_mode, stream)
-
-
-# ---- verify_draft (DESIGN.md section 5) ---------------------------------------------------
-#: ``|sum(row) - 1|`` allowed for target and draft probability rows.
-VERIFY_SUM_TOLERANCE = 1e-3
-#: Largest vocabulary ``verify_draft`` accepts (``kMaxVocabSize`` in lumen/verify_draft.h).
-VERIFY_MAX_VOCAB_SIZE = 1 << 21
-
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-_ID_DTYPES = (torch.int32, torch.int64)
-# Enum values of lumen/verify_draft.h.
-_TARGET_PROBS, _TARGET_LOGITS = 0, 1
-_DRAFT_ONE_HOT, _DRAFT_DENSE, _DRAFT_SPARSE = 0, 1, 2
-
-DraftProbs = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None
-
-
-@dataclass(frozen=True)
-class VerifyResult:
-    """What ``verify_draft`` emitted, on the target's device.
-
-    ``output_token_ids``: ``[B, k_max + 1]`` int64, request b's emitted tokens in
-    ``[:num_emitted[b]]`` (its accepted drafts, then the correction or bonus token), -1 after.
-    ``num_accepted``: ``[B]`` int64 accepted drafts. ``num_emitted``: ``[B]`` int64,
-    ``num_accepted + 1``.
-    """
-
-    output_token_ids: torch.Tensor
-    num_accepted: torch.Tensor
-    num_emitted: torch.Tensor
-
-
-@dataclass(frozen=True)
-class _VerifyLayout:
-    """Where each request's rows and drafts live, as [B] int64 CPU tensors."""
-
-    num_draft_tokens: torch.Tensor
-    target_row_start: torch.Tensor
-    draft_start: torch.Tensor
-    out_cols: int
-
-
-def _verify_layout(
-    target: torch.Tensor, draft_token_ids: torch.Tensor, num_draft_tokens: object
-) -> _VerifyLayout:
-    if target.dim() == 3:
-        num_requests, rows_per_request, _ = target.shape
-        max_k = rows_per_request - 1
-        if rows_per_request < 1:
-            raise ValueError(
-                f"`target` must have k + 1 >= 1 rows per request, got shape {tuple(target.shape)}"
-            )
-        if tuple(draft_token_ids.shape) != (num_requests, max_k):
-            raise ValueError(
-                f"`draft_token_ids` must have shape {(num_requests, max_k)} for a padded target, "
-                f"got {tuple(draft_token_ids.shape)}"
-            )
-        if num_draft_tokens is None:
-            ks = torch.full((num_requests,), max_k, dtype=torch.int64)
-        else:
-            ks = _as_counts(num_draft_tokens, num_requests)
-            if ks.numel() and int(ks.max()) > max_k:
-                raise ValueError(f"`num_draft_tokens` must be <= {max_k} (padded k), got {int(ks.max())}")
-        rows = torch.arange(num_requests, dtype=torch.int64)
-        return _VerifyLayout(ks, rows * rows_per_request, rows * max_k, max_k + 1)
-    if target.dim() == 2:
-        if num_draft_tokens is None:
-            raise ValueError("`num_draft_tokens` must be given for a packed 2-D target, got None")
-        if draft_token_ids.dim() != 1:
-            raise ValueError(
-                "`draft_token_ids` must be 1-D [sum(k)] for a packed target, "
-                f"got shape {tuple(draft_token_ids.shape)}"
-            )
-        ks = _as_counts(num_draft_tokens, None)
-        num_rows = int(ks.sum()) + ks.numel()
-        if target.shape[0] != num_rows:
-            raise ValueError(f"`target` must have sum(k + 1) = {num_rows} rows, got {target.shape[0]}")
-        if draft_token_ids.shape[0] != num_rows - ks.numel():
-            raise ValueError(
-                f"`draft_token_ids` must have sum(k) = {num_rows - ks.numel()} entries, "
-                f"got {draft_token_ids.shape[0]}"
-            )
-        row_start = torch.cumsum(ks + 1, 0) - (ks + 1)
-        draft_start = torch.cumsum(ks, 0) - ks
-        out_cols = int(ks.max()) + 1 if ks.numel() else 1
-        return _VerifyLayout(ks, row_start, draft_start, out_cols)
-    raise ValueError(f"`target` must be 3-D [B, k+1, V] or 2-D packed [sum(k+1), V], got {target.dim()}-D")
-
-
-def _as_counts(num_draft_tokens: object, num_requests: int | None) -> torch.Tensor:
-    if isinstance(num_draft_tokens, torch.Tensor):
-        if num_draft_tokens.dtype not in _ID_DTYPES:
-            raise ValueError(f"`num_draft_tokens` must be int32 or int64, got {num_draft_tokens.dtype}")
-        ks = num_draft_tokens.detach().to("cpu", torch.int64)
-    elif isinstance(num_draft_tokens, Sequence) and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in num_draft_tokens
-    ):
-        ks = torch.tensor(list(num_draft_tokens), dtype=torch.int64)
-    else:
-        raise TypeError(
-            "`num_draft_tokens` must be a tensor or a sequence of ints, "
-            f"got {type(num_draft_tokens).__name__}"
-        )
-    if ks.dim() != 1 or (num_requests is not None and ks.numel() != num_requests):
-        want = f"[{num_requests}]" if num_requests is not None else "1-D"
-        raise ValueError(f"`num_draft_tokens` must have shape {want}, got {tuple(ks.shape)}")
-    if ks.numel() and int(ks.min()) < 0:
-        raise ValueError(f"`num_draft_tokens` must be >= 0, got {int(ks.min())}")
-    return ks
-
-
-def _used_draft_mask(layout: _VerifyLayout, draft_shape: torch.Size) -> torch.Tensor | None:
-    """For a padded layout with shorter requests: which draft slots are read. None = all."""
-    if len(draft_shape) != 2 or bool((layout.num_draft_tokens == draft_shape[1]).all()):
-        return None
-    return torch.arange(draft_shape[1]).unsqueeze(0) < layout.num_draft_tokens.unsqueeze(1)
-
-
-def _check_ids(ids: torch.Tensor, name: str, vocab_size: int, mask: torch.Tensor | None) -> None:
-    if ids.dtype not in _ID_DTYPES:
-        raise ValueError(f"`{name}` must be int32 or int64, got {ids.dtype}")
-    used = ids.detach().cpu()
-    if mask is not None:
-        used = used[mask]
-    if used.numel() == 0:
-        return
-    low, high = int(used.min()), int(used.max())
-    if low < 0 or high >= vocab_size:
-        bad = low if low < 0 else high
-        raise IndexError(f"`{name}` must be in [0, {vocab_size}), got {bad}")
-
-
-def _verify_temperature(temperature: object, num_requests: int) -> torch.Tensor | None:
-    if temperature is None:
-        return None
-    if isinstance(temperature, (int, float)) and not isinstance(temperature, bool):
-        temps = torch.full((num_requests,), float(temperature), dtype=torch.float64)
-    elif isinstance(temperature, torch.Tensor):
-        if not temperature.is_floating_point():
-            raise ValueError(f"`temperature` must be a floating tensor, got {temperature.dtype}")
-        if tuple(temperature.shape) != (num_requests,):
-            raise ValueError(
-                f"`temperature` must have shape ({num_requests},), got {tuple(temperature.shape)}"
-            )
-        temps = temperature.detach().to("cpu", torch.float64)
-    else:
-        raise TypeError(f"`temperature` must be a float, a tensor or None, got {type(temperature).__name__}")
-    if temps.numel() and not bool((torch.isfinite(temps) & (temps >= 0)).all()):
-        raise ValueError(f"`temperature` must be finite and >= 0, got {temps.tolist()}")
-    return temps
-
-
-def _check_device(x: torch.Tensor, name: str, device: torch.device) -> None:
-    if x.device != device:
-        raise ValueError(f"`{name}` must be on {device} like `target`, got {x.device}")
-
-
-def _check_tensor(x: object, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"`{name}` must be a torch.Tensor, got {type(x).__name__}")
-    return x
-
-
-def verify_draft(
-    target: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    draft_probs: DraftProbs = None,
-    *,
-    num_draft_tokens: torch.Tensor | Sequence[int] | None = None,
-    temperature: torch.Tensor | float | None = None,
-    uniforms: torch.Tensor | None = None,
-    seeds: torch.Tensor | None = None,
-    positions: torch.Tensor | None = None,
-    num_threads: int | None = None,
-) -> VerifyResult:
-    """Exact batched chain speculative sampling: verify draft tokens against the target.
-
-    Request b has ``k_b`` drafts and ``k_b + 1`` target rows. Draft ``d`` at position ``i`` is
-    accepted when ``u0 * q(d) < p(d)`` in float64 and ``q(d) > 0``; at the first rejection a
-    token is sampled with ``u1`` from ``max(p - q, 0)`` normalised (from ``p`` when that mass is
-    at most 1e-12); if all ``k_b`` are accepted a bonus token is sampled with ``u1`` from row
-    ``k_b``. Sampling is inverse-CDF with a fixed chunked summation order
-    (lumen/verify_draft.h), so CPU, CUDA and ``reference.verify_draft_reference`` agree to the
-    bit on probability inputs and the same uniforms.
-
-    Args:
-        target: float16/bfloat16/float32/float64 on the CPU or a CUDA device; padded
-            ``[B, k+1, V]`` or packed ``[sum(k_b + 1), V]`` (needs ``num_draft_tokens``).
-            Probabilities when ``temperature`` is None (each row >= 0, summing to 1 within
-            ``VERIFY_SUM_TOLERANCE``); otherwise logits (no NaN or +inf), turned into
-            ``softmax(logits / T)`` in float64. Half types are read as float32. Not modified.
-        draft_token_ids: int32/int64 ``[B, k]`` (padded) or ``[sum(k_b)]`` (packed).
-        draft_probs: None (drafts were greedy: q is one-hot at the draft), dense ``[B, k, V]`` /
-            ``[sum(k_b), V]``, or sparse top-K ``(ids, probs)`` each ``[B, k, K]`` /
-            ``[sum(k_b), K]`` (ids distinct per row; q = 0 outside them). Sparse is exact only
-            if the draft sampled from that truncated, renormalised distribution.
-        num_draft_tokens: ``[B]`` int k_b; required for packed, optional (each <= k) for padded.
-        temperature: None (target holds probabilities), a float, or ``[B]`` float per request
-            (target holds logits); 0 means greedy verification: accept while the draft equals
-            the argmax (ties -> lowest id), then emit the argmax; q is ignored.
-        uniforms: float64 in [0, 1), ``target.shape[:-1] + (2,)``: ``[..., 0]`` is the accept
-            draw u0 of that position, ``[..., 1]`` the sampling draw u1 (residual at the
-            rejection, bonus at position k_b). Exclusive with ``seeds``/``positions``.
-        seeds, positions: ``[B]`` int64 (seeds read as uint64 bits; positions >= 0, the sequence
-            position of verify row 0). Then ``u_j`` at row i is
-            ``rng.uniforms(seeds[b], positions[b] + i, j)`` (Philox), independent of the batch.
-            May be omitted together with ``uniforms`` when every temperature is 0.
-        num_threads: CPU threads (default ``torch.get_num_threads()``); ignored on CUDA.
-
-    Returns:
-        VerifyResult on the target's device. CUDA: synchronises the current stream to check
-        the per-request status.
-
-    Raises:
-        TypeError: an argument of the wrong Python type.
-        ValueError: shapes, dtypes or devices that do not match; probability rows with NaN,
-            negative entries or a sum outside tolerance; logits with NaN or +inf; temperatures
-            < 0 or non-finite; uniforms outside [0, 1); duplicate sparse ids; V > 2**21.
-        IndexError: a draft or sparse id outside [0, V).
-    """
-    target = _check_tensor(target, "target")
-    draft_token_ids = _check_tensor(draft_token_ids, "draft_token_ids")
-    if target.dtype not in _FLOAT_DTYPES:
-        raise ValueError(f"`target` must be float16, bfloat16, float32 or float64, got {target.dtype}")
-    vocab_size = target.shape[-1] if target.dim() else 0
-    if not 1 <= vocab_size <= VERIFY_MAX_VOCAB_SIZE:
-        raise ValueError(
-            f"`target` must have a vocabulary size in [1, {VERIFY_MAX_VOCAB_SIZE}], got {vocab_size}"
-        )
-    device = target.device
-    if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"`target` must be on the CPU or a CUDA device, got {device}")
-    _check_device(draft_token_ids, "draft_token_ids", device)
-    layout = _verify_layout(target, draft_token_ids, num_draft_tokens)
-    num_requests = layout.num_draft_tokens.numel()
-    mask = _used_draft_mask(layout, draft_token_ids.shape)
-    _check_ids(draft_token_ids, "draft_token_ids", vocab_size, mask)
-    compute_dtype = torch.float64 if target.dtype == torch.float64 else torch.float32
-
-    draft_kind, dense_q, topk_ids, topk_probs = _DRAFT_ONE_HOT, None, None, None
-    if isinstance(draft_probs, torch.Tensor):
-        draft_kind = _DRAFT_DENSE
-        want = tuple(draft_token_ids.shape) + (vocab_size,)
-        if tuple(draft_probs.shape) != want:
-            raise ValueError(f"`draft_probs` must have shape {want}, got {tuple(draft_probs.shape)}")
-        if draft_probs.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"`draft_probs` must be a float tensor, got {draft_probs.dtype}")
-        _check_device(draft_probs, "draft_probs", device)
-        dense_q = draft_probs
-    elif isinstance(draft_probs, tuple):
-        if len(draft_probs) != 2 or not all(isinstance(x, torch.Tensor) for x in draft_probs):
-            raise TypeError("`draft_probs` must be None, a tensor or a tuple (ids, probs) of tensors")
-        draft_kind = _DRAFT_SPARSE
-        topk_ids, topk_probs = draft_probs
-        _check_device(topk_ids, "draft_probs ids", device)
-        _check_device(topk_probs, "draft_probs probs", device)
-        lead = tuple(draft_token_ids.shape)
-        if (
-            topk_ids.dim() != len(lead) + 1
-            or tuple(topk_ids.shape[:-1]) != lead
-            or topk_ids.shape != topk_probs.shape
-            or topk_ids.shape[-1] < 1
-        ):
-            raise ValueError(
-                f"`draft_probs` (ids, probs) must both have shape {lead + ('K',)} with K >= 1, "
-                f"got {tuple(topk_ids.shape)} and {tuple(topk_probs.shape)}"
-            )
-        if topk_probs.dtype not in _FLOAT_DTYPES:
-            raise ValueError(f"`draft_probs` sparse probs must be a float tensor, got {topk_probs.dtype}")
-        _check_ids(topk_ids, "draft_probs ids", vocab_size, mask)
-        used_ids = topk_ids.detach().cpu()
-        sorted_ids = (used_ids if mask is None else used_ids[mask]).sort(dim=-1).values
-        if bool((sorted_ids[..., 1:] == sorted_ids[..., :-1]).any()):
-            raise ValueError("`draft_probs` ids must be distinct within each draft row, got a duplicate")
-    elif draft_probs is not None:
-        raise TypeError(
-            f"`draft_probs` must be None, a tensor or a tuple (ids, probs), got {type(draft_probs).__name__}"
-        )
-
-    temps = _verify_temperature(temperature, num_requests)
-    all_greedy = temps is not None and bool((temps == 0).all())
-    if uniforms is not None and (seeds is not None or positions is not None):
-        raise ValueError("`uniforms` must be None when `seeds`/`positions` are given, got both")
-    if uniforms is not None:
-        uniforms = _check_tensor(uniforms, "uniforms")
-        _check_device(uniforms, "uniforms", device)
-        want = tuple(target.shape[:-1]) + (2,)
-        if uniforms.dtype != torch.float64 or tuple(uniforms.shape) != want:
-            raise ValueError(
-                f"`uniforms` must be float64 of shape {want}, got {uniforms.dtype} {tuple(uniforms.shape)}"
-            )
-        if uniforms.numel() and not bool(((uniforms >= 0) & (uniforms < 1)).all()):
-            raise ValueError("`uniforms` must be in [0, 1), got a value outside")
-    elif seeds is None and positions is None and all_greedy:
-        seeds = torch.zeros(num_requests, dtype=torch.int64, device=device)
-        positions = torch.zeros(num_requests, dtype=torch.int64, device=device)
-    elif seeds is None or positions is None:
-        raise ValueError("`seeds` and `positions` must both be given when `uniforms` is None, got a None")
-    if uniforms is None:
-        seeds = _check_tensor(seeds, "seeds")
-        positions = _check_tensor(positions, "positions")
-        for name, x in (("seeds", seeds), ("positions", positions)):
-            _check_device(x, name, device)
-            if x.dtype not in _ID_DTYPES or tuple(x.shape) != (num_requests,):
-                raise ValueError(
-                    f"`{name}` must be int32/int64 of shape ({num_requests},), got {x.dtype} {tuple(x.shape)}"
-                )
-        if (
-            positions.numel()
-            and not 0 <= int(positions.min()) <= int(positions.max()) < 2**63 - layout.out_cols
-        ):
-            raise ValueError(
-                f"`positions` must be in [0, 2**63 - {layout.out_cols}), "
-                f"got [{int(positions.min())}, {int(positions.max())}]"
-            )
-
-    if draft_token_ids.numel() == 0:
-        draft_kind, dense_q, topk_ids, topk_probs = _DRAFT_ONE_HOT, None, None, None  # no q is read
-    out_cols = layout.out_cols
-    if num_requests == 0:
-        empty = torch.empty(0, dtype=torch.int64, device=device)
-        return VerifyResult(torch.empty(0, out_cols, dtype=torch.int64, device=device), empty, empty.clone())
-
-    def on_device(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-        return None if x is None else _to_device(x, device, dtype)
-
-    keep = {
-        "target": on_device(target, compute_dtype),
-        "num_draft_tokens": on_device(layout.num_draft_tokens, torch.int64),
-        "target_row_start": on_device(layout.target_row_start, torch.int64),
-        "draft_start": on_device(layout.draft_start, torch.int64),
-        "draft_token_ids": on_device(draft_token_ids.reshape(-1), torch.int64),
-        "draft_probs": on_device(dense_q if dense_q is not None else topk_probs, compute_dtype),
-        "draft_topk_ids": on_device(topk_ids, torch.int64),
-        "temperature": on_device(temps, torch.float64),
-        "uniforms": on_device(uniforms, torch.float64),
-        "seeds": on_device(seeds, torch.int64) if uniforms is None else None,
-        "positions": on_device(positions, torch.int64) if uniforms is None else None,
-    }
-    output_token_ids = torch.empty(num_requests, out_cols, dtype=torch.int64, device=device)
-    num_accepted = torch.empty(num_requests, dtype=torch.int64, device=device)
-    num_emitted = torch.empty(num_requests, dtype=torch.int64, device=device)
-    status = torch.empty(num_requests, dtype=torch.int64, device=device)
-    buffers: dict[str, int | float] = {name: (0 if x is None else x.data_ptr()) for name, x in keep.items()}
-    buffers.update(
-        output_token_ids=output_token_ids.data_ptr(),
-        num_accepted=num_accepted.data_ptr(),
-        num_emitted=num_emitted.data_ptr(),
-        status=status.data_ptr(),
-        out_cols=out_cols,
-        dtype=0 if compute_dtype == torch.float32 else 1,
-        target_kind=_TARGET_PROBS if temps is None else _TARGET_LOGITS,
-        draft_kind=draft_kind,
-        num_requests=num_requests,
-        vocab_size=vocab_size,
-        topk=0 if topk_ids is None else topk_ids.shape[-1],
-        sum_tolerance=VERIFY_SUM_TOLERANCE,
-    )
-    if device.type == "cuda":
-        with torch.cuda.device(device):
-            stream = torch.cuda.current_stream(device)
-            _native.require_cuda().verify_draft(buffers, stream.cuda_stream)
-            status_cpu = status.cpu()
-    else:
-        threads = torch.get_num_threads() if num_threads is None else num_threads
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"`num_threads` must be an int >= 1, got {threads!r}")
-        _native.require_cpu().verify_draft(buffers, threads)
-        status_cpu = status
-    _raise_on_status(status_cpu)
-    return VerifyResult(output_token_ids, num_accepted, num_emitted)
-
-
-def _raise_on_status(status: torch.Tensor) -> None:
-    bad = torch.nonzero(status).flatten()
-    if bad.numel() == 0:
-        return
-    b = int(bad[0])
-    code, pos = int(status[b]) >> 32, int(status[b]) & 0xFFFFFFFF
-    where = f"request {b} position {pos}"
-    if code == 1:
-        raise ValueError(
-            f"`target` rows must be probabilities (>= 0, no NaN, summing to 1 within "
-            f"{VERIFY_SUM_TOLERANCE}), got a bad row at {where}"
-        )
-    if code == 2:
-        raise ValueError(
-            f"`target` logits must have no NaN or +inf and a finite entry, got a bad row at {where}"
-        )
-    if code == 3:
-        raise ValueError(
-            f"`draft_probs` rows must be probabilities (>= 0, no NaN, summing to 1 within "
-            f"{VERIFY_SUM_TOLERANCE}), got a bad row at {where}"
-        )
-    if code in (4, 5):
-        raise IndexError(
-            f"`draft_token_ids` and `draft_probs` ids must be in [0, V), got one outside at {where}"
-        )
-    if code == 7:
-        raise ValueError(f"`num_draft_tokens` must be in [0, out_cols - 1], got a bad one at {where}")
-    raise ValueError(f"`temperature` must be finite and >= 0, got a bad one at {where}")

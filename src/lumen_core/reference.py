@@ -9,7 +9,7 @@ import torch
 
 from lumen_core import rng
 from lumen_core.layouts import KVLayout
-from lumen_core.ops import VerifyResult
+from lumen_core.verify import VerifyResult
 
 _CRC32C_POLY = 0x82F63B78
 
@@ -162,7 +162,7 @@ def verify_draft_reference(
     seeds: torch.Tensor | None = None,
     positions: torch.Tensor | None = None,
 ) -> VerifyResult:
-    """Loop form of ``ops.verify_draft`` (same arguments and layouts, CPU tensors, no input
+    """Loop form of ``verify.verify_draft`` (same arguments and layouts, CPU tensors, no input
     validation): one request at a time, one position at a time."""
     compute = torch.float64 if target.dtype == torch.float64 else torch.float32
     target = target.to(compute)

@@ -16,20 +16,13 @@ from collections.abc import Iterator
 import torch
 
 from lumen_core import _native
+from lumen_core._validate import check_int
 
 __all__ = ["StagingPool"]
 
 _CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02  # cudaHostRegisterPortable | cudaHostRegisterMapped
 _MAX_ARENA_BYTES = 2**63 - 1  # the native pool's sizes are int64
 _FOREVER_S = 1e9  # waits this long or longer never end (StagingPool::kForeverS)
-
-
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"`{name}` must be >= 1, got {value}")
-    return value
 
 
 class StagingPool:
@@ -49,8 +42,8 @@ class StagingPool:
     """
 
     def __init__(self, num_buffers: int, buffer_bytes: int, *, pinned: bool | None = None):
-        num_buffers = _positive_int(num_buffers, "num_buffers")
-        buffer_bytes = _positive_int(buffer_bytes, "buffer_bytes")
+        num_buffers = check_int("num_buffers", num_buffers, low=1)
+        buffer_bytes = check_int("buffer_bytes", buffer_bytes, low=1)
         stride = -(-buffer_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
         if num_buffers * stride > _MAX_ARENA_BYTES:
             raise ValueError(

@@ -19,7 +19,6 @@ from lumen_core.engine import (
     SchedulerConfig,
     SpeculativeDecoder,
     build_draft_pair,
-    expected_tokens_per_step,
     forward_contiguous,
     model_fingerprint,
     truncated_draft,
@@ -163,12 +162,6 @@ def test_truncated_draft_shares_the_first_layers() -> None:
         forward_contiguous(draft, seq)[0], forward_contiguous(target, seq)[0], atol=1e-5, rtol=0
     )
     assert truncated_draft(target, 4).config.num_layers == 4
-
-
-def test_expected_tokens_per_step() -> None:
-    assert expected_tokens_per_step(0.0, 4) == 1.0
-    assert expected_tokens_per_step(1.0, 4) == 5.0
-    assert expected_tokens_per_step(0.5, 2) == pytest.approx(1.75)
 
 
 @pytest.mark.parametrize(

@@ -124,7 +124,7 @@ def test_load_model_rejects_foreign_files(tmp_path, model32: Llama) -> None:
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [
-        ({"vocab_size": 0}, ValueError, "`vocab_size` must be > 0, got 0"),
+        ({"vocab_size": 0}, ValueError, "`vocab_size` must be >= 1, got 0"),
         ({"hidden_size": 1.5}, TypeError, "`hidden_size` must be an int, got float"),
         ({"num_heads": 6, "num_kv_heads": 4}, ValueError, "`num_heads` must be a multiple"),
         ({"head_dim": 7}, ValueError, "`head_dim` must be even"),
@@ -139,14 +139,14 @@ def test_model_config_validation(kwargs: dict, error: type, match: str) -> None:
 @pytest.mark.parametrize(
     ("build", "error", "match"),
     [
-        (lambda: CacheConfig(num_blocks=0), ValueError, "`num_blocks` must be > 0"),
-        (lambda: CacheConfig(block_size=-1), ValueError, "`block_size` must be > 0"),
+        (lambda: CacheConfig(num_blocks=0), ValueError, "`num_blocks` must be >= 1, got 0"),
+        (lambda: CacheConfig(block_size=-1), ValueError, "`block_size` must be >= 1, got -1"),
         (lambda: SchedulerConfig(max_num_batched_tokens=0), ValueError, "`max_num_batched_tokens`"),
-        (lambda: SchedulerConfig(max_num_seqs=0), ValueError, "`max_num_seqs` must be > 0"),
+        (lambda: SchedulerConfig(max_num_seqs=0), ValueError, "`max_num_seqs` must be >= 1, got 0"),
         (lambda: SamplingParams(temperature=-1.0), ValueError, "`temperature` must be >= 0"),
         (lambda: SamplingParams(temperature="hot"), TypeError, "`temperature` must be a float"),
         (lambda: SamplingParams(seed=-1), ValueError, r"`seed` must be an int in \[0, 2\*\*64\)"),
-        (lambda: SamplingParams(max_tokens=0), ValueError, "`max_tokens` must be > 0"),
+        (lambda: SamplingParams(max_tokens=0), ValueError, "`max_tokens` must be >= 1, got 0"),
         (lambda: resolve_dtype("int8"), ValueError, "`dtype` must be one of"),
         (lambda: resolve_dtype(torch.int8), ValueError, "`dtype` must be one of"),
         (lambda: resolve_dtype(3), TypeError, "`dtype` must be a str or torch.dtype"),

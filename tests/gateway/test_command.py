@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import lumen_core
+from lumen_core.auth import read_secret_file
 from lumen_core.cli import main
-from lumen_core.gateway.auth import read_secret_file
 from lumen_core.gateway.client import GatewayClient
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,7 +38,7 @@ def test_gateway_refuses_an_inconsistent_configuration(tmp_path, capsys):
     assert main(["gateway", "--secret-file", str(path), "--lease-s", "1", "--heartbeat-s", "2"]) == 2
     assert "heartbeat_s must be < lease_s (1.0), got 2.0" in capsys.readouterr().err
     assert main(["gateway", "--secret-file", str(path), "--kv-bytes-per-token", "0"]) == 2
-    assert "kv_bytes_per_token must be an int > 0, got 0" in capsys.readouterr().err
+    assert "`kv_bytes_per_token` must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_write_secret_creates_a_private_file_once(tmp_path, capsys):

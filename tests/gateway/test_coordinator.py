@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lumen_core.gateway.auth import issue_capability
+from lumen_core.auth import issue_capability
 from lumen_core.gateway.coordinator import (
     CANCEL,
     HOLD,
@@ -19,9 +19,9 @@ from lumen_core.gateway.coordinator import (
     RunningReport,
     StaleEpochError,
 )
-from lumen_core.policy.placement import PlacementConfig
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
+from lumen_core.policy.placement import PlacementConfig
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -51,7 +51,7 @@ def test_config_validation():
         GatewayConfig(load_config={})
     with pytest.raises(TypeError, match="config must be a GatewayConfig, got str"):
         Coordinator("LUMEN", SECRET)
-    with pytest.raises(ValueError, match="secret must be given"):
+    with pytest.raises(ValueError, match="`secret` must be given"):
         Coordinator(GatewayConfig(), None)
     assert GatewayConfig().lease_s == 10.0  # not misfiring on a busy 2-core machine
 

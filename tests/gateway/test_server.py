@@ -6,16 +6,15 @@ import urllib.request
 import grpc
 import pytest
 
+from lumen_core.auth import issue_capability
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.auth import issue_capability
 from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
 from lumen_core.gateway.coordinator import (
     ASSIST_DRAFT,
     ASSIST_STOP,
     ASSIST_VERIFY,
     HOLD,
-    RECOVERING,
     RESUME,
     RUN,
     STREAM,
@@ -23,7 +22,7 @@ from lumen_core.gateway.coordinator import (
     HeldReport,
     RunningReport,
 )
-from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.events import RecoveryAction, WorkerState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -229,7 +228,7 @@ def test_assist_pairing_then_switch_over(start_gateway, connect):
     workers[1].heartbeat(num_running=2)
     assert connect(server).report_exit(0, 1, "SIGKILL")
     restarted = connect(server)
-    registration = restarted.register(0, state=RECOVERING, holder_address="127.0.0.1:7100")
+    registration = restarted.register(0, state=WorkerState.RECOVERING, holder_address="127.0.0.1:7100")
     assert registration.epoch == 2
     (draft,) = [d for d in registration.directives if d.kind == ASSIST_DRAFT]
     assert draft.peer_worker_id == 2 and draft.num_draft_tokens == 2  # most loaded; cold k
@@ -352,13 +351,13 @@ def test_server_and_client_validation(start_gateway, connect):
         GatewayServer(GatewayConfig(), SECRET, host=127)
     with pytest.raises(ValueError, match=r"port must be an int in \[0, 65535\], got 70000"):
         GatewayServer(GatewayConfig(), SECRET, port=70000)
-    with pytest.raises(ValueError, match="secret must be given: there is no default cluster secret"):
+    with pytest.raises(ValueError, match="`secret` must be given, got None: there is no default cluster secret"):
         GatewayServer(GatewayConfig(), None)
     with pytest.raises(TypeError, match="address must be a str, got int"):
         GatewayClient(5, SECRET)
     with pytest.raises(ValueError, match="timeout_s must be a number > 0, got 0"):
         GatewayClient("127.0.0.1:1", SECRET, timeout_s=0)
-    with pytest.raises(ValueError, match="secret must be given"):
+    with pytest.raises(ValueError, match="`secret` must be given"):
         GatewayClient("127.0.0.1:1", None)
     with pytest.raises(ValueError, match="state must be 'serving' or 'recovering', got 'failed'"):
         state_to_pb("failed")
@@ -515,7 +514,7 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
     survivors[1].heartbeat(num_running=4)
     assert connect(server).report_exit(0, 1, "SIGKILL")
     assistant = connect(server)
-    registration = assistant.register(0, state=RECOVERING)
+    registration = assistant.register(0, state=WorkerState.RECOVERING)
     assert [d.kind for d in registration.directives] == [ASSIST_DRAFT]
     received = []
     loop = HeartbeatLoop(assistant, lambda: WorkerReport(assist_steps=200), received.extend, print).start()

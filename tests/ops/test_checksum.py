@@ -86,7 +86,7 @@ def test_records_contiguous():
 
 
 def test_num_threads_type():
-    with pytest.raises(TypeError, match="`num_threads` must be an int or None, got float"):
+    with pytest.raises(TypeError, match="`num_threads` must be an int, got float"):
         checksum(torch.zeros(2, 4, dtype=torch.uint8), num_threads=2.0)
 
 

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 import lumen_core
-from lumen_core import layouts, ops, staging
+from lumen_core import layouts, ops, staging, verify
 
 
 def test_reexports_are_the_implementations():
@@ -12,6 +12,8 @@ def test_reexports_are_the_implementations():
     assert lumen_core.gather_tokens is ops.gather_tokens
     assert lumen_core.scatter_tokens is ops.scatter_tokens
     assert lumen_core.checksum is ops.checksum
+    assert lumen_core.verify_draft is verify.verify_draft
+    assert lumen_core.VerifyResult is verify.VerifyResult
     assert lumen_core.StagingPool is staging.StagingPool
     assert set(lumen_core._LAZY) <= set(lumen_core.__all__)
 

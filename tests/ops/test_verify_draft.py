@@ -2,13 +2,16 @@
 layouts, dtypes, greedy verification, batch invariance, Philox, and every validation branch.
 The statistical proofs of exactness are in test_verify_draft_stats.py."""
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumen_core import VerifyResult, _native, ops, rng, verify_draft
+from lumen_core import VerifyResult, _native, rng, verify, verify_draft
 from lumen_core.reference import sample_chunked, verify_draft_reference
 
 pytestmark = pytest.mark.skipif(_native.C is None, reason="native CPU module not built")
@@ -502,7 +505,8 @@ BAD_INPUTS = [
             "positions": torch.tensor([0, 2**63 - 2]),
         },
     ),
-    (ValueError, "`num_threads` must be an int >= 1", {"num_threads": 0}),
+    (ValueError, "`num_threads` must be >= 1, got 0", {"num_threads": 0}),
+    (TypeError, "`num_threads` must be an int, got float", {"num_threads": 2.0}),
 ]
 
 
@@ -559,27 +563,45 @@ def test_bad_values_raise_from_the_native_check():
             _call(args)
 
 
+VERIFY_HEADER = Path(__file__).parents[2] / "csrc" / "include" / "lumen" / "verify_draft.h"
+
+
+@pytest.mark.parametrize(
+    "enum", [verify.ScalarType, verify.TargetKind, verify.DraftKind, verify.VerifyStatus]
+)
+def test_enums_name_the_headers_values(enum):
+    body = re.search(rf"enum class {enum.__name__} : \w+ {{(.*?)}};", VERIFY_HEADER.read_text(), re.DOTALL)
+    assert body is not None, f"lumen::{enum.__name__} not found in {VERIFY_HEADER}"
+    values = {
+        re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).upper(): int(value)
+        for name, value in re.findall(r"\bk(\w+) = (\d+)", body.group(1))
+    }
+    assert values == {member.name: member.value for member in enum}
+
+
 def test_native_guards_catch_what_python_would_have(monkeypatch):
     # The native side re-checks ids and temperatures so a call that skips the Python checks
     # still raises instead of reading out of bounds.
-    monkeypatch.setattr(ops, "_check_ids", lambda *args: None)
+    monkeypatch.setattr(verify, "_check_ids", lambda *args: None)
     with pytest.raises(IndexError, match="ids must be in \\[0, V\\).*request 1 position 0"):
         _call(_ok(draft_token_ids=torch.tensor([[0, 1], [1000, 1]])))
     with pytest.raises(IndexError, match="ids must be in \\[0, V\\).*request 0 position 1"):
         _call(_ok(draft_probs=(torch.tensor([[[0], [-5]], [[0], [1]]]), torch.ones(2, 2, 1))))
     monkeypatch.setattr(
-        ops, "_verify_temperature", lambda *args: torch.tensor([1.0, -2.0], dtype=torch.float64)
+        verify, "_verify_temperature", lambda *args: torch.tensor([1.0, -2.0], dtype=torch.float64)
     )
     with pytest.raises(ValueError, match="`temperature` must be finite and >= 0.*request 1"):
         _call(_ok())
     monkeypatch.undo()
-    real_layout = ops._verify_layout
+    real_layout = verify._verify_layout
 
     def too_many_drafts(*args):
         layout = real_layout(*args)
-        return ops._VerifyLayout(layout.num_draft_tokens + 1, layout.target_row_start, layout.draft_start, 3)
+        return verify._VerifyLayout(
+            layout.num_draft_tokens + 1, layout.target_row_start, layout.draft_start, 3
+        )
 
-    monkeypatch.setattr(ops, "_verify_layout", too_many_drafts)
+    monkeypatch.setattr(verify, "_verify_layout", too_many_drafts)
     with pytest.raises(ValueError, match="`num_draft_tokens` must be in \\[0, out_cols - 1\\].*request 0"):
         _call(_ok())
 

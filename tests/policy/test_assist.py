@@ -99,29 +99,31 @@ def test_gain_model():
 def test_validation(make_cluster):
     monitor = recovering_cluster(make_cluster, [0, 5], recovering=(0,))
     planner = SpecAssistPlanner(AssistConfig(), always(1.0))
-    with pytest.raises(ValueError, match="num_draft_tokens must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="`num_draft_tokens` must be >= 1, got 0"):
         AssistConfig(num_draft_tokens=0)
-    with pytest.raises(ValueError, match="cold_num_draft_tokens must be an int >= 1, got 1.5"):
+    with pytest.raises(TypeError, match="`cold_num_draft_tokens` must be an int, got float"):
         AssistConfig(cold_num_draft_tokens=1.5)
-    with pytest.raises(ValueError, match="cold_steps must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="`cold_steps` must be >= 0, got -1"):
         AssistConfig(cold_steps=-1)
-    with pytest.raises(TypeError, match="config must be an AssistConfig, got NoneType"):
+    with pytest.raises(TypeError, match="`config` must be an AssistConfig, got NoneType"):
         SpecAssistPlanner(None, always(1.0))
-    with pytest.raises(TypeError, match="gain_fn must be callable, got float"):
+    with pytest.raises(TypeError, match="`gain_fn` must be callable, got float"):
         SpecAssistPlanner(AssistConfig(), 1.0)
-    with pytest.raises(TypeError, match="monitor must be a LoadMonitor, got dict"):
+    with pytest.raises(TypeError, match="`monitor` must be a LoadMonitor, got dict"):
         planner.pair({}, 0)
-    with pytest.raises(ValueError, match=r"assistant_id must be a recovering worker, got 1 \(serving\)"):
+    with pytest.raises(ValueError, match=r"`assistant_id` must be a recovering worker, got 1 \(serving\)"):
         planner.pair(monitor, 1)
     with pytest.raises(IndexError, match="worker_id 9 is not a known worker"):
         planner.pair(monitor, 9)
-    with pytest.raises(ValueError, match="steps_done must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`steps_done` must be >= 0, got -1"):
         planner.num_draft_tokens(0, -1)
-    with pytest.raises(TypeError, match="steps_done must be an int, got float"):
+    with pytest.raises(TypeError, match="`steps_done` must be an int, got float"):
         planner.num_draft_tokens(0, 1.0)
-    with pytest.raises(ValueError, match=r"acceptance_rate must be a number in \[0, 1\], got 1.5"):
+    with pytest.raises(ValueError, match=r"`acceptance_rate` must be in \[0, 1\], got 1.5"):
         expected_tokens_per_step(1.5, 2)
-    with pytest.raises(ValueError, match="num_draft_tokens must be >= 0, got -1"):
+    with pytest.raises(TypeError, match="`acceptance_rate` must be a number, got str"):
+        expected_tokens_per_step("0.5", 2)
+    with pytest.raises(ValueError, match="`num_draft_tokens` must be >= 0, got -1"):
         expected_tokens_per_step(0.5, -1)
-    with pytest.raises(ValueError, match="verify_cost_per_draft_token must be a number >= 0"):
+    with pytest.raises(ValueError, match="`verify_cost_per_draft_token` must be >= 0, got -0.1"):
         make_acceptance_gain(0.5, -0.1)

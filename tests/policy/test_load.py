@@ -21,6 +21,7 @@ from lumen_core.policy import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 
 
@@ -231,56 +232,58 @@ def test_ties_break_by_lowest_id(make_cluster):
 
 # ---- validation ----------------------------------------------------------------------------
 def test_config_validation():
-    with pytest.raises(ValueError, match="alpha must be a number >= 0"):
+    with pytest.raises(ValueError, match="`alpha` must be >= 0, got -1.0"):
         LoadConfig(alpha=-1.0)
-    with pytest.raises(ValueError, match="beta must be a number >= 0"):
+    with pytest.raises(TypeError, match="`beta` must be a number, got str"):
         LoadConfig(beta="1")
-    with pytest.raises(ValueError, match="mean_request_tokens must be a number > 0"):
+    with pytest.raises(ValueError, match="`mean_request_tokens` must be > 0, got 0"):
         LoadConfig(mean_request_tokens=0)
-    with pytest.raises(ValueError, match="kv_bytes_per_token must be an int > 0"):
+    with pytest.raises(TypeError, match="`kv_bytes_per_token` must be an int, got float"):
         LoadConfig(kv_bytes_per_token=1.5)
-    with pytest.raises(TypeError, match="config must be a LoadConfig"):
+    with pytest.raises(ValueError, match="`kv_bytes_per_token` must be >= 1, got 0"):
+        LoadConfig(kv_bytes_per_token=0)
+    with pytest.raises(TypeError, match="`config` must be a LoadConfig"):
         LoadMonitor({"alpha": 1})
 
 
 def test_event_validation(make_cluster):
     monitor = make_cluster(2)
-    with pytest.raises(TypeError, match="event must be one of policy.events' types, got str"):
+    with pytest.raises(TypeError, match="`event` must be one of policy.events' types, got str"):
         monitor.apply("joined")
-    with pytest.raises(TypeError, match="worker_id must be an int, got float"):
+    with pytest.raises(TypeError, match="`worker_id` must be an int, got float"):
         monitor.apply(WorkerJoined(0.0, 1.0, 10))
-    with pytest.raises(TypeError, match="worker_id must be an int, got bool"):
+    with pytest.raises(TypeError, match="`worker_id` must be an int, got bool"):
         monitor.apply(WorkerFailed(0.0, True))
-    with pytest.raises(ValueError, match="worker_id must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`worker_id` must be >= 0, got -1"):
         monitor.apply(WorkerJoined(0.0, -1, 10))
-    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -5"):
+    with pytest.raises(ValueError, match="`budget_bytes` must be >= 0, got -5"):
         monitor.apply(WorkerJoined(0.0, 3, -5))
-    with pytest.raises(TypeError, match="domain must be a str, got NoneType"):
+    with pytest.raises(TypeError, match="`domain` must be a str, got NoneType"):
         monitor.apply(WorkerJoined(0.0, 3, 5, None))
     with pytest.raises(
-        ValueError, match=r"worker_id must be a worker that is not serving, got 1 \(serving\)"
+        ValueError, match=r"`worker_id` must be a worker that is not serving, got 1 \(serving\)"
     ):
         monitor.apply(WorkerJoined(0.0, 1, 10))
     with pytest.raises(IndexError, match="worker_id 7 is not a known worker"):
         monitor.apply(WorkerFailed(0.0, 7))
-    with pytest.raises(ValueError, match=r"worker_id must be a failed worker, got 0 \(serving\)"):
+    with pytest.raises(ValueError, match=r"`worker_id` must be a failed worker, got 0 \(serving\)"):
         monitor.apply(WorkerRecovering(0.0, 0))
-    with pytest.raises(ValueError, match="num_running must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`num_running` must be >= 0, got -1"):
         monitor.apply(Heartbeat(0.0, 0, -1, 0))
-    with pytest.raises(ValueError, match="num_waiting must be >= 0, got -2"):
+    with pytest.raises(ValueError, match="`num_waiting` must be >= 0, got -2"):
         monitor.apply(Heartbeat(0.0, 0, 0, -2))
-    with pytest.raises(ValueError, match="prompt_tokens must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`prompt_tokens` must be >= 0, got -1"):
         monitor.apply(RequestAdmitted(0.0, 1, 0, -1, 0))
-    with pytest.raises(ValueError, match="expected_output_tokens must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`expected_output_tokens` must be >= 0, got -1"):
         monitor.apply(RequestAdmitted(0.0, 1, 0, 1, -1))
-    with pytest.raises(TypeError, match="request_id must be an int, got str"):
+    with pytest.raises(TypeError, match="`request_id` must be an int, got str"):
         monitor.apply(RequestAdmitted(0.0, "r", 0, 1, 1))
     with pytest.raises(IndexError, match="request_id 9 is not a tracked request"):
         monitor.apply(RequestFinished(0.0, 9))
-    with pytest.raises(ValueError, match="durable_tokens must be >= 0, got -3"):
+    with pytest.raises(ValueError, match="`durable_tokens` must be >= 0, got -3"):
         monitor.apply(CheckpointGrew(0.0, 9, 0, -3))
     monitor.apply(WorkerFailed(0.0, 1))
-    with pytest.raises(ValueError, match=r"worker_id must be a serving worker, got 1 \(failed\)"):
+    with pytest.raises(ValueError, match=r"`worker_id` must be a serving worker, got 1 \(failed\)"):
         monitor.apply(RequestAdmitted(0.0, 1, 1, 1, 1))
 
 
@@ -288,11 +291,11 @@ def test_query_validation(make_cluster):
     monitor = make_cluster(2)
     with pytest.raises(IndexError, match="worker_id 2 is not a known worker"):
         monitor.load(2)
-    with pytest.raises(TypeError, match="worker_id must be an int, got str"):
+    with pytest.raises(TypeError, match="`worker_id` must be an int, got str"):
         monitor.worker("0")
     with pytest.raises(IndexError, match="request_id 3 is not a tracked request"):
         monitor.request(3)
-    with pytest.raises(ValueError, match="worker_id must be a worker that failed, got 0"):
+    with pytest.raises(ValueError, match="`worker_id` must be a worker that failed, got 0"):
         monitor.mean_load_before_failure(0)
     assert monitor.load(np.int64(1)) == 0.0
 
@@ -300,24 +303,24 @@ def test_query_validation(make_cluster):
 def test_reserve_and_assign_validation(make_cluster):
     monitor = make_cluster(3, budget_bytes=100)
     admit(monitor, 1, 0)
-    with pytest.raises(TypeError, match="holder_ids must be a tuple or list, got set"):
+    with pytest.raises(TypeError, match="`holder_ids` must be a tuple or list, got set"):
         monitor.reserve(1, {1}, 10)
-    with pytest.raises(ValueError, match=r"holder_ids must be distinct, got \[1, 1\]"):
+    with pytest.raises(ValueError, match=r"`holder_ids` must be distinct, got \[1, 1\]"):
         monitor.reserve(1, (1, 1), 10)
     with pytest.raises(ValueError, match="holder_ids must not contain the serving worker, got 0"):
         monitor.reserve(1, (0,), 10)
     with pytest.raises(ValueError, match=r"reserved_bytes must fit the holder's free budget, got 101 > 100"):
         monitor.reserve(1, (1, 2), 101)
-    with pytest.raises(ValueError, match="reserved_bytes must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`reserved_bytes` must be >= 0, got -1"):
         monitor.reserve(1, (1,), -1)
     assert monitor.request(1).holder_ids == ()  # nothing reserved by a failed call
     monitor.reserve(1, [1], 10)
-    with pytest.raises(ValueError, match=r"holder_ids must be new holders, got 1 \(already holds\)"):
+    with pytest.raises(ValueError, match=r"`holder_ids` must be new holders, got 1 \(already holds\)"):
         monitor.reserve(1, (1,), 10)
     monitor.apply(WorkerFailed(0.0, 2))
-    with pytest.raises(ValueError, match=r"worker_id must be a serving worker, got 2 \(failed\)"):
+    with pytest.raises(ValueError, match=r"`worker_id` must be a serving worker, got 2 \(failed\)"):
         monitor.reserve(1, (2,), 10)
-    with pytest.raises(ValueError, match=r"worker_id must be a serving worker, got 2 \(failed\)"):
+    with pytest.raises(ValueError, match=r"`worker_id` must be a serving worker, got 2 \(failed\)"):
         monitor.assign(1, 2)
     monitor.apply(CheckpointReserved(0.0, 1, (), 5))
     with pytest.raises(IndexError, match="request_id 4 is not a tracked request"):
@@ -338,3 +341,14 @@ def test_replaying_reservations_rebuilds_the_same_accounting(make_cluster):
         assert replica.worker(worker_id) == live.worker(worker_id)
         assert replica.load(worker_id) == live.load(worker_id)
     assert [replica.request(r) for r in range(12)] == [live.request(r) for r in range(12)]
+
+
+def test_states_are_one_enum_that_reads_as_its_value(make_cluster):
+    monitor = make_cluster(2)
+    monitor.apply(WorkerFailed(1.0, 1))
+    assert monitor.state(0) is WorkerState.SERVING and monitor.worker(1).state is WorkerState.FAILED
+    monitor.apply(WorkerRecovering(2.0, 1))
+    assert monitor.state(1) is WorkerState.RECOVERING
+    assert WorkerState.RECOVERING == "recovering" and WorkerState("serving") is WorkerState.SERVING
+    assert f"{WorkerState.FAILED}" == str(WorkerState.FAILED) == "failed"
+    assert {WorkerState.SERVING: 1}["serving"] == 1  # a str key finds it: drivers map either

@@ -207,25 +207,25 @@ def test_no_checkpoint(make_cluster):
 def test_validation(make_cluster):
     monitor = make_cluster(3)
     admit(monitor, 1, 0)
-    with pytest.raises(ValueError, match="replicas must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="`replicas` must be >= 1, got 0"):
         PlacementConfig(replicas=0)
-    with pytest.raises(TypeError, match="respect_domains must be a bool, got int"):
+    with pytest.raises(TypeError, match="`respect_domains` must be a bool, got int"):
         PlacementConfig(respect_domains=1)
-    with pytest.raises(TypeError, match="config must be a PlacementConfig, got dict"):
+    with pytest.raises(TypeError, match="`config` must be a PlacementConfig, got dict"):
         LoadAware({})
-    with pytest.raises(TypeError, match="monitor must be a LoadMonitor, got NoneType"):
+    with pytest.raises(TypeError, match="`monitor` must be a LoadMonitor, got NoneType"):
         LoadAware().place(None, 1)
-    with pytest.raises(TypeError, match="request_id must be an int, got float"):
+    with pytest.raises(TypeError, match="`request_id` must be an int, got float"):
         LoadAware().place(monitor, 1.0)
     with pytest.raises(IndexError, match="request_id 2 is not a tracked request"):
         LoadAware().place(monitor, 2)
-    with pytest.raises(ValueError, match=r"lost_holder_id must be a failed worker, got 1 \(serving\)"):
+    with pytest.raises(ValueError, match=r"`lost_holder_id` must be a failed worker, got 1 \(serving\)"):
         LoadAware().replace(monitor, 1)
     with pytest.raises(IndexError, match="worker_id 5 is not a known worker"):
         NoCheckpoint().replace(monitor, 5)
     monitor.apply(WorkerFailed(0.0, 0))
     with pytest.raises(
-        ValueError, match=r"request_id must be a request on a serving worker, got 1 on worker 0 \(failed\)"
+        ValueError, match=r"`request_id` must be a request on a serving worker, got 1 on worker 0 \(failed\)"
     ):
         LoadAware().place(monitor, 1)
 

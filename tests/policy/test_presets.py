@@ -40,7 +40,7 @@ def test_bundles():
 
 
 def test_validation():
-    with pytest.raises(ValueError, match="name must be one of S&R, FC, LUMEN, got 'DejaVu'"):
+    with pytest.raises(ValueError, match="`name` must be one of S&R, FC, LUMEN, got 'DejaVu'"):
         make_policy("DejaVu")
-    with pytest.raises(TypeError, match="name must be a str, got int"):
+    with pytest.raises(TypeError, match="`name` must be a str, got int"):
         make_policy(1)

@@ -205,11 +205,11 @@ def test_remote_restore_not_to_a_busier_worker(make_cluster):
 
 def test_no_requests_and_validation(make_cluster):
     monitor = make_cluster(2)
-    with pytest.raises(ValueError, match=r"failed_worker_id must be a failed worker, got 0 \(serving\)"):
+    with pytest.raises(ValueError, match=r"`failed_worker_id` must be a failed worker, got 0 \(serving\)"):
         Rebalance().route(monitor, 0)
-    with pytest.raises(TypeError, match="monitor must be a LoadMonitor, got int"):
+    with pytest.raises(TypeError, match="`monitor` must be a LoadMonitor, got int"):
         Rebalance().route(3, 0)
-    with pytest.raises(TypeError, match="failed_worker_id must be an int, got str"):
+    with pytest.raises(TypeError, match="`failed_worker_id` must be an int, got str"):
         Rebalance().route(monitor, "0")
     with pytest.raises(IndexError, match="worker_id 4 is not a known worker"):
         Rebalance().route(monitor, 4)
@@ -218,20 +218,22 @@ def test_no_requests_and_validation(make_cluster):
     admit(monitor, 1, 1)
     monitor.apply(WorkerFailed(0.0, 1))
     with pytest.raises(
-        ValueError, match="monitor must have a serving worker to route 1 requests to, got none"
+        ValueError, match="`monitor` must have a serving worker to route 1 requests to, got none"
     ):
         LocalityAware().route(monitor, 1)
-    with pytest.raises(ValueError, match="theta_multiple must be a number >= 0"):
+    with pytest.raises(ValueError, match="`theta_multiple` must be >= 0, got -1"):
         RouterConfig(theta_multiple=-1)
-    with pytest.raises(ValueError, match="tau_tokens must be an int >= 0"):
+    with pytest.raises(TypeError, match="`tau_tokens` must be an int, got float"):
         RouterConfig(tau_tokens=1.5)
-    with pytest.raises(TypeError, match="remote_restore must be a bool, got str"):
+    with pytest.raises(ValueError, match="`tau_tokens` must be >= 0, got -1"):
+        RouterConfig(tau_tokens=-1)
+    with pytest.raises(TypeError, match="`remote_restore` must be a bool, got str"):
         RouterConfig(remote_restore="yes")
-    with pytest.raises(ValueError, match="reprefill_tokens_per_s must be a number > 0"):
+    with pytest.raises(ValueError, match="`reprefill_tokens_per_s` must be > 0, got 0"):
         RouterConfig(reprefill_tokens_per_s=0)
-    with pytest.raises(ValueError, match="pull_bytes_per_s must be a number > 0"):
+    with pytest.raises(ValueError, match="`pull_bytes_per_s` must be > 0, got -1.0"):
         RouterConfig(pull_bytes_per_s=-1.0)
-    with pytest.raises(TypeError, match="config must be a RouterConfig, got NoneType"):
+    with pytest.raises(TypeError, match="`config` must be a RouterConfig, got NoneType"):
         LocalityAware(None)
 
 

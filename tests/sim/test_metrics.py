@@ -8,12 +8,19 @@ from lumen_core.metrics import (
     acceptance_rate,
     checkpoint_coverage,
     holder_balance_ratio,
+    nan_mean,
     recovery_time_s,
     rolling_means,
     window_means,
 )
 
 NAN = math.nan
+
+
+def test_nan_mean_skips_nans_and_is_nan_when_nothing_is_left():
+    assert nan_mean(np.array([1.0, NAN, 3.0])) == 2.0
+    assert math.isnan(nan_mean(np.array([NAN, NAN])))
+    assert math.isnan(nan_mean(np.array([])))
 
 
 def records(arrival, first, finish, n_out, interrupted=None, replay=None):

@@ -282,7 +282,7 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
     cap = issue_capability(secret, 5, 0, 0)
     with pytest.raises(TypeError, match="layout must be a KVLayout"):
         CheckpointStreamer("cache", secret, model_fingerprint=MODEL)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="secret must be bytes"):
+    with pytest.raises(TypeError, match="`secret` must be bytes"):
         CheckpointStreamer(cache(), "secret" * 4, model_fingerprint=MODEL)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="model_fingerprint must be a non-empty str"):
         CheckpointStreamer(cache(), secret, model_fingerprint="")
@@ -292,7 +292,7 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, limits={})  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="ack_timeout_s must be > 0"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, ack_timeout_s=0)
-    with pytest.raises(ValueError, match="secret must be at least 16 bytes, got 5"):
+    with pytest.raises(ValueError, match="`secret` must be at least 16 bytes, got 5"):
         CheckpointStreamer(cache(), b"short", model_fingerprint=MODEL)
     with pytest.raises(ValueError, match="staging_bytes must be in"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, staging_bytes=1)

@@ -177,7 +177,7 @@ def test_capability_is_hmac_sha256() -> None:
         (None, ValueError, "no default cluster secret"),
         (b"", ValueError, "at least 16 bytes, got 0"),
         (b"x" * 15, ValueError, "at least 16 bytes, got 15"),
-        ("a-string-secret-of-32-characters", TypeError, "secret must be bytes, got str"),
+        ("a-string-secret-of-32-characters", TypeError, "`secret` must be bytes, got str"),
     ],
 )
 def test_no_default_or_short_secret(secret, error, match) -> None:

@@ -21,9 +21,9 @@ import grpc
 import numpy as np
 import torch
 
+from lumen_core.auth import AUTH_METADATA_KEY, sign_call
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.auth import AUTH_METADATA_KEY, sign_call
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.coordinator import RUN
 from lumen_core.gateway.protocol import method, parse_address

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from lumen_core import _native
+from lumen_core.auth import write_secret_file
 from lumen_core.engine import Engine, SamplingParams, load_model
-from lumen_core.gateway.auth import write_secret_file
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.routing import RouterConfig
 from lumen_core.sim.workload import Workload

@@ -55,5 +55,5 @@ def test_lumen_demo_refuses(arguments: list[str], message: str, capsys) -> None:
 def test_local_cluster_needs_two_workers(tmp_path: Path) -> None:
     from lumen_core.worker.cluster import LocalCluster
 
-    with pytest.raises(ValueError, match="num_workers must be >= 2"):
+    with pytest.raises(ValueError, match="`num_workers` must be >= 2, got 1"):
         LocalCluster(tmp_path, policy="LUMEN", num_workers=1)

@@ -13,7 +13,6 @@ from lumen_core.engine.draft import (
     SpecStats,
     SpeculativeDecoder,
     build_draft_pair,
-    expected_tokens_per_step,
     truncated_draft,
 )
 from lumen_core.engine.engine import Engine, StepOutput
@@ -42,7 +41,6 @@ __all__ = [
     "SpeculativeDecoder",
     "StepOutput",
     "build_draft_pair",
-    "expected_tokens_per_step",
     "forward_contiguous",
     "load_model",
     "model_fingerprint",

@@ -6,19 +6,14 @@ from dataclasses import dataclass
 
 import torch
 
+from lumen_core._validate import check_int
+
 _DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float64": torch.float64,
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
 }
-
-
-def _check_positive(name: str, value: object) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"`{name}` must be > 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -50,7 +45,7 @@ class ModelConfig:
             "head_dim",
             "max_position_embeddings",
         ):
-            _check_positive(name, getattr(self, name))
+            check_int(name, getattr(self, name), low=1)
         if self.num_heads % self.num_kv_heads != 0:
             raise ValueError(
                 f"`num_heads` must be a multiple of `num_kv_heads` ({self.num_kv_heads}), "
@@ -77,8 +72,8 @@ class CacheConfig:
     block_size: int = 16
 
     def __post_init__(self) -> None:
-        _check_positive("num_blocks", self.num_blocks)
-        _check_positive("block_size", self.block_size)
+        check_int("num_blocks", self.num_blocks, low=1)
+        check_int("block_size", self.block_size, low=1)
 
 
 @dataclass(frozen=True)
@@ -93,8 +88,8 @@ class SchedulerConfig:
     max_num_seqs: int = 64
 
     def __post_init__(self) -> None:
-        _check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        _check_positive("max_num_seqs", self.max_num_seqs)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, low=1)
+        check_int("max_num_seqs", self.max_num_seqs, low=1)
 
 
 @dataclass(frozen=True)
@@ -116,7 +111,7 @@ class SamplingParams:
             raise ValueError(f"`temperature` must be >= 0, got {self.temperature}")
         if not isinstance(self.seed, int) or not 0 <= self.seed < 2**64:
             raise ValueError(f"`seed` must be an int in [0, 2**64), got {self.seed!r}")
-        _check_positive("max_tokens", self.max_tokens)
+        check_int("max_tokens", self.max_tokens, low=1)
 
 
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:

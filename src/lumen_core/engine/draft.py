@@ -148,7 +148,7 @@ class SpecStats:
     @property
     def chain_acceptance_rate(self) -> float:
         """Accepted / tested drafts: the per-position acceptance probability ``a`` that
-        ``expected_tokens_per_step`` assumes (a chain stops at its first rejection)."""
+        ``policy.expected_tokens_per_step`` assumes (a chain stops at its first rejection)."""
         tested = self.num_accepted + self.num_rejected
         return self.num_accepted / tested if tested else 0.0
 
@@ -156,12 +156,6 @@ class SpecStats:
     def tokens_per_verify_step(self) -> float:
         """Tokens emitted per request per verify (accepted drafts + 1)."""
         return self.num_emitted / self.num_verify_steps if self.num_verify_steps else 0.0
-
-
-def expected_tokens_per_step(acceptance_rate: float, num_draft_tokens: int) -> float:
-    """``(1 - a^(k+1)) / (1 - a)``: expected tokens per verify step (i.i.d. acceptance)."""
-    a, k = acceptance_rate, num_draft_tokens
-    return float(k + 1) if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
 class SpeculativeDecoder:

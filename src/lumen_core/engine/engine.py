@@ -17,7 +17,7 @@ from lumen_core.engine.request import Request
 from lumen_core.engine.runner import Chunk, ModelRunner
 from lumen_core.engine.sampler import sample_tokens
 from lumen_core.engine.scheduler import ScheduledRequest, Scheduler
-from lumen_core.ops import verify_draft
+from lumen_core.verify import verify_draft
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
+from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
 from lumen_core.gateway.coordinator import (
     Coordinator,
     GatewayConfig,
@@ -32,7 +32,7 @@ from lumen_core.gateway.protocol import (
     running_from_pb,
     state_from_pb,
 )
-from lumen_core.sim.eventlog import EventLog
+from lumen_core.eventlog import EventLog
 
 _STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
 _ERROR_CODES = {

@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lumen_core.policy.events import AssistDecision
-from lumen_core.policy.load import LoadMonitor, check_id
+from lumen_core._validate import check_instance, check_int, check_number
+from lumen_core.policy.events import AssistDecision, WorkerState
+from lumen_core.policy.load import LoadMonitor
 
 GainFn = Callable[[LoadMonitor, int, int], float]
 """(monitor, survivor_id, k) -> predicted net gain: tokens per verify step minus the verify
@@ -23,12 +24,8 @@ step's extra cost, both in tokens. Positive means assisting speeds the survivor 
 def expected_tokens_per_step(acceptance_rate: float, num_draft_tokens: int) -> float:
     """Expected tokens emitted by one verify step of ``k`` drafts at acceptance rate ``a``:
     ``(1 - a^(k+1)) / (1 - a)`` (``k + 1`` when ``a = 1``)."""
-    a = acceptance_rate
-    if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0.0 <= a <= 1.0:
-        raise ValueError(f"acceptance_rate must be a number in [0, 1], got {a!r}")
-    k = check_id("num_draft_tokens", num_draft_tokens)
-    if k < 0:
-        raise ValueError(f"num_draft_tokens must be >= 0, got {k}")
+    a = check_number("acceptance_rate", acceptance_rate, 0, 1)
+    k = check_int("num_draft_tokens", num_draft_tokens, low=0)
     if a == 1.0:
         return float(k + 1)
     return (1.0 - a ** (k + 1)) / (1.0 - a)
@@ -42,9 +39,7 @@ def make_acceptance_gain(acceptance_rate: float, verify_cost_per_draft_token: fl
     gain is what speculation emits beyond that. Drivers with a cost model pass their own.
     """
     expected_tokens_per_step(acceptance_rate, 1)
-    c = verify_cost_per_draft_token
-    if isinstance(c, bool) or not isinstance(c, (int, float)) or c < 0:
-        raise ValueError(f"verify_cost_per_draft_token must be a number >= 0, got {c!r}")
+    c = check_number("verify_cost_per_draft_token", verify_cost_per_draft_token, low=0)
 
     def gain(monitor: LoadMonitor, survivor_id: int, k: int) -> float:
         return expected_tokens_per_step(acceptance_rate, k) - (1.0 + c * k)
@@ -64,13 +59,9 @@ class AssistConfig:
     cold_steps: int = 100
 
     def __post_init__(self) -> None:
-        for name in ("num_draft_tokens", "cold_num_draft_tokens"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        steps = self.cold_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"cold_steps must be an int >= 0, got {steps!r}")
+        check_int("num_draft_tokens", self.num_draft_tokens, low=1)
+        check_int("cold_num_draft_tokens", self.cold_num_draft_tokens, low=1)
+        check_int("cold_steps", self.cold_steps, low=0)
 
 
 class SpecAssistPlanner:
@@ -80,10 +71,9 @@ class SpecAssistPlanner:
     """
 
     def __init__(self, config: AssistConfig, gain_fn: GainFn) -> None:
-        if not isinstance(config, AssistConfig):
-            raise TypeError(f"config must be an AssistConfig, got {type(config).__name__}")
+        check_instance("config", config, AssistConfig, "an AssistConfig")
         if not callable(gain_fn):
-            raise TypeError(f"gain_fn must be callable, got {type(gain_fn).__name__}")
+            raise TypeError(f"`gain_fn` must be callable, got {type(gain_fn).__name__}")
         self.config = config
         self._gain_fn = gain_fn
         self._survivor_of: dict[int, int] = {}
@@ -98,12 +88,11 @@ class SpecAssistPlanner:
         Raises TypeError for a non-LoadMonitor monitor or a non-int id, IndexError for an
         unknown worker, ValueError if the assistant is not recovering.
         """
-        if not isinstance(monitor, LoadMonitor):
-            raise TypeError(f"monitor must be a LoadMonitor, got {type(monitor).__name__}")
-        assistant_id = check_id("assistant_id", assistant_id)
+        check_instance("monitor", monitor, LoadMonitor)
+        assistant_id = check_int("assistant_id", assistant_id)
         state = monitor.worker(assistant_id).state
-        if state != "recovering":
-            raise ValueError(f"assistant_id must be a recovering worker, got {assistant_id} ({state})")
+        if state != WorkerState.RECOVERING:
+            raise ValueError(f"`assistant_id` must be a recovering worker, got {assistant_id} ({state})")
         k = self.config.num_draft_tokens
         cold_k = self.config.cold_num_draft_tokens
         current = self._survivor_of.get(assistant_id)
@@ -144,10 +133,8 @@ class SpecAssistPlanner:
     def num_draft_tokens(self, assistant_id: int, steps_done: int) -> int:
         """k for the assistant's next step: ``cold_num_draft_tokens`` for its first
         ``cold_steps`` steps, then ``num_draft_tokens``. Raises ValueError if steps_done < 0."""
-        check_id("assistant_id", assistant_id)
-        steps_done = check_id("steps_done", steps_done)
-        if steps_done < 0:
-            raise ValueError(f"steps_done must be >= 0, got {steps_done}")
+        check_int("assistant_id", assistant_id)
+        steps_done = check_int("steps_done", steps_done, low=0)
         if steps_done < self.config.cold_steps:
             return self.config.cold_num_draft_tokens
         return self.config.num_draft_tokens
@@ -155,20 +142,20 @@ class SpecAssistPlanner:
     def finish(self, assistant_id: int) -> int | None:
         """The assistant's full model is loaded (or it died): unpair it; return the survivor
         it assisted (now free for another assistant), or None if it was not paired."""
-        survivor_id = self._survivor_of.pop(check_id("assistant_id", assistant_id), None)
+        survivor_id = self._survivor_of.pop(check_int("assistant_id", assistant_id), None)
         if survivor_id is not None:
             del self._assistant_of[survivor_id]
         return survivor_id
 
     def release_survivor(self, survivor_id: int) -> int | None:
         """The survivor failed: unpair it; return its assistant (free to pair again), or None."""
-        assistant_id = self._assistant_of.pop(check_id("survivor_id", survivor_id), None)
+        assistant_id = self._assistant_of.pop(check_int("survivor_id", survivor_id), None)
         if assistant_id is not None:
             del self._survivor_of[assistant_id]
         return assistant_id
 
     def survivor_of(self, assistant_id: int) -> int | None:
-        return self._survivor_of.get(check_id("assistant_id", assistant_id))
+        return self._survivor_of.get(check_int("assistant_id", assistant_id))
 
     def assistant_of(self, survivor_id: int) -> int | None:
-        return self._assistant_of.get(check_id("survivor_id", survivor_id))
+        return self._assistant_of.get(check_int("survivor_id", survivor_id))

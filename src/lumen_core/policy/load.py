@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lumen_core._validate import check_instance, check_int, check_number
 from lumen_core.policy.events import (
     CheckpointEvicted,
     CheckpointGrew,
@@ -40,28 +41,10 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 
-SERVING = "serving"
 _NOTHING: frozenset[int] = frozenset()
-RECOVERING = "recovering"
-FAILED = "failed"
-
-
-def check_id(name: str, value: object) -> int:
-    """Return ``value`` as an int id; raise TypeError unless it is a (numpy) integer."""
-    if value.__class__ is int:  # the common case, checked first: this runs on every event
-        return value  # type: ignore[return-value]
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    return int(value)
-
-
-def _check_count(name: str, value: object) -> int:
-    count = check_id(name, value)
-    if count < 0:
-        raise ValueError(f"{name} must be >= 0, got {count}")
-    return count
 
 
 @dataclass(frozen=True)
@@ -81,16 +64,10 @@ class LoadConfig:
     kv_bytes_per_token: int = 262_144
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
-        tokens = self.mean_request_tokens
-        if isinstance(tokens, bool) or not isinstance(tokens, (int, float)) or not tokens > 0:
-            raise ValueError(f"mean_request_tokens must be a number > 0, got {tokens!r}")
-        kvb = self.kv_bytes_per_token
-        if isinstance(kvb, bool) or not isinstance(kvb, int) or kvb <= 0:
-            raise ValueError(f"kv_bytes_per_token must be an int > 0, got {kvb!r}")
+        check_number("alpha", self.alpha, low=0)
+        check_number("beta", self.beta, low=0)
+        check_number("mean_request_tokens", self.mean_request_tokens, positive=True)
+        check_int("kv_bytes_per_token", self.kv_bytes_per_token, low=1)
 
 
 @dataclass(frozen=True)
@@ -98,7 +75,7 @@ class WorkerView:
     """Snapshot of one worker's accounting."""
 
     worker_id: int
-    state: str  # "serving" | "recovering" | "failed"
+    state: WorkerState
     domain: str
     budget_bytes: int
     reserved_bytes: int
@@ -154,15 +131,14 @@ class LoadMonitor:
     """
 
     def __init__(self, config: LoadConfig = LoadConfig()) -> None:
-        if not isinstance(config, LoadConfig):
-            raise TypeError(f"config must be a LoadConfig, got {type(config).__name__}")
+        check_instance("config", config, LoadConfig)
         self.config = config
         self._held_weight = config.alpha / config.mean_request_tokens
         self._beta = config.beta
         self._slot: dict[int, int] = {}
         self._n = 0
         # per-slot Python scalars
-        self._state: list[str] = []
+        self._state: list[WorkerState] = []
         self._domain_name: list[str] = []
         self._budget: list[int] = []
         self._reserved: list[int] = []
@@ -212,23 +188,22 @@ class LoadMonitor:
         """
         handler = self._handlers.get(type(event))
         if handler is None:
-            raise TypeError(f"event must be one of policy.events' types, got {type(event).__name__}")
+            raise TypeError(f"`event` must be one of policy.events' types, got {type(event).__name__}")
         handler(event)
 
     def _on_worker_joined(self, event: WorkerJoined) -> None:
-        worker_id = _check_count("worker_id", event.worker_id)
-        budget = _check_count("budget_bytes", event.budget_bytes)
-        if not isinstance(event.domain, str):
-            raise TypeError(f"domain must be a str, got {type(event.domain).__name__}")
+        worker_id = check_int("worker_id", event.worker_id, low=0)
+        budget = check_int("budget_bytes", event.budget_bytes, low=0)
+        check_instance("domain", event.domain, str)
         slot = self._slot.get(worker_id)
         if slot is None:
             slot = self._new_slot(worker_id)
-        elif self._state[slot] == SERVING:
-            raise ValueError(f"worker_id must be a worker that is not serving, got {worker_id} (serving)")
+        elif self._state[slot] == WorkerState.SERVING:
+            raise ValueError(f"`worker_id` must be a worker that is not serving, got {worker_id} (serving)")
         else:
             self._remove_domain(slot)
         # A (re)joining worker starts empty: its host memory was lost with it (L = 0).
-        self._state[slot] = SERVING
+        self._state[slot] = WorkerState.SERVING
         self._budget[slot] = budget
         self._reserved[slot] = 0
         self._held[slot] = 0
@@ -243,14 +218,14 @@ class LoadMonitor:
         self._touch(slot)
 
     def _on_worker_failed(self, event: WorkerFailed) -> None:
-        worker_id = check_id("worker_id", event.worker_id)
+        worker_id = check_int("worker_id", event.worker_id)
         slot = self._slot_of(worker_id)
-        if self._state[slot] == FAILED:
+        if self._state[slot] == WorkerState.FAILED:
             return
         self._mean_before_failure[worker_id] = self.mean_load()
-        if self._state[slot] == SERVING:
+        if self._state[slot] == WorkerState.SERVING:
             self._live_ids.remove(worker_id)
-        self._state[slot] = FAILED
+        self._state[slot] = WorkerState.FAILED
         self._live[slot] = False
         self._avail[slot] = np.inf
         affected = self._affected_ids.setdefault(worker_id, set())
@@ -262,32 +237,32 @@ class LoadMonitor:
             affected.add(request_id)
 
     def _on_worker_recovering(self, event: WorkerRecovering) -> None:
-        worker_id = check_id("worker_id", event.worker_id)
+        worker_id = check_int("worker_id", event.worker_id)
         slot = self._slot_of(worker_id)
-        if self._state[slot] != FAILED:
-            raise ValueError(f"worker_id must be a failed worker, got {worker_id} ({self._state[slot]})")
-        self._state[slot] = RECOVERING
+        if self._state[slot] != WorkerState.FAILED:
+            raise ValueError(f"`worker_id` must be a failed worker, got {worker_id} ({self._state[slot]})")
+        self._state[slot] = WorkerState.RECOVERING
 
     def _on_heartbeat(self, event: Heartbeat) -> None:
-        slot = self._slot_of(check_id("worker_id", event.worker_id))
-        num_running = _check_count("num_running", event.num_running)
-        num_waiting = _check_count("num_waiting", event.num_waiting)
-        if self._state[slot] != SERVING:
+        slot = self._slot_of(check_int("worker_id", event.worker_id))
+        num_running = check_int("num_running", event.num_running, low=0)
+        num_waiting = check_int("num_waiting", event.num_waiting, low=0)
+        if self._state[slot] != WorkerState.SERVING:
             return
         self._running[slot] = num_running
         self._waiting[slot] = num_waiting
         self._touch(slot)
 
     def _on_request_admitted(self, event: RequestAdmitted) -> None:
-        request_id = check_id("request_id", event.request_id)
-        worker_id = check_id("worker_id", event.worker_id)
+        request_id = check_int("request_id", event.request_id)
+        worker_id = check_int("worker_id", event.worker_id)
         request = self._requests.get(request_id)
         if request is not None:
             if request.worker_id != worker_id:
                 self.assign(request_id, worker_id)
             return
-        prompt_tokens = _check_count("prompt_tokens", event.prompt_tokens)
-        output_tokens = _check_count("expected_output_tokens", event.expected_output_tokens)
+        prompt_tokens = check_int("prompt_tokens", event.prompt_tokens, low=0)
+        output_tokens = check_int("expected_output_tokens", event.expected_output_tokens, low=0)
         slot = self._serving_slot(worker_id)
         self._requests[request_id] = _Request(worker_id, prompt_tokens, output_tokens)
         self._running_ids[worker_id].add(request_id)
@@ -295,7 +270,7 @@ class LoadMonitor:
         self._touch(slot)
 
     def _on_request_finished(self, event: RequestFinished) -> None:
-        request_id = check_id("request_id", event.request_id)
+        request_id = check_int("request_id", event.request_id)
         request = self._request_of(request_id)
         self.release_reservation(request_id)
         self._leave(request_id, request.worker_id)
@@ -305,9 +280,9 @@ class LoadMonitor:
         self.reserve(event.request_id, event.holder_ids, event.reserved_bytes)
 
     def _on_checkpoint_grew(self, event: CheckpointGrew) -> None:
-        request = self._requests.get(check_id("request_id", event.request_id))
-        holder_id = check_id("holder_id", event.holder_id)
-        durable_tokens = _check_count("durable_tokens", event.durable_tokens)
+        request = self._requests.get(check_int("request_id", event.request_id))
+        holder_id = check_int("holder_id", event.holder_id)
+        durable_tokens = check_int("durable_tokens", event.durable_tokens, low=0)
         copy = None if request is None else request.copies.get(holder_id)
         if copy is None or durable_tokens <= copy.durable_tokens:
             return
@@ -323,13 +298,13 @@ class LoadMonitor:
             self._touch(slot)
 
     def _on_checkpoint_released(self, event: CheckpointReleased) -> None:
-        request_id = check_id("request_id", event.request_id)
+        request_id = check_int("request_id", event.request_id)
         if request_id in self._requests:
             self.release_reservation(request_id)
 
     def _on_checkpoint_dropped(self, event: CheckpointEvicted | CheckpointRefused) -> None:
-        request_id = check_id("request_id", event.request_id)
-        holder_id = check_id("holder_id", event.holder_id)
+        request_id = check_int("request_id", event.request_id)
+        holder_id = check_int("holder_id", event.holder_id)
         request = self._requests.get(request_id)
         if request is not None and holder_id in request.copies:
             self._drop_copy(request, request_id, holder_id)
@@ -343,7 +318,7 @@ class LoadMonitor:
     # ---- queries -------------------------------------------------------------------------
     def load(self, worker_id: int) -> float:
         """``L(w)`` in queue-equivalents (meaningful for serving workers)."""
-        return float(self._load[self._slot_of(check_id("worker_id", worker_id))])
+        return float(self._load[self._slot_of(check_int("worker_id", worker_id))])
 
     def live_worker_ids(self) -> list[int]:
         """Ids of the serving workers (not failed, not recovering), sorted."""
@@ -353,12 +328,12 @@ class LoadMonitor:
         """Ids of every worker the monitor knows, in any state, sorted."""
         return [int(w) for w in self._ids[: self._n]]
 
-    def state(self, worker_id: int) -> str:
-        """ "serving", "recovering" or "failed"."""
-        return self._state[self._slot_of(check_id("worker_id", worker_id))]
+    def state(self, worker_id: int) -> WorkerState:
+        """The worker's state."""
+        return self._state[self._slot_of(check_int("worker_id", worker_id))]
 
     def worker(self, worker_id: int) -> WorkerView:
-        slot = self._slot_of(check_id("worker_id", worker_id))
+        slot = self._slot_of(check_int("worker_id", worker_id))
         return WorkerView(
             worker_id=int(worker_id),
             state=self._state[slot],
@@ -371,7 +346,7 @@ class LoadMonitor:
         )
 
     def request(self, request_id: int) -> RequestView:
-        request = self._request_of(check_id("request_id", request_id))
+        request = self._request_of(check_int("request_id", request_id))
         return RequestView(
             request_id=int(request_id),
             worker_id=request.worker_id,
@@ -385,7 +360,7 @@ class LoadMonitor:
     def request_footprint(self, request_id: int) -> tuple[int, int, tuple[int, ...]]:
         """(serving worker id, expected tokens = prompt + expected output, holder ids): what
         placement needs, without building a RequestView."""
-        request = self._request_of(check_id("request_id", request_id))
+        request = self._request_of(check_int("request_id", request_id))
         return (
             request.worker_id,
             request.prompt_tokens + request.expected_output_tokens,
@@ -393,7 +368,7 @@ class LoadMonitor:
         )
 
     def has_request(self, request_id: int) -> bool:
-        return check_id("request_id", request_id) in self._requests
+        return check_int("request_id", request_id) in self._requests
 
     def request_ids(self) -> list[int]:
         """Ids of every tracked request, sorted."""
@@ -401,23 +376,23 @@ class LoadMonitor:
 
     def running_on(self, worker_id: int) -> list[int]:
         """Request ids assigned to the worker (interrupted ones, if it failed), sorted."""
-        self._slot_of(check_id("worker_id", worker_id))
+        self._slot_of(check_int("worker_id", worker_id))
         return sorted(self._running_ids[int(worker_id)])
 
     def held_by(self, worker_id: int) -> list[int]:
         """Request ids whose checkpoint this worker holds, sorted."""
-        self._slot_of(check_id("worker_id", worker_id))
+        self._slot_of(check_int("worker_id", worker_id))
         return sorted(self._held_ids[int(worker_id)])
 
     def affected_by(self, worker_id: int) -> list[int]:
         """Request ids that ran on this worker or had a checkpoint copy on it when it failed
         (cleared when it rejoins), sorted; includes requests that have finished since."""
-        self._slot_of(check_id("worker_id", worker_id))
+        self._slot_of(check_int("worker_id", worker_id))
         return sorted(self._affected_ids.get(int(worker_id), ()))
 
     def refused_by(self, request_id: int) -> frozenset[int]:
         """Holders that refused this request's checkpoint (placement avoids them)."""
-        refused_ids = self._request_of(check_id("request_id", request_id)).refused_ids
+        refused_ids = self._request_of(check_int("request_id", request_id)).refused_ids
         return frozenset(refused_ids) if refused_ids else _NOTHING
 
     def mean_load(self) -> float:
@@ -432,21 +407,21 @@ class LoadMonitor:
 
         Raises ValueError if the worker has not failed since it last joined.
         """
-        worker_id = check_id("worker_id", worker_id)
+        worker_id = check_int("worker_id", worker_id)
         self._slot_of(worker_id)
         if worker_id not in self._mean_before_failure:
-            raise ValueError(f"worker_id must be a worker that failed, got {worker_id}")
+            raise ValueError(f"`worker_id` must be a worker that failed, got {worker_id}")
         return self._mean_before_failure[worker_id]
 
     def free_bytes(self, worker_id: int) -> int:
         """Budget minus reservations of the worker (may be negative after accepted growth)."""
-        slot = self._slot_of(check_id("worker_id", worker_id))
+        slot = self._slot_of(check_int("worker_id", worker_id))
         return self._budget[slot] - self._reserved[slot]
 
     def shares_domain(self, worker_id: int, other_id: int) -> bool:
         """Whether two distinct workers are in one failure domain ("" is a domain of its own)."""
-        slot = self._slot_of(check_id("worker_id", worker_id))
-        other = self._slot_of(check_id("other_id", other_id))
+        slot = self._slot_of(check_int("worker_id", worker_id))
+        other = self._slot_of(check_int("other_id", other_id))
         return slot != other and self._domain[slot] == self._domain[other]
 
     def least_loaded(
@@ -522,8 +497,8 @@ class LoadMonitor:
         it serves (a restore consumes it). Other copies stay valid: the KV of a prefix does not
         depend on which worker computes it. Raises ValueError if the worker is not serving.
         """
-        request_id = check_id("request_id", request_id)
-        worker_id = check_id("worker_id", worker_id)
+        request_id = check_int("request_id", request_id)
+        worker_id = check_int("worker_id", worker_id)
         request = self._request_of(request_id)
         slot = self._serving_slot(worker_id)
         if request.worker_id == worker_id:
@@ -543,14 +518,14 @@ class LoadMonitor:
         already holds a copy, is listed twice, or lacks the free budget; nothing is reserved
         then.
         """
-        request_id = check_id("request_id", request_id)
+        request_id = check_int("request_id", request_id)
         request = self._request_of(request_id)
-        reserved_bytes = _check_count("reserved_bytes", reserved_bytes)
+        reserved_bytes = check_int("reserved_bytes", reserved_bytes, low=0)
         if not isinstance(holder_ids, (tuple, list)):
-            raise TypeError(f"holder_ids must be a tuple or list, got {type(holder_ids).__name__}")
-        holders = [check_id("holder_ids", h) for h in holder_ids]
+            raise TypeError(f"`holder_ids` must be a tuple or list, got {type(holder_ids).__name__}")
+        holders = [check_int("holder_ids", h) for h in holder_ids]
         if len(holders) > 1 and len(set(holders)) != len(holders):
-            raise ValueError(f"holder_ids must be distinct, got {holders}")
+            raise ValueError(f"`holder_ids` must be distinct, got {holders}")
         slots = []
         for holder_id in holders:
             slot = self._serving_slot(holder_id)
@@ -560,7 +535,7 @@ class LoadMonitor:
                     f"for request {request_id}"
                 )
             if holder_id in request.copies:
-                raise ValueError(f"holder_ids must be new holders, got {holder_id} (already holds)")
+                raise ValueError(f"`holder_ids` must be new holders, got {holder_id} (already holds)")
             free_bytes = self._budget[slot] - self._reserved[slot]
             if free_bytes < reserved_bytes:
                 raise ValueError(
@@ -578,7 +553,7 @@ class LoadMonitor:
 
     def release_reservation(self, request_id: int) -> None:
         """Drop every checkpoint copy of the request (its reservations and held tokens)."""
-        request_id = check_id("request_id", request_id)
+        request_id = check_int("request_id", request_id)
         request = self._request_of(request_id)
         for holder_id in list(request.copies):
             self._drop_copy(request, request_id, holder_id)
@@ -588,7 +563,7 @@ class LoadMonitor:
         # Recomputed from integers every time, so L never drifts and ties stay exact.
         load = self._held_weight * self._held[slot] + self._beta * (self._running[slot] + self._waiting[slot])
         self._load[slot] = load
-        self._avail[slot] = load if self._state[slot] == SERVING else np.inf
+        self._avail[slot] = load if self._state[slot] == WorkerState.SERVING else np.inf
 
     def _add_reserved(self, slot: int, delta_bytes: int) -> None:
         reserved = self._reserved[slot] + delta_bytes
@@ -620,8 +595,8 @@ class LoadMonitor:
 
     def _serving_slot(self, worker_id: int) -> int:
         slot = self._slot_of(worker_id)
-        if self._state[slot] != SERVING:
-            raise ValueError(f"worker_id must be a serving worker, got {worker_id} ({self._state[slot]})")
+        if self._state[slot] != WorkerState.SERVING:
+            raise ValueError(f"`worker_id` must be a serving worker, got {worker_id} ({self._state[slot]})")
         return slot
 
     def _request_of(self, request_id: int) -> _Request:
@@ -644,7 +619,7 @@ class LoadMonitor:
             array = getattr(self, name)
             array[position + 1 : n + 1] = array[position:n].copy()
         self._ids[position] = worker_id
-        self._state.insert(position, FAILED)
+        self._state.insert(position, WorkerState.FAILED)
         self._domain_name.insert(position, "")
         for name in ("_budget", "_reserved", "_held", "_running", "_waiting"):
             getattr(self, name).insert(position, 0)

@@ -16,8 +16,9 @@ import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from lumen_core.policy.events import PlacementDecision
-from lumen_core.policy.load import LoadMonitor, check_id
+from lumen_core._validate import check_bool, check_instance, check_int
+from lumen_core.policy.events import PlacementDecision, WorkerState
+from lumen_core.policy.load import LoadMonitor
 
 
 @dataclass(frozen=True)
@@ -31,16 +32,8 @@ class PlacementConfig:
     respect_domains: bool = True
 
     def __post_init__(self) -> None:
-        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
-            raise ValueError(f"replicas must be an int >= 1, got {self.replicas!r}")
-        if not isinstance(self.respect_domains, bool):
-            raise TypeError(f"respect_domains must be a bool, got {type(self.respect_domains).__name__}")
-
-
-def _check_monitor(monitor: object) -> LoadMonitor:
-    if not isinstance(monitor, LoadMonitor):
-        raise TypeError(f"monitor must be a LoadMonitor, got {type(monitor).__name__}")
-    return monitor
+        check_int("replicas", self.replicas, low=1)
+        check_bool("respect_domains", self.respect_domains)
 
 
 class Placement(ABC):
@@ -57,19 +50,18 @@ class Placement(ABC):
     name: str = ""
 
     def __init__(self, config: PlacementConfig = PlacementConfig()) -> None:
-        if not isinstance(config, PlacementConfig):
-            raise TypeError(f"config must be a PlacementConfig, got {type(config).__name__}")
+        check_instance("config", config, PlacementConfig)
         self.config = config
 
     def place(self, monitor: LoadMonitor, request_id: int) -> PlacementDecision:
         """Choose and reserve holders for an admitted request (up to ``replicas`` in all)."""
-        monitor = _check_monitor(monitor)
-        request_id = check_id("request_id", request_id)
+        monitor = check_instance("monitor", monitor, LoadMonitor)
+        request_id = check_int("request_id", request_id)
         serving_id, expected_tokens, holder_ids = monitor.request_footprint(request_id)
         state = monitor.state(serving_id)
-        if state != "serving":
+        if state != WorkerState.SERVING:
             raise ValueError(
-                f"request_id must be a request on a serving worker, got {request_id} "
+                f"`request_id` must be a request on a serving worker, got {request_id} "
                 f"on worker {serving_id} ({state})"
             )
         return self._place(monitor, request_id, serving_id, expected_tokens, holder_ids)
@@ -82,17 +74,17 @@ class Placement(ABC):
         holders (streamed in full from their serving worker). Requests that finished, still
         sit on a dead worker, or already have enough holders get no decision.
         """
-        monitor = _check_monitor(monitor)
-        lost_holder_id = check_id("lost_holder_id", lost_holder_id)
+        monitor = check_instance("monitor", monitor, LoadMonitor)
+        lost_holder_id = check_int("lost_holder_id", lost_holder_id)
         state = monitor.state(lost_holder_id)
-        if state == "serving":
-            raise ValueError(f"lost_holder_id must be a failed worker, got {lost_holder_id} (serving)")
+        if state == WorkerState.SERVING:
+            raise ValueError(f"`lost_holder_id` must be a failed worker, got {lost_holder_id} (serving)")
         decisions = []
         for request_id in monitor.affected_by(lost_holder_id):
             if not monitor.has_request(request_id):
                 continue
             serving_id, expected_tokens, holder_ids = monitor.request_footprint(request_id)
-            if len(holder_ids) >= self.config.replicas or monitor.state(serving_id) != "serving":
+            if len(holder_ids) >= self.config.replicas or monitor.state(serving_id) != WorkerState.SERVING:
                 continue
             decisions.append(self._place(monitor, request_id, serving_id, expected_tokens, holder_ids))
         return decisions
@@ -164,8 +156,8 @@ class NoCheckpoint(Placement):
 
     def replace(self, monitor: LoadMonitor, lost_holder_id: int) -> list[PlacementDecision]:
         """S&R holds nothing, so nothing is re-placed (arguments are still validated)."""
-        monitor = _check_monitor(monitor)
-        monitor.worker(check_id("lost_holder_id", lost_holder_id))
+        monitor = check_instance("monitor", monitor, LoadMonitor)
+        monitor.worker(check_int("lost_holder_id", lost_holder_id))
         return []
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from lumen_core._validate import check_instance
 from lumen_core.policy.assist import AssistConfig, GainFn, SpecAssistPlanner, make_acceptance_gain
 from lumen_core.policy.placement import FixedNeighbour, LoadAware, NoCheckpoint, Placement, PlacementConfig
 from lumen_core.policy.routing import AllToHolder, LocalityAware, Rebalance, Router, RouterConfig
@@ -42,8 +44,7 @@ def make_policy(
     DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)``. Raises TypeError for a non-str name, ValueError
     for an unknown one.
     """
-    if not isinstance(name, str):
-        raise TypeError(f"name must be a str, got {type(name).__name__}")
+    check_instance("name", name, str)
     if name == "S&R":
         return PolicySet(name, NoCheckpoint(), Rebalance(), None)
     if name == "FC":
@@ -53,4 +54,31 @@ def make_policy(
             gain_fn = make_acceptance_gain(DEFAULT_ACCEPTANCE_RATE, DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)
         planner = SpecAssistPlanner(assist_config, gain_fn)
         return PolicySet(name, LoadAware(placement_config), LocalityAware(router_config), planner)
-    raise ValueError(f"name must be one of {', '.join(POLICY_NAMES)}, got {name!r}")
+    raise ValueError(f"`name` must be one of {', '.join(POLICY_NAMES)}, got {name!r}")
+
+
+PolicyFactory = Callable[[GainFn], PolicySet]
+"""Builds fresh policy objects for one driver, given the gain function the driver records."""
+
+
+def preset(
+    name: str,
+    *,
+    placement_config: PlacementConfig = PlacementConfig(),
+    router_config: RouterConfig = RouterConfig(),
+    assist_config: AssistConfig = AssistConfig(),
+) -> PolicyFactory:
+    """A factory of ``make_policy(name, ...)``; raises as ``make_policy`` now, not when a
+    driver builds it."""
+    make_policy(name)
+
+    def build(gain_fn: GainFn) -> PolicySet:
+        return make_policy(
+            name,
+            placement_config=placement_config,
+            router_config=router_config,
+            assist_config=assist_config,
+            gain_fn=gain_fn,
+        )
+
+    return build

@@ -15,8 +15,9 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from lumen_core.policy.events import RecoveryAction, RouteDecision
-from lumen_core.policy.load import LoadMonitor, RequestView, check_id
+from lumen_core._validate import check_bool, check_instance, check_int, check_number
+from lumen_core.policy.events import RecoveryAction, RouteDecision, WorkerState
+from lumen_core.policy.load import LoadMonitor, RequestView
 
 
 @dataclass(frozen=True)
@@ -38,18 +39,11 @@ class RouterConfig:
     pull_bytes_per_s: float = 3.125e9
 
     def __post_init__(self) -> None:
-        multiple = self.theta_multiple
-        if isinstance(multiple, bool) or not isinstance(multiple, (int, float)) or multiple < 0:
-            raise ValueError(f"theta_multiple must be a number >= 0, got {multiple!r}")
-        tau = self.tau_tokens
-        if isinstance(tau, bool) or not isinstance(tau, int) or tau < 0:
-            raise ValueError(f"tau_tokens must be an int >= 0, got {tau!r}")
-        if not isinstance(self.remote_restore, bool):
-            raise TypeError(f"remote_restore must be a bool, got {type(self.remote_restore).__name__}")
-        for name in ("reprefill_tokens_per_s", "pull_bytes_per_s"):
-            rate = getattr(self, name)
-            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not rate > 0:
-                raise ValueError(f"{name} must be a number > 0, got {rate!r}")
+        check_number("theta_multiple", self.theta_multiple, low=0)
+        check_int("tau_tokens", self.tau_tokens, low=0)
+        check_bool("remote_restore", self.remote_restore)
+        check_number("reprefill_tokens_per_s", self.reprefill_tokens_per_s, positive=True)
+        check_number("pull_bytes_per_s", self.pull_bytes_per_s, positive=True)
 
 
 def usable_copies(request: RequestView) -> tuple[list[tuple[int, int]], str]:
@@ -83,16 +77,15 @@ class Router(ABC):
     name: str = ""
 
     def route(self, monitor: LoadMonitor, failed_worker_id: int) -> list[RouteDecision]:
-        if not isinstance(monitor, LoadMonitor):
-            raise TypeError(f"monitor must be a LoadMonitor, got {type(monitor).__name__}")
-        failed_worker_id = check_id("failed_worker_id", failed_worker_id)
+        check_instance("monitor", monitor, LoadMonitor)
+        failed_worker_id = check_int("failed_worker_id", failed_worker_id)
         state = monitor.state(failed_worker_id)
-        if state == "serving":
-            raise ValueError(f"failed_worker_id must be a failed worker, got {failed_worker_id} (serving)")
+        if state == WorkerState.SERVING:
+            raise ValueError(f"`failed_worker_id` must be a failed worker, got {failed_worker_id} (serving)")
         request_ids = monitor.running_on(failed_worker_id)
         if request_ids and not monitor.live_worker_ids():
             raise ValueError(
-                f"monitor must have a serving worker to route {len(request_ids)} requests to, got none"
+                f"`monitor` must have a serving worker to route {len(request_ids)} requests to, got none"
             )
         self._begin(monitor, failed_worker_id)
         decisions = []
@@ -172,8 +165,7 @@ class LocalityAware(Router):
     name = "LUMEN"
 
     def __init__(self, config: RouterConfig = RouterConfig()) -> None:
-        if not isinstance(config, RouterConfig):
-            raise TypeError(f"config must be a RouterConfig, got {type(config).__name__}")
+        check_instance("config", config, RouterConfig)
         self.config = config
         self._theta = 0.0
 

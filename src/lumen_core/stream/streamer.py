@@ -22,7 +22,7 @@ from lumen_core.stream._common import (
     check_str,
     fingerprint_bytes,
 )
-from lumen_core.secret import check_secret
+from lumen_core.auth import check_secret
 from lumen_core.transport import CAPABILITY_BYTES, WireLimits
 
 __all__ = ["CheckpointStreamer", "ReplicaStats", "StreamStats"]

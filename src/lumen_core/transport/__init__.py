@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lumen_core import _native
-from lumen_core.secret import MIN_SECRET_BYTES, check_secret, read_secret_file
+from lumen_core.auth import MIN_SECRET_BYTES, check_secret, read_secret_file
 from lumen_core.transport.errors import (
     Aborted,
     Conflict,

@@ -13,50 +13,27 @@ Assistant -> survivor: per request, how many tokens it now knows (the next ``bas
 ``k`` greedy draft tokens that follow them. The assistant keeps its own draft KV per request
 (``DraftProposer``: rolled back to the longest prefix that still matches).
 
-Every datagram is sealed with the cluster secret: ``HMAC-SHA256(secret, label || payload)``
-then the JSON payload. A datagram whose MAC does not verify, or that is not a JSON object, is
-dropped and counted (``num_refused``); verify_draft keeps the output exact whatever the
-drafts, so what the seal protects is the assistant's compute and the acceptance figures.
+Every datagram is sealed with the cluster secret (``lumen_core.auth.seal``:
+``HMAC-SHA256(secret, label || payload)`` then the JSON payload). A datagram whose MAC does
+not verify, or that is not a JSON object, is dropped and counted (``num_refused``);
+verify_draft keeps the output exact whatever the drafts, so what the seal protects is the
+assistant's compute and the acceptance figures.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import socket
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from lumen_core.auth import check_secret, seal, unseal
 from lumen_core.engine import DraftProposer
 from lumen_core.engine.config import CacheConfig
 from lumen_core.engine.model import Llama
-from lumen_core.secret import check_secret
 from lumen_core.stream import Address
 
 MAX_DATAGRAM = 65000
-_MAC_BYTES = 32
-_SEAL_LABEL = b"lumen-assist-v1|"
-
-
-def seal(secret: bytes, message: dict[str, Any]) -> bytes:
-    """``message`` as JSON behind its HMAC-SHA256 under the cluster secret."""
-    payload = json.dumps(message).encode()
-    return hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest() + payload
-
-
-def unseal(secret: bytes, data: bytes) -> dict[str, Any] | None:
-    """The message of a sealed datagram, or None if its MAC or its JSON is wrong."""
-    mac, payload = data[:_MAC_BYTES], data[_MAC_BYTES:]
-    expected = hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest()
-    if len(mac) != _MAC_BYTES or not hmac.compare_digest(mac, expected):
-        return None
-    try:
-        message = json.loads(payload)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
 
 
 class Assistant:

@@ -19,8 +19,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lumen_core._validate import check_int
+from lumen_core.auth import read_secret_file, write_secret_file
 from lumen_core.engine import ModelConfig, build_draft_pair, save_model
-from lumen_core.gateway.auth import read_secret_file, write_secret_file
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.coordinator import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
@@ -89,8 +90,7 @@ class LocalCluster:
         start_timeout_s: float = 60.0,
         router_config: RouterConfig = RouterConfig(),
     ) -> None:
-        if num_workers < 2:
-            raise ValueError(f"num_workers must be >= 2, got {num_workers}")
+        check_int("num_workers", num_workers, low=2)
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.num_workers = num_workers

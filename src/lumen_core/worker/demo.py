@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lumen_core.metrics import recovery_time_s, rolling_means
+from lumen_core.metrics import nan_mean, recovery_time_s, rolling_means
 
 POLICIES = ("S&R", "FC", "LUMEN")
 COLUMNS = (
@@ -53,11 +53,6 @@ class DemoOptions:
 def _nanmedian(values: list[float]) -> float:
     finite = [v for v in values if not math.isnan(v)]
     return float(np.median(finite)) if finite else math.nan
-
-
-def _mean(values: np.ndarray) -> float:
-    finite = values[~np.isnan(values)]
-    return float(finite.mean()) if finite.size else math.nan
 
 
 def run_demo(
@@ -112,8 +107,8 @@ def run_demo(
             per_repeat.append(
                 {
                     "policy": policy,
-                    "mean_ttft_s": _mean(np.where(records.interrupted, np.nan, ttft)),
-                    "mean_tpot_s": _mean(records.tpot_s),
+                    "mean_ttft_s": nan_mean(np.where(records.interrupted, np.nan, ttft)),
+                    "mean_tpot_s": nan_mean(records.tpot_s),
                     "recovery_s": recovery_time_s(
                         records,
                         base_records,
@@ -122,7 +117,7 @@ def run_demo(
                         horizon,
                         tolerance=options.tolerance,
                     ),
-                    "replay_ttft_s": _mean(replay),
+                    "replay_ttft_s": nan_mean(replay),
                     "lost": lost,
                     "identical": identical,
                     "total": len(arrivals),

@@ -1,17 +1,23 @@
-"""Cluster secret files, call signatures and capabilities."""
+"""lumen_core.auth: cluster secret files, capabilities, call signatures and assist seals,
+with their wire bytes pinned (a changed label would break peers of another build)."""
 
+import hashlib
+import hmac
+import json
 import os
 import stat
 
 import pytest
 
 from lumen_core import _native
-from lumen_core.gateway.auth import (
+from lumen_core.auth import (
     CallVerifier,
     check_secret,
     issue_capability,
     read_secret_file,
+    seal,
     sign_call,
+    unseal,
     write_secret_file,
 )
 
@@ -64,17 +70,17 @@ def test_capability_binds_every_field():
 
 
 def test_capability_validation():
-    with pytest.raises(ValueError, match="secret must be given: there is no default"):
+    with pytest.raises(ValueError, match="`secret` must be given, got None: there is no default"):
         issue_capability(None, 1, 0, 1)
-    with pytest.raises(TypeError, match="secret must be bytes, got str"):
+    with pytest.raises(TypeError, match="`secret` must be bytes, got str"):
         issue_capability("secret-as-a-string", 1, 0, 1)
-    with pytest.raises(ValueError, match="secret must be at least 16 bytes, got 3"):
+    with pytest.raises(ValueError, match="`secret` must be at least 16 bytes, got 3"):
         issue_capability(b"abc", 1, 0, 1)
-    with pytest.raises(TypeError, match="request_id must be an int, got float"):
+    with pytest.raises(TypeError, match="`request_id` must be an int, got float"):
         issue_capability(SECRET, 1.0, 0, 1)
-    with pytest.raises(ValueError, match=r"shard must be in \[0, 4294967295\], got -1"):
+    with pytest.raises(ValueError, match=r"`shard` must be in \[0, 4294967295\], got -1"):
         issue_capability(SECRET, 1, -1, 1)
-    with pytest.raises(ValueError, match=r"epoch must be in \[0, 4294967295\], got 4294967296"):
+    with pytest.raises(ValueError, match=r"`epoch` must be in \[0, 4294967295\], got 4294967296"):
         issue_capability(SECRET, 1, 0, 2**32)
 
 
@@ -86,16 +92,10 @@ def test_secret_file_is_private_random_and_never_overwritten(tmp_path):
     assert write_secret_file(tmp_path / "other.secret") != secret
     with pytest.raises(FileExistsError):
         write_secret_file(path)
-    with pytest.raises(ValueError, match="num_bytes must be >= 16, got 8"):
+    with pytest.raises(TypeError, match="`num_bytes` must be an int, got float"):
+        write_secret_file(tmp_path / "float.secret", num_bytes=32.0)
+    with pytest.raises(ValueError, match=r"`num_bytes` must be in \[16, 1048576\], got 8"):
         write_secret_file(tmp_path / "short.secret", num_bytes=8)
-
-
-def test_the_transport_reads_the_secret_file_the_gateway_writes(tmp_path):
-    from lumen_core.transport import read_secret_file as transport_read_secret_file
-
-    path = tmp_path / "cluster.secret"
-    secret = write_secret_file(path)
-    assert transport_read_secret_file(path) == secret == read_secret_file(path)
 
 
 def test_secret_file_refused_when_others_can_read_it_or_it_is_short(tmp_path):
@@ -139,5 +139,41 @@ def test_call_verifier_forgets_old_nonces_but_still_refuses_old_calls():
         assert verifier.verify(METHOD, sign_call(SECRET, METHOD, now_s=10.0), now_s=10.0) is None
     assert verifier.num_nonces < 4200
     assert verifier.verify(METHOD, first, now_s=10.0).startswith("timestamp")
-    with pytest.raises(ValueError, match="max_skew_s must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="`max_skew_s` must be > 0, got 0"):
         CallVerifier(SECRET, max_skew_s=0)
+    with pytest.raises(TypeError, match="`max_skew_s` must be a number, got str"):
+        CallVerifier(SECRET, max_skew_s="30")
+
+
+def test_call_mac_covers_the_label_method_time_and_nonce():
+    value = sign_call(SECRET, METHOD, now_s=1234.5)
+    seconds, fraction, nonce, mac = value.split(".")
+    timestamp = f"{seconds}.{fraction}"
+    message = b"lumen-gateway-v1|" + METHOD.encode() + b"|" + timestamp.encode() + b"|" + nonce.encode()
+    assert timestamp == "1234.500000" and len(nonce) == 32
+    assert mac == hmac.new(SECRET, message, hashlib.sha256).hexdigest()
+
+
+def test_seal_is_the_mac_of_the_label_and_payload_then_the_payload():
+    message = {"r": [[1, 0, [5, 6], 0, 0]], "f": []}
+    sealed = seal(SECRET, message)
+    payload = json.dumps(message).encode()
+    assert sealed == hmac.new(SECRET, b"lumen-assist-v1|" + payload, hashlib.sha256).digest() + payload
+
+
+def test_seal_round_trip_and_refusals():
+    message = {"r": [[1, 0, [5, 6], 0, 0]], "f": []}
+    sealed = seal(SECRET, message)
+    assert unseal(SECRET, sealed) == message
+    assert unseal(b"another-cluster-secret-000000", sealed) is None
+    tampered = sealed[:-2] + b"9]"
+    assert unseal(SECRET, tampered) is None
+    assert unseal(SECRET, sealed[:10]) is None
+    assert unseal(SECRET, seal(SECRET, {"r": []})[:32] + b"not json") is None
+    assert unseal(SECRET, seal(SECRET, {"r": []})[:32] + b"[1, 2]") is None  # MAC'd but no object
+
+
+def test_the_schemes_do_not_share_macs():
+    # A capability is never a valid seal of its own bytes: each scheme has its own label.
+    capability = issue_capability(SECRET, 5, 0, 1)
+    assert unseal(SECRET, capability + b"{}") is None
