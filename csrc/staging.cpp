@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -16,7 +17,14 @@ StagingPool::StagingPool(int64_t num_buffers, int64_t buffer_bytes)
   if (num_buffers < 1 || buffer_bytes < 1) {
     throw std::invalid_argument("StagingPool: num_buffers and buffer_bytes must be >= 1");
   }
-  int64_t page = sysconf(_SC_PAGESIZE);
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  int64_t total_bytes = 0;
+  if (buffer_bytes > INT64_MAX - page ||
+      __builtin_mul_overflow(num_buffers, (buffer_bytes + page - 1) / page * page, &total_bytes)) {
+    throw std::invalid_argument(
+        "StagingPool: num_buffers x buffer_bytes (in whole pages) must fit in int64, got " +
+        std::to_string(num_buffers) + " x " + std::to_string(buffer_bytes));
+  }
   stride_bytes_ = (buffer_bytes + page - 1) / page * page;
   // Populated up front so the first copy into a buffer does not pay page faults.
   void* arena = mmap(nullptr, static_cast<size_t>(arena_bytes()), PROT_READ | PROT_WRITE,
@@ -33,9 +41,12 @@ StagingPool::StagingPool(int64_t num_buffers, int64_t buffer_bytes)
 StagingPool::~StagingPool() { munmap(arena_, static_cast<size_t>(arena_bytes())); }
 
 int64_t StagingPool::acquire(double timeout_s) {
+  if (std::isnan(timeout_s)) throw std::invalid_argument("StagingPool: timeout_s must not be nan");
   std::unique_lock<std::mutex> lock(mutex_);
   auto available = [this] { return !free_.empty(); };
-  if (timeout_s < 0) {
+  // Waits beyond kForeverS (inf included) are waits without end: converted to the clock's
+  // ticks they would overflow and return at once.
+  if (timeout_s < 0 || timeout_s >= kForeverS) {
     freed_.wait(lock, available);
   } else if (!freed_.wait_for(lock, std::chrono::duration<double>(timeout_s), available)) {
     return -1;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <stdexcept>
 
 #include "lumen/checksum.h"
@@ -38,6 +39,9 @@ Streamer::Streamer(const StreamerOptions& options)
     throw std::invalid_argument("staging_bytes must hold at least one record");
   }
   if (options.max_queued_steps < 1) throw std::invalid_argument("max_queued_steps must be >= 1");
+  if (!(options.reconnect_backoff_s > 0) || !(options.give_up_after_s > 0)) {
+    throw std::invalid_argument("reconnect_backoff_s and give_up_after_s must be > 0");
+  }
   if (options.cuda_device >= 0) {
     gather_ = make_cuda_step_gather(options.planes, options.record_bytes, options.cuda_device,
                                     pool_.arena(), pool_.arena_bytes(),
@@ -205,7 +209,8 @@ void Streamer::release(uint64_t request_id) {
   Work work;
   work.request_ids.push_back(request_id);
   for (const Replica& replica : it->second.replicas) {
-    if (replica.opened && !replica.lost) {
+    // A replica on a holder that is down may still be held there: released too.
+    if (!replica.lost && (replica.opened || replica.holder->down)) {
       work.releases.push_back({replica.holder, {it->second.capability, it->second.epoch}});
     }
   }
@@ -234,39 +239,78 @@ uint64_t Streamer::replace_holder(const HolderAddress& old_holder,
   return moved;
 }
 
-void Streamer::mark_gone(Holder* holder) {
-  if (holder->gone) return;
-  holder->gone = true;
-  ++stats_.holders_gone;
+void Streamer::mark_down(Holder* holder) {
+  if (holder->gone || holder->down) return;  // this failure is known already
+  const auto now = std::chrono::steady_clock::now();
+  holder->down = true;
+  ++stats_.holder_failures;
+  if (holder->failures++ == 0) holder->failing_since = now;
+  // Re-opened on reconnection: the holder says what is durable and each replica resumes there.
+  for (auto& [id, request] : requests_) {
+    for (Replica& replica : request.replicas) {
+      if (replica.holder == holder) replica.opened = false;
+    }
+  }
+  if (now - holder->failing_since >= std::chrono::duration<double>(options_.give_up_after_s)) {
+    holder->gone = true;
+    ++stats_.holders_gone;
+    for (auto& [id, request] : requests_) {
+      for (Replica& replica : request.replicas) {
+        if (replica.holder == holder && !replica.lost) {
+          replica.lost = true;
+          ++stats_.replicas_lost;
+        }
+      }
+    }
+    return;
+  }
+  // Doubling from reconnect_backoff_s, never beyond give_up_after_s.
+  const double backoff_s = std::min(
+      options_.reconnect_backoff_s * std::ldexp(1.0, std::min<uint32_t>(holder->failures - 1, 30)),
+      options_.give_up_after_s);
+  holder->retry_at = now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                               std::chrono::duration<double>(backoff_s));
 }
 
+void Streamer::mark_up(Holder* holder) { holder->failures = 0; }
+
 bool Streamer::connect(Holder* holder) {
+  std::shared_ptr<transport::Client> stale;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (holder->gone) return false;
-  }
-  if (holder->client && holder->client->connected()) return true;
-  bool ok = false;
-  if (!holder->client) {
-    transport::ClientOptions options;
-    options.address = holder->address.address;
-    options.port = holder->address.port;
-    options.secret = options_.secret;
-    options.tls = options_.tls;
-    options.limits = options_.limits;
-    options.connect_timeout_s = options_.connect_timeout_s;
-    try {
-      holder->client = std::make_unique<transport::Client>(options);
-      ok = true;
-    } catch (const std::exception&) {
-      ok = false;
+    if (holder->down) {
+      if (std::chrono::steady_clock::now() < holder->retry_at) return false;
+      stale = std::move(holder->client);  // a stalled connection is never trusted again
     }
   }
-  if (!ok) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    mark_gone(holder);
+  // Closing finishes the appends still in flight on it: their waits fail at once.
+  if (stale) stale->close();
+  if (holder->client && holder->client->connected()) return true;
+  if (holder->client) holder->client->close();
+  holder->client.reset();
+  transport::ClientOptions options;
+  options.address = holder->address.address;
+  options.port = holder->address.port;
+  options.secret = options_.secret;
+  options.tls = options_.tls;
+  options.limits = options_.limits;
+  options.connect_timeout_s = options_.connect_timeout_s;
+  std::shared_ptr<transport::Client> client;
+  try {
+    client = std::make_shared<transport::Client>(options);
+  } catch (const std::exception&) {
   }
-  return ok;
+  std::lock_guard<std::mutex> lock(mutex_);
+  const bool was_down = holder->down;
+  holder->down = false;
+  if (!client) {
+    mark_down(holder);
+    return false;
+  }
+  if (was_down) ++stats_.reconnects;
+  holder->client = std::move(client);
+  return true;
 }
 
 void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
@@ -286,7 +330,7 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
       if (it == requests_.end()) continue;
       for (size_t r = 0; r < it->second.replicas.size(); ++r) {
         const Replica& replica = it->second.replicas[r];
-        if (!replica.opened && !replica.lost && !replica.holder->gone) {
+        if (!replica.opened && !replica.lost && !replica.holder->gone) {  // down: connect says
           to_open.push_back({id, r, replica.holder, it->second.capability, it->second.epoch,
                              it->second.expected_tokens});
         }
@@ -297,7 +341,7 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
     uint64_t durable = 0;
     Status status = Status::kOk;
     if (!connect(item.holder)) {
-      status = Status::kPeerGone;
+      continue;  // down (counted there): tried again with a later step
     } else {
       try {
         durable = item.holder->client->open(item.request_id, options_.shard, item.epoch,
@@ -309,7 +353,11 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
       }
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    if (status == Status::kPeerGone || status == Status::kTimeout) mark_gone(item.holder);
+    if (status == Status::kPeerGone || status == Status::kTimeout) {
+      mark_down(item.holder);
+    } else {
+      mark_up(item.holder);  // it answered
+    }
     auto it = requests_.find(item.request_id);
     if (it == requests_.end() || it->second.replicas.size() <= item.replica) continue;
     Replica& replica = it->second.replicas[item.replica];
@@ -419,7 +467,8 @@ void Streamer::process_step(const Work& work) {
       it_cap = {it->second.capability, it->second.epoch};
     }
     for (const auto& [holder, first] : range.targets) {
-      bool ok = connect(holder);
+      const bool connected = connect(holder);
+      bool ok = connected;
       uint64_t sent_to = first;
       uint64_t started = 0;
       uint64_t started_bytes = 0;
@@ -439,8 +488,8 @@ void Streamer::process_step(const Work& work) {
         args.capability = it_cap.first;
         try {
           const uint64_t op_id = holder->client->start_append(args);
-          batch.ops.push_back(
-              {holder, range.request_id, op_id, pos + count, count * (record_bytes + 8)});
+          batch.ops.push_back({holder, holder->client, range.request_id, op_id, pos + count,
+                               count * (record_bytes + 8)});
           ++started;
           started_bytes += count * (record_bytes + 8);
           pos += count;
@@ -450,7 +499,7 @@ void Streamer::process_step(const Work& work) {
         }
       }
       std::lock_guard<std::mutex> lock(mutex_);
-      if (!ok) mark_gone(holder);
+      if (connected && !ok) mark_down(holder);
       stats_.appends_started += started;
       stats_.bytes_sent += started_bytes;
       auto it = requests_.find(range.request_id);
@@ -474,16 +523,28 @@ void Streamer::reap_oldest() {
     uint64_t durable = 0;
     Status status = Status::kOk;
     try {
-      durable = op.holder->client->wait(op.op_id, options_.ack_timeout_s);
+      durable = op.client->wait(op.op_id, options_.ack_timeout_s);
     } catch (const TransportError& e) {
       status = e.status();
     }
+    const bool failed = status == Status::kPeerGone || status == Status::kTimeout;
+    // Only the current connection speaks for the holder: an append of one replaced since
+    // failed because it was closed.
+    const bool current = op.client == op.holder->client;
+    // The later appends on a stalled connection fail at once instead of each timing out.
+    if (failed && current) op.client->close();
     std::lock_guard<std::mutex> lock(mutex_);
     if (status == Status::kOk) {
       stats_.bytes_acked += op.bytes;
     } else {
       ++stats_.appends_failed;
-      if (status == Status::kPeerGone || status == Status::kTimeout) mark_gone(op.holder);
+    }
+    if (current) {
+      if (failed) {
+        mark_down(op.holder);
+      } else {
+        mark_up(op.holder);
+      }
     }
     auto it = requests_.find(op.request_id);
     if (it == requests_.end()) continue;
@@ -493,7 +554,7 @@ void Streamer::reap_oldest() {
         replica.durable = std::max(replica.durable, durable);
       } else if (status == Status::kAborted) {
         replica.sent = std::min(replica.sent, replica.durable);  // resend from what is durable
-      } else if (status != Status::kPeerGone && status != Status::kTimeout) {
+      } else if (!failed) {
         replica.lost = true;  // evicted, refused, conflicting or fenced
         ++stats_.replicas_lost;
       }
@@ -504,18 +565,23 @@ void Streamer::reap_oldest() {
 
 void Streamer::process_release(const Work& work) {
   for (const auto& [holder, cap] : work.releases) {
-    bool ok = connect(holder);
-    if (ok) {
+    const bool connected = connect(holder);
+    Status status = Status::kOk;
+    if (connected) {
       try {
         holder->client->release(work.request_ids[0], options_.shard, cap.second, cap.first,
                                 options_.ack_timeout_s);
-      } catch (const TransportError&) {
-        ok = false;
+      } catch (const TransportError& e) {
+        status = e.status();
       }
     }
-    if (!ok) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      ++stats_.releases_failed;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!connected || status != Status::kOk) ++stats_.releases_failed;
+    if (!connected) continue;
+    if (status == Status::kPeerGone || status == Status::kTimeout) {
+      mark_down(holder);
+    } else {
+      mark_up(holder);  // it answered
     }
   }
 }
@@ -568,7 +634,8 @@ std::vector<RequestState> Streamer::requests() const {
     state.saved_tokens = request.slots.size();
     for (const Replica& replica : request.replicas) {
       state.replicas.push_back({replica.holder->address, replica.sent, replica.durable,
-                                replica.opened && !replica.lost && !replica.holder->gone});
+                                replica.opened && !replica.lost && !replica.holder->gone,
+                                replica.lost});
     }
     out.push_back(std::move(state));
   }

@@ -38,6 +38,8 @@ py::dict stats_dict(const lh::HolderStats& s) {
   d["conflicts"] = s.conflicts;
   d["evictions"] = s.evictions;
   d["evicted_tokens"] = s.evicted_tokens;
+  d["evicted_bytes"] = s.evicted_bytes;
+  d["evictions_reserved"] = s.evictions_reserved;
   d["expirations"] = s.expirations;
   d["releases"] = s.releases;
   d["tokens_committed"] = s.tokens_committed;
@@ -70,6 +72,15 @@ void bind_holder(py::module_& m) {
       .def("expire_idle", &lh::HolderStore::expire_idle, py::arg("max_idle_s"),
            py::call_guard<py::gil_scoped_release>())
       .def("stats", [](lh::HolderStore& s) { return stats_dict(s.stats()); })
+      .def("take_evictions",
+           [](lh::HolderStore& s) {
+             py::list out;
+             for (const lh::Eviction& e : s.take_evictions()) {
+               out.append(py::make_tuple(e.request_id, e.shard, e.epoch, e.durable_tokens,
+                                         e.reserved_tokens, e.bytes));
+             }
+             return out;
+           })
       .def("durable_tokens", &lh::HolderStore::durable_tokens, py::arg("request_id"),
            py::arg("shard"), py::call_guard<py::gil_scoped_release>())
       .def("checkpoints",

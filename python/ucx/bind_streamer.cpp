@@ -37,8 +37,9 @@ void bind_streamer(py::module_& m) {
                        const I64Array& descriptors, uint32_t record_bytes,
                        const py::bytes& fingerprints, int64_t staging_buffers,
                        int64_t staging_bytes, int64_t max_queued_steps, double ack_timeout_s,
-                       double connect_timeout_s, int gather_threads, int cuda_device,
-                       uint32_t max_tokens, uint32_t max_record_bytes, uint64_t max_payload_bytes) {
+                       double connect_timeout_s, double reconnect_backoff_s, double give_up_after_s,
+                       int gather_threads, int cuda_device, uint32_t max_tokens,
+                       uint32_t max_record_bytes, uint64_t max_payload_bytes) {
              const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
              lh::StreamerOptions options;
              options.secret = secret;
@@ -53,6 +54,8 @@ void bind_streamer(py::module_& m) {
              options.max_queued_steps = max_queued_steps;
              options.ack_timeout_s = ack_timeout_s;
              options.connect_timeout_s = connect_timeout_s;
+             options.reconnect_backoff_s = reconnect_backoff_s;
+             options.give_up_after_s = give_up_after_s;
              options.gather_threads = gather_threads;
              options.cuda_device = cuda_device;
              options.limits =
@@ -62,8 +65,9 @@ void bind_streamer(py::module_& m) {
            py::kw_only(), py::arg("secret"), py::arg("tls"), py::arg("shard"),
            py::arg("descriptors"), py::arg("record_bytes"), py::arg("fingerprints"),
            py::arg("staging_buffers"), py::arg("staging_bytes"), py::arg("max_queued_steps"),
-           py::arg("ack_timeout_s"), py::arg("connect_timeout_s"), py::arg("gather_threads"),
-           py::arg("cuda_device"), py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
+           py::arg("ack_timeout_s"), py::arg("connect_timeout_s"), py::arg("reconnect_backoff_s"),
+           py::arg("give_up_after_s"), py::arg("gather_threads"), py::arg("cuda_device"),
+           py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
            py::arg("max_payload_bytes"))
       .def(
           "add_request",
@@ -121,25 +125,28 @@ void bind_streamer(py::module_& m) {
              d["appends_started"] = st.appends_started;
              d["appends_failed"] = st.appends_failed;
              d["holders_gone"] = st.holders_gone;
+             d["holder_failures"] = st.holder_failures;
+             d["reconnects"] = st.reconnects;
              d["replicas_lost"] = st.replicas_lost;
              d["replacements"] = st.replacements;
              d["releases_failed"] = st.releases_failed;
              d["gather_failures"] = st.gather_failures;
              return d;
            })
-      .def("requests",
-           [](lh::Streamer& s) {
-             py::list out;
-             for (const lh::RequestState& r : s.requests()) {
-               py::list replicas;
-               for (const lh::ReplicaState& rep : r.replicas) {
-                 replicas.append(py::make_tuple(rep.holder.address, rep.holder.port,
-                                                rep.sent_tokens, rep.durable_tokens, rep.live));
-               }
-               out.append(py::make_tuple(r.request_id, r.saved_tokens, replicas));
-             }
-             return out;
-           })
+      .def(
+          "requests",
+          [](lh::Streamer& s) {
+            py::list out;
+            for (const lh::RequestState& r : s.requests()) {
+              py::list replicas;
+              for (const lh::ReplicaState& rep : r.replicas) {
+                replicas.append(py::make_tuple(rep.holder.address, rep.holder.port, rep.sent_tokens,
+                                               rep.durable_tokens, rep.live, rep.lost));
+              }
+              out.append(py::make_tuple(r.request_id, r.saved_tokens, replicas));
+            }
+            return out;
+          })
       .def("gone_holders",
            [](lh::Streamer& s) {
              std::vector<Address> out;

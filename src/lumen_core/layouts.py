@@ -72,7 +72,9 @@ class KVLayout:
     ``[num_blocks, block_size, num_pieces, piece_elems]`` with stride 1 in its last dimension,
     all on one device (CPU or CUDA) with the same ``num_blocks`` and ``block_size``. The
     classmethods build the planes of known engines. The layout keeps the views (and so the
-    cache) alive; it never copies the cache.
+    cache) alive; it never copies the cache. An engine may still free or reallocate the
+    cache's storage in place (``untyped_storage().resize_``, a growing ``resize_``): every
+    use of the descriptors then raises ValueError instead of reading freed memory.
 
     Raises:
         TypeError: ``planes`` is not a sequence of tensors.
@@ -151,6 +153,7 @@ class KVLayout:
         self._block_size = int(block_size)
         self._record_bytes = record_offset
         self._descriptors = self._pack_descriptors()
+        self._addresses = tuple(int(a) for a in self._descriptors[:, 0])
         self._device_descriptors: torch.Tensor | None = None
         if self._device.type == "cuda":
             # Copied here, where waiting for the device is harmless, so that no op on this
@@ -391,14 +394,29 @@ class KVLayout:
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
 
     def descriptors(self) -> torch.Tensor:
-        """``[num_planes, 9]`` int64 on the CPU: the packed ``lumen::PlaneDesc`` array."""
+        """``[num_planes, 9]`` int64 on the CPU: the packed ``lumen::PlaneDesc`` array.
+        ValueError when the cache's memory was freed or reallocated since (see the class)."""
+        self.check_allocated()
         return self._descriptors
 
     def device_descriptors(self) -> torch.Tensor:
-        """The descriptors on the layout's CUDA device."""
+        """The descriptors on the layout's CUDA device (ValueError as ``descriptors``)."""
         if self._device_descriptors is None:
             raise ValueError(f"`layout` must be on a CUDA device for device descriptors, got {self._device}")
+        self.check_allocated()
         return self._device_descriptors
+
+    def check_allocated(self) -> None:
+        """ValueError unless every plane still views the memory the descriptors point into:
+        a storage freed or reallocated in place moves (or nulls) its views' addresses, while
+        the views themselves keep it from being freed by any other means."""
+        for i, (view, address) in enumerate(zip(self._views, self._addresses)):
+            if view.data_ptr() != address:
+                raise ValueError(
+                    f"`layout` must view memory that is still allocated, got plane {i} moved from "
+                    f"{address:#x} to {view.data_ptr():#x} (the cache was freed or reallocated after "
+                    "the layout was built: build a new KVLayout)"
+                )
 
     def _pack_descriptors(self) -> torch.Tensor:
         rows = [

@@ -10,6 +10,7 @@ run at full PCIe speed and the CUDA gather can write them directly.
 from __future__ import annotations
 
 import contextlib
+import mmap
 from collections.abc import Iterator
 
 import torch
@@ -20,6 +21,8 @@ from lumen_core._validate import check_int
 __all__ = ["StagingPool"]
 
 _CUDA_HOST_REGISTER_PORTABLE_MAPPED = 0x01 | 0x02  # cudaHostRegisterPortable | cudaHostRegisterMapped
+_MAX_ARENA_BYTES = 2**63 - 1  # the native pool's sizes are int64
+_FOREVER_S = 1e9  # waits this long or longer never end (StagingPool::kForeverS)
 
 
 class StagingPool:
@@ -33,13 +36,20 @@ class StagingPool:
 
     Raises:
         TypeError: a size is not an int.
-        ValueError: a size < 1; ``pinned=True`` without a CUDA device.
+        ValueError: a size < 1, or the buffers (each rounded up to whole pages) would take
+            more than 2**63 - 1 bytes; ``pinned=True`` without a CUDA device.
         RuntimeError: the memory cannot be mapped or pinned.
     """
 
     def __init__(self, num_buffers: int, buffer_bytes: int, *, pinned: bool | None = None):
         num_buffers = check_int("num_buffers", num_buffers, low=1)
         buffer_bytes = check_int("buffer_bytes", buffer_bytes, low=1)
+        stride = -(-buffer_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        if num_buffers * stride > _MAX_ARENA_BYTES:
+            raise ValueError(
+                f"`num_buffers` x `buffer_bytes` must be at most {_MAX_ARENA_BYTES} bytes in whole pages, "
+                f"got {num_buffers} x {buffer_bytes}"
+            )
         if pinned is None:
             pinned = _native.HAS_CUDA
         if pinned and not _native.HAS_CUDA:
@@ -76,21 +86,21 @@ class StagingPool:
 
     def acquire(self, timeout_s: float | None = None) -> torch.Tensor | None:
         """A free buffer (``[buffer_bytes]`` uint8, CPU), waiting up to ``timeout_s`` seconds
-        (``None``: forever; ``0``: do not wait). Returns ``None`` if none became free.
-        The GIL is released while waiting.
+        (``None``, ``inf`` or 1e9 and more: forever; ``0``: do not wait). Returns ``None`` if
+        none became free. The GIL is released while waiting.
 
         Raises:
             TypeError: ``timeout_s`` is not a number.
-            ValueError: ``timeout_s < 0``.
+            ValueError: ``timeout_s < 0`` or nan.
         """
         if timeout_s is None:
             wait_s = -1.0
         else:
             if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)):
                 raise TypeError(f"`timeout_s` must be a number or None, got {type(timeout_s).__name__}")
-            if timeout_s < 0:
+            if not timeout_s >= 0:  # nan too
                 raise ValueError(f"`timeout_s` must be >= 0 or None, got {timeout_s}")
-            wait_s = float(timeout_s)
+            wait_s = -1.0 if timeout_s >= _FOREVER_S else float(timeout_s)
         index = self._native.acquire(wait_s)
         return None if index < 0 else self._buffers[index]
 

@@ -1,5 +1,8 @@
 """KVLayout: planes and record offsets of each engine layout, fingerprints, validation."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -75,6 +78,36 @@ def test_sglang_and_mla_scales():
 def test_generic_planes_keep_the_cache_alive():
     layout = KVLayout([torch.ones(2, 4, 1, 8)], names=["x"])
     assert layout.views[0].sum() == 64 and layout.kind == "generic" and "generic" in repr(layout)
+
+
+# A cache whose memory the engine frees or reallocates under a layout (vLLM's sleep mode
+# frees storage in place): gathering must raise, not read freed memory. In a subprocess: the
+# unfixed behaviour is a segfault.
+_FREED_CACHE = """
+import sys, torch
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import gather_tokens
+caches = [torch.randn(2, 1024, 16, 8, 64) for _ in range(2)]  # 64 MiB each: munmapped when freed
+layout = KVLayout.vllm_flash(caches)
+for c in caches:
+    if sys.argv[1] == "storage":
+        c.untyped_storage().resize_(0)
+    else:
+        c.resize_(2, 4096, 16, 8, 64)
+try:
+    gather_tokens(layout, torch.arange(0, 16384, 7))
+except ValueError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("how", ["storage", "tensor"])
+def test_a_layout_over_freed_or_reallocated_memory_refuses_to_gather(how):
+    out = subprocess.run(
+        [sys.executable, "-c", _FREED_CACHE, how], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "`layout` must view memory that is still allocated" in out.stdout
 
 
 # ---- validation -------------------------------------------------------------------------------

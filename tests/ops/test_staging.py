@@ -79,12 +79,34 @@ def test_sizes_validated():
         StagingPool(1, 10.0, pinned=False)
 
 
+@pytest.mark.parametrize("num_buffers, buffer_bytes", [(2, 2**62), (1, 2**63 - 1), (2**40, 2**40)])
+def test_sizes_whose_product_overflows_are_value_errors(num_buffers, buffer_bytes):
+    with pytest.raises(ValueError, match="`num_buffers` x `buffer_bytes` must be at most"):
+        StagingPool(num_buffers, buffer_bytes, pinned=False)
+
+
 def test_timeout_validated():
     pool = StagingPool(1, 8, pinned=False)
     with pytest.raises(ValueError, match="`timeout_s` must be >= 0 or None, got -1"):
         pool.acquire(timeout_s=-1)
+    with pytest.raises(ValueError, match="`timeout_s` must be >= 0 or None, got nan"):
+        pool.acquire(timeout_s=float("nan"))
     with pytest.raises(TypeError, match="`timeout_s` must be a number or None, got str"):
         pool.acquire(timeout_s="1")
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), 1e300, 9.3e9])
+def test_an_unbounded_timeout_waits_for_a_release(timeout_s):
+    pool = StagingPool(1, 8, pinned=False)
+    held = pool.acquire(0)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(timeout_s)))
+    waiter.start()
+    waiter.join(0.2)
+    assert waiter.is_alive() and not got  # still waiting, not given up at once
+    pool.release(held)
+    waiter.join(5)
+    assert not waiter.is_alive() and got[0] is not None and got[0].data_ptr() == held.data_ptr()
 
 
 def test_release_validated():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -15,6 +15,7 @@ import torch
 from lumen_core import _native
 from lumen_core.ops import checksum, gather_tokens
 from lumen_core.stream import (
+    Eviction,
     EvictionPolicy,
     HolderStore,
     RestoreStatus,
@@ -23,7 +24,7 @@ from lumen_core.stream import (
     restorable_tokens,
 )
 from lumen_core.testing import assert_kv_equal, slots_for_blocks
-from lumen_core.transport import Client, Conflict, Rejected, Server, issue_capability
+from lumen_core.transport import Client, Conflict, Rejected, Server, StaleEpoch, issue_capability
 
 from lumen_core.layouts import KVLayout
 from lumen_core.testing import make_paged_cache
@@ -282,6 +283,26 @@ def test_corrupted_record_mismatched_fingerprint_and_token_fall_back(secret: byt
             0,
             40,
         )
+    finally:
+        rig.close()
+
+
+@pytest.mark.parametrize("corrupt_at", [27, 28, 29])
+def test_a_local_restore_writes_nothing_past_the_verified_prefix(secret: bytes, corrupt_at: int) -> None:
+    # Records are verified in groups of three: the corrupt one first, in the middle, last.
+    rig = Rig(secret, HolderStore(), verify_records=False)
+    try:
+        rig.open(1)
+        records = gather_tokens(rig.layout, rig.slots(1, 40)).clone()
+        crcs = checksum(records).numpy()
+        records[corrupt_at, 3] ^= 0x40
+        rig.client.append(1, SHARD, EPOCH, 0, rig.tokens(1, 40), crcs, records.numpy(), rig.cap(1))
+        target, untouched = small_cache(seed=5), small_cache(seed=5)
+        slots = torch.arange(40, dtype=torch.int64)
+        result = rig.store.restore(1, target, slots, token_ids=rig.tokens(1, 40), model_fingerprint=MODEL)
+        assert (result.status, result.restored_tokens) == (RestoreStatus.CRC_MISMATCH, corrupt_at)
+        assert_kv_equal(rig.layout, rig.slots(1, corrupt_at), target, slots[:corrupt_at])
+        assert_kv_equal(untouched, slots[corrupt_at:], target, slots[corrupt_at:])
     finally:
         rig.close()
 
@@ -599,3 +620,144 @@ def test_an_append_refused_for_want_of_host_memory_is_not_charged() -> None:
     assert got["refused"] is True
     assert got["before"] == got["after"] == 16 * token_bytes
     assert got["durable"] == 24 and got["charged"] == 24 * token_bytes
+
+
+# ---- the budget as a hard invariant, reservations as promises, epochs (issue 17) ----
+
+PER_TOKEN = token_bytes(small_cache().record_bytes)
+
+
+@pytest.fixture
+def make_rig(secret: bytes) -> Iterator[Callable[..., Rig]]:
+    rigs: list[Rig] = []
+
+    def _make(budget_tokens: int, policy: EvictionPolicy = EvictionPolicy.SHORTEST_PREFIX) -> Rig:
+        rigs.append(Rig(secret, HolderStore(budget_tokens * PER_TOKEN, eviction=policy)))
+        return rigs[-1]
+
+    yield _make
+    for rig in rigs:
+        rig.close()
+
+
+def open_reserving(rig: Rig, rid: int, reserve_tokens: int, epoch: int = EPOCH) -> int:
+    return rig.client.open(
+        rid,
+        SHARD,
+        epoch,
+        rig.layout.record_bytes,
+        rig.layout_fp,
+        rig.model_fp,
+        issue_capability(rig.secret, rid, SHARD, epoch),
+        reserve_tokens=reserve_tokens,
+    )
+
+
+@pytest.mark.parametrize("reserve_tokens", ["wraps", 2**64 - 1, 2**63])
+def test_a_reservation_the_budget_arithmetic_cannot_hold_is_refused(make_rig, reserve_tokens) -> None:
+    rig = make_rig(1024)
+    if reserve_tokens == "wraps":  # reserve_tokens * token bytes wraps to fewer than PER_TOKEN
+        reserve_tokens = -(-(2**64) // PER_TOKEN)
+        assert reserve_tokens * PER_TOKEN % 2**64 < PER_TOKEN
+    with pytest.raises(Rejected):
+        open_reserving(rig, 1, reserve_tokens)
+    stats = rig.store.stats()
+    assert (stats["reservations_refused"], stats["checkpoints"], stats["bytes_charged"]) == (1, 0, 0)
+    with pytest.raises(Rejected):  # nothing was kept: no checkpoint to append to
+        rig.append(1, 0, 1)
+
+
+def test_a_writer_cannot_append_past_the_budget_whatever_it_reserved(make_rig) -> None:
+    rig = make_rig(40, EvictionPolicy.NONE)
+    with pytest.raises(Rejected):
+        open_reserving(rig, 1, -(-(2**64) // PER_TOKEN))
+    assert open_reserving(rig, 1, 30) == 0
+    assert rig.append(1, 0, 40) == 40
+    with pytest.raises(Rejected):
+        rig.append(1, 40, 41)
+    stats = rig.store.stats()
+    assert stats["bytes_charged"] == 40 * PER_TOKEN <= stats["budget_bytes"]
+
+
+def test_unreserved_growth_never_evicts_a_reservation(make_rig) -> None:
+    # 8 checkpoints reserve 10 tokens each and hold 5; request 9 (no reservation) grows into
+    # the last 20 tokens of budget and then asks for more: it is refused, nobody is evicted.
+    rig = make_rig(100)
+    for rid in range(1, 9):
+        open_reserving(rig, rid, 10)
+        rig.append(rid, 0, 5)
+    rig.open(9)
+    assert rig.append(9, 0, 20) == 20
+    with pytest.raises(Rejected):
+        rig.append(9, 20, 40)
+    held = {c.request_id: c.durable_tokens for c in rig.store.checkpoints()}
+    assert held == {**{rid: 5 for rid in range(1, 9)}, 9: 20}
+    stats = rig.store.stats()
+    assert (stats["evictions"], stats["appends_refused_budget"]) == (0, 1)
+    assert rig.store.take_evictions() == []
+    for rid in range(1, 9):  # each reservation is still there for its writer
+        assert rig.append(rid, 5, 10) == 10
+
+
+def test_eviction_takes_unreserved_checkpoints_first_and_says_what_it_took(make_rig) -> None:
+    # Shortest prefix first would pick request 1 (4 tokens), but it is reserved: the
+    # unreserved request 2 (6 tokens) goes instead.
+    rig = make_rig(30)
+    open_reserving(rig, 1, 4, epoch=EPOCH)
+    rig.append(1, 0, 4)
+    rig.open(2)
+    rig.append(2, 0, 6)
+    rig.open(3)
+    assert rig.append(3, 0, 20) == 20
+    assert rig.append(3, 20, 24) == 24  # 30 tokens of budget: 4 more evict request 2
+    assert {c.request_id for c in rig.store.checkpoints()} == {1, 3}
+    evictions = rig.store.take_evictions()
+    assert evictions == [
+        Eviction(
+            request_id=2, shard=SHARD, epoch=EPOCH, durable_tokens=6, reserved_tokens=0, bytes=6 * PER_TOKEN
+        )
+    ]
+    assert rig.store.take_evictions() == []  # taken once
+    stats = rig.store.stats()
+    assert (stats["evictions"], stats["evicted_tokens"], stats["evicted_bytes"]) == (1, 6, 6 * PER_TOKEN)
+    assert stats["evictions_reserved"] == 0
+
+
+def test_a_reservation_displaces_another_only_when_no_unreserved_bytes_are_left(make_rig) -> None:
+    rig = make_rig(30)
+    for rid in (1, 2):
+        open_reserving(rig, rid, 10)
+        rig.append(rid, 0, 10 - rid)  # 9 and 8 tokens
+    rig.open(3)
+    rig.append(3, 0, 10)
+    # Placement wants 15: the unreserved request 3 goes first, then the shortest reserved one.
+    assert rig.store.reserve(4, 15, rig.layout.record_bytes)
+    taken = [(e.request_id, e.reserved_tokens) for e in rig.store.take_evictions()]
+    assert taken == [(3, 0), (2, 10)]
+    assert rig.store.stats()["evictions_reserved"] == 1
+    assert not rig.store.reserve(5, 21, rig.layout.record_bytes)  # more than can be freed: nothing goes
+    assert rig.store.take_evictions() == []
+
+
+def test_a_checkpoint_dropped_at_an_epoch_is_re_created_only_at_a_newer_one(make_rig) -> None:
+    rig = make_rig(100)
+    rig.open(1)
+    rig.append(1, 0, 5)
+    rig.client.release(1, SHARD, EPOCH, rig.cap(1))
+    with pytest.raises(StaleEpoch):  # the writer of the released incarnation
+        rig.open(1)
+    assert open_reserving(rig, 1, 0, epoch=EPOCH + 1) == 0
+    assert [(c.request_id, c.epoch) for c in rig.store.checkpoints()] == [(1, EPOCH + 1)]
+
+
+def test_a_refused_open_changes_nothing(make_rig) -> None:
+    rig = make_rig(20, EvictionPolicy.NONE)
+    rig.open(1)
+    rig.append(1, 0, 5)
+    with pytest.raises(Rejected):  # a newer incarnation whose reservation does not fit
+        open_reserving(rig, 1, 50, epoch=EPOCH + 1)
+    assert [(c.epoch, c.reserved_tokens) for c in rig.store.checkpoints()] == [(EPOCH, 0)]
+    assert rig.append(1, 5, 10) == 10  # the old writer is not fenced
+    assert open_reserving(rig, 1, 15, epoch=EPOCH + 1) == 10  # one that fits fences it
+    with pytest.raises(StaleEpoch):
+        rig.append(1, 10, 12)

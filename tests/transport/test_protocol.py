@@ -166,9 +166,12 @@ def test_a_dropped_checkpoint_stays_fenced(server, peer, secret) -> None:
         ):
             with pytest.raises(tp.StaleEpoch):
                 call()
-        # The epoch it ended at, or a newer one, may open it again (a request placed back).
-        assert new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap2) == 0
-        assert server.ask("stats")["stale_epoch"] == 4
+        # Only a newer incarnation re-creates it: the epoch it ended at is fenced too.
+        with pytest.raises(tp.StaleEpoch):
+            new.open(request_id, 0, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap2)
+        cap3 = tp.issue_capability(secret, request_id, 0, 3)
+        assert new.open(request_id, 0, 3, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap3) == 0
+        assert server.ask("stats")["stale_epoch"] == 5
 
 
 def test_wrong_secret_is_refused_and_gets_nothing(server, peer, secret) -> None:

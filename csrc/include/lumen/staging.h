@@ -11,14 +11,18 @@ namespace lumen {
 
 class StagingPool {
  public:
-  // Throws std::invalid_argument for non-positive sizes, std::runtime_error when the memory
-  // cannot be mapped.
+  // Throws std::invalid_argument for non-positive sizes or a pool whose bytes overflow int64,
+  // std::runtime_error when the memory cannot be mapped.
   StagingPool(int64_t num_buffers, int64_t buffer_bytes);
   ~StagingPool();
   StagingPool(const StagingPool&) = delete;
   StagingPool& operator=(const StagingPool&) = delete;
 
-  // Index of a free buffer; waits up to timeout_s (< 0: forever) and returns -1 if none freed.
+  // Waits of at least this long (about 31 years) never end.
+  static constexpr double kForeverS = 1e9;
+
+  // Index of a free buffer; waits up to timeout_s (< 0 or >= kForeverS: forever) and returns
+  // -1 if none freed; std::invalid_argument for a nan timeout_s.
   int64_t acquire(double timeout_s);
   // Returns buffer `index` to the pool; std::invalid_argument if it is not held.
   void release(int64_t index);

@@ -4,6 +4,7 @@
 from lumen_core.stream._common import fingerprint_bytes, request_key
 from lumen_core.stream.holder import (
     CheckpointInfo,
+    Eviction,
     EvictionPolicy,
     HolderStore,
     RestoreResult,
@@ -18,6 +19,7 @@ __all__ = [
     "Address",
     "CheckpointInfo",
     "CheckpointStreamer",
+    "Eviction",
     "EvictionPolicy",
     "HolderStore",
     "ReplicaStats",

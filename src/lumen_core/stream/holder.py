@@ -34,6 +34,7 @@ from lumen_core.transport import Client, Rejected, Server, WireLimits
 
 __all__ = [
     "CheckpointInfo",
+    "Eviction",
     "EvictionPolicy",
     "HolderStore",
     "RestoreResult",
@@ -85,6 +86,19 @@ class CheckpointInfo:
     reserved_tokens: int
 
 
+@dataclass(frozen=True)
+class Eviction:
+    """A checkpoint the store evicted to make room: what it held and had reserved, and the
+    charged ``bytes`` its eviction freed."""
+
+    request_id: int
+    shard: int
+    epoch: int
+    durable_tokens: int
+    reserved_tokens: int
+    bytes: int
+
+
 def restorable_tokens(durable_per_shard: Sequence[int]) -> int:
     """With tensor parallelism every shard must be restored to the same length: the minimum
     of the shards' durable lengths (0 when a shard is missing)."""
@@ -118,6 +132,11 @@ class HolderStore:
     reservation and what it holds, at ``record_bytes + 8`` bytes a token (record, token id,
     crc). ``stats()`` counts every reservation refused, append refused for lack of budget,
     gap, conflict, eviction, expiry and release, and the host memory mapped for records.
+
+    A reservation is a promise: making room evicts checkpoints without a reservation first
+    (by ``eviction``), and one that holds a reservation only for another reservation, never
+    for a checkpoint growing past its own. ``take_evictions()`` says what was evicted.
+    A checkpoint released, evicted or expired at an epoch is re-opened only at a newer one.
 
     Records live in chunks of ``chunk_bytes`` (a page multiple) that never move, so appends
     are received in place; a record may straddle two chunks. ``pinned`` page-locks them for
@@ -176,8 +195,9 @@ class HolderStore:
         )
 
     def reserve(self, request_id: int, num_tokens: int, record_bytes: int, *, shard: int = 0) -> bool:
-        """Placement: charge ``num_tokens`` records for (request_id, shard), evicting by policy
-        when needed. False (counted in stats) when the budget cannot make room."""
+        """Placement: charge ``num_tokens`` records for (request_id, shard), evicting when
+        needed (see the class doc). False (counted in stats, nothing evicted) when the budget
+        cannot make room."""
         check_int("request_id", request_id, 0, U64_MAX)
         check_int("shard", shard, 0, U32_MAX)
         check_int("record_bytes", record_bytes, 1, U32_MAX)
@@ -194,6 +214,11 @@ class HolderStore:
 
     def stats(self) -> dict[str, int]:
         return dict(self._native.stats())
+
+    def take_evictions(self) -> list[Eviction]:
+        """The checkpoints evicted since the last call, oldest first (the last 4096 at most;
+        ``stats()["evictions"]`` counts them all)."""
+        return [Eviction(*map(int, e)) for e in self._native.take_evictions()]
 
     def checkpoints(self) -> list[CheckpointInfo]:
         return [

@@ -32,20 +32,28 @@ Address = tuple[str, int]
 
 @dataclass(frozen=True)
 class ReplicaStats:
+    """One replica of a request: ``live`` while its holder is reachable and keeps it;
+    ``lost`` for good once its holder refused it (evicted, conflict, stale epoch) or is gone
+    for good (failing for ``give_up_after_s``): whoever placed it must place it again."""
+
     holder: Address
     sent_tokens: int
     durable_tokens: int
     live: bool
+    lost: bool
 
 
 @dataclass(frozen=True)
 class StreamStats:
     """What the streamer did. ``counters``: steps enqueued/dropped, tokens saved/dropped/
-    deferred, bytes sent/acked/dropped, appends started/failed, holders gone, replicas lost,
-    replacements, releases failed, gather failures (CUDA errors; the step was not sent). ``durable``: per request, the longest durable prefix on a live replica;
-    ``saved``: per request, tokens saved; ``stale``: requests with saved tokens not durable on
-    any live replica; ``coverage``: durable over saved tokens, all requests together (1.0
-    when nothing is saved); ``gone_holders``: holders found dead or too slow."""
+    deferred, bytes sent/acked/dropped, appends started/failed, holder failures (stalled past
+    the ack timeout or disconnected) and reconnects, holders gone for good, replicas lost,
+    replacements, releases failed, gather failures (CUDA errors; the step was not sent).
+    ``durable``: per request, the longest durable prefix on a live replica; ``saved``: per
+    request, tokens saved; ``stale``: requests with saved tokens not durable on any live
+    replica; ``coverage``: durable over saved tokens, all requests together (1.0 when nothing
+    is saved); ``gone_holders``: holders given up for good; ``lost``: (request, holder) of
+    every replica lost for good, for whoever placed it."""
 
     counters: dict[str, int]
     saved: dict[int, int]
@@ -54,6 +62,7 @@ class StreamStats:
     stale: tuple[int, ...]
     coverage: float
     gone_holders: tuple[Address, ...]
+    lost: tuple[tuple[int, Address], ...]
 
 
 def _check_address(name: str, value: object) -> Address:
@@ -85,6 +94,11 @@ class CheckpointStreamer:
     (``staging_buffers`` x ``staging_bytes``) is full, or a holder is slow (no ack within
     ``ack_timeout_s``) or gone, tokens are not sent and the request is stale from there; its
     next step catches up when there is room. Nothing here blocks the engine.
+
+    A holder that fails (no ack within ``ack_timeout_s``, connection lost) is reconnected
+    after ``reconnect_backoff_s``, doubling per consecutive failure; each of its replicas then
+    resumes from the durable length the holder reports. A holder failing for
+    ``give_up_after_s`` is gone for good: its replicas are ``lost`` in ``stats()``.
     """
 
     def __init__(
@@ -99,6 +113,8 @@ class CheckpointStreamer:
         max_queued_steps: int = 8,
         ack_timeout_s: float = 2.0,
         connect_timeout_s: float = 2.0,
+        reconnect_backoff_s: float = 0.1,
+        give_up_after_s: float = 30.0,
         gather_threads: int = 1,
         tls: str = "",
         limits: WireLimits = WireLimits(),
@@ -135,6 +151,8 @@ class CheckpointStreamer:
             max_queued_steps=max_queued_steps,
             ack_timeout_s=check_positive_float("ack_timeout_s", ack_timeout_s),
             connect_timeout_s=check_positive_float("connect_timeout_s", connect_timeout_s),
+            reconnect_backoff_s=check_positive_float("reconnect_backoff_s", reconnect_backoff_s),
+            give_up_after_s=check_positive_float("give_up_after_s", give_up_after_s),
             gather_threads=gather_threads,
             cuda_device=cuda_device,
             **limits._kwargs(),
@@ -169,7 +187,8 @@ class CheckpointStreamer:
         """Enqueue one step: token i of request ``request_ids[i]`` at position ``positions[i]``
         was written into slot ``slot_ids[i]`` and is token ``token_ids[i]``. A request's tokens
         are adjacent and consecutive. Returns the fence of the step (0: dropped, nothing to
-        wait for). ValueError: an unknown request, a gap, tokens out of order."""
+        wait for). ValueError: an unknown request, a gap, tokens out of order, a cache freed or
+        reallocated under the layout."""
         ids = as_array("request_ids", request_ids, np.uint64)
         pos = as_array("positions", positions, np.uint64)
         slots = as_array("slot_ids", slot_ids, np.int64)
@@ -181,6 +200,7 @@ class CheckpointStreamer:
             )
         if slots.size and (slots.min() < 0 or slots.max() >= self.layout.num_slots):
             raise IndexError(f"slot_ids must be in [0, {self.layout.num_slots}), got values outside")
+        self.layout.check_allocated()  # the native side gathers from the layout's addresses
         engine_stream = 0
         if self.layout.device.type == "cuda":  # the step's KV is written by work queued here
             engine_stream = torch.cuda.current_stream(self.layout.device).cuda_stream
@@ -222,7 +242,8 @@ class CheckpointStreamer:
         replicas: dict[int, tuple[ReplicaStats, ...]] = {}
         for request_id, num_saved, reps in self._native.requests():
             states = tuple(
-                ReplicaStats((str(a), int(p)), int(s), int(d), bool(live)) for a, p, s, d, live in reps
+                ReplicaStats((str(a), int(p)), int(s), int(d), bool(live), bool(lost))
+                for a, p, s, d, live, lost in reps
             )
             saved[int(request_id)] = int(num_saved)
             replicas[int(request_id)] = states
@@ -237,6 +258,7 @@ class CheckpointStreamer:
             stale=tuple(sorted(r for r in saved if durable[r] < saved[r])),
             coverage=total_durable / total_saved if total_saved else 1.0,
             gone_holders=tuple((str(a), int(p)) for a, p in self._native.gone_holders()),
+            lost=tuple(sorted((r, rep.holder) for r, reps in replicas.items() for rep in reps if rep.lost)),
         )
 
     def close(self) -> None:

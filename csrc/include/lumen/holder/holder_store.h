@@ -43,6 +43,8 @@ struct HolderStats {
   uint64_t conflicts = 0;
   uint64_t evictions = 0;
   uint64_t evicted_tokens = 0;
+  uint64_t evicted_bytes = 0;       // charged bytes freed by evictions
+  uint64_t evictions_reserved = 0;  // of which checkpoints that held a reservation
   uint64_t expirations = 0;
   uint64_t releases = 0;
   uint64_t tokens_committed = 0;
@@ -50,6 +52,16 @@ struct HolderStats {
   uint64_t arena_bytes = 0;       // host memory mapped for records
   uint64_t arena_free_bytes = 0;  // of which free for reuse
   bool pinned = false;
+};
+
+// One checkpoint evicted to make room (HolderStore::take_evictions).
+struct Eviction {
+  uint64_t request_id = 0;
+  uint32_t shard = 0;
+  uint32_t epoch = 0;
+  uint64_t durable_tokens = 0;
+  uint64_t reserved_tokens = 0;
+  uint64_t bytes = 0;  // its charge, freed
 };
 
 struct CheckpointInfo {
@@ -96,8 +108,9 @@ class HolderStore final : public transport::RecordSink {
                          std::vector<transport::AppendOutcome>* outcomes) override;
 
   // Placement: charges (request_id, shard) for num_tokens records of record_bytes (raising an
-  // existing reservation, never lowering it), evicting by policy when the budget is short.
-  // False (counted) when the budget cannot make room.
+  // existing reservation, never lowering it), evicting when the budget is short (see
+  // make_room). False (counted, nothing changed) when the budget cannot make room, including a
+  // size whose bytes overflow 64 bits.
   bool reserve(uint64_t request_id, uint32_t shard, uint64_t num_tokens, uint32_t record_bytes);
   // Drops every shard of request_id (its request is gone); number of checkpoints dropped.
   uint64_t expire(uint64_t request_id);
@@ -105,6 +118,9 @@ class HolderStore final : public transport::RecordSink {
   uint64_t expire_idle(double max_idle_s);
 
   HolderStats stats() const;
+  // The evictions since the last call, oldest first (at most kMaxEvictionLog are kept: the
+  // oldest are forgotten first; stats() counts them all).
+  std::vector<Eviction> take_evictions();
   std::vector<CheckpointInfo> checkpoints() const;
   // Durable length of (request_id, shard); 0 when there is no such opened checkpoint.
   uint64_t durable_tokens(uint64_t request_id, uint32_t shard) const;
@@ -113,8 +129,8 @@ class HolderStore final : public transport::RecordSink {
   // (2 * kFingerprintBytes), then walks the durable prefix in position order, stopping at the
   // first token whose id differs from expected_token_ids[i] or whose record no longer matches
   // its crc (or after num_expected / num_slots tokens), and scatters the verified prefix into
-  // slot_ids (records are verified while they are written: up to two slots after the prefix
-  // may have been written too; the caller re-prefills them). planes: the cache
+  // slot_ids (each group of up to three records is verified before it is written: no slot
+  // past the verified prefix is written). planes: the cache
   // (lumen/slot_index.h), already validated by the caller.
   RestoreReport restore_into(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
                              const uint32_t* expected_token_ids, uint64_t num_expected,
@@ -188,18 +204,26 @@ class HolderStore final : public transport::RecordSink {
   };
 
   static uint64_t token_bytes(uint32_t record_bytes) { return uint64_t(record_bytes) + 8; }
-  // Sets checkpoint's charge to max(reserved, next_pos) tokens, evicting others if needed;
-  // false (nothing changed) when the budget cannot cover it.
-  bool charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens);
-  bool make_room(uint64_t bytes, const Key& keep);
+  // What the bytes being charged are for: the eviction victims they may take.
+  enum class Purpose { kGrowth, kReservation };
+  // Sets checkpoint's charge to max(reserved, tokens) tokens, evicting others if needed;
+  // false (nothing changed) when the budget cannot cover it or its bytes overflow 64 bits.
+  bool charge(const Key& key, Checkpoint* checkpoint, uint64_t tokens, Purpose purpose);
+  // Frees `bytes` of budget by evicting checkpoints other than `keep`, unreserved ones first
+  // (by policy), then, only for a reservation, reserved ones: a reservation is a promise that
+  // growth past another checkpoint's own reservation never breaks. Evicts nothing and returns
+  // false when even every eligible victim would not free enough.
+  bool make_room(uint64_t bytes, const Key& keep, Purpose purpose);
   // Raises checkpoint's reservation to tokens (never lowers it) and charges it; false
   // (counted, nothing changed) when the budget cannot make room.
   bool raise_reservation(const Key& key, Checkpoint* checkpoint, uint64_t tokens);
-  transport::Status open_checkpoint(const transport::WireHeader& header,
-                                    const uint8_t* fingerprints, Checkpoint* checkpoint,
-                                    uint64_t* durable_tokens,
-                                    std::vector<transport::AppendOutcome>* outcomes);
+  // Opens the checkpoint at `key` that is not open yet (`placed`: its reservation entry, or
+  // null), charging placement's and the opener's reservations; kRejected (counted, nothing
+  // changed) when the opener's does not fit.
+  transport::Status open_fresh(const transport::WireHeader& header, const uint8_t* fingerprints,
+                               const Key& key, Checkpoint* placed);
   void drop(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it);
+  void evict(std::unordered_map<Key, Checkpoint, KeyHash>::iterator it);
   // A message for a checkpoint the store does not hold (any more): stale when that checkpoint
   // was dropped at a newer epoch, else refused.
   transport::Status absent(const Key& key, uint32_t epoch) const;
@@ -216,6 +240,7 @@ class HolderStore final : public transport::RecordSink {
   // first): without it a fenced incarnation could re-open one with its old capability and
   // fill it with records a later restore would trust.
   static constexpr size_t kMaxRetiredEpochs = size_t{1} << 16;
+  static constexpr size_t kMaxEvictionLog = size_t{1} << 12;
 
   HolderOptions options_;
   mutable std::mutex mutex_;
@@ -224,6 +249,7 @@ class HolderStore final : public transport::RecordSink {
   std::unordered_map<uint64_t, Key> ticket_keys_;
   std::unordered_map<Key, uint32_t, KeyHash> retired_epochs_;
   std::deque<Key> retired_order_;  // the keys of retired_epochs_, oldest first
+  std::deque<Eviction> eviction_log_;
   std::unordered_map<uint64_t, Orphan> orphans_;
   std::unordered_map<uint64_t, std::vector<std::unique_ptr<uint8_t[]>>> spare_;
   uint64_t spare_bytes_ = 0;

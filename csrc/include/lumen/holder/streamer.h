@@ -3,8 +3,12 @@
 // one gather_tokens call into a staging buffer, checksums them, and appends them to each
 // request's holders (replicas) over the transport. When the queue or the staging pool is full
 // or a holder is slow or gone, tokens are not sent (the request is stale from that position,
-// caught up on its next step when there is room) and the engine is never blocked.
+// caught up on its next step when there is room) and the engine is never blocked. A holder
+// that fails (no ack in time, connection lost) is reconnected with back-off and each of its
+// replicas resumes from the durable length the holder reports; one that stays unreachable for
+// give_up_after_s is gone for good and its replicas are reported lost.
 #pragma once
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -43,8 +47,10 @@ struct StreamerOptions {
   int64_t max_queued_steps = 8;
   double ack_timeout_s = 2.0;
   double connect_timeout_s = 2.0;
-  int gather_threads = 1;  // CPU cache
-  int cuda_device = -1;    // the cache's CUDA device; -1: the cache is in host memory
+  double reconnect_backoff_s = 0.1;  // first wait before reconnecting; doubles per failure
+  double give_up_after_s = 30.0;     // failing for this long: the holder is gone for good
+  int gather_threads = 1;            // CPU cache
+  int cuda_device = -1;              // the cache's CUDA device; -1: the cache is in host memory
   transport::WireLimits limits;
 };
 
@@ -59,8 +65,10 @@ struct StreamerStats {
   uint64_t bytes_dropped = 0;    // record bytes of dropped and deferred tokens
   uint64_t appends_started = 0;
   uint64_t appends_failed = 0;
-  uint64_t holders_gone = 0;
-  uint64_t replicas_lost = 0;  // refused (evicted, conflict, stale epoch) by a live holder
+  uint64_t holders_gone = 0;     // failing for give_up_after_s: gone for good
+  uint64_t holder_failures = 0;  // a holder stalled past ack_timeout_s or lost its connection
+  uint64_t reconnects = 0;       // of which reconnected
+  uint64_t replicas_lost = 0;    // on holders gone for good, or refused by a live holder
   uint64_t replacements = 0;
   uint64_t releases_failed = 0;
   uint64_t gather_failures = 0;  // steps whose gather failed (CUDA error): not sent
@@ -71,6 +79,7 @@ struct ReplicaState {
   uint64_t sent_tokens = 0;
   uint64_t durable_tokens = 0;
   bool live = false;  // holder reachable and the checkpoint not refused
+  bool lost = false;  // for good: refused by its holder, or the holder is gone for good
 };
 
 struct RequestState {
@@ -124,9 +133,14 @@ class Streamer {
  private:
   struct Holder {
     HolderAddress address;
-    std::unique_ptr<transport::Client> client;  // streamer thread only
-    bool gone = false;
-    bool connect_tried = false;
+    // Streamer thread only; shared with the appends started on it, which a replacement
+    // client must not strand.
+    std::shared_ptr<transport::Client> client;
+    bool gone = false;      // for good
+    bool down = false;      // failed; reconnected at retry_at
+    uint32_t failures = 0;  // consecutive, since the last open or ack
+    std::chrono::steady_clock::time_point failing_since{};
+    std::chrono::steady_clock::time_point retry_at{};
   };
   struct Replica {
     Holder* holder = nullptr;
@@ -156,6 +170,7 @@ class Streamer {
   };
   struct Op {
     Holder* holder = nullptr;
+    std::shared_ptr<transport::Client> client;  // the one it was started on
     uint64_t request_id = 0;
     uint64_t op_id = 0;
     uint64_t end = 0;
@@ -173,9 +188,15 @@ class Streamer {
   void process_step(const Work& work);
   void process_release(const Work& work);
   void open_replicas(const std::vector<uint64_t>& request_ids);
-  bool connect(Holder* holder);  // streamer thread
+  // Streamer thread. False while the holder is down and not due for a retry, or when the
+  // connection attempt fails (the holder stays down).
+  bool connect(Holder* holder);
   void reap_oldest();
-  void mark_gone(Holder* holder);  // mutex_ held
+  // mutex_ held. The holder failed: its replicas re-open on reconnection, which is tried after
+  // a back-off; failing for give_up_after_s it is gone for good and its replicas are lost.
+  void mark_down(Holder* holder);
+  // mutex_ held. The holder answered: it is healthy again.
+  void mark_up(Holder* holder);
   void done_gathering(const std::vector<uint64_t>& request_ids);
 
   StreamerOptions options_;
