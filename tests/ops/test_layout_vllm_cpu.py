@@ -10,11 +10,21 @@ from lumen_core.layouts import KVLayout
 from lumen_core.ops import gather_tokens, scatter_tokens
 
 
-def test_records_and_fingerprint_equal_vllm_flash():
+def _random_caches(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype) -> list[torch.Tensor]:
+    """Random bytes viewed as ``dtype`` (every bit pattern, NaNs included: ops move bytes)."""
+    item = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (num_layers, *shape[:-1], shape[-1] * item), dtype=torch.uint8)
+    return list(raw.view(dtype).unbind(0))
+
+
+# 1-, 2-, 4- and 8-byte elements: each a width of the native copy's small-piece path.
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("block_size", [32, 128])
+def test_records_and_fingerprint_equal_vllm_flash(dtype: torch.dtype, block_size: int):
     torch.manual_seed(1)
-    num_layers, num_blocks, num_kv_heads, block_size, head_dim = 2, 4, 2, 32, 64
-    caches = list(torch.randn(num_layers, num_blocks, num_kv_heads, block_size, 2 * head_dim).unbind(0))
-    flash = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim)
+    num_layers, num_blocks, num_kv_heads, head_dim = 2, 4, 2, 64
+    caches = _random_caches(num_layers, (num_blocks, num_kv_heads, block_size, 2 * head_dim), dtype)
+    flash = torch.zeros(num_layers, 2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype)
     for layer, cache in enumerate(caches):  # K is [D, block_size] per (block, head), then V
         k_half, v_half = cache.view(num_blocks, num_kv_heads, 2, block_size * head_dim).unbind(2)
         k = k_half.view(num_blocks, num_kv_heads, head_dim, block_size).transpose(2, 3)
@@ -22,22 +32,25 @@ def test_records_and_fingerprint_equal_vllm_flash():
         flash[layer, 1] = v_half.view(num_blocks, num_kv_heads, block_size, head_dim).transpose(1, 2)
     cpu = KVLayout.vllm_cpu(caches, isa="vec")
     reference = KVLayout.vllm_flash(list(flash.unbind(0)))
-    slot_ids = torch.tensor([0, 31, 32, 100, 127])
+    slot_ids = torch.tensor([0, 31, 32, 100, 127, 33, 34, 35])
     assert torch.equal(gather_tokens(cpu, slot_ids), gather_tokens(reference, slot_ids))
     assert cpu.fingerprint() == reference.fingerprint()
     assert cpu.record_bytes == reference.record_bytes
     assert cpu.kind == "vllm_cpu"
 
 
-def test_scatter_round_trips_into_other_slots():
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16, torch.float32, torch.float64])
+def test_scatter_round_trips_into_other_slots(dtype: torch.dtype):
     torch.manual_seed(2)
-    caches = list(torch.randn(2, 3, 2, 32, 64).unbind(0))
+    caches = _random_caches(2, (3, 2, 32, 64), dtype)
     layout = KVLayout.vllm_cpu(caches, isa="vec")
     records = gather_tokens(layout, torch.arange(40))
     target = [torch.zeros_like(c) for c in caches]
     target_layout = KVLayout.vllm_cpu(target, isa="vec")
     scatter_tokens(target_layout, torch.arange(50, 90), records)
     assert torch.equal(gather_tokens(target_layout, torch.arange(50, 90)), records)
+    untouched = torch.cat([torch.arange(0, 50), torch.arange(90, 96)])
+    assert not gather_tokens(target_layout, untouched).any()  # only the given slots written
 
 
 def test_refuses_what_it_cannot_describe():

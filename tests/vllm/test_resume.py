@@ -45,41 +45,55 @@ def _prompts() -> dict[str, list[int]]:
     return {r: rng.integers(1, 500, n).tolist() for r, n in PROMPT_LENGTHS.items()}
 
 
-def _reference(model: Path, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def reference(model: Path) -> dict[str, list[int]]:
     """Greedy outputs of an engine without the connector; asserts each position's top-2 gap
     exceeds fp32 noise, so identity below cannot flake."""
+    prompts = _prompts()
     llm = LLM(**engine_kwargs(model))
     sampling = SamplingParams(max_tokens=TOTAL_TOKENS, temperature=0.0, logprobs=2)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts.values()], sampling)
-    reference = {}
+    result = {}
     for request_id, output in zip(prompts, outputs):
         completion = output.outputs[0]
         for position in completion.logprobs:
             top = sorted((lp.logprob for lp in position.values()), reverse=True)
             assert top[0] - top[1] > FP32_NOISE, f"{request_id}: top-2 gap {top[0] - top[1]} is within noise"
-        reference[request_id] = list(completion.token_ids)
+        result[request_id] = list(completion.token_ids)
     del llm
     gc.collect()
-    return reference
+    return result
 
 
-def _run_and_kill_a(model: Path, secret_file: Path, port: int, prompts: dict[str, list[int]], client: Client,
-                    secret: bytes) -> dict[str, list[int]]:  # fmt: skip
-    """Engine A in its own process group, SIGKILLed once every request's checkpoint holds
-    DECODED_BEFORE_KILL output tokens; returns what A emitted per request."""
-    job = {"model": str(model), "secret_file": str(secret_file), "port": port, "prompts": prompts,
-           "max_tokens": TOTAL_TOKENS}  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}
+def _run_and_kill(
+    model: Path, secret_file: Path, port: int, requests: dict[str, dict[str, Any]], client: Client, secret: bytes,
+    *, epoch: int, multiprocess: bool = False,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """An engine in its own process group (engine_proc.py; ``multiprocess``: vLLM's default
+    mode, EngineCore in a child process), SIGKILLed once every request's checkpoint at
+    ``epoch`` holds DECODED_BEFORE_KILL more tokens than its prompt; returns what it emitted
+    per request (tokens, num_cached_tokens)."""
+    job = {"model": str(model), "secret_file": str(secret_file), "port": port, "requests": requests}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
+    }
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "engine_a.py"), json.dumps(job)],
+        [sys.executable, str(HERE / "engine_proc.py"), json.dumps(job)],
         stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,
     )  # fmt: skip
-    emitted: dict[str, list[int]] = {}
+    emitted: dict[str, dict[str, Any]] = {}
     killed = False
     try:
         assert proc.stdout is not None
         last_poll = 0.0
-        for line in proc.stdout:  # A prints after every step; EOF once it is dead
+        for line in proc.stdout:  # it prints after every step; EOF once it is dead
             if not line.startswith("emitted "):
                 continue
             emitted = json.loads(line[len("emitted ") :])
@@ -87,7 +101,8 @@ def _run_and_kill_a(model: Path, secret_file: Path, port: int, prompts: dict[str
                 continue
             last_poll = time.monotonic()
             if all(
-                durable_tokens(client, secret, r) >= len(p) + DECODED_BEFORE_KILL for r, p in prompts.items()
+                durable_tokens(client, secret, r, epoch=epoch) >= len(q["prompt"]) + DECODED_BEFORE_KILL
+                for r, q in requests.items()
             ):
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed = True
@@ -95,10 +110,25 @@ def _run_and_kill_a(model: Path, secret_file: Path, port: int, prompts: dict[str
         if not killed:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    assert killed, "engine A finished before every request held enough durable tokens"
-    with pytest.raises(ProcessLookupError):  # nothing of A's process group is left
-        os.killpg(proc.pid, 0)
+    assert killed, "the engine finished before every request held enough durable tokens"
+    _assert_group_gone(proc.pid)
     return emitted
+
+
+def _assert_group_gone(pgid: int) -> None:
+    """No process of the group is left (orphaned children are reaped by init within moments)."""
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes of group {pgid} outlived its SIGKILL")
+
+
+def _first_run(prompts: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+    return {r: {"prompt": p, "max_tokens": TOTAL_TOKENS, "lumen": {}} for r, p in prompts.items()}
 
 
 def _corrupt(client: Client, secret: bytes, request_id: str, position: int) -> None:
@@ -119,15 +149,14 @@ def _corrupt(client: Client, secret: bytes, request_id: str, position: int) -> N
 
 @pytest.mark.timeout(900)
 def test_resume_after_sigkill_equals_uninterrupted_run(
-    tmp_path: Path, holder: Callable[..., Any], secret: bytes, secret_file: Path
+    model: Path, reference: dict[str, list[int]], holder: Callable[..., Any], secret: bytes, secret_file: Path
 ) -> None:
-    model = build_model(tmp_path / "model")
     prompts = _prompts()
-    reference = _reference(model, prompts)
     server = holder(1 << 30, "--no-verify-records")
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        emitted = _run_and_kill_a(model, secret_file, server.port, prompts, client, secret)
+        run = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        emitted = {r: run[r]["tokens"] for r in prompts}
         durable = {r: durable_tokens(client, secret, r) for r in prompts}
         for r, p in prompts.items():
             assert len(p) + DECODED_BEFORE_KILL <= durable[r] < len(p) + TOTAL_TOKENS
@@ -169,3 +198,49 @@ def test_resume_after_sigkill_equals_uninterrupted_run(
     assert worker.counters["restores"] == len(prompts) - 1  # not the refused one
     assert worker.counters["restore_crc_mismatch"] == 1
     assert server.ask("stats")["server"]["bad_capability"] >= 1
+    del llm
+    gc.collect()
+
+
+@pytest.mark.timeout(900)
+def test_two_failures_in_a_row_resume(
+    model: Path, reference: dict[str, list[int]], holder: Callable[..., Any], secret: bytes, secret_file: Path
+) -> None:
+    """A dies, B (vLLM's multiprocess mode: scheduler and worker sides in other processes)
+    resumes every request at epoch 1, re-streaming the restored prefix, and dies too; C
+    resumes from B's checkpoints at epoch 2."""
+    prompts = _prompts()
+    server = holder()
+    client = Client("127.0.0.1", server.port, secret, tls="tcp")
+    try:
+        run_a = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        requests_b = {}
+        for r, p in prompts.items():
+            tokens = run_a[r]["tokens"]
+            requests_b[r] = {"prompt": p + tokens, "max_tokens": TOTAL_TOKENS - len(tokens),
+                             "lumen": {"epoch": 1, "restore": {}}}  # fmt: skip
+        durable_a = {r: durable_tokens(client, secret, r) for r in prompts}
+        run_b = _run_and_kill(
+            model, secret_file, server.port, requests_b, client, secret, epoch=1, multiprocess=True
+        )
+        durable_b = {r: durable_tokens(client, secret, r, epoch=1) for r in prompts}
+    finally:
+        client.close()
+    for r, q in requests_b.items():
+        assert run_b[r]["num_cached_tokens"] == min(durable_a[r], len(q["prompt"]) - 1), r
+        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, r
+
+    llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, server.port)))
+    emitted = {r: run_a[r]["tokens"] + run_b[r]["tokens"] for r in prompts}
+    samplings = [
+        SamplingParams(max_tokens=TOTAL_TOKENS - len(emitted[r]), temperature=0.0,
+                       extra_args=params(r, epoch=2, restore={}))
+        for r in prompts
+    ]  # fmt: skip
+    outputs = llm.generate([{"prompt_token_ids": prompts[r] + emitted[r]} for r in prompts], samplings)
+    for r, output in zip(prompts, outputs):
+        assert emitted[r] == reference[r][: len(emitted[r])], r
+        assert list(output.outputs[0].token_ids) == reference[r][len(emitted[r]) :], r
+        assert output.num_cached_tokens == min(durable_b[r], len(prompts[r]) + len(emitted[r]) - 1), r
+    del llm
+    gc.collect()
