@@ -17,6 +17,7 @@ from lumen_core.integrations.model_fingerprint import model_fingerprint
 from lumen_core.integrations.vllm.metadata import LumenMetadata
 from lumen_core.integrations.vllm.params import ConnectorConfig
 from lumen_core.integrations.vllm.scheduler import SchedulerSide
+from lumen_core.integrations.vllm.stats import LumenStats
 from lumen_core.integrations.vllm.worker import WorkerSide
 from lumen_core.layouts import KVLayout
 
@@ -150,6 +151,17 @@ class LumenConnector(KVConnectorBase_V1):
     def get_block_ids_with_load_errors(self) -> set[int]:
         assert self._worker is not None
         return self._worker.load_errors()
+
+    def get_kv_connector_stats(self) -> LumenStats | None:
+        """The worker's figures of the interval since the last call (None in the scheduler)."""
+        if self._worker is None:
+            return None
+        data = self._worker.interval_stats()
+        return LumenStats(data=data) if data else None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> LumenStats:
+        return LumenStats(data=dict(data or {}))
 
     @property
     def worker(self) -> WorkerSide | None:

@@ -4,6 +4,7 @@ before the forward and one ``save_step`` after it."""
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
 from collections.abc import Sequence
 
@@ -21,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 # How long get_finished waits for a finished request's last gather: a poll, never a stall.
 _FINISHED_POLL_S = 1e-4
+# How often the durable lag is sampled for the stats (it walks every streaming request).
+_LAG_SAMPLE_S = 1.0
 # Restore results kept for inspection (tests, stats), oldest dropped first.
 _KEPT_RESTORES = 1024
 
@@ -45,6 +48,8 @@ class WorkerSide:
         self._load_errors: set[int] = set()
         self._restored_this_step: dict[str, int] = {}
         self._failed_this_step: set[str] = set()
+        self._reported: Counter[str] = Counter()
+        self._lag_sampled_at = 0.0
 
     def register(self, layout: KVLayout) -> None:
         self.layout = layout
@@ -190,6 +195,23 @@ class WorkerSide:
             self._saved_tokens.pop(req_id, None)
             done.add(req_id)
         return done
+
+    def interval_stats(self) -> dict[str, int]:
+        """The counters' growth since the last call, with ``saved_bytes``, and about once a
+        second ``durable_lag_tokens`` (saved but not yet durable, all requests)."""
+        delta = {name: value - self._reported[name] for name, value in self.counters.items()}
+        delta = {name: value for name, value in delta.items() if value}
+        self._reported = Counter(self.counters)
+        if self.layout is not None and "saved_tokens" in delta:
+            delta["saved_bytes"] = delta["saved_tokens"] * self.layout.record_bytes
+        now = time.monotonic()
+        if self.streamer is not None and now - self._lag_sampled_at >= _LAG_SAMPLE_S:
+            self._lag_sampled_at = now
+            stats = self.streamer.stats()
+            delta["durable_lag_tokens"] = sum(
+                max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items()
+            )
+        return delta
 
     def durable_tokens(self) -> dict[str, int]:
         """Durable length (best live replica) of each request streaming from here."""
