@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +35,7 @@ from lumen_core.transport import Client, issue_capability
 HERE = Path(__file__).parent
 # Prompt lengths around vLLM's CPU block size (128) and across several blocks.
 PROMPT_LENGTHS = {"r0": 100, "r1": 127, "r2": 128, "r3": 129, "r4": 200, "r5": 255, "r6": 300, "r7": 513}
-TOTAL_TOKENS = 160  # output tokens of the uninterrupted run
+TOTAL_TOKENS = 200  # output tokens of the uninterrupted run
 DECODED_BEFORE_KILL = 32  # durable output tokens every request holds when A dies
 CORRUPTED = "r4"
 BAD_CAPABILITY = "r6"
@@ -88,28 +89,35 @@ def _run_and_kill(
         [sys.executable, str(HERE / "engine_proc.py"), json.dumps(job)],
         stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,
     )  # fmt: skip
-    emitted: dict[str, dict[str, Any]] = {}
+    latest: list[dict[str, dict[str, Any]]] = [{}]
+
+    def read_lines() -> None:  # it prints after every step; EOF once it is dead
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("emitted "):
+                latest[0] = json.loads(line[len("emitted ") :])
+
+    # The holder is polled on a clock, not per line: in the multiprocess mode the engine core
+    # runs ahead of the process that prints, and a finished request's checkpoint is released.
+    reader = threading.Thread(target=read_lines, daemon=True)
+    reader.start()
     killed = False
     try:
-        assert proc.stdout is not None
-        last_poll = 0.0
-        for line in proc.stdout:  # it prints after every step; EOF once it is dead
-            if not line.startswith("emitted "):
-                continue
-            emitted = json.loads(line[len("emitted ") :])
-            if killed or time.monotonic() - last_poll < 0.05:
-                continue
-            last_poll = time.monotonic()
+        while proc.poll() is None:
             if all(
                 durable_tokens(client, secret, r, epoch=epoch) >= len(q["prompt"]) + DECODED_BEFORE_KILL
                 for r, q in requests.items()
             ):
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed = True
+                break
+            time.sleep(0.02)
     finally:
         if not killed:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+        reader.join(timeout=30)
+    emitted = latest[0]
     assert killed, "the engine finished before every request held enough durable tokens"
     _assert_group_gone(proc.pid)
     return emitted
