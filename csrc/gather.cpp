@@ -17,6 +17,10 @@
 // batches 9.5-9.7 GB/s plain against 9.1-9.3 streaming (1 thread); 16 MiB 8.4-9.0 against
 // 8.8-9.0, 32 MiB 6.9-8.2 against 8.7-9.2 (1 and 2 threads). The SIMD routine is picked at
 // run time from the CPU's features.
+// Pieces of at most kSmallPieceBytes (one element each: vLLM's CPU cache stores K transposed
+// per block and head, so a token's K row is head_dim elements block_size apart) are copied
+// element by element inline, not through the copy routine, and not prefetched one by one: the
+// lines a token's elements lie in are the ones its block's next tokens read.
 #include "lumen/gather.h"
 
 #include <immintrin.h>
@@ -46,7 +50,45 @@ constexpr int64_t kScatterPrimeTokens = 2;
 // bare copy loop 512 and 768 bytes did no better than 256.
 constexpr size_t kCopyReadAhead = 256;
 
+constexpr int64_t kSmallPieceBytes = 8;
+
 using CopyFn = void (*)(uint8_t* dst, const uint8_t* src, size_t num_bytes);
+
+inline bool has_small_pieces(const PlaneDesc& plane) {
+  return plane.num_pieces > 1 && plane.piece_bytes <= kSmallPieceBytes;
+}
+
+// num_pieces elements of T from src (src_stride apart) to dst (dst_stride apart).
+template <typename T>
+inline void copy_elements(uint8_t* dst, int64_t dst_stride, const uint8_t* src, int64_t src_stride,
+                          int64_t num_pieces) {
+  for (int64_t i = 0; i < num_pieces; ++i) {
+    T value;
+    std::memcpy(&value, src + i * src_stride, sizeof(T));
+    std::memcpy(dst + i * dst_stride, &value, sizeof(T));
+  }
+}
+
+// The pieces of a small-piece plane's row: gathered (row -> record) or scattered back.
+inline void copy_small_pieces(uint8_t* dst, int64_t dst_stride, const uint8_t* src,
+                              int64_t src_stride, const PlaneDesc& plane) {
+  switch (plane.piece_bytes) {
+    case 2:
+      copy_elements<uint16_t>(dst, dst_stride, src, src_stride, plane.num_pieces);
+      return;
+    case 4:
+      copy_elements<uint32_t>(dst, dst_stride, src, src_stride, plane.num_pieces);
+      return;
+    case 8:
+      copy_elements<uint64_t>(dst, dst_stride, src, src_stride, plane.num_pieces);
+      return;
+    default:
+      for (int64_t i = 0; i < plane.num_pieces; ++i) {
+        std::memcpy(dst + i * dst_stride, src + i * src_stride,
+                    static_cast<size_t>(plane.piece_bytes));
+      }
+  }
+}
 
 void copy_plain(uint8_t* dst, const uint8_t* src, size_t num_bytes) {
   std::memcpy(dst, src, num_bytes);
@@ -197,6 +239,7 @@ CopyFn gather_copy_for(int64_t payload_bytes) {
 inline void store_fence() { _mm_sfence(); }
 
 inline void prefetch_row(const PlaneDesc& plane, int64_t slot) {
+  if (has_small_pieces(plane)) return;
   const char* row =
       reinterpret_cast<const char*>(plane.base_address) + slot_row_offset(plane, slot);
   for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
@@ -209,6 +252,7 @@ inline void prefetch_row(const PlaneDesc& plane, int64_t slot) {
 // in __builtin_prefetch: 3 keeps it in every cache level, 0 marks it non-temporal).
 template <int kLocality>
 inline void prime_row(const PlaneDesc& plane, int64_t slot) {
+  if (has_small_pieces(plane)) return;
   const char* row =
       reinterpret_cast<const char*>(plane.base_address) + slot_row_offset(plane, slot);
   for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
@@ -270,6 +314,10 @@ void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes
         }
         uint8_t* row = row_of(plane, slot_ids[token]);
         uint8_t* record = records + token * record_bytes + plane.record_offset;
+        if (has_small_pieces(plane)) {
+          copy_small_pieces(record, plane.piece_bytes, row, plane.piece_stride, plane);
+          continue;
+        }
         for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
           copy(record + piece * plane.piece_bytes, row + piece * plane.piece_stride,
                static_cast<size_t>(plane.piece_bytes));
@@ -306,6 +354,10 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
       const PlaneDesc& plane = planes[plane_index];
       uint8_t* row = row_of(plane, slot_ids[token]);
       const uint8_t* record = records + token * record_bytes + plane.record_offset;
+      if (has_small_pieces(plane)) {
+        copy_small_pieces(row, plane.piece_stride, record, plane.piece_bytes, plane);
+        continue;
+      }
       for (int64_t piece = 0; piece < plane.num_pieces; ++piece) {
         copy(row + piece * plane.piece_stride, record + piece * plane.piece_bytes,
              static_cast<size_t>(plane.piece_bytes));

@@ -52,6 +52,8 @@ ALLOWED: dict[str, frozenset[str]] = {
         # engine steps paced to the cost model (the engine's StepOutput for its type only)
         "pacing": {"cost", "engine"},
         "worker": {"_validate", "auth", "engine", "gateway", "metrics", "pacing", "policy", "sim", "stream"},
+        # engine adapters: each speaks one engine's API over the data plane
+        "integrations": {"layouts", "stream", "transport"},
         # entry points
         "cli": {"auth", "gateway", "policy", "sim", "stream", "transport", "worker"},
         "__init__": {"_native", "policy"},

@@ -20,6 +20,13 @@ import torch
 __all__ = ["KVLayout", "PlaneInfo"]
 
 _FINGERPRINT_VERSION = 1
+# The CPU_ATTN ISAs whose block interiors vllm_cpu describes (checked against vLLM's own kernel).
+_VLLM_CPU_ISAS = frozenset({"vec", "vec16"})
+_FP8_DTYPES = frozenset(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+    if hasattr(torch, name)
+)
 
 
 @dataclass(frozen=True)
@@ -152,6 +159,9 @@ class KVLayout:
         self._num_blocks = int(num_blocks)
         self._block_size = int(block_size)
         self._record_bytes = record_offset
+        # What fingerprint() names: per plane (dtype, row shape). A constructor whose planes
+        # split a row differently (vllm_cpu's K heads) names the rows it produces instead.
+        self._record_format = [(str(p.dtype), p.row_shape) for p in infos]
         self._descriptors = self._pack_descriptors()
         self._addresses = tuple(int(a) for a in self._descriptors[:, 0])
         self._device_descriptors: torch.Tensor | None = None
@@ -208,6 +218,60 @@ class KVLayout:
             )
         layout = cls.vllm_flash([cache.permute(0, 1, 3, 2, 4) for cache in caches], scales=scales)
         layout._kind = "vllm_flash_hnd"
+        return layout
+
+    @classmethod
+    def vllm_cpu(cls, kv_caches: Sequence[torch.Tensor], *, isa: str) -> KVLayout:
+        """vLLM's CPU attention backend (``CPU_ATTN``): per layer ``[num_blocks, H, block_size, 2 * D]``.
+
+        Within each (block, head), vLLM's ``cpu_attn_reshape_and_cache`` with ``isa`` "vec" or
+        "vec16" stores K transposed, ``[D, block_size]``, then V as ``[block_size, D]``. K is
+        described as one plane per head of one-element pieces ``block_size`` apart, V as one
+        plane of H pieces; the records are those of ``vllm_flash`` for the same tokens, and so
+        is the fingerprint. Other ISAs ("amx" prepacks bf16 blocks for its tiles; "neon",
+        "vxe", "vsx", "rvv" are unverified) and fp8 caches (which carry scales) are refused.
+
+        Raises:
+            TypeError: ``kv_caches`` is not a sequence of tensors.
+            ValueError: ``isa`` is not "vec" or "vec16"; a cache that is not 4-D, has an odd
+                last dimension, is not contiguous, or is of an fp8 dtype.
+        """
+        caches = _require_tensor_list(kv_caches, "kv_caches")
+        if isa not in _VLLM_CPU_ISAS:
+            raise ValueError(
+                f"`isa` must be one of {sorted(_VLLM_CPU_ISAS)} (the block layouts verified against vLLM's "
+                f"cpu_attn_reshape_and_cache), got {isa!r}"
+            )
+        planes: list[torch.Tensor] = []
+        names: list[str] = []
+        record_format: list[tuple[str, tuple[int, int]]] = []
+        for i, cache in enumerate(caches):
+            name = f"kv_caches[{i}]"
+            _require_shape(cache, name, "num_blocks, num_kv_heads, block_size, 2 * head_dim")
+            if cache.shape[3] % 2:
+                raise ValueError(
+                    f"`{name}` must have an even last dimension (K then V), got {tuple(cache.shape)}"
+                )
+            if not cache.is_contiguous():
+                raise ValueError(f"`{name}` must be contiguous, got strides {cache.stride()}")
+            if cache.dtype in _FP8_DTYPES:
+                raise ValueError(
+                    f"`{name}` must not be an fp8 cache (its scales are not described), got {cache.dtype}"
+                )
+            num_blocks, num_kv_heads, block_size, two_head_dim = cache.shape
+            head_dim = two_head_dim // 2
+            halves = cache.view(num_blocks, num_kv_heads, 2, block_size * head_dim)
+            k_transposed = halves[:, :, 0].view(num_blocks, num_kv_heads, head_dim, block_size)
+            for head in range(num_kv_heads):
+                # [num_blocks, head_dim, block_size] -> [num_blocks, block_size, head_dim, 1]
+                planes.append(k_transposed[:, head].transpose(1, 2).unsqueeze(3))
+                names.append(f"layer{i}.k.head{head}")
+            v = halves[:, :, 1].view(num_blocks, num_kv_heads, block_size, head_dim)
+            planes.append(v.transpose(1, 2))
+            names.append(f"layer{i}.v")
+            record_format += [(str(cache.dtype), (num_kv_heads, head_dim))] * 2
+        layout = cls(planes, kind="vllm_cpu", names=names)
+        layout._record_format = record_format
         return layout
 
     @classmethod
@@ -389,7 +453,7 @@ class KVLayout:
         spec = {
             "version": _FINGERPRINT_VERSION,
             "record_bytes": self._record_bytes,
-            "planes": [[str(p.dtype), list(p.row_shape)] for p in self._planes],
+            "planes": [[dtype, list(row_shape)] for dtype, row_shape in self._record_format],
         }
         return hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:32]
 

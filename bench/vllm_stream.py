@@ -1,0 +1,100 @@
+"""Figures of LumenConnector in vLLM (issue 18). This version measures the copy half:
+``vllm_cpu_gather_vs_memcpy`` and ``vllm_cpu_scatter_vs_memcpy``, the native gather/scatter of a
+restore batch (``batch``: ``restore``, 4,096 consecutive tokens = whole blocks of 128) on a
+``KVLayout.vllm_cpu`` cache (K transposed per block and head), against a contiguous copy of the
+same payload in the same run (glibc's memcpy through the native ``copy_bytes``, as
+bench/gather_bw.py) with the same thread count. Geometry ``stream_stress``: 8 KV heads x head_dim 128, bf16 (``--layers``,
+default 8: 32 KiB per token). Rows carry ``metric`` and ``value``; each figure is the best of
+``--reps`` runs. Correctness is checked once against ``KVLayout.vllm_flash`` records first.
+
+    python bench/vllm_stream.py [--json PATH] [--layers N] [--reps N] [--threads N]
+
+The engine figures (inter-token latency with and without the connector, restore vs recompute
+TTFT) are not measured yet: docs/vllm.md lists them as left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from lumen_core import _native
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import gather_tokens, scatter_tokens
+
+NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 8, 128, 128, torch.bfloat16
+RESTORE_TOKENS = 4096
+
+
+def _best_s(fn, reps: int) -> float:
+    fn()  # warm-up
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _check(layout: KVLayout, caches: list[torch.Tensor], slot_ids: torch.Tensor) -> None:
+    """The vllm_cpu records of a few tokens equal vllm_flash's of the same K/V."""
+    probe = slot_ids[:: max(1, len(slot_ids) // 7)]
+    flash = []
+    for cache in caches:
+        num_blocks = cache.shape[0]
+        k_half, v_half = cache.view(num_blocks, NUM_KV_HEADS, 2, BLOCK_SIZE * HEAD_DIM).unbind(2)
+        k = k_half.view(num_blocks, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE).permute(0, 3, 1, 2)
+        v = v_half.view(num_blocks, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM).transpose(1, 2)
+        flash.append(torch.stack([k, v]))
+    expected = gather_tokens(KVLayout.vllm_flash(flash), probe)
+    if not torch.equal(gather_tokens(layout, probe), expected):
+        raise AssertionError("vllm_cpu records differ from vllm_flash's")
+
+
+def measure(num_layers: int, reps: int, threads: int) -> list[dict[str, object]]:
+    num_blocks = RESTORE_TOKENS // BLOCK_SIZE + 2
+    shape = (num_blocks, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM)
+    caches = [torch.randn(shape).to(DTYPE) for _ in range(num_layers)]
+    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    slot_ids = torch.arange(BLOCK_SIZE, BLOCK_SIZE + RESTORE_TOKENS)  # whole blocks 1..32
+    _check(layout, caches, slot_ids)
+    records = torch.empty(RESTORE_TOKENS, layout.record_bytes, dtype=torch.uint8)
+    source = torch.randint(0, 255, records.shape, dtype=torch.uint8)
+    payload = records.numel()
+    native = _native.require_cpu()
+    gather_s = _best_s(lambda: gather_tokens(layout, slot_ids, out=records, num_threads=threads), reps)
+    scatter_s = _best_s(lambda: scatter_tokens(layout, slot_ids, source, num_threads=threads), reps)
+    memcpy_s = _best_s(
+        lambda: native.copy_bytes(records.data_ptr(), source.data_ptr(), payload, threads), reps
+    )
+    geometry = f"stream_stress {num_layers}L x {NUM_KV_HEADS} heads x {HEAD_DIM} bf16"
+    common = {"batch": "restore", "tokens": RESTORE_TOKENS, "geometry": geometry, "threads": threads}
+    return [
+        {"metric": "vllm_cpu_gather_vs_memcpy", "value": memcpy_s / gather_s, **common},
+        {"metric": "vllm_cpu_scatter_vs_memcpy", "value": memcpy_s / scatter_s, **common},
+        {"metric": "vllm_cpu_gather_gb_per_s", "value": payload / gather_s / 1e9, **common},
+        {"metric": "vllm_cpu_scatter_gb_per_s", "value": payload / scatter_s / 1e9, **common},
+        {"metric": "memcpy_gb_per_s", "value": payload / memcpy_s / 1e9, **common},
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", help="write the rows here")
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=1, help="copy threads of every op and the baseline")
+    args = parser.parse_args()
+    rows = measure(args.layers, args.reps, args.threads)
+    for row in rows:
+        print(f"{row['metric']:32s} {row['value']:8.3f}  ({row['geometry']}, {row['tokens']} tokens)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""What the scheduler side tells the worker side each step (pickled between processes in
+vLLM's multiprocess mode): requests to start streaming, restores to run before the forward,
+the step's computed tokens to save, and preempted requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from lumen_core.integrations.vllm.params import Address, RestorePlan
+
+__all__ = ["LoadSpec", "LumenMetadata", "OpenSpec", "SaveSpec"]
+
+
+@dataclass(frozen=True)
+class OpenSpec:
+    """Start streaming ``req_id`` (wire key ``key``) to ``holders`` at ``epoch``; each holder
+    reserves ``expected_tokens`` records (prompt + max output)."""
+
+    req_id: str
+    key: int
+    holders: tuple[Address, ...]
+    capability: bytes
+    epoch: int
+    expected_tokens: int
+
+
+@dataclass(frozen=True)
+class LoadSpec:
+    """Restore the first ``len(slot_ids)`` tokens of ``req_id`` (LUMEN id ``request_id``, ids
+    ``token_ids``) from ``restore`` into ``slot_ids``; ``block_ids`` are the blocks they fill
+    (load errors are reported by block)."""
+
+    req_id: str
+    request_id: str
+    key: int
+    slot_ids: list[int]
+    token_ids: list[int]
+    block_ids: list[int]
+    restore: RestorePlan
+
+
+@dataclass(frozen=True)
+class SaveSpec:
+    """Tokens ``start .. start + len(slot_ids)`` of ``req_id`` are in ``slot_ids`` once this
+    step's forward is done (the first save of a request starts at 0: prefix-cache hits and
+    restored tokens are streamed too)."""
+
+    req_id: str
+    key: int
+    start: int
+    slot_ids: list[int]
+    token_ids: list[int]
+
+
+@dataclass
+class LumenMetadata(KVConnectorMetadata):
+    opens: list[OpenSpec] = field(default_factory=list)
+    loads: list[LoadSpec] = field(default_factory=list)
+    saves: list[SaveSpec] = field(default_factory=list)
+    preempted_keys: list[int] = field(default_factory=list)

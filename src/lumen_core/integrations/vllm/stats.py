@@ -1,0 +1,41 @@
+"""``LumenStats``: the connector's figures in vLLM's own connector stats (logged with the
+engine's metrics): per interval, checkpoint tokens and bytes saved, restores and restored
+tokens, restores that stopped early by reason, releases; and the durable lag (tokens saved
+but not yet durable on a live replica, all requests together) when last sampled."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+__all__ = ["LumenStats"]
+
+# A gauge, not a count: aggregated across workers by summing, reported as last sampled.
+DURABLE_LAG = "durable_lag_tokens"
+
+
+class LumenStats(KVConnectorStats):
+    """``data``: counter name -> value of one interval (``DURABLE_LAG`` is a gauge)."""
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        """Adds ``other``'s counts (another worker's, or a later interval's) to these; the lag
+        of a later interval replaces the earlier one."""
+        for name, value in other.data.items():
+            if name == DURABLE_LAG:
+                self.data[name] = value
+            else:
+                self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.data)

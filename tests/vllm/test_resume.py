@@ -1,0 +1,254 @@
+"""A real vLLM engine streams every computed token to a `lumen holder`; it is SIGKILLed
+mid-decode; a fresh engine resumes each request from the holder and continues exactly as an
+uninterrupted run. Bad checkpoints (a corrupted record, a wrong capability) are recomputed."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from engines import (
+    FP32_NOISE,
+    build_model,
+    durable_tokens,
+    engine_kwargs,
+    params,
+    record_bytes,
+    transfer_config,
+)
+from vllm import LLM, SamplingParams
+
+from lumen_core.stream import request_key
+from lumen_core.transport import Client, issue_capability
+
+HERE = Path(__file__).parent
+# Prompt lengths around vLLM's CPU block size (128) and across several blocks.
+PROMPT_LENGTHS = {"r0": 100, "r1": 127, "r2": 128, "r3": 129, "r4": 200, "r5": 255, "r6": 300, "r7": 513}
+TOTAL_TOKENS = 200  # output tokens of the uninterrupted run
+DECODED_BEFORE_KILL = 32  # durable output tokens every request holds when A dies
+CORRUPTED = "r4"
+BAD_CAPABILITY = "r6"
+
+
+def _prompts() -> dict[str, list[int]]:
+    rng = np.random.default_rng(7)
+    return {r: rng.integers(1, 500, n).tolist() for r, n in PROMPT_LENGTHS.items()}
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def reference(model: Path) -> dict[str, list[int]]:
+    """Greedy outputs of an engine without the connector; asserts each position's top-2 gap
+    exceeds fp32 noise, so identity below cannot flake."""
+    prompts = _prompts()
+    llm = LLM(**engine_kwargs(model))
+    sampling = SamplingParams(max_tokens=TOTAL_TOKENS, temperature=0.0, logprobs=2)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts.values()], sampling)
+    result = {}
+    for request_id, output in zip(prompts, outputs):
+        completion = output.outputs[0]
+        for position in completion.logprobs:
+            top = sorted((lp.logprob for lp in position.values()), reverse=True)
+            assert top[0] - top[1] > FP32_NOISE, f"{request_id}: top-2 gap {top[0] - top[1]} is within noise"
+        result[request_id] = list(completion.token_ids)
+    del llm
+    gc.collect()
+    return result
+
+
+def _run_and_kill(
+    model: Path, secret_file: Path, port: int, requests: dict[str, dict[str, Any]], client: Client, secret: bytes,
+    *, epoch: int, multiprocess: bool = False,
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """An engine in its own process group (engine_proc.py; ``multiprocess``: vLLM's default
+    mode, EngineCore in a child process), SIGKILLed once every request's checkpoint at
+    ``epoch`` holds DECODED_BEFORE_KILL more tokens than its prompt; returns what it emitted
+    per request (tokens, num_cached_tokens)."""
+    job = {"model": str(model), "secret_file": str(secret_file), "port": port, "requests": requests}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if multiprocess else "0",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "engine_proc.py"), json.dumps(job)],
+        stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,
+    )  # fmt: skip
+    latest: list[dict[str, dict[str, Any]]] = [{}]
+
+    def read_lines() -> None:  # it prints after every step; EOF once it is dead
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("emitted "):
+                latest[0] = json.loads(line[len("emitted ") :])
+
+    # The holder is polled on a clock, not per line: in the multiprocess mode the engine core
+    # runs ahead of the process that prints, and a finished request's checkpoint is released.
+    reader = threading.Thread(target=read_lines, daemon=True)
+    reader.start()
+    killed = False
+    try:
+        while proc.poll() is None:
+            if all(
+                durable_tokens(client, secret, r, epoch=epoch) >= len(q["prompt"]) + DECODED_BEFORE_KILL
+                for r, q in requests.items()
+            ):
+                os.killpg(proc.pid, signal.SIGKILL)
+                killed = True
+                break
+            time.sleep(0.02)
+    finally:
+        if not killed:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        reader.join(timeout=30)
+    emitted = latest[0]
+    assert killed, "the engine finished before every request held enough durable tokens"
+    _assert_group_gone(proc.pid)
+    return emitted
+
+
+def _assert_group_gone(pgid: int) -> None:
+    """No process of the group is left (orphaned children are reaped by init within moments)."""
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"processes of group {pgid} outlived its SIGKILL")
+
+
+def _first_run(prompts: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
+    return {r: {"prompt": p, "max_tokens": TOTAL_TOKENS, "lumen": {}} for r, p in prompts.items()}
+
+
+def _corrupt(client: Client, secret: bytes, request_id: str, position: int) -> None:
+    """Rewrites ``request_id``'s checkpoint on the holder with one byte of the record at
+    ``position`` flipped and its crc kept (the holder runs with --no-verify-records, so only
+    the restore's checks can catch it; a holder never overwrites durable records in place)."""
+    key = request_key(request_id)
+    capability = issue_capability(secret, key, 0, 0)
+    durable = durable_tokens(client, secret, request_id)
+    read = client.read(key, 0, 0, 0, durable, record_bytes(), capability)
+    assert len(read.token_ids) == durable
+    records = read.records.copy()
+    records[position] ^= 0x40  # every value's exponent: served, it would change the output
+    client.release(key, 0, 0, capability)
+    client.open(key, 0, 0, record_bytes(), read.layout_fingerprint, read.model_fingerprint, capability)
+    assert client.append(key, 0, 0, 0, read.token_ids, read.crcs, records, capability) == durable
+
+
+@pytest.mark.timeout(900)
+def test_resume_after_sigkill_equals_uninterrupted_run(
+    model: Path, reference: dict[str, list[int]], holder: Callable[..., Any], secret: bytes, secret_file: Path
+) -> None:
+    prompts = _prompts()
+    server = holder(1 << 30, "--no-verify-records")
+    client = Client("127.0.0.1", server.port, secret, tls="tcp")
+    try:
+        run = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        emitted = {r: run[r]["tokens"] for r in prompts}
+        durable = {r: durable_tokens(client, secret, r) for r in prompts}
+        for r, p in prompts.items():
+            assert len(p) + DECODED_BEFORE_KILL <= durable[r] < len(p) + TOTAL_TOKENS
+            assert emitted[r] == reference[r][: len(emitted[r])]  # A was right until it died
+        corrupted_at = len(prompts[CORRUPTED]) + 10
+        _corrupt(client, secret, CORRUPTED, corrupted_at)
+    finally:
+        client.close()
+
+    llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, server.port)))
+    resumed = {r: prompts[r] + emitted[r] for r in prompts}
+    samplings = []
+    for r in prompts:
+        restore: dict[str, Any] = {}
+        if r == BAD_CAPABILITY:
+            restore["capability"] = "00" * 32
+        samplings.append(
+            SamplingParams(
+                max_tokens=TOTAL_TOKENS - len(emitted[r]),
+                temperature=0.0,
+                extra_args=params(r, epoch=1, restore=restore),
+            )
+        )
+    outputs = llm.generate([{"prompt_token_ids": resumed[r]} for r in prompts], samplings)
+
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker = get_kv_transfer_group().worker
+    for r, output in zip(prompts, outputs):
+        assert list(output.outputs[0].token_ids) == reference[r][len(emitted[r]) :], r
+        if r == BAD_CAPABILITY:  # the holder refused the lookup: nothing claimed, all recomputed
+            assert output.num_cached_tokens == 0, r
+            continue
+        # vLLM counts what the connector claimed; a block that then fails verification is
+        # recomputed without lowering it.
+        assert output.num_cached_tokens == min(durable[r], len(resumed[r]) - 1), r
+        restored = worker.restores[r].restored_tokens
+        assert restored == (corrupted_at if r == CORRUPTED else output.num_cached_tokens), r
+    assert worker.counters["restores"] == len(prompts) - 1  # not the refused one
+    assert worker.counters["restore_crc_mismatch"] == 1
+    assert server.ask("stats")["server"]["bad_capability"] >= 1
+    del llm
+    gc.collect()
+
+
+@pytest.mark.timeout(900)
+def test_two_failures_in_a_row_resume(
+    model: Path, reference: dict[str, list[int]], holder: Callable[..., Any], secret: bytes, secret_file: Path
+) -> None:
+    """A dies, B (vLLM's multiprocess mode: scheduler and worker sides in other processes)
+    resumes every request at epoch 1, re-streaming the restored prefix, and dies too; C
+    resumes from B's checkpoints at epoch 2."""
+    prompts = _prompts()
+    server = holder()
+    client = Client("127.0.0.1", server.port, secret, tls="tcp")
+    try:
+        run_a = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        requests_b = {}
+        for r, p in prompts.items():
+            tokens = run_a[r]["tokens"]
+            requests_b[r] = {"prompt": p + tokens, "max_tokens": TOTAL_TOKENS - len(tokens),
+                             "lumen": {"epoch": 1, "restore": {}}}  # fmt: skip
+        durable_a = {r: durable_tokens(client, secret, r) for r in prompts}
+        run_b = _run_and_kill(
+            model, secret_file, server.port, requests_b, client, secret, epoch=1, multiprocess=True
+        )
+        durable_b = {r: durable_tokens(client, secret, r, epoch=1) for r in prompts}
+    finally:
+        client.close()
+    for r, q in requests_b.items():
+        assert run_b[r]["num_cached_tokens"] == min(durable_a[r], len(q["prompt"]) - 1), r
+        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, r
+
+    llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, server.port)))
+    emitted = {r: run_a[r]["tokens"] + run_b[r]["tokens"] for r in prompts}
+    samplings = [
+        SamplingParams(max_tokens=TOTAL_TOKENS - len(emitted[r]), temperature=0.0,
+                       extra_args=params(r, epoch=2, restore={}))
+        for r in prompts
+    ]  # fmt: skip
+    outputs = llm.generate([{"prompt_token_ids": prompts[r] + emitted[r]} for r in prompts], samplings)
+    for r, output in zip(prompts, outputs):
+        assert emitted[r] == reference[r][: len(emitted[r])], r
+        assert list(output.outputs[0].token_ids) == reference[r][len(emitted[r]) :], r
+        assert output.num_cached_tokens == min(durable_b[r], len(prompts[r]) + len(emitted[r]) - 1), r
+    del llm
+    gc.collect()
