@@ -10,7 +10,7 @@ export LUMEN_CUDA_ARCHS ?= 80;90
 NATIVE_SOURCES := $(shell find csrc python -type f) CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: install test demo bench clean proto vllm-env test-vllm
+.PHONY: install test test-slow demo bench clean proto vllm-env test-vllm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ install: $(VENV)/.installed
 
 test: install
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The tests marked slow (long fault and cluster scenarios; the default run deselects them).
+test-slow: install
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 # The live loopback cluster (gateway + 4 workers, one SIGKILL) under S&R, FC and LUMEN (issue 9).
 # Needs the UCX module (LUMEN_UCX=ON or AUTO with libucx found). DEMO_ARGS: e.g. --repeats 3.
