@@ -143,6 +143,13 @@ def _verify_layout(
                 f"got shape {tuple(draft_token_ids.shape)}"
             )
         ks = _as_counts(num_draft_tokens, None)
+        # Each k + 1 rows must fit in the target, checked before summing: a sum of huge counts
+        # wraps int64 and would pass the row check.
+        if ks.numel() and int(ks.max()) >= target.shape[0]:
+            raise ValueError(
+                f"`num_draft_tokens` must be < {target.shape[0]} (the packed target's rows), "
+                f"got {int(ks.max())}"
+            )
         num_rows = int(ks.sum()) + ks.numel()
         if target.shape[0] != num_rows:
             raise ValueError(f"`target` must have sum(k + 1) = {num_rows} rows, got {target.shape[0]}")

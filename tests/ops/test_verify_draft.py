@@ -379,6 +379,16 @@ BAD_INPUTS = [
             "uniforms": None,
         },
     ),
+    (
+        ValueError,
+        "`num_draft_tokens` must be < 4 \\(the packed target's rows\\), got 4611686018427387904",
+        {
+            "target": torch.ones(4, 8) / 8,
+            "draft_token_ids": torch.zeros(0, dtype=torch.int64),
+            "num_draft_tokens": [2**62] * 4,  # sum(k) wraps to 0 in int64: sum(k + 1) = 4 rows
+            "uniforms": None,
+        },
+    ),
     (ValueError, "`target` must be 3-D", {"target": torch.ones(8)}),
     (ValueError, "`num_draft_tokens` must be int32 or int64", {"num_draft_tokens": torch.ones(2)}),
     (TypeError, "`num_draft_tokens` must be a tensor or a sequence of ints", {"num_draft_tokens": "22"}),
