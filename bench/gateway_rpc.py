@@ -31,7 +31,8 @@ import numpy as np
 
 from lumen_core.gateway.auth import CallVerifier, sign_call
 from lumen_core.gateway.client import GatewayClient, RequestTokens
-from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, HeldReport
+from lumen_core.gateway.coordinator import Coordinator, GatewayConfig
+from lumen_core.gateway.reports import HeldReport, WorkerReport
 from lumen_core.gateway.server import GatewayServer
 
 SECRET = b"bench-secret-0123456789abcdef0123"
@@ -75,7 +76,8 @@ def main() -> None:
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args()
     config = GatewayConfig(policy="LUMEN")
-    held = [HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1)]
+    held = tuple(HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1))
+    report = WorkerReport(num_running=3, num_waiting=1, held=held)
 
     direct = Coordinator(config, SECRET)
     populate(
@@ -86,7 +88,7 @@ def main() -> None:
     position = [0]
 
     def direct_heartbeat() -> None:
-        direct.heartbeat(1.0, 1, 1, num_running=3, num_waiting=1, held=held)
+        direct.heartbeat(1.0, 1, 1, report)
 
     def direct_tokens() -> None:
         direct.report_tokens(1.0, direct_request.worker_id, 1, direct_request.request_id, 1, position[0], [7])
@@ -110,7 +112,7 @@ def main() -> None:
         def keep_leases() -> None:  # the workers' heartbeats, as in a live cluster
             while not stop.wait(config.heartbeat_s):
                 for client in clients:
-                    client.heartbeat(num_running=12)
+                    client.heartbeat(WorkerReport(num_running=12))
 
         heartbeats = threading.Thread(target=keep_leases, name="bench-heartbeats")
         heartbeats.start()
@@ -139,13 +141,13 @@ def main() -> None:
                 rpc_step_position[0] += 1
 
             def rpc_heartbeat() -> None:
-                clients[1].heartbeat(num_running=3, num_waiting=1, held=held)
+                clients[1].heartbeat(report)
 
             def rpc_tokens() -> None:
                 worker.report_tokens(request_id, 1, rpc_position[0], [7])
                 rpc_position[0] += 1
 
-            assert not clients[1].heartbeat(held=held).fenced
+            assert not clients[1].heartbeat(report).fenced
             assert worker.report_tokens(request_id, 1, 0, [7]).num_new == 1
             rpc_position[0] = 1
             direct_tokens()
@@ -187,12 +189,12 @@ def main() -> None:
 
 def test_heartbeat_rpc(benchmark) -> None:  # type: ignore[no-untyped-def]
     config = GatewayConfig(policy="LUMEN")
-    held = [HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1)]
+    held = tuple(HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1))
     with GatewayServer(config, SECRET) as server:
         client = GatewayClient(server.address, SECRET, timeout_s=10.0)
         try:
             client.register(0, budget_bytes=64 * GIB)
-            reply = benchmark(client.heartbeat, num_running=3, num_waiting=1, held=held)
+            reply = benchmark(client.heartbeat, WorkerReport(num_running=3, num_waiting=1, held=held))
         finally:
             client.close()
     assert not reply.fenced

@@ -164,7 +164,8 @@ def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_p
     """The other direction: the log a live gateway writes (gRPC, real clients, a failure and an
     assist pairing) replays through ``sim.eventlog.replay_event_log`` to the same decisions."""
     from lumen_core.gateway.client import GatewayClient
-    from lumen_core.gateway.coordinator import HeldReport
+    from lumen_core.gateway.directives import Hold
+    from lumen_core.gateway.reports import HeldReport, WorkerReport
     from lumen_core.gateway.server import GatewayServer
     from lumen_core.policy.load import LoadConfig
     from lumen_core.sim.eventlog import replay_event_log
@@ -181,12 +182,14 @@ def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_p
             streams = [client.submit([1] * 50, 20, timeout_s=30.0) for _ in range(4)]
             request_ids = [next(s).request_id for s in streams]
             for worker in workers:
-                directives = worker.heartbeat(num_running=1).directives
-                held = [HeldReport(d.request_id, 1, 50) for d in directives if d.kind == "hold"]
-                worker.heartbeat(num_running=2, held=held)
+                directives = worker.heartbeat(WorkerReport(num_running=1)).directives
+                held = tuple(HeldReport(d.request_id, 1, 50) for d in directives if isinstance(d, Hold))
+                worker.heartbeat(WorkerReport(num_running=2, held=held))
             assert client.report_exit(0, 1, "SIGKILL")
             workers[0].register(0, state=RECOVERING)
-            workers[0].heartbeat(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)
+            workers[0].heartbeat(
+                WorkerReport(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)
+            )
             workers[0].model_loaded(budget_bytes=1 << 36)
             for stream in streams:
                 stream.close()
