@@ -125,7 +125,6 @@ class Cancel:
 
 
 Directive = Run | Resume | Hold | Stream | Release | AssistDraft | AssistVerify | AssistStop | Cancel
-DIRECTIVE_TYPES: tuple[type, ...] = Directive.__args__  # type: ignore[attr-defined]
 
 
 @dataclass(frozen=True)
