@@ -118,7 +118,7 @@ def test_the_inbox_applies_each_number_once_in_order_and_drops_other_epochs():
     assert inbox.accept(2, d[:3], got.extend) == (Cancel(3),)  # 1, 2 came the other way already
     assert inbox.accept(2, [d[4]]) == ()  # a gap (4 is missing): wait for the heartbeat reply
     assert inbox.accept(1, d[3:]) == ()  # a stream of the older incarnation
-    assert inbox.sequence == 3
+    assert inbox.sequence == 3 and inbox.position() == (2, 3) and inbox.num_repeated == 2
     assert inbox.accept(2, d[3:], got.extend) == (Cancel(4), Cancel(5))
     assert got == [Cancel(i) for i in range(1, 6)]
     inbox.reset(3)

@@ -156,8 +156,21 @@ def test_a_newer_stream_ends_the_older_and_a_fenced_epoch_gets_none(start_gatewa
     wait_until(lambda: server.num_directive_streams == 0)
 
 
-def test_directive_streams_are_authenticated_and_capped(start_gateway, connect):
+def test_directive_streams_are_authenticated_validated_and_capped(start_gateway, connect):
+    from lumen_core.gateway.server import GatewayServer
+
+    with pytest.raises(ValueError, match="max_workers must be an int >= 1, got 0"):
+        GatewayServer(GatewayConfig(), b"directive-tests-secret-0123456789", max_workers=0)
     server = start_gateway(GatewayConfig(policy="S&R"), max_workers=1)
+    signed = connect(server)
+    with pytest.raises(grpc.RpcError) as info:
+        next(
+            signed._stub.Directives(
+                pb.DirectivesRequest(worker_id=-1), metadata=signed._metadata("Directives")
+            )
+        )
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == "worker_id must be >= 0, got -1"
     rogue = connect(server, secret=b"not-the-cluster-secret-at-all!!")
     rogue.worker_id = 0
     with pytest.raises(AuthError, match="UNAUTHENTICATED: bad MAC"):

@@ -285,10 +285,8 @@ class GatewayClient:
         (StaleEpochError: this epoch is fenced), FencedError before ``register``."""
         if self.worker_id < 0:
             raise FencedError("receive_directives before register")
-        epoch = self.epoch
-        request = pb.DirectivesRequest(
-            worker_id=self.worker_id, epoch=epoch, after_sequence=self.inbox.sequence
-        )
+        epoch, after_sequence = self.inbox.position()  # not self.epoch: a register may be under way
+        request = pb.DirectivesRequest(worker_id=self.worker_id, epoch=epoch, after_sequence=after_sequence)
         call = self._stub.Directives(request, metadata=self._metadata("Directives"))
         self._pushed = call
         if stop is not None and stop.is_set():

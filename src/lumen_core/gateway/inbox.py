@@ -33,6 +33,12 @@ class DirectiveInbox:
         with self._lock:
             return self._sequence
 
+    def position(self) -> tuple[int, int]:
+        """(worker epoch, highest number applied in it), read together: where a stream opened
+        now must start."""
+        with self._lock:
+            return self._epoch, self._sequence
+
     def reset(self, epoch: int) -> None:
         """A new registration (worker epoch): its directives are numbered from 1 again."""
         with self._lock:

@@ -223,8 +223,8 @@ class _Servicer(pb_grpc.GatewayServicer):
                 while True:
                     try:  # not through _run: its notify_all would wake every other stream
                         server.coordinator.check_worker_epoch(worker_id, epoch)
-                    except StaleEpochError as exc:
-                        context.abort(grpc.StatusCode.FAILED_PRECONDITION, str(exc))
+                    except (StaleEpochError, TypeError, ValueError) as exc:
+                        context.abort(_code_of(exc), str(exc))
                     deliveries = server.coordinator.directives_after(worker_id, sequence)
                     if (
                         deliveries
