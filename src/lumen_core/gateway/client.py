@@ -214,7 +214,6 @@ class GatewayClient:
             self.fenced = False
             self.fence_reason = ""
             self.state = state
-            self.inbox.reset(reply.epoch)
             self._registration = {
                 "worker_id": worker_id,
                 "budget_bytes": budget_bytes,
@@ -222,6 +221,8 @@ class GatewayClient:
                 "holder_address": holder_address,
                 "num_shards": num_shards,
             }
+        # Outside self._lock: a handler the inbox calls may fence this client (take self._lock).
+        self.inbox.reset(reply.epoch)
         directives = self.inbox.accept(
             reply.epoch, [delivery_from_pb(d) for d in reply.directives], on_directives
         )
