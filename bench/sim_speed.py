@@ -15,7 +15,8 @@ import argparse
 import json
 import time
 
-from lumen_core.sim.cluster import ClusterSim, Failure, preset
+from lumen_core.policy.presets import preset
+from lumen_core.sim.cluster import ClusterSim, Failure
 from lumen_core.sim.experiments import RATE_PER_WORKER, Options, failed_workers, run_experiment, table1_config
 from lumen_core.sim.workload import load_trace
 

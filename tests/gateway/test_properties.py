@@ -5,14 +5,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from lumen_core.gateway.coordinator import (
-    FAILED,
-    RECOVERING,
-    SERVING,
     Coordinator,
     GatewayConfig,
     NoWorkerError,
 )
 from lumen_core.gateway.reports import HeldReport, WorkerReport
+from lumen_core.policy.events import WorkerState
 from lumen_core.policy.presets import POLICY_NAMES
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,19 +34,19 @@ def check_invariants(coordinator: Coordinator, epochs: dict[int, int]) -> None:
     monitor = coordinator.monitor
     for worker_id in coordinator.worker_ids():
         state = coordinator.worker_state(worker_id)
-        assert state in (SERVING, RECOVERING, FAILED)
+        assert state in (WorkerState.SERVING, WorkerState.RECOVERING, WorkerState.FAILED)
         assert monitor.state(worker_id) == state
         assert coordinator.worker_epoch(worker_id) >= epochs.get(worker_id, 0)
         epochs[worker_id] = coordinator.worker_epoch(worker_id)
-        if state == FAILED:
+        if state == WorkerState.FAILED:
             assert coordinator.take_directives(worker_id) == []
     for request_id in monitor.request_ids():
         view = monitor.request(request_id)
         worker_id, _ = coordinator.request_worker(request_id)
         assert view.worker_id == worker_id
-        assert coordinator.worker_state(worker_id) == SERVING  # routed away from every failure
+        assert coordinator.worker_state(worker_id) == WorkerState.SERVING  # routed away from every failure
         assert worker_id not in view.holder_ids
-        assert all(coordinator.worker_state(h) == SERVING for h in view.holder_ids)
+        assert all(coordinator.worker_state(h) == WorkerState.SERVING for h in view.holder_ids)
 
 
 @settings(max_examples=40, deadline=None)
@@ -83,22 +81,22 @@ def test_random_call_sequences_keep_requests_on_serving_workers_and_epochs_monot
             )
             assert ack.num_new == len(new) and ack.next_position == known + len(new)
             assert coordinator.monitor.has_request(request_id) != done
-        elif op == "held" and live_requests and state == SERVING:
+        elif op == "held" and live_requests and state == WorkerState.SERVING:
             request_id = live_requests[size % len(live_requests)]
             _, request_epoch = coordinator.request_worker(request_id)
             coordinator.heartbeat(
                 now_s, worker_id, epoch, WorkerReport(held=(HeldReport(request_id, request_epoch, size),))
             )
-        elif op == "fail" and state != FAILED:
+        elif op == "fail" and state != WorkerState.FAILED:
             coordinator.fail(now_s, [worker_id], cause="test")
-        elif op == "exit" and state != FAILED:
+        elif op == "exit" and state != WorkerState.FAILED:
             assert coordinator.process_exited(now_s, worker_id, epoch, "SIGKILL") is not None
-        elif op == "restart" and state == FAILED:
-            restarted = RECOVERING if size % 2 else SERVING
+        elif op == "restart" and state == WorkerState.FAILED:
+            restarted = WorkerState.RECOVERING if size % 2 else WorkerState.SERVING
             coordinator.register(now_s, worker_id, state=restarted, budget_bytes=1 << 40)
-        elif op == "loaded" and state == RECOVERING:
+        elif op == "loaded" and state == WorkerState.RECOVERING:
             coordinator.model_loaded(now_s, worker_id, epoch, 1 << 40)
-        elif op == "heartbeat" and state != FAILED:
+        elif op == "heartbeat" and state != WorkerState.FAILED:
             coordinator.heartbeat(now_s, worker_id, epoch, WorkerReport(num_running=size), state=state)
         elif op == "expire":
             coordinator.expire_leases(now_s)

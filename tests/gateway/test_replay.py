@@ -1,174 +1,200 @@
-"""A simulator event log replayed through the gateway's Coordinator gives the same decisions.
+"""Each gateway call maps onto the ``RecoveryDriver`` calls it stands for.
 
-The simulator (``sim.cluster``) writes every policy event, call and gain query to a JSON-lines
-log (``sim.eventlog``). Here each logged event is turned into the gateway call that produces
-it live (registration, heartbeat report, admission, checkpoint report, finish, failure
-detection, switch-over); the policy calls are NOT replayed one by one: the Coordinator makes
-them itself, in its own order, and writes its own log. The two logs must be equal record for
-record: same events, same calls with the same arguments, same decisions.
-
-Scenario: one worker fails (S&R, FC, LUMEN with assist and switch-over). Two simulator
-liberties have no gateway counterpart and are kept out of it: the simulator knows the truth,
-so it unpairs a failed survivor (``release_survivor``) at the failure instant where the gateway
-does so at detection, and after correlated failures detected at different times it skips
-placing a request routed to a worker that is already dead but not yet detected, which the
-gateway (knowing no better) places.
+The coordinator and the simulator drive the policies through one ``policy.driver.RecoveryDriver``
+(its protocol and plans are tested in tests/policy/test_driver.py), so what is left to check on
+the gateway side is the mapping: each Coordinator call makes exactly the driver calls listed
+here, with these arguments, in this order, and no other. ``CallLog`` stands in front of the
+coordinator's real driver and records every call it receives. Last, the log a live gateway's
+driver writes (gRPC, real clients, a failure and an assist pairing) replays through fresh
+policy objects (``lumen_core.eventlog.replay_event_log``) to the same decisions.
 """
 
-from collections import deque
+from __future__ import annotations
+
+import inspect
 
 import pytest
 
-from lumen_core.gateway.coordinator import RECOVERING, SERVING, Coordinator, GatewayConfig
+from lumen_core.eventlog import EventLog, read_event_log, replay_event_log
+from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, NoWorkerError
+from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.policy.driver import RecoveryDriver
 from lumen_core.policy.events import (
+    CheckpointEvicted,
     CheckpointGrew,
+    CheckpointRefused,
+    CheckpointReserved,
     Heartbeat,
     RequestAdmitted,
-    RequestFinished,
-    WorkerFailed,
     WorkerJoined,
-    WorkerRecovering,
+    WorkerState,
 )
-from lumen_core.policy.presets import POLICY_NAMES, make_policy
-from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, preset
-from lumen_core.sim.eventlog import EventLog, read_event_log
-from lumen_core.sim.experiments import load_config_for
-from lumen_core.sim.workload import poisson_workload
+from lumen_core.policy.load import LoadConfig
+from lumen_core.policy.presets import make_policy
 
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"replay-test-secret-0123456789"
-CONFIG = ClusterConfig(num_workers=4, model="Qwen3-14B", tp=1, reload_s=4.0)
+BUDGET = 64 << 30
+DRIVER_CALLS = (
+    "admit",
+    "apply",
+    "choose_worker",
+    "end_pairings",
+    "fail",
+    "finish",
+    "num_draft_tokens",
+    "pair",
+    "place",
+    "recover",
+    "survivor_of",
+    "switch_over",
+)
 
 
-def simulate(tmp_path, policy: str):
-    workload = poisson_workload(20.0, 300, (200, 3000), (10, 300), 0)
-    path = tmp_path / f"sim-{policy}.jsonl"
-    log = EventLog.open(path)
-    ClusterSim(CONFIG, workload, preset(policy), failures=(Failure(6.0, (0,)),), event_log=log).run()
-    log.close()
-    return path, load_config_for(CONFIG, workload)
+class CallLog:
+    """In front of a real driver: records each call (name, args, kwargs), then makes it."""
+
+    def __init__(self, driver: RecoveryDriver) -> None:
+        self._driver = driver
+        self.calls: list[tuple[str, tuple, dict]] = []
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._driver, name)
+        if name not in DRIVER_CALLS:
+            return attr
+
+        def call(*args, **kwargs):
+            self.calls.append((name, args, kwargs))
+            return attr(*args, **kwargs)
+
+        return call
+
+    def take(self) -> list[tuple[str, tuple, dict]]:
+        calls, self.calls = self.calls, []
+        return calls
 
 
-def replay_through_coordinator(sim_path, policy, load_config, out_path) -> Coordinator:
-    """Drive a Coordinator with the gateway calls that the logged events stand for."""
-    records = list(read_event_log(sim_path))
-    gains = deque(r for r in records if r["op"] == "gain")
+def call(name: str, *args: object, **kwargs: object) -> tuple[str, tuple, dict]:
+    return name, args, kwargs
 
-    def logged_gain(monitor, survivor_id, num_draft_tokens):
-        record = gains.popleft()
-        assert (record["survivor_id"], record["num_draft_tokens"]) == (survivor_id, num_draft_tokens)
-        return record["value"]
 
-    out = EventLog.open(out_path)
-    coordinator = Coordinator(
-        GatewayConfig(policy=policy, load_config=load_config), SECRET, gain_fn=logged_gain, event_log=out
+def recorded_coordinator(policy: str = "LUMEN", num_workers: int = 3) -> tuple[Coordinator, CallLog]:
+    coordinator = Coordinator(GatewayConfig(policy=policy), SECRET)
+    log = CallLog(coordinator.driver)
+    coordinator.driver = log  # type: ignore[assignment]
+    for worker_id in range(num_workers):
+        coordinator.register(0.0, worker_id, budget_bytes=BUDGET, holder_address=f"h{worker_id}")
+        assert log.take() == [call("apply", WorkerJoined(0.0, worker_id, BUDGET, ""))]
+    return coordinator, log
+
+
+def test_every_driver_call_is_one_the_log_records():
+    public = {
+        name
+        for name, member in inspect.getmembers(RecoveryDriver)
+        if not name.startswith("_") and inspect.isfunction(member)
+    }
+    assert public == set(DRIVER_CALLS)
+
+
+def test_gateway_calls_map_onto_driver_calls():
+    coordinator, log = recorded_coordinator()
+    first = coordinator.admit(0.1, [1] * 50, 20)
+    assert log.take() == [call("choose_worker"), call("admit", 0.1, 1, 0, 50, 20)]
+    second = coordinator.admit(0.1, [1] * 30, 10, worker_id=2)
+    assert log.take() == [call("admit", 0.1, 2, 2, 30, 10)]
+    (holder_id,) = first.placement.holder_ids
+
+    coordinator.heartbeat(
+        0.2, holder_id, 1, WorkerReport(num_running=2, num_waiting=1, held=(HeldReport(1, 1, 40),))
     )
-    now_s = 0.0
-    i = 0
-    while i < len(records):
-        record = records[i]
-        op = record["op"]
-        i += 1
-        if op == "event":
-            event = record["event"]
-            now_s = event.time_s
-            if isinstance(event, WorkerJoined):
-                coordinator.register(
-                    now_s,
-                    event.worker_id,
-                    state=SERVING,
-                    budget_bytes=event.budget_bytes,
-                    domain=event.domain,
-                )
-            elif isinstance(event, WorkerRecovering):
-                coordinator.register(now_s, event.worker_id, state=RECOVERING)
-            elif isinstance(event, WorkerFailed):
-                failed = [event.worker_id]
-                while records[i]["op"] == "event" and isinstance(records[i]["event"], WorkerFailed):
-                    failed.append(records[i]["event"].worker_id)
-                    i += 1
-                coordinator.fail(now_s, failed, cause="lease expired")
-            elif isinstance(event, Heartbeat):
-                coordinator.report_load(now_s, event.worker_id, event.num_running, event.num_waiting)
-            elif isinstance(event, RequestAdmitted):
-                coordinator.admit(
-                    now_s,
-                    (0,) * event.prompt_tokens,
-                    event.expected_output_tokens,
-                    expected_output_tokens=event.expected_output_tokens,
-                    worker_id=event.worker_id,
-                    request_id=event.request_id,
-                )
-            elif isinstance(event, CheckpointGrew):
-                _, epoch = coordinator.request_worker(event.request_id)
-                coordinator.report_checkpoint(
-                    now_s, event.holder_id, event.request_id, epoch, event.durable_tokens
-                )
-            elif isinstance(event, RequestFinished):
-                coordinator.finish_request(now_s, event.request_id)
-            else:
-                raise AssertionError(f"no gateway call stands for {event}")
-        elif op == "pair":  # a recovering worker's heartbeat while it is unpaired
-            coordinator.assist_report(now_s, record["args"]["assistant_id"], steps=0, proposed=0, accepted=0)
-        elif op == "finish":  # switch-over: the logged WorkerJoined that follows is its effect
-            joined = records[i]["event"]
-            assert isinstance(joined, WorkerJoined) and joined.worker_id == record["args"]["assistant_id"]
-            i += 1
-            worker_id = joined.worker_id
-            epoch = coordinator.worker_epoch(worker_id)
-            coordinator.model_loaded(joined.time_s, worker_id, epoch, joined.budget_bytes, joined.domain)
-        elif op not in ("gain", "place", "route", "replace"):  # those the Coordinator makes itself
-            raise AssertionError(f"no gateway call stands for {record}")
-    out.close()
-    assert not gains, f"{len(gains)} logged gain queries were never asked"
-    return coordinator
+    assert log.take() == [
+        call("apply", Heartbeat(0.2, holder_id, 2, 1)),
+        call("apply", CheckpointGrew(0.2, 1, holder_id, 40)),
+    ]
+    (other_holder,) = second.placement.holder_ids
+    coordinator.heartbeat(0.3, other_holder, 1, WorkerReport(refused_request_ids=(2,)))
+    assert log.take() == [
+        call("apply", Heartbeat(0.3, other_holder, 0, 0)),
+        call("apply", CheckpointRefused(0.3, 2, other_holder)),
+        call("place", 2),
+    ]
+    coordinator.heartbeat(0.35, holder_id, 1, WorkerReport(evicted_request_ids=(1,)))
+    assert log.take() == [
+        call("apply", Heartbeat(0.35, holder_id, 0, 0)),
+        call("apply", CheckpointEvicted(0.35, 1, holder_id)),
+    ]
+    coordinator.report_tokens(0.4, 2, 1, 2, 1, 0, [5] * 10, finished=True)
+    assert log.take() == [call("finish", 0.4, 2)]
+
+    assert coordinator.process_exited(1.0, 0, 1, "SIGKILL") is not None
+    assert log.take() == [call("fail", 1.0, [0], cause="process exited: SIGKILL")]
+    registration = coordinator.register(2.0, 0, state=WorkerState.RECOVERING, holder_address="h0")
+    assert log.take() == [call("recover", 2.0, 0)]
+    assert registration.assist is not None and registration.assist.survivor_id is not None
+    coordinator.heartbeat(
+        2.5,
+        0,
+        registration.epoch,
+        WorkerReport(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4),
+        state=WorkerState.RECOVERING,
+    )
+    assert log.take() == [call("survivor_of", 0), call("num_draft_tokens", 0, 3)]
+    coordinator.model_loaded(3.0, 0, registration.epoch, BUDGET)
+    assert log.take() == [call("switch_over", 3.0, 0, BUDGET, "")]
+
+    coordinator.register(3.5, 1, budget_bytes=BUDGET, holder_address="h1")  # 1 restarted unseen
+    assert log.take() == [
+        call("fail", 3.5, [1], cause="worker 1 registered again (epoch 1 is gone)"),
+        call("apply", WorkerJoined(3.5, 1, BUDGET, "")),
+    ]
+    assert coordinator.expire_leases(20.0) is not None
+    assert log.take() == [call("fail", 20.0, [0, 1, 2], cause="lease expired")]
+    with pytest.raises(NoWorkerError):
+        coordinator.admit(20.1, [1] * 5, 5)
+    assert log.take() == [call("choose_worker")]
 
 
-def first_difference(a_path, b_path) -> tuple[int, object, object] | None:
-    a = list(read_event_log(a_path))
-    b = list(read_event_log(b_path))
-    for k, (x, y) in enumerate(zip(a, b, strict=False)):
-        if x != y:
-            return k, x, y
-    if len(a) != len(b):
-        return min(len(a), len(b)), None, None
-    return None
+def test_a_restarted_gateways_adoptions_map_onto_events():
+    coordinator, log = recorded_coordinator(num_workers=0)
+    running = RunningReport(7, 1, (1,) * 20, (), 10, 10)
+    coordinator.register(0.0, 0, budget_bytes=BUDGET, running=[running])
+    assert log.take() == [
+        call("apply", WorkerJoined(0.0, 0, BUDGET, "")),
+        call("apply", RequestAdmitted(0.0, 7, 0, 20, 10)),
+    ]
+    coordinator.register(0.0, 1, budget_bytes=BUDGET, held=[HeldReport(7, 1, 12)])
+    reserved = 30 * coordinator.config.load_config.kv_bytes_per_token
+    assert log.take() == [
+        call("apply", WorkerJoined(0.0, 1, BUDGET, "")),
+        call("apply", CheckpointReserved(0.0, 7, (1,), reserved)),
+        call("apply", CheckpointGrew(0.0, 7, 1, 12)),
+    ]
 
 
-@pytest.mark.parametrize("policy", POLICY_NAMES)
-def test_simulator_log_replayed_through_the_coordinator_gives_the_same_decisions(tmp_path, policy):
-    sim_path, load_config = simulate(tmp_path, policy)
-    gateway_path = tmp_path / f"gateway-{policy}.jsonl"
-    coordinator = replay_through_coordinator(sim_path, policy, load_config, gateway_path)
-    sim_records = list(read_event_log(sim_path))
-    ops = {r["op"] for r in sim_records}
-    assert {"event", "place", "route", "replace"} <= ops
-    if policy == "LUMEN":
-        assert {"pair", "finish", "gain"} <= ops
-    routes = [d for r in sim_records if r["op"] == "route" for d in r["result"]]
-    assert len(routes) >= 3, "the failure must interrupt requests, or the test proves little"
-    assert first_difference(sim_path, gateway_path) is None
-    assert len(coordinator.failures) == 1 and coordinator.failures[0].routes == tuple(routes)
+def test_the_mapping_depends_on_the_policy_so_the_check_can_fail():
+    """Under FC nothing pairs: the same recovering worker's heartbeat asks the driver nothing,
+    where under LUMEN it asks for its survivor and draft length."""
+    calls = {}
+    for policy in ("FC", "LUMEN"):
+        coordinator, log = recorded_coordinator(policy)
+        coordinator.process_exited(1.0, 0, 1)
+        registration = coordinator.register(2.0, 0, state=WorkerState.RECOVERING)
+        log.take()
+        coordinator.heartbeat(
+            2.5, 0, registration.epoch, WorkerReport(assist_steps=1), state=WorkerState.RECOVERING
+        )
+        calls[policy] = log.take()
+    assert calls["FC"] == [] and calls["FC"] != calls["LUMEN"]
 
 
-def test_a_different_policy_disagrees_so_the_replay_can_fail(tmp_path):
-    sim_path, load_config = simulate(tmp_path, "S&R")
-    gateway_path = tmp_path / "gateway-FC.jsonl"
-    replay_through_coordinator(sim_path, "FC", load_config, gateway_path)
-    difference = first_difference(sim_path, gateway_path)
-    assert difference is not None and difference[1]["op"] == "place"
-
-
-def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_path):
-    """The other direction: the log a live gateway writes (gRPC, real clients, a failure and an
-    assist pairing) replays through ``sim.eventlog.replay_event_log`` to the same decisions."""
+def test_a_live_gateways_event_log_replays_to_the_same_decisions(tmp_path):
+    """The log a live gateway writes (gRPC, real clients, a failure and an assist pairing)
+    replays through fresh policy objects (``lumen_core.eventlog.replay_event_log``)."""
     from lumen_core.gateway.client import GatewayClient
     from lumen_core.gateway.directives import Hold
-    from lumen_core.gateway.reports import HeldReport, WorkerReport
     from lumen_core.gateway.server import GatewayServer
-    from lumen_core.policy.load import LoadConfig
-    from lumen_core.sim.eventlog import replay_event_log
 
     path = tmp_path / "gateway.jsonl"
     log = EventLog.open(path)
@@ -186,7 +212,7 @@ def test_a_live_gateways_event_log_replays_through_the_simulators_replayer(tmp_p
                 held = tuple(HeldReport(d.request_id, 1, 50) for d in directives if isinstance(d, Hold))
                 worker.heartbeat(WorkerReport(num_running=2, held=held))
             assert client.report_exit(0, 1, "SIGKILL")
-            workers[0].register(0, state=RECOVERING)
+            workers[0].register(0, state=WorkerState.RECOVERING)
             workers[0].heartbeat(
                 WorkerReport(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)
             )

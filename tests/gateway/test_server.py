@@ -10,7 +10,7 @@ from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.auth import issue_capability
 from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
-from lumen_core.gateway.coordinator import RECOVERING, GatewayConfig
+from lumen_core.gateway.coordinator import GatewayConfig
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,
@@ -22,7 +22,7 @@ from lumen_core.gateway.directives import (
     Stream,
 )
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
-from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.events import RecoveryAction, WorkerState
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -229,7 +229,7 @@ def test_assist_pairing_then_switch_over(start_gateway, connect):
     workers[1].heartbeat(WorkerReport(num_running=2))
     assert connect(server).report_exit(0, 1, "SIGKILL")
     restarted = connect(server)
-    registration = restarted.register(0, state=RECOVERING, holder_address="127.0.0.1:7100")
+    registration = restarted.register(0, state=WorkerState.RECOVERING, holder_address="127.0.0.1:7100")
     assert registration.epoch == 2
     (draft,) = [d for d in registration.directives if isinstance(d, AssistDraft)]
     assert draft.survivor_id == 2 and draft.num_draft_tokens == 2  # most loaded; cold k
@@ -516,7 +516,7 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
     survivors[1].heartbeat(WorkerReport(num_running=4))
     assert connect(server).report_exit(0, 1, "SIGKILL")
     assistant = connect(server)
-    registration = assistant.register(0, state=RECOVERING)
+    registration = assistant.register(0, state=WorkerState.RECOVERING)
     assert [type(d) for d in registration.directives] == [AssistDraft]
     received = []
     loop = HeartbeatLoop(assistant, lambda: WorkerReport(assist_steps=200), received.extend, print).start()

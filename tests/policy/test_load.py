@@ -21,6 +21,7 @@ from lumen_core.policy import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 
 
@@ -338,3 +339,14 @@ def test_replaying_reservations_rebuilds_the_same_accounting(make_cluster):
         assert replica.worker(worker_id) == live.worker(worker_id)
         assert replica.load(worker_id) == live.load(worker_id)
     assert [replica.request(r) for r in range(12)] == [live.request(r) for r in range(12)]
+
+
+def test_states_are_one_enum_that_reads_as_its_value(make_cluster):
+    monitor = make_cluster(2)
+    monitor.apply(WorkerFailed(1.0, 1))
+    assert monitor.state(0) is WorkerState.SERVING and monitor.worker(1).state is WorkerState.FAILED
+    monitor.apply(WorkerRecovering(2.0, 1))
+    assert monitor.state(1) is WorkerState.RECOVERING
+    assert WorkerState.RECOVERING == "recovering" and WorkerState("serving") is WorkerState.SERVING
+    assert f"{WorkerState.FAILED}" == str(WorkerState.FAILED) == "failed"
+    assert {WorkerState.SERVING: 1}["serving"] == 1  # a str key finds it: drivers map either

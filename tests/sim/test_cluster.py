@@ -5,10 +5,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumen_core.policy.events import PlacementDecision, RecoveryAction, RequestAdmitted, RouteDecision
-from lumen_core.policy.presets import POLICY_NAMES
-from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, combination, preset
-from lumen_core.sim.eventlog import EventLog, read_event_log, replay_event_log
+from lumen_core.eventlog import EventLog, read_event_log, replay_event_log
+from lumen_core.policy.events import (
+    PlacementDecision,
+    RecoveryAction,
+    RequestAdmitted,
+    RouteDecision,
+    WorkerFailed,
+)
+from lumen_core.policy.presets import POLICY_NAMES, preset
+from lumen_core.sim.cluster import ClusterConfig, ClusterSim, Failure, combination
 from lumen_core.sim.experiments import load_config_for
 from lumen_core.sim.workload import load_trace, poisson_workload
 
@@ -126,6 +132,36 @@ def test_event_log_is_written_readable_and_replays_to_the_same_decisions(tmp_pat
         replay_event_log(path, preset("FC"), load_config_for(SMALL, workload))
 
 
+def test_a_dead_worker_is_in_no_pairing_when_its_failure_is_detected(tmp_path):
+    """Worker 0 fails again while it assists (recovering, paired): its survivor must stop
+    verifying its drafts then, not keep a dead assistant until 0's next switch-over."""
+    config = ClusterConfig(num_workers=6, model="Qwen3-14B", tp=1, reload_s=8.0, rack_size=2)
+    workload = poisson_workload(30.0, 500, (200, 3000), (10, 400), 1)
+    failures = (Failure(5.0, (0, 1)), Failure(9.0, (3,)), Failure(12.5, (0,)))
+    path = tmp_path / "log.jsonl"
+    log = EventLog.open(path)
+    result = ClusterSim(config, workload, preset("LUMEN"), failures=failures, event_log=log).run()
+    log.close()
+    assert_conserved(result, 500)
+    survivor_of: dict[int, int] = {}
+    num_detected_while_paired = 0
+    for record in read_event_log(path):
+        op = record["op"]
+        if op == "pair" and record["result"][0].survivor_id is not None:
+            decision = record["result"][0]
+            assert not decision.reason.startswith("already"), decision
+            survivor_of[decision.assistant_id] = decision.survivor_id
+        elif op == "finish":
+            survivor_of.pop(record["args"]["assistant_id"], None)
+        elif op == "release_survivor":
+            survivor_of = {a: s for a, s in survivor_of.items() if s != record["args"]["survivor_id"]}
+        elif op == "event" and isinstance(record["event"], WorkerFailed):
+            worker_id = record["event"].worker_id
+            num_detected_while_paired += worker_id in survivor_of or worker_id in survivor_of.values()
+    assert num_detected_while_paired == 0
+    assert (0, 2) in result.assist_pairs  # 0 was paired when it failed the second time
+
+
 def test_ablation_combinations_run():
     for mask in range(8):
         factory = combination(
@@ -185,7 +221,7 @@ def test_whole_trace_runs_at_64_workers_without_loss():
 def test_event_log_validation(tmp_path):
     import io
 
-    from lumen_core.sim.eventlog import from_json, to_json
+    from lumen_core.eventlog import from_json, to_json
 
     decision = RouteDecision(3, 1, RecoveryAction.RESTORE, 2, 100, "r")
     assert from_json(to_json(decision)) == decision

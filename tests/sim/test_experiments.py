@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from lumen_core.cli import main
-from lumen_core.sim.cluster import ClusterSim, preset
+from lumen_core.policy.presets import preset
+from lumen_core.sim.cluster import ClusterSim
 from lumen_core.sim.experiments import (
     FAILURE_FREE_TTFT_S,
     RATE_PER_WORKER,

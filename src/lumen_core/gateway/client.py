@@ -26,7 +26,6 @@ import grpc
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.auth import AUTH_METADATA_KEY, check_secret, sign_call
-from lumen_core.gateway.coordinator import SERVING
 from lumen_core.gateway.directives import Directive
 from lumen_core.gateway.inbox import DirectiveHandler, DirectiveInbox
 from lumen_core.gateway.protocol import (
@@ -38,6 +37,7 @@ from lumen_core.gateway.protocol import (
     state_to_pb,
 )
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.policy.events import WorkerState
 
 # gRPC backs off reconnecting to an address that failed (up to 120 s by default): a worker
 # could then lose its lease after a gateway restart before it even tried the new gateway.
@@ -157,7 +157,7 @@ class GatewayClient:
         self._lease_deadline_s = -math.inf
         self.fenced = False
         self.fence_reason = ""
-        self.state = SERVING
+        self.state = WorkerState.SERVING
         self._registration: dict[str, object] = {}
         self.inbox = DirectiveInbox()
         self._pushed: Any = None  # the open Directives call, cancelled by cancel_directives
@@ -176,7 +176,7 @@ class GatewayClient:
         self,
         worker_id: int,
         *,
-        state: str = SERVING,
+        state: str = WorkerState.SERVING,
         budget_bytes: int = 0,
         domain: str = "",
         holder_address: str = "",
@@ -389,7 +389,7 @@ class GatewayClient:
             ),
         )
         assert isinstance(reply, pb.ModelLoadedReply)
-        self.state = SERVING
+        self.state = WorkerState.SERVING
         return None if reply.freed_survivor_id < 0 else reply.freed_survivor_id
 
     # ---- client side -----------------------------------------------------------------------

@@ -59,7 +59,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     from lumen_core.gateway.coordinator import GatewayConfig
     from lumen_core.gateway.server import GatewayServer
     from lumen_core.policy.load import LoadConfig
-    from lumen_core.sim.eventlog import EventLog
+    from lumen_core.eventlog import EventLog
 
     if args.write_secret is not None:
         write_secret_file(args.write_secret)

@@ -1,19 +1,14 @@
 """The gateway's decision path: one plain, single-threaded object over the policy objects.
 
-``Coordinator`` owns the ``LoadMonitor`` and the placement, router and assist planner that
-``policy.presets.make_policy`` builds (the same objects the simulator builds), plus what only
-a live cluster needs: worker epochs and leases, per-request epochs and capabilities, the
-tokens each request has emitted (de-duplicated by position), and per-worker queues of
-directives. It takes the time (``now_s``) as an argument and never reads a clock, opens a
-socket or starts a thread: the gRPC servicer (``gateway.server``) is a thin layer over it.
-
-It calls the policy objects in the simulator's order, so both drivers make the same calls on
-the same events: admission ``apply(RequestAdmitted)`` then ``place``; a failure of workers
-``F`` (detected together) ``apply(WorkerFailed(w))`` for each ``w`` in ``F``, then for each
-``route(w)`` followed by ``place`` of every re-routed request left without a holder, then
-``replace(w)`` for each; a restarted worker ``apply(WorkerRecovering)`` then ``pair`` (again at
-its heartbeats while unpaired); its full model loaded: ``finish`` then ``apply(WorkerJoined)``.
-With an ``EventLog`` (``sim.eventlog``) it writes every event, call and gain query in the
+``Coordinator`` drives the policies through ``policy.driver.RecoveryDriver`` (the simulator's
+driver too: one failure protocol, one pairing and switch-over, one join-shortest-queue
+admission) and keeps what only a live cluster needs: worker epochs and leases, per-request
+epochs and capabilities, the tokens each request has emitted (de-duplicated by position), and
+per-worker outboxes of numbered directives (``gateway.outbox``), into which it turns the
+driver's plans. It takes the time
+(``now_s``) as an argument and never reads a clock, opens a socket or starts a thread: the
+gRPC servicer (``gateway.server``) is a thin layer over it. With an ``EventLog``
+(``lumen_core.eventlog``) the driver writes every event, call and gain query in the
 simulator's format.
 
 Epochs: each registration of a worker gets a new worker epoch (above any it reports having
@@ -48,7 +43,8 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
-from lumen_core.policy.assist import AssistConfig, GainFn, make_acceptance_gain
+from lumen_core.policy.assist import AssistConfig, GainFn
+from lumen_core.policy.driver import AdmissionPlan, FailurePlan, Recorder, RecoveryDriver
 from lumen_core.policy.events import (
     AssistDecision,
     CheckpointEvicted,
@@ -58,26 +54,16 @@ from lumen_core.policy.events import (
     Heartbeat,
     PlacementDecision,
     RequestAdmitted,
-    RequestFinished,
     RouteDecision,
     WorkerFailed,
     WorkerJoined,
-    WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.load import LoadConfig, LoadMonitor
 from lumen_core.policy.placement import PlacementConfig
-from lumen_core.policy.presets import (
-    DEFAULT_ACCEPTANCE_RATE,
-    DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN,
-    POLICY_NAMES,
-    make_policy,
-)
+from lumen_core.policy.presets import POLICY_NAMES, preset
 from lumen_core.policy.routing import RouterConfig
-from lumen_core.sim.eventlog import EventLog
 
-SERVING = "serving"
-RECOVERING = "recovering"
-FAILED = "failed"
 COVERAGE_SLACK_TOKENS = 16  # as the simulator: a checkpoint may trail its request by a few tokens
 
 
@@ -138,26 +124,6 @@ class Registration:
 
 
 @dataclass(frozen=True)
-class Admission:
-    request_id: int
-    worker_id: int
-    placement: PlacementDecision
-
-
-@dataclass(frozen=True)
-class FailureOutcome:
-    """Every decision of one failure (workers detected together), in the order made."""
-
-    time_s: float
-    worker_ids: tuple[int, ...]
-    routes: tuple[RouteDecision, ...]
-    placements: tuple[PlacementDecision, ...]  # re-routed requests left without a holder
-    replacements: tuple[PlacementDecision, ...]  # checkpoints the failed workers held
-    lost_request_ids: tuple[int, ...]  # no worker was left serving to take them
-    cause: str
-
-
-@dataclass(frozen=True)
 class LeaseStatus:
     """What a heartbeat learns about its lease."""
 
@@ -194,7 +160,7 @@ class GatewayMetrics:
     worker_load: dict[int, float]
     worker_queue_depth: dict[int, int]
     worker_held_bytes: dict[int, int]
-    worker_state: dict[int, str]
+    worker_state: dict[int, WorkerState]
 
 
 class _Worker:
@@ -216,7 +182,7 @@ class _Worker:
     ) -> None:
         self.worker_id = worker_id
         self.epoch = epoch
-        self.state = SERVING
+        self.state = WorkerState.SERVING
         self.lease_deadline_s = lease_deadline_s
         self.holder_address = address
         self.num_shards = num_shards
@@ -274,59 +240,37 @@ class Coordinator:
         secret: bytes,
         *,
         gain_fn: GainFn | None = None,
-        event_log: EventLog | None = None,
+        event_log: Recorder | None = None,
         first_request_id: int = 1,
     ) -> None:
         if not isinstance(config, GatewayConfig):
             raise TypeError(f"config must be a GatewayConfig, got {type(config).__name__}")
         self.config = config
         self._secret = check_secret(secret)
-        self._log = event_log
-        if gain_fn is None:
-            gain_fn = make_acceptance_gain(DEFAULT_ACCEPTANCE_RATE, DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)
-        self._gain_fn = gain_fn
-        self.monitor = LoadMonitor(config.load_config)
-        self.policy = make_policy(
+        policy = preset(
             config.policy,
             placement_config=config.placement_config,
             router_config=config.router_config,
             assist_config=config.assist_config,
-            gain_fn=self._logged_gain,
         )
+        self.driver = RecoveryDriver(policy, config.load_config, gain_fn=gain_fn, recorder=event_log)
         self._workers: dict[int, _Worker] = {}
         self._requests: dict[int, _Request] = {}
         self._outboxes: dict[int, DirectiveOutbox] = {}
         # held checkpoints reported (gateway restart) before their request: (holder, report, since)
         self._pending_holds: dict[int, list[tuple[int, HeldReport, float]]] = {}
         self._next_request_id = _check_id("first_request_id", first_request_id)
-        self._failures: list[FailureOutcome] = []
+        self._failures: list[FailurePlan] = []
         self._last_interrupted: list[int] = []
 
-    # ---- gain queries (logged) -------------------------------------------------------------
-    def _logged_gain(self, monitor: LoadMonitor, survivor_id: int, num_draft_tokens: int) -> float:
-        gain = float(self._gain_fn(monitor, survivor_id, num_draft_tokens))
-        if self._log is not None:
-            self._log.gain(survivor_id, num_draft_tokens, gain)
-        return gain
+    @property
+    def monitor(self) -> LoadMonitor:
+        """The driver's monitor (read it; feed it only through the driver)."""
+        return self.driver.monitor
 
-    def _apply(self, event: object) -> None:
-        self.monitor.apply(event)  # type: ignore[arg-type]
-        if self._log is not None:
-            self._log.event(event)
-
-    def _logged(self, op: str, args: dict[str, int], result: object) -> None:
-        if self._log is not None:
-            self._log.decision(op, args, result)
-
-    def _place(self, request_id: int) -> PlacementDecision:
-        decision = self.policy.placement.place(self.monitor, request_id)
-        self._logged("place", {"request_id": request_id}, [decision])
-        return decision
-
-    def _pair(self, worker_id: int) -> AssistDecision:
-        assert self.policy.planner is not None
-        decision = self.policy.planner.pair(self.monitor, worker_id)
-        self._logged("pair", {"assistant_id": worker_id}, [decision])
+    def _send_pairing(self, decision: AssistDecision) -> None:
+        """ASSIST_DRAFT to the assistant and ASSIST_VERIFY to the survivor of a pairing made."""
+        worker_id = decision.assistant_id
         if decision.survivor_id is not None:
             survivor = self._workers[decision.survivor_id]
             assistant = self._workers[worker_id]
@@ -337,11 +281,10 @@ class Coordinator:
             self._send(
                 decision.survivor_id, AssistVerify(worker_id, assistant.holder_address, k, decision.reason)
             )
-        return decision
 
     # ---- directives ------------------------------------------------------------------------
     def _send(self, worker_id: int, directive: Directive) -> None:
-        if worker_id in self._workers and self._workers[worker_id].state != FAILED:
+        if worker_id in self._workers and self._workers[worker_id].state != WorkerState.FAILED:
             self._outboxes[worker_id].put(directive)
 
     def directives_after(self, worker_id: int, sequence: int) -> list[Delivery]:
@@ -378,8 +321,7 @@ class Coordinator:
                 Hold(request.request_id, request.epoch, grant, reserved_bytes, request.worker_id, reason),
             )
 
-    def _grants(self, request: _Request) -> tuple[HolderGrant, ...]:
-        holder_ids = self.monitor.request(request.request_id).holder_ids
+    def _grants(self, request: _Request, holder_ids: Sequence[int]) -> tuple[HolderGrant, ...]:
         return tuple(self._grant(h, request) for h in holder_ids)
 
     # ---- workers -----------------------------------------------------------------------------
@@ -388,7 +330,7 @@ class Coordinator:
         now_s: float,
         worker_id: int,
         *,
-        state: str = SERVING,
+        state: str = WorkerState.SERVING,
         budget_bytes: int = 0,
         domain: str = "",
         holder_address: str = "",
@@ -397,17 +339,17 @@ class Coordinator:
         running: Sequence[RunningReport] = (),
         held: Sequence[HeldReport] = (),
     ) -> Registration:
-        """A worker process starts (SERVING or RECOVERING) or re-registers with a restarted
+        """A worker process starts (serving or recovering) or re-registers with a restarted
         gateway, reporting what it runs and holds. A live earlier incarnation is failed first
         (its process restarted before its lease expired). Returns the new epoch and, for a
         recovering worker, its assist pairing."""
         worker_id = _check_id("worker_id", worker_id)
-        if state not in (SERVING, RECOVERING):
-            raise ValueError(f"state must be 'serving' or 'recovering', got {state!r}")
+        if state not in (WorkerState.SERVING, WorkerState.RECOVERING):
+            raise ValueError(f"state must be 'serving' or 'recovering', got {str(state)!r}")
         num_shards = _check_id("num_shards", num_shards)
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
-        if state == RECOVERING and running:
+        if state == WorkerState.RECOVERING and running:
             raise ValueError(f"running must be empty for a recovering worker, got {len(running)} requests")
         _check_id("budget_bytes", budget_bytes)
         if not isinstance(domain, str) or not isinstance(holder_address, str):
@@ -416,7 +358,7 @@ class Coordinator:
                 f"{type(holder_address).__name__}"
             )
         old = self._workers.get(worker_id)
-        if old is not None and old.state != FAILED:
+        if old is not None and old.state != WorkerState.FAILED:
             self.fail(
                 now_s, [worker_id], cause=f"worker {worker_id} registered again (epoch {old.epoch} is gone)"
             )
@@ -426,16 +368,16 @@ class Coordinator:
         self._outboxes[worker_id] = DirectiveOutbox()  # a new epoch numbers its directives anew
         known = worker_id in self.monitor.worker_ids()
         assist = None
-        if state == SERVING:
-            self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
+        if state == WorkerState.SERVING:
+            self.driver.apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
         else:
-            worker.state = RECOVERING
+            worker.state = WorkerState.RECOVERING
             if not known:  # a restarted gateway meets a worker that is mid-recovery
-                self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
-                self._apply(WorkerFailed(now_s, worker_id))
-            self._apply(WorkerRecovering(now_s, worker_id))
-            if self.policy.planner is not None:
-                assist = self._pair(worker_id)
+                self.driver.apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
+                self.driver.apply(WorkerFailed(now_s, worker_id))
+            assist = self.driver.recover(now_s, worker_id)
+            if assist is not None:
+                self._send_pairing(assist)
         for running_report in running:
             self._adopt(now_s, worker_id, running_report)
         for held_report in held:
@@ -463,7 +405,9 @@ class Coordinator:
         )
         self._requests[request_id] = request
         self._next_request_id = max(self._next_request_id, request_id + 1)
-        self._apply(RequestAdmitted(now_s, request_id, worker_id, len(prompt), report.expected_output_tokens))
+        self.driver.apply(
+            RequestAdmitted(now_s, request_id, worker_id, len(prompt), report.expected_output_tokens)
+        )
         for holder_id, held, _ in self._pending_holds.pop(request_id, []):
             self._adopt_held(now_s, holder_id, held)
 
@@ -477,7 +421,7 @@ class Coordinator:
             report.epoch != request.epoch
             or holder_id == request.worker_id
             or holder_id in view.holder_ids
-            or self._workers[holder_id].state != SERVING
+            or self._workers[holder_id].state != WorkerState.SERVING
         ):
             self._send(holder_id, Release(request.request_id, reason="stale checkpoint"))
             return
@@ -485,8 +429,8 @@ class Coordinator:
             len(request.prompt_token_ids) + request.expected_output_tokens
         ) * self.config.load_config.kv_bytes_per_token
         reserved = max(0, min(expected, self.monitor.free_bytes(holder_id)))
-        self._apply(CheckpointReserved(now_s, request.request_id, (holder_id,), reserved))
-        self._apply(CheckpointGrew(now_s, request.request_id, holder_id, report.durable_tokens))
+        self.driver.apply(CheckpointReserved(now_s, request.request_id, (holder_id,), reserved))
+        self.driver.apply(CheckpointGrew(now_s, request.request_id, holder_id, report.durable_tokens))
 
     def drop_orphaned_holds(self, now_s: float) -> int:
         """Release the held checkpoints reported (after a gateway restart) for requests that no
@@ -509,14 +453,14 @@ class Coordinator:
             )
         if epoch != worker.epoch:
             return LeaseStatus(True, False, f"epoch {epoch} is stale (current epoch {worker.epoch})")
-        if worker.state == FAILED:
+        if worker.state == WorkerState.FAILED:
             return LeaseStatus(True, False, worker.fence_reason)
         worker.lease_deadline_s = now_s + self.config.lease_s
         return LeaseStatus(False, False, "")
 
     def report_load(self, now_s: float, worker_id: int, num_running: int, num_waiting: int) -> None:
-        if self._workers[worker_id].state == SERVING:
-            self._apply(Heartbeat(now_s, worker_id, num_running, num_waiting))
+        if self._workers[worker_id].state == WorkerState.SERVING:
+            self.driver.apply(Heartbeat(now_s, worker_id, num_running, num_waiting))
 
     def report_checkpoint(
         self, now_s: float, holder_id: int, request_id: int, epoch: int, durable_tokens: int
@@ -527,7 +471,7 @@ class Coordinator:
         request = self._requests.get(request_id)
         if request is None or epoch != request.epoch:
             return
-        self._apply(CheckpointGrew(now_s, request_id, holder_id, durable_tokens))
+        self.driver.apply(CheckpointGrew(now_s, request_id, holder_id, durable_tokens))
 
     def report_dropped(
         self, now_s: float, holder_id: int, request_id: int, *, refused: bool
@@ -541,14 +485,14 @@ class Coordinator:
         if request is None or request.finished:
             return None
         if not refused:
-            self._apply(CheckpointEvicted(now_s, request_id, holder_id))
+            self.driver.apply(CheckpointEvicted(now_s, request_id, holder_id))
             return None
         if holder_id in self.monitor.refused_by(request_id):
             return None  # reported again (a heartbeat whose reply was lost): handled already
-        self._apply(CheckpointRefused(now_s, request_id, holder_id))
-        if self._workers[request.worker_id].state != SERVING:
+        self.driver.apply(CheckpointRefused(now_s, request_id, holder_id))
+        if self._workers[request.worker_id].state != WorkerState.SERVING:
             return None
-        decision = self._place(request_id)
+        decision = self.driver.place(request_id)
         if decision.new_holder_ids:
             self._stream_to_new(request, decision)
         elif not self.monitor.request(request_id).holder_ids:
@@ -564,25 +508,24 @@ class Coordinator:
         self._hold(request, decision.new_holder_ids, decision.reserved_bytes, decision.reason)
         self._send(
             request.worker_id,
-            Stream(request.request_id, request.epoch, self._grants(request), decision.reason),
+            Stream(
+                request.request_id, request.epoch, self._grants(request, decision.holder_ids), decision.reason
+            ),
         )
 
     def assist_report(self, now_s: float, worker_id: int, *, steps: int, proposed: int, accepted: int) -> int:
         """A recovering worker's heartbeat: pair it if unpaired, record its cumulative draft
         counters; returns the draft length for its next steps (0 when it assists nobody)."""
         worker = self._workers[worker_id]
-        if worker.state != RECOVERING or self.policy.planner is None:
+        if worker.state != WorkerState.RECOVERING or not self.driver.assists:
             return 0
         if accepted > proposed:
             raise ValueError(f"accepted must be <= proposed, got {accepted} > {proposed}")
         worker.proposed_draft_tokens = proposed
         worker.accepted_draft_tokens = accepted
-        planner = self.policy.planner
-        if planner.survivor_of(worker_id) is None:
-            self._pair(worker_id)
-        if planner.survivor_of(worker_id) is None:
-            return 0
-        return planner.num_draft_tokens(worker_id, steps)
+        if self.driver.survivor_of(worker_id) is None:
+            self._send_pairing(self.driver.pair(worker_id))
+        return self.driver.num_draft_tokens(worker_id, steps)
 
     def heartbeat(
         self,
@@ -591,7 +534,7 @@ class Coordinator:
         epoch: int,
         report: WorkerReport,
         *,
-        state: str = SERVING,
+        state: str = WorkerState.SERVING,
         acked_sequence: int = 0,
     ) -> tuple[LeaseStatus, list[Delivery], int]:
         """Renew the lease, take the report and acknowledge the directives up to
@@ -605,8 +548,8 @@ class Coordinator:
         worker = self._workers[worker_id]
         if state != worker.state:
             raise ValueError(
-                f"state must be the registered state {worker.state!r} (ModelLoaded switches over), "
-                f"got {state!r}"
+                f"state must be the registered state {str(worker.state)!r} (ModelLoaded switches over), "
+                f"got {str(state)!r}"
             )
         if not isinstance(report, WorkerReport):
             raise TypeError(f"report must be a WorkerReport, got {type(report).__name__}")
@@ -635,27 +578,25 @@ class Coordinator:
         """Switch-over: a recovering worker's full model is loaded. Ends its assist pairing
         (the freed survivor is told) and it serves again with L = 0. Returns the survivor."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
-        if worker is None or epoch != worker.epoch or worker.state == FAILED:
+        if worker is None or epoch != worker.epoch or worker.state == WorkerState.FAILED:
             raise StaleEpochError(f"worker {worker_id} epoch {epoch} is not a live incarnation")
-        if worker.state != RECOVERING:
+        if worker.state != WorkerState.RECOVERING:
             raise ValueError(f"worker_id must be a recovering worker, got {worker_id} ({worker.state})")
         _check_id("budget_bytes", budget_bytes)
         if not isinstance(domain, str):
             raise TypeError(f"domain must be a str, got {type(domain).__name__}")
-        freed = None
-        if self.policy.planner is not None:
-            freed = self.policy.planner.finish(worker_id)
-            self._logged("finish", {"assistant_id": worker_id}, freed)
-            if freed is not None:
-                self._send(freed, AssistStop(worker_id, "assistant switched over"))
-        worker.state = SERVING
-        self._apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
+        worker.state = WorkerState.SERVING
+        freed = self.driver.switch_over(now_s, worker_id, budget_bytes, domain)
+        if freed is not None:
+            self._send(freed, AssistStop(worker_id, "assistant switched over"))
         return freed
 
-    def expire_leases(self, now_s: float) -> FailureOutcome | None:
+    def expire_leases(self, now_s: float) -> FailurePlan | None:
         """Fail every live worker whose lease ran out (all detected together)."""
         expired = sorted(
-            w.worker_id for w in self._workers.values() if w.state != FAILED and w.lease_deadline_s < now_s
+            w.worker_id
+            for w in self._workers.values()
+            if w.state != WorkerState.FAILED and w.lease_deadline_s < now_s
         )
         if not expired:
             return None
@@ -663,88 +604,62 @@ class Coordinator:
 
     def process_exited(
         self, now_s: float, worker_id: int, epoch: int, reason: str = ""
-    ) -> FailureOutcome | None:
+    ) -> FailurePlan | None:
         """A worker process exited. Fails that incarnation unless it is already failed or has
         been superseded (an older epoch): returns the outcome, or None."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
-        if worker is None or worker.epoch != epoch or worker.state == FAILED:
+        if worker is None or worker.epoch != epoch or worker.state == WorkerState.FAILED:
             return None
         return self.fail(now_s, [worker_id], cause=f"process exited{': ' + reason if reason else ''}")
 
     # ---- failures ----------------------------------------------------------------------------
-    def fail(self, now_s: float, worker_ids: Sequence[int], *, cause: str) -> FailureOutcome:
-        """Workers failed together: fence them, end their assist pairings, then in the
-        simulator's order mark each failed, route each one's requests (placing those left
-        without a holder), re-place the checkpoints each held; queue the directives."""
+    def fail(self, now_s: float, worker_ids: Sequence[int], *, cause: str) -> FailurePlan:
+        """Workers failed together: fence them, have the driver plan the failure (end their
+        pairings, mark each failed, route each one's requests placing those left without a
+        holder, re-place the checkpoints each held) and queue the plan's directives."""
         failed = [w for w in dict.fromkeys(_check_id("worker_ids", w) for w in worker_ids)]
         for worker_id in failed:
             worker = self._workers.get(worker_id)
-            if worker is None or worker.state == FAILED:
+            if worker is None or worker.state == WorkerState.FAILED:
                 raise ValueError(f"worker_ids must be live registered workers, got {worker_id}")
-        planner = self.policy.planner
         for worker_id in failed:
             worker = self._workers[worker_id]
-            worker.state = FAILED
+            worker.state = WorkerState.FAILED
             worker.fence_reason = f"epoch {worker.epoch} fenced at {now_s:.3f}: {cause}"
             self._outboxes.pop(worker_id, None)  # a failed incarnation is told nothing more
-            if planner is not None:
-                assistant = planner.assistant_of(worker_id)
-                if assistant is not None:
-                    planner.release_survivor(worker_id)
-                    self._logged("release_survivor", {"survivor_id": worker_id}, assistant)
-                    self._send(assistant, AssistStop(worker_id, "survivor failed"))
-                survivor = planner.survivor_of(worker_id)
-                if survivor is not None:
-                    planner.finish(worker_id)
-                    self._logged("finish", {"assistant_id": worker_id}, survivor)
-                    self._send(survivor, AssistStop(worker_id, "assistant failed"))
-        for worker_id in failed:
-            self._apply(WorkerFailed(now_s, worker_id))
-        lost: list[int] = []
-        if not self.monitor.live_worker_ids():  # nowhere to go: the requests are lost, and said so
-            for worker_id in failed:
-                for request_id in self.monitor.running_on(worker_id):
-                    self._requests[request_id].lost = True
-                    self.finish_request(now_s, request_id)
-                    lost.append(request_id)
-        routes: list[RouteDecision] = []
-        placements: list[PlacementDecision] = []
+        plan = self.driver.fail(now_s, failed, cause=cause)
+        for unpairing in plan.unpairings:
+            worker_id = unpairing.worker_id
+            if unpairing.freed_assistant_id is not None:
+                self._send(unpairing.freed_assistant_id, AssistStop(worker_id, "survivor failed"))
+            if unpairing.freed_survivor_id is not None:
+                self._send(unpairing.freed_survivor_id, AssistStop(worker_id, "assistant failed"))
+        for request_id in plan.lost_request_ids:  # their holders failed with them: none to release
+            request = self._requests[request_id]
+            request.lost = True
+            self._close(now_s, request)
         interrupted: list[int] = []
-        for worker_id in failed:
-            decisions = self.policy.router.route(self.monitor, worker_id)
-            self._logged("route", {"failed_worker_id": worker_id}, decisions)
-            for decision in decisions:
-                request = self._requests[decision.request_id]
-                request.epoch += 1
-                request.worker_id = decision.target_worker_id
-                request.interrupted_at_s = now_s
-                request.replay_token_s = math.nan
-                interrupted.append(request.request_id)
-                if not self.monitor.request(request.request_id).holder_ids:
-                    placement = self._place(request.request_id)
-                    placements.append(placement)
-                    self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
-                else:  # surviving holders: same copy, new epoch (older appends are fenced)
-                    self._hold(
-                        request, self.monitor.request(request.request_id).holder_ids, 0, "epoch bumped"
-                    )
-                self._send(request.worker_id, self._resume(request, decision))
-            routes.extend(decisions)
-        replacements: list[PlacementDecision] = []
-        for worker_id in failed:
-            replaced = self.policy.placement.replace(self.monitor, worker_id)
-            self._logged("replace", {"lost_holder_id": worker_id}, replaced)
-            for placed in replaced:
-                self._stream_to_new(self._requests[placed.request_id], placed)
-            replacements.extend(replaced)
-        outcome = FailureOutcome(
-            now_s, tuple(failed), tuple(routes), tuple(placements), tuple(replacements), tuple(lost), cause
-        )
-        self._failures.append(outcome)
+        for reroute in plan.reroutes:
+            decision = reroute.route
+            request = self._requests[decision.request_id]
+            request.epoch += 1
+            request.worker_id = decision.target_worker_id
+            request.interrupted_at_s = now_s
+            request.replay_token_s = math.nan
+            interrupted.append(request.request_id)
+            if reroute.placement is not None:
+                placement = reroute.placement
+                self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
+            else:  # surviving holders: same copy, new epoch (older appends are fenced)
+                self._hold(request, reroute.holder_ids, 0, "epoch bumped")
+            self._send(request.worker_id, self._resume(request, decision, reroute.holder_ids))
+        for placed in plan.replacements:
+            self._stream_to_new(self._requests[placed.request_id], placed)
+        self._failures.append(plan)
         self._last_interrupted = interrupted
-        return outcome
+        return plan
 
-    def _resume(self, request: _Request, decision: RouteDecision) -> Resume:
+    def _resume(self, request: _Request, decision: RouteDecision, holder_ids: Sequence[int]) -> Resume:
         source = None
         if decision.source_holder_id is not None:
             source = self._grant(decision.source_holder_id, request)
@@ -752,7 +667,7 @@ class Coordinator:
             request.request_id,
             request.epoch,
             decision.action,
-            self._grants(request),
+            self._grants(request, holder_ids),
             source,
             request.prompt_token_ids,
             tuple(request.tokens),
@@ -764,12 +679,10 @@ class Coordinator:
     def choose_worker(self) -> int:
         """Join-shortest-queue over the serving workers (queue depth as the monitor knows it,
         ties: lowest id). Raises NoWorkerError when none serves."""
-        live = self.monitor.live_worker_ids()
-        if not live:
+        worker_id = self.driver.choose_worker()
+        if worker_id is None:
             raise NoWorkerError("no worker is serving")
-        return min(
-            live, key=lambda w: (self.monitor.worker(w).num_running + self.monitor.worker(w).num_waiting, w)
-        )
+        return worker_id
 
     def admit(
         self,
@@ -780,7 +693,7 @@ class Coordinator:
         expected_output_tokens: int = 0,
         worker_id: int | None = None,
         request_id: int | None = None,
-    ) -> Admission:
+    ) -> AdmissionPlan:
         """Admit a client request on ``worker_id`` (default: join-shortest-queue), place its
         checkpoint and queue RUN to the worker and HOLD to its holders."""
         prompt = _check_tokens("prompt_token_ids", prompt_token_ids)
@@ -796,16 +709,23 @@ class Coordinator:
         elif _check_id("request_id", request_id) in self._requests:
             raise ValueError(f"request_id must be new, got {request_id}")
         self._next_request_id = max(self._next_request_id, request_id + 1)
-        self._apply(RequestAdmitted(now_s, request_id, worker_id, len(prompt), expected))
+        plan = self.driver.admit(now_s, request_id, worker_id, len(prompt), expected)
         request = _Request(request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s)
         self._requests[request_id] = request
-        placement = self._place(request_id)
+        placement = plan.placement
         self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
         self._send(
             worker_id,
-            Run(request_id, request.epoch, self._grants(request), prompt, max_new_tokens, placement.reason),
+            Run(
+                request_id,
+                request.epoch,
+                self._grants(request, placement.holder_ids),
+                prompt,
+                max_new_tokens,
+                placement.reason,
+            ),
         )
-        return Admission(request_id, worker_id, placement)
+        return plan
 
     def report_tokens(
         self,
@@ -858,7 +778,7 @@ class Coordinator:
     def check_worker_epoch(self, worker_id: int, worker_epoch: int) -> None:
         """Raise StaleEpochError unless (worker, epoch) is a live incarnation."""
         worker = self._workers.get(_check_id("worker_id", worker_id))
-        if worker is None or worker.epoch != worker_epoch or worker.state == FAILED:
+        if worker is None or worker.epoch != worker_epoch or worker.state == WorkerState.FAILED:
             raise StaleEpochError(f"worker {worker_id} epoch {worker_epoch} is fenced")
 
     def finish_request(self, now_s: float, request_id: int) -> None:
@@ -866,14 +786,16 @@ class Coordinator:
         request = self._requests.get(_check_id("request_id", request_id))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
-        holder_ids = self.monitor.request(request_id).holder_ids
+        self._close(now_s, request)
+        for holder_id in self.driver.finish(now_s, request_id):
+            self._send(holder_id, Release(request_id, request.epoch, "finished"))
+
+    def _close(self, now_s: float, request: _Request) -> None:
+        """A request's own accounting at its end (finished or lost)."""
         request.finished = True
         request.finish_s = now_s
         if not math.isnan(request.interrupted_at_s) and math.isnan(request.replay_token_s):
             request.replay_token_s = now_s
-        self._apply(RequestFinished(now_s, request_id))
-        for holder_id in holder_ids:
-            self._send(holder_id, Release(request_id, request.epoch, "finished"))
 
     def forget_finished(self, now_s: float) -> int:
         """Drop requests that finished more than ``finished_retention_s`` ago (except those of
@@ -903,7 +825,7 @@ class Coordinator:
     def worker_epoch(self, worker_id: int) -> int:
         return self._workers[_check_id("worker_id", worker_id)].epoch
 
-    def worker_state(self, worker_id: int) -> str:
+    def worker_state(self, worker_id: int) -> WorkerState:
         return self._workers[_check_id("worker_id", worker_id)].state
 
     def worker_ids(self) -> list[int]:
@@ -915,7 +837,7 @@ class Coordinator:
         return request.worker_id, request.epoch
 
     @property
-    def failures(self) -> tuple[FailureOutcome, ...]:
+    def failures(self) -> tuple[FailurePlan, ...]:
         return tuple(self._failures)
 
     @property

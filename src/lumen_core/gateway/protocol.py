@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lumen_core.gateway import lumen_pb2 as pb
-from lumen_core.gateway.coordinator import RECOVERING, SERVING
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,
@@ -23,7 +22,7 @@ from lumen_core.gateway.directives import (
     Stream,
 )
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
-from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.events import RecoveryAction, WorkerState
 
 SERVICE = "lumen.gateway.v1.Gateway"
 
@@ -33,8 +32,11 @@ _ACTION_TO_PB = {
     RecoveryAction.REPREFILL: pb.REPREFILL,
 }
 _ACTION_FROM_PB = {v: k for k, v in _ACTION_TO_PB.items()}
-_STATE_TO_PB: dict[str, pb.WorkerState] = {SERVING: pb.SERVING, RECOVERING: pb.RECOVERING}
-_STATE_FROM_PB: dict[int, str] = {int(v): k for k, v in _STATE_TO_PB.items()}
+_STATE_TO_PB: dict[WorkerState, pb.WorkerState] = {
+    WorkerState.SERVING: pb.SERVING,
+    WorkerState.RECOVERING: pb.RECOVERING,
+}
+_STATE_FROM_PB: dict[int, WorkerState] = {int(v): k for k, v in _STATE_TO_PB.items()}
 
 
 def method(name: str) -> str:
@@ -59,7 +61,7 @@ def state_to_pb(state: str) -> pb.WorkerState:
     return _STATE_TO_PB[state]
 
 
-def state_from_pb(value: int) -> str:
+def state_from_pb(value: int) -> WorkerState:
     if value not in _STATE_FROM_PB:
         raise ValueError(f"state must be SERVING or RECOVERING, got {value}")
     return _STATE_FROM_PB[value]

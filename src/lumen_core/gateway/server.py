@@ -17,6 +17,7 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
@@ -33,7 +34,6 @@ from lumen_core.gateway.protocol import (
     running_from_pb,
     state_from_pb,
 )
-from lumen_core.sim.eventlog import EventLog
 
 _STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
 _ERROR_CODES = {

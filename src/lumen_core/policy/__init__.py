@@ -1,7 +1,8 @@
 """Recovery policies of LUMEN and its baselines: pure, deterministic, driven by events.
 
-Stdlib and numpy only; no I/O, threads, wall clocks or torch. ``sim/`` and ``gateway/`` build
-the same classes and feed them the same events (``policy.events``).
+Stdlib and numpy only; no I/O, threads, wall clocks or torch. ``sim/`` and ``gateway/`` drive
+the same classes through one ``RecoveryDriver`` (``policy.driver``) and feed them the same
+events (``policy.events``).
 """
 
 from lumen_core.policy.assist import (
@@ -10,6 +11,14 @@ from lumen_core.policy.assist import (
     SpecAssistPlanner,
     expected_tokens_per_step,
     make_acceptance_gain,
+)
+from lumen_core.policy.driver import (
+    AdmissionPlan,
+    FailurePlan,
+    Recorder,
+    RecoveryDriver,
+    Reroute,
+    Unpairing,
 )
 from lumen_core.policy.events import (
     AssistDecision,
@@ -28,6 +37,7 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.load import LoadConfig, LoadMonitor, RequestView, WorkerView
 from lumen_core.policy.placement import (
@@ -37,7 +47,7 @@ from lumen_core.policy.placement import (
     Placement,
     PlacementConfig,
 )
-from lumen_core.policy.presets import POLICY_NAMES, PolicySet, make_policy
+from lumen_core.policy.presets import POLICY_NAMES, PolicyFactory, PolicySet, make_policy, preset
 from lumen_core.policy.routing import (
     AllToHolder,
     LocalityAware,
@@ -47,6 +57,7 @@ from lumen_core.policy.routing import (
 )
 
 __all__ = [
+    "AdmissionPlan",
     "AllToHolder",
     "AssistConfig",
     "AssistDecision",
@@ -56,6 +67,7 @@ __all__ = [
     "CheckpointReleased",
     "CheckpointReserved",
     "Event",
+    "FailurePlan",
     "FixedNeighbour",
     "GainFn",
     "Heartbeat",
@@ -68,21 +80,28 @@ __all__ = [
     "Placement",
     "PlacementConfig",
     "PlacementDecision",
+    "PolicyFactory",
     "PolicySet",
     "Rebalance",
+    "Recorder",
     "RecoveryAction",
+    "RecoveryDriver",
     "RequestAdmitted",
     "RequestFinished",
     "RequestView",
+    "Reroute",
     "RouteDecision",
     "Router",
     "RouterConfig",
     "SpecAssistPlanner",
+    "Unpairing",
     "WorkerFailed",
     "WorkerJoined",
     "WorkerRecovering",
+    "WorkerState",
     "WorkerView",
     "expected_tokens_per_step",
     "make_acceptance_gain",
     "make_policy",
+    "preset",
 ]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from lumen_core.policy.events import AssistDecision
+from lumen_core.policy.events import AssistDecision, WorkerState
 from lumen_core.policy.load import LoadMonitor, check_id
 
 GainFn = Callable[[LoadMonitor, int, int], float]
@@ -102,7 +102,7 @@ class SpecAssistPlanner:
             raise TypeError(f"monitor must be a LoadMonitor, got {type(monitor).__name__}")
         assistant_id = check_id("assistant_id", assistant_id)
         state = monitor.worker(assistant_id).state
-        if state != "recovering":
+        if state != WorkerState.RECOVERING:
             raise ValueError(f"assistant_id must be a recovering worker, got {assistant_id} ({state})")
         k = self.config.num_draft_tokens
         cold_k = self.config.cold_num_draft_tokens

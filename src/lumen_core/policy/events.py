@@ -11,6 +11,21 @@ import enum
 from dataclasses import dataclass
 
 
+class WorkerState(str, enum.Enum):
+    """A worker's state, one vocabulary for the monitor and both drivers. A ``str`` enum, so a
+    state compares equal to its value ("serving") and prints as it."""
+
+    SERVING = "serving"  # runs requests and may hold checkpoints
+    RECOVERING = "recovering"  # restarted; its draft model is loaded, its full model still loading
+    FAILED = "failed"  # dead (or fenced) until it restarts
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
 # ---- events -------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WorkerJoined:

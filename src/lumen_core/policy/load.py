@@ -40,12 +40,10 @@ from lumen_core.policy.events import (
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 
-SERVING = "serving"
 _NOTHING: frozenset[int] = frozenset()
-RECOVERING = "recovering"
-FAILED = "failed"
 
 
 def check_id(name: str, value: object) -> int:
@@ -98,7 +96,7 @@ class WorkerView:
     """Snapshot of one worker's accounting."""
 
     worker_id: int
-    state: str  # "serving" | "recovering" | "failed"
+    state: WorkerState
     domain: str
     budget_bytes: int
     reserved_bytes: int
@@ -162,7 +160,7 @@ class LoadMonitor:
         self._slot: dict[int, int] = {}
         self._n = 0
         # per-slot Python scalars
-        self._state: list[str] = []
+        self._state: list[WorkerState] = []
         self._domain_name: list[str] = []
         self._budget: list[int] = []
         self._reserved: list[int] = []
@@ -223,12 +221,12 @@ class LoadMonitor:
         slot = self._slot.get(worker_id)
         if slot is None:
             slot = self._new_slot(worker_id)
-        elif self._state[slot] == SERVING:
+        elif self._state[slot] == WorkerState.SERVING:
             raise ValueError(f"worker_id must be a worker that is not serving, got {worker_id} (serving)")
         else:
             self._remove_domain(slot)
         # A (re)joining worker starts empty: its host memory was lost with it (L = 0).
-        self._state[slot] = SERVING
+        self._state[slot] = WorkerState.SERVING
         self._budget[slot] = budget
         self._reserved[slot] = 0
         self._held[slot] = 0
@@ -245,12 +243,12 @@ class LoadMonitor:
     def _on_worker_failed(self, event: WorkerFailed) -> None:
         worker_id = check_id("worker_id", event.worker_id)
         slot = self._slot_of(worker_id)
-        if self._state[slot] == FAILED:
+        if self._state[slot] == WorkerState.FAILED:
             return
         self._mean_before_failure[worker_id] = self.mean_load()
-        if self._state[slot] == SERVING:
+        if self._state[slot] == WorkerState.SERVING:
             self._live_ids.remove(worker_id)
-        self._state[slot] = FAILED
+        self._state[slot] = WorkerState.FAILED
         self._live[slot] = False
         self._avail[slot] = np.inf
         affected = self._affected_ids.setdefault(worker_id, set())
@@ -264,15 +262,15 @@ class LoadMonitor:
     def _on_worker_recovering(self, event: WorkerRecovering) -> None:
         worker_id = check_id("worker_id", event.worker_id)
         slot = self._slot_of(worker_id)
-        if self._state[slot] != FAILED:
+        if self._state[slot] != WorkerState.FAILED:
             raise ValueError(f"worker_id must be a failed worker, got {worker_id} ({self._state[slot]})")
-        self._state[slot] = RECOVERING
+        self._state[slot] = WorkerState.RECOVERING
 
     def _on_heartbeat(self, event: Heartbeat) -> None:
         slot = self._slot_of(check_id("worker_id", event.worker_id))
         num_running = _check_count("num_running", event.num_running)
         num_waiting = _check_count("num_waiting", event.num_waiting)
-        if self._state[slot] != SERVING:
+        if self._state[slot] != WorkerState.SERVING:
             return
         self._running[slot] = num_running
         self._waiting[slot] = num_waiting
@@ -353,8 +351,8 @@ class LoadMonitor:
         """Ids of every worker the monitor knows, in any state, sorted."""
         return [int(w) for w in self._ids[: self._n]]
 
-    def state(self, worker_id: int) -> str:
-        """ "serving", "recovering" or "failed"."""
+    def state(self, worker_id: int) -> WorkerState:
+        """The worker's state."""
         return self._state[self._slot_of(check_id("worker_id", worker_id))]
 
     def worker(self, worker_id: int) -> WorkerView:
@@ -588,7 +586,7 @@ class LoadMonitor:
         # Recomputed from integers every time, so L never drifts and ties stay exact.
         load = self._held_weight * self._held[slot] + self._beta * (self._running[slot] + self._waiting[slot])
         self._load[slot] = load
-        self._avail[slot] = load if self._state[slot] == SERVING else np.inf
+        self._avail[slot] = load if self._state[slot] == WorkerState.SERVING else np.inf
 
     def _add_reserved(self, slot: int, delta_bytes: int) -> None:
         reserved = self._reserved[slot] + delta_bytes
@@ -620,7 +618,7 @@ class LoadMonitor:
 
     def _serving_slot(self, worker_id: int) -> int:
         slot = self._slot_of(worker_id)
-        if self._state[slot] != SERVING:
+        if self._state[slot] != WorkerState.SERVING:
             raise ValueError(f"worker_id must be a serving worker, got {worker_id} ({self._state[slot]})")
         return slot
 
@@ -644,7 +642,7 @@ class LoadMonitor:
             array = getattr(self, name)
             array[position + 1 : n + 1] = array[position:n].copy()
         self._ids[position] = worker_id
-        self._state.insert(position, FAILED)
+        self._state.insert(position, WorkerState.FAILED)
         self._domain_name.insert(position, "")
         for name in ("_budget", "_reserved", "_held", "_running", "_waiting"):
             getattr(self, name).insert(position, 0)

@@ -16,7 +16,7 @@ import bisect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from lumen_core.policy.events import PlacementDecision
+from lumen_core.policy.events import PlacementDecision, WorkerState
 from lumen_core.policy.load import LoadMonitor, check_id
 
 
@@ -67,7 +67,7 @@ class Placement(ABC):
         request_id = check_id("request_id", request_id)
         serving_id, expected_tokens, holder_ids = monitor.request_footprint(request_id)
         state = monitor.state(serving_id)
-        if state != "serving":
+        if state != WorkerState.SERVING:
             raise ValueError(
                 f"request_id must be a request on a serving worker, got {request_id} "
                 f"on worker {serving_id} ({state})"
@@ -85,14 +85,14 @@ class Placement(ABC):
         monitor = _check_monitor(monitor)
         lost_holder_id = check_id("lost_holder_id", lost_holder_id)
         state = monitor.state(lost_holder_id)
-        if state == "serving":
+        if state == WorkerState.SERVING:
             raise ValueError(f"lost_holder_id must be a failed worker, got {lost_holder_id} (serving)")
         decisions = []
         for request_id in monitor.affected_by(lost_holder_id):
             if not monitor.has_request(request_id):
                 continue
             serving_id, expected_tokens, holder_ids = monitor.request_footprint(request_id)
-            if len(holder_ids) >= self.config.replicas or monitor.state(serving_id) != "serving":
+            if len(holder_ids) >= self.config.replicas or monitor.state(serving_id) != WorkerState.SERVING:
                 continue
             decisions.append(self._place(monitor, request_id, serving_id, expected_tokens, holder_ids))
         return decisions

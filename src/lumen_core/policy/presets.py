@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from lumen_core.policy.assist import AssistConfig, GainFn, SpecAssistPlanner, make_acceptance_gain
@@ -54,3 +55,30 @@ def make_policy(
         planner = SpecAssistPlanner(assist_config, gain_fn)
         return PolicySet(name, LoadAware(placement_config), LocalityAware(router_config), planner)
     raise ValueError(f"name must be one of {', '.join(POLICY_NAMES)}, got {name!r}")
+
+
+PolicyFactory = Callable[[GainFn], PolicySet]
+"""Builds fresh policy objects for one driver, given the gain function the driver records."""
+
+
+def preset(
+    name: str,
+    *,
+    placement_config: PlacementConfig = PlacementConfig(),
+    router_config: RouterConfig = RouterConfig(),
+    assist_config: AssistConfig = AssistConfig(),
+) -> PolicyFactory:
+    """A factory of ``make_policy(name, ...)``; raises as ``make_policy`` now, not when a
+    driver builds it."""
+    make_policy(name)
+
+    def build(gain_fn: GainFn) -> PolicySet:
+        return make_policy(
+            name,
+            placement_config=placement_config,
+            router_config=router_config,
+            assist_config=assist_config,
+            gain_fn=gain_fn,
+        )
+
+    return build

@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from lumen_core.policy.events import RecoveryAction, RouteDecision
+from lumen_core.policy.events import RecoveryAction, RouteDecision, WorkerState
 from lumen_core.policy.load import LoadMonitor, RequestView, check_id
 
 
@@ -87,7 +87,7 @@ class Router(ABC):
             raise TypeError(f"monitor must be a LoadMonitor, got {type(monitor).__name__}")
         failed_worker_id = check_id("failed_worker_id", failed_worker_id)
         state = monitor.state(failed_worker_id)
-        if state == "serving":
+        if state == WorkerState.SERVING:
             raise ValueError(f"failed_worker_id must be a failed worker, got {failed_worker_id} (serving)")
         request_ids = monitor.running_on(failed_worker_id)
         if request_ids and not monitor.live_worker_ids():

@@ -11,10 +11,11 @@ KV each iteration produces (prefill chunks and decode tokens of checkpointed req
 queued, and a request's durable prefix is its context as of the last iteration whose bytes
 have all left. At a failure a checkpoint covers only that prefix.
 
-The gateway side (join-shortest-queue routing of new requests, failure detection after
-``detect_s``, recovery directives) consults only the policy objects: ``LoadMonitor``
-(fed events), a ``Placement``, a ``Router`` and, for speculative assist, a
-``SpecAssistPlanner``; every call and its decisions can be written to an event log.
+The gateway side (join-shortest-queue admission, failure detection after ``detect_s``,
+routing, placement, assist pairing and switch-over) is ``policy.driver.RecoveryDriver``, the
+live gateway's driver too; the simulator keeps time, cost and streaming, and turns the
+driver's plans into restores and re-prefills. Every event, call and decision can be written
+to an event log.
 """
 
 from __future__ import annotations
@@ -23,37 +24,34 @@ import heapq
 import math
 import sys
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from lumen_core.cost import CostConfig, CostModel
 from lumen_core.metrics import RequestRecords, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import AssistConfig, GainFn, SpecAssistPlanner, expected_tokens_per_step
+from lumen_core.policy.driver import Recorder, RecoveryDriver, Reroute
 from lumen_core.policy.events import (
+    AssistDecision,
     CheckpointGrew,
     Heartbeat,
+    PlacementDecision,
     RecoveryAction,
-    RequestAdmitted,
-    RequestFinished,
-    WorkerFailed,
     WorkerJoined,
-    WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.load import LoadConfig, LoadMonitor
 from lumen_core.policy.placement import FixedNeighbour, LoadAware, PlacementConfig
-from lumen_core.policy.presets import PolicySet, make_policy
+from lumen_core.policy.presets import PolicyFactory, PolicySet
 from lumen_core.policy.routing import AllToHolder, LocalityAware, RouterConfig
-from lumen_core.sim.cost import CostConfig, CostModel
-from lumen_core.sim.eventlog import EventLog
 from lumen_core.sim.workload import Workload
 
 # Request phases.
 _WAITING, _PREFILL, _DECODE, _MOVING, _LOST, _DONE = range(6)
 # Event kinds (heap entries: time, tie-break sequence, kind, a, b).
 _ITER_END, _FAIL, _DETECT, _ARRIVE_AT, _DRAFT_READY, _MODEL_READY, _HEARTBEAT = range(7)
-_SERVING, _FAILED, _RECOVERING = "serving", "failed", "recovering"
 # "All but the last few tokens" of checkpoint coverage (DESIGN.md section 8).
 COVERAGE_SLACK_TOKENS = 16
 
@@ -143,32 +141,6 @@ class Failure:
             raise ValueError("`worker_ids` must name at least one worker, got ()")
         if len(set(self.worker_ids)) != len(self.worker_ids):
             raise ValueError(f"`worker_ids` must be distinct, got {self.worker_ids}")
-
-
-PolicyFactory = Callable[[GainFn], PolicySet]
-"""Builds fresh policy objects for one run, given the gain function of the run's cost model."""
-
-
-def preset(
-    name: str,
-    *,
-    placement_config: PlacementConfig = PlacementConfig(),
-    router_config: RouterConfig = RouterConfig(),
-    assist_config: AssistConfig = AssistConfig(),
-) -> PolicyFactory:
-    """A factory of ``policy.presets.make_policy(name, ...)`` ("S&R", "FC", "LUMEN")."""
-    make_policy(name)  # fail now on an unknown name, not inside a run
-
-    def build(gain_fn: GainFn) -> PolicySet:
-        return make_policy(
-            name,
-            placement_config=placement_config,
-            router_config=router_config,
-            assist_config=assist_config,
-            gain_fn=gain_fn,
-        )
-
-    return build
 
 
 def combination(
@@ -272,7 +244,6 @@ class _Worker:
     __slots__ = (
         "wid",
         "state",
-        "believed_serving",
         "epoch",
         "busy",
         "waiting",
@@ -303,8 +274,7 @@ class _Worker:
 
     def __init__(self, wid: int) -> None:
         self.wid = wid
-        self.state = _SERVING
-        self.believed_serving = True
+        self.state = WorkerState.SERVING
         self.epoch = 0
         self.busy = False
         self.waiting: deque[_Req] = deque()
@@ -350,7 +320,7 @@ class ClusterSim:
         workload: Workload,
         policy: PolicyFactory,
         failures: tuple[Failure, ...] = (),
-        event_log: EventLog | None = None,
+        event_log: Recorder | None = None,
         progress: bool = False,
     ) -> None:
         if not isinstance(config, ClusterConfig):
@@ -371,20 +341,14 @@ class ClusterSim:
             )
         self.workload = workload
         self.failures = tuple(sorted(failures, key=lambda f: f.time_s))
-        self.log = event_log
         self.show_progress = progress
-        self.monitor = LoadMonitor(
-            LoadConfig(
-                alpha=config.alpha,
-                beta=config.beta,
-                mean_request_tokens=workload.mean_request_tokens if len(workload) else 1366.0,
-                kv_bytes_per_token=self.cost.kv_bytes_per_token,
-            )
+        load_config = LoadConfig(
+            alpha=config.alpha,
+            beta=config.beta,
+            mean_request_tokens=workload.mean_request_tokens if len(workload) else 1366.0,
+            kv_bytes_per_token=self.cost.kv_bytes_per_token,
         )
-        self.policy = policy(self._gain)
-        if not isinstance(self.policy, PolicySet):
-            raise TypeError(f"`policy` must build a PolicySet, got {type(self.policy).__name__}")
-        self.planner = self.policy.planner
+        self.driver = RecoveryDriver(policy, load_config, gain_fn=self._gain, recorder=event_log)
         self.reload_s = config.reload_time_s
         self.draft_load_s = (
             self.cost.draft_load_time_s if config.draft_load_s is None else config.draft_load_s
@@ -422,15 +386,10 @@ class ClusterSim:
         self._tie += 1
         heapq.heappush(self._heap, (time_s, self._tie, kind, a, b))
 
-    def _apply(self, event: Any) -> None:
-        self.monitor.apply(event)
-        if self.log is not None:
-            self.log.event(event)
-
     def run(self) -> SimResult:
         config = self.config
         for worker in self.workers:
-            self._apply(
+            self.driver.apply(
                 WorkerJoined(0.0, worker.wid, config.holder_budget_bytes, config.domain_of(worker.wid))
             )
             self._push(config.heartbeat_s * (1.0 + worker.wid / config.num_workers), _HEARTBEAT, worker)
@@ -501,24 +460,21 @@ class ClusterSim:
 
     # ---- arrivals and routing of new requests ------------------------------------------------
     def _on_arrival(self, req: _Req) -> None:
-        candidates = [w for w in self.workers if w.believed_serving]
-        worker = min(candidates, key=_queue_key)
-        req.worker = worker.wid
-        self._apply(RequestAdmitted(self._now, req.rid, worker.wid, req.prompt, req.output))
-        self._place(req)
-        if worker.state != _SERVING:  # dead but not yet detected: the request is lost with it
+        # The simulator knows each queue exactly; a gateway knows the heartbeats' figures.
+        worker_id = self.driver.choose_worker(lambda w: self.workers[w].queue_len)
+        if worker_id is None:
+            raise RuntimeError(f"no worker is serving to admit request {req.rid} at {self._now:.3f} s")
+        worker = self.workers[worker_id]
+        req.worker = worker_id
+        plan = self.driver.admit(self._now, req.rid, worker_id, req.prompt, req.output)
+        self._set_holders(req, plan.placement.holder_ids)
+        if worker.state != WorkerState.SERVING:  # dead but not yet detected: the request is lost with it
             req.phase = _LOST
             req.interrupted = True
             worker.lost.append(req)
             return
         worker.waiting.append(req)
         self._kick(worker)
-
-    def _place(self, req: _Req) -> None:
-        decision = self.policy.placement.place(self.monitor, req.rid)
-        if self.log is not None:
-            self.log.decision("place", {"request_id": req.rid}, [decision])
-        self._set_holders(req, decision.holder_ids)
 
     def _set_holders(self, req: _Req, holder_ids: tuple[int, ...]) -> None:
         worker = self.workers[req.worker]
@@ -532,7 +488,7 @@ class ClusterSim:
 
     # ---- iterations ---------------------------------------------------------------------------
     def _kick(self, worker: _Worker) -> None:
-        if not worker.busy and worker.state == _SERVING:
+        if not worker.busy and worker.state == WorkerState.SERVING:
             self._start_iteration(worker)
 
     def _start_iteration(self, worker: _Worker) -> None:
@@ -569,8 +525,7 @@ class ClusterSim:
         width = 1
         gain = 1.0
         if n_dec and worker.assistant is not None:
-            assert self.planner is not None
-            k = self.planner.num_draft_tokens(worker.assistant, worker.assist_steps)
+            k = self.driver.num_draft_tokens(worker.assistant, worker.assist_steps)
             ramp = config.acceptance_ramp_steps
             frac = min(1.0, (worker.assist_steps + 1) / ramp) if ramp else 1.0
             acceptance = config.acceptance_start + (config.acceptance - config.acceptance_start) * frac
@@ -657,7 +612,7 @@ class ClusterSim:
         worker.ckpt.pop(req.rid, None)
         self._finish_counts[req.rid] += 1
         self._num_done += 1
-        self._apply(RequestFinished(self._now, req.rid))
+        self.driver.finish(self._now, req.rid)
 
     # ---- checkpoint streaming -------------------------------------------------------------------
     def _advance_stream(self, worker: _Worker, now: float) -> None:
@@ -688,15 +643,15 @@ class ClusterSim:
         if self._num_done >= len(self.reqs):
             return
         self._push(self._now + self.config.heartbeat_s, _HEARTBEAT, worker)
-        if worker.state != _SERVING:
+        if worker.state != WorkerState.SERVING:
             if (
-                worker.state == _RECOVERING
-                and self.planner is not None
-                and self.planner.survivor_of(worker.wid) is None
+                worker.state == WorkerState.RECOVERING
+                and self.driver.assists
+                and self.driver.survivor_of(worker.wid) is None
             ):
                 self._pair(worker)
             return
-        self._apply(
+        self.driver.apply(
             Heartbeat(
                 self._now,
                 worker.wid,
@@ -713,7 +668,7 @@ class ClusterSim:
             if durable - req.reported >= threshold:
                 req.reported = durable
                 for holder_id in req.holders:
-                    self._apply(CheckpointGrew(self._now, req.rid, holder_id, durable))
+                    self.driver.apply(CheckpointGrew(self._now, req.rid, holder_id, durable))
 
     # ---- failures and recovery --------------------------------------------------------------------
     def _on_fail(self, failure: Failure, _: Any) -> None:
@@ -723,7 +678,7 @@ class ClusterSim:
         detected: list[_Worker] = []
         for wid in failure.worker_ids:
             worker = self.workers[wid]
-            if worker.state == _FAILED:
+            if worker.state == WorkerState.FAILED:
                 continue
             self._advance_stream(worker, now)
             lost: list[_Req] = []
@@ -749,7 +704,7 @@ class ClusterSim:
                 req.pending_stream = 0
                 req.reported = 0
             worker.lost = lost
-            worker.state = _FAILED
+            worker.state = WorkerState.FAILED
             worker.epoch += 1
             worker.busy = False
             worker.waiting.clear()
@@ -765,12 +720,12 @@ class ClusterSim:
             worker.history.clear()
             worker.sent = worker.produced  # its stream backlog died with it
             worker.sent_t = now
-            if worker.assistant is not None and self.planner is not None:
-                # Its assistant keeps loading its model and may pair again at a heartbeat.
-                worker.assistant = None
-                released = self.planner.release_survivor(wid)
-                if self.log is not None:
-                    self.log.decision("release_survivor", {"survivor_id": wid}, released)
+            # The simulator knows a failure when it happens (a gateway, at detection): its
+            # pairings end now. A freed assistant keeps loading and may pair again at a heartbeat.
+            unpairing = self.driver.end_pairings(wid)
+            worker.assistant = None
+            if unpairing.freed_survivor_id is not None:
+                self.workers[unpairing.freed_survivor_id].assistant = None
             detected.append(worker)
         if detected:
             self._push(now + self.config.detect_s, _DETECT, detected)
@@ -779,7 +734,8 @@ class ClusterSim:
                 checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS)
             )
         if math.isnan(self._balance):
-            held = [self.monitor.worker(w).held_tokens for w in self.monitor.live_worker_ids()]
+            monitor = self.driver.monitor
+            held = [monitor.worker(w).held_tokens for w in monitor.live_worker_ids()]
             self._balance = holder_balance_ratio(np.array(held))
 
     def _reqs_moving_to(self, worker: _Worker) -> list[_Req]:
@@ -789,92 +745,85 @@ class ClusterSim:
         return [r for r in self.reqs if r.phase == _MOVING and r.worker == worker.wid]
 
     def _on_detect(self, workers: list[_Worker], _: Any) -> None:
-        """Leases of ``workers`` (failed together) expired: the coordinator learns the durable
-        prefixes from the holders, marks every one failed, then routes each one's requests and
-        re-places the checkpoints each one held (DESIGN.md: apply, route, replace)."""
+        """Leases of ``workers`` (failed together) expired: the gateway learns the durable
+        prefixes from the holders, and the driver plans the failure (mark each failed, route
+        each one's requests, re-place the checkpoints each held); this turns the plan into
+        restores, re-prefills and checkpoint streams."""
         now = self._now
         for worker in workers:
-            worker.believed_serving = False
             for req in worker.lost:
                 for holder_id in req.holders:
-                    if self.workers[holder_id].state == _SERVING and req.durable_at_failure > 0:
-                        self._apply(CheckpointGrew(now, req.rid, holder_id, req.durable_at_failure))
+                    if self.workers[holder_id].state == WorkerState.SERVING and req.durable_at_failure > 0:
+                        self.driver.apply(CheckpointGrew(now, req.rid, holder_id, req.durable_at_failure))
+        # A worker dead but not yet detected (a later failure) is a target the simulator knows
+        # to be doomed: what is routed there is lost again with it, not placed.
+        doomed_ids = [w.wid for w in self.workers if w.state != WorkerState.SERVING]
+        plan = self.driver.fail(now, [w.wid for w in workers], cause="lease expired", doomed_ids=doomed_ids)
+        if plan.lost_request_ids:
+            raise RuntimeError(f"every worker failed: requests {list(plan.lost_request_ids)} are lost")
+        lost = {req.rid: req for worker in workers for req in worker.lost}
         for worker in workers:
-            self._apply(WorkerFailed(now, worker.wid))
-        for worker in workers:
-            self._route(worker)
-        for worker in workers:
-            self._replace(worker)
+            worker.lost = []
+        for reroute in plan.reroutes:
+            self._reroute(lost.pop(reroute.route.request_id), reroute)
+        if lost:
+            raise RuntimeError(f"router left interrupted requests unrouted: {sorted(lost)}")
+        for decision in plan.replacements:
+            self._replace(decision)
         for holder in self.workers:
-            if holder.state == _SERVING:
+            if holder.state == WorkerState.SERVING:
                 self._kick(holder)
         for worker in workers:
-            if self.planner is not None:
+            if self.driver.assists:
                 self._push(now + self.draft_load_s, _DRAFT_READY, worker, worker.epoch)
             self._push(now + self.reload_s, _MODEL_READY, worker, worker.epoch)
 
-    def _route(self, worker: _Worker) -> None:
-        now = self._now
-        decisions = self.policy.router.route(self.monitor, worker.wid)
-        if self.log is not None:
-            self.log.decision("route", {"failed_worker_id": worker.wid}, decisions)
-        lost = {req.rid: req for req in worker.lost}
-        worker.lost = []
-        for decision in decisions:
-            req = lost.pop(decision.request_id)
-            target = self.workers[decision.target_worker_id]
-            req.worker = target.wid
-            if target.state != _SERVING:
-                # Dead too but not yet detected (a later failure): lost again with it.
-                target.lost.append(req)
-                continue
-            self._actions[decision.action.value] += 1
-            tokens = 0
-            delay = 0.0
-            if decision.action is not RecoveryAction.REPREFILL:
-                tokens = max(0, min(decision.restorable_tokens, req.durable_at_failure, req.target_ctx - 1))
-                if decision.action is RecoveryAction.RESTORE:
-                    delay = self.cost.restore_time_s(tokens)
-                else:
-                    delay = self.cost.remote_restore_time_s(tokens)
-            self._restored_tokens += tokens
-            self._reprefill_tokens += req.target_ctx - tokens
-            req.prefilled = tokens
-            req.pending_stream = tokens
-            req.phase = _MOVING
-            req.move += 1
-            target.num_moving += 1
-            view_holders = self.monitor.request(req.rid).holder_ids
-            if view_holders:
-                self._set_holders(req, view_holders)
+    def _reroute(self, req: _Req, reroute: Reroute) -> None:
+        decision = reroute.route
+        target = self.workers[decision.target_worker_id]
+        req.worker = target.wid
+        if target.state != WorkerState.SERVING:  # doomed: lost again with it
+            target.lost.append(req)
+            return
+        self._actions[decision.action.value] += 1
+        tokens = 0
+        delay = 0.0
+        if decision.action is not RecoveryAction.REPREFILL:
+            tokens = max(0, min(decision.restorable_tokens, req.durable_at_failure, req.target_ctx - 1))
+            if decision.action is RecoveryAction.RESTORE:
+                delay = self.cost.restore_time_s(tokens)
             else:
-                req.holders = ()
-                self._place(req)
-            req.stream_seq = target.seq + 1
-            self._push(now + delay, _ARRIVE_AT, req, req.move)
-        if lost:
-            raise RuntimeError(f"router left interrupted requests unrouted: {sorted(lost)}")
+                delay = self.cost.remote_restore_time_s(tokens)
+        self._restored_tokens += tokens
+        self._reprefill_tokens += req.target_ctx - tokens
+        req.prefilled = tokens
+        req.pending_stream = tokens
+        req.phase = _MOVING
+        req.move += 1
+        target.num_moving += 1
+        if reroute.placement is None:
+            self._set_holders(req, reroute.holder_ids)
+        else:
+            req.holders = ()
+            self._set_holders(req, reroute.placement.holder_ids)
+        req.stream_seq = target.seq + 1
+        self._push(self._now + delay, _ARRIVE_AT, req, req.move)
 
-    def _replace(self, worker: _Worker) -> None:
-        now = self._now
-        replaced = self.policy.placement.replace(self.monitor, worker.wid)
-        if self.log is not None:
-            self.log.decision("replace", {"lost_holder_id": worker.wid}, replaced)
-        for decision in replaced:
-            req = self.reqs[decision.request_id]
-            if req.phase in (_DONE, _LOST):
-                continue
-            serving = self.workers[req.worker]
-            self._set_holders(req, decision.holder_ids)
-            req.reported = 0
-            if req.phase == _MOVING:
-                continue  # its restored prefix streams when it lands
-            # The new holder gets the whole context again: queue it behind what is in flight.
-            self._advance_stream(serving, now)
-            serving.seq += 1
-            req.stream_seq = serving.seq
-            serving.produced += self._context(serving, req) * self._kv_bytes * len(req.holders)
-            serving.history.append((serving.produced, serving.seq, serving.progress))
+    def _replace(self, decision: PlacementDecision) -> None:
+        req = self.reqs[decision.request_id]
+        if req.phase in (_DONE, _LOST):
+            return
+        serving = self.workers[req.worker]
+        self._set_holders(req, decision.holder_ids)
+        req.reported = 0
+        if req.phase == _MOVING:
+            return  # its restored prefix streams when it lands
+        # The new holder gets the whole context again: queue it behind what is in flight.
+        self._advance_stream(serving, self._now)
+        serving.seq += 1
+        req.stream_seq = serving.seq
+        serving.produced += self._context(serving, req) * self._kv_bytes * len(req.holders)
+        serving.history.append((serving.produced, serving.seq, serving.progress))
 
     def _on_arrive_at(self, req: _Req, move: int) -> None:
         if move != req.move or req.phase != _MOVING:
@@ -889,40 +838,33 @@ class ClusterSim:
         self._kick(worker)
 
     def _on_draft_ready(self, worker: _Worker, epoch: int) -> None:
-        if epoch != worker.epoch or worker.state != _FAILED:
+        if epoch != worker.epoch or worker.state != WorkerState.FAILED:
             return
-        worker.state = _RECOVERING
-        self._apply(WorkerRecovering(self._now, worker.wid))
-        self._pair(worker)
+        worker.state = WorkerState.RECOVERING
+        decision = self.driver.recover(self._now, worker.wid)
+        assert decision is not None  # draft-ready events exist only for policies that assist
+        self._note_pairing(decision)
 
     def _pair(self, worker: _Worker) -> None:
-        assert self.planner is not None
-        decision = self.planner.pair(self.monitor, worker.wid)
-        if self.log is not None:
-            self.log.decision("pair", {"assistant_id": worker.wid}, [decision])
+        self._note_pairing(self.driver.pair(worker.wid))
+
+    def _note_pairing(self, decision: AssistDecision) -> None:
         if decision.survivor_id is not None:
             survivor = self.workers[decision.survivor_id]
-            survivor.assistant = worker.wid
+            survivor.assistant = decision.assistant_id
             survivor.assist_steps = 0
-            self._pairs.append((worker.wid, survivor.wid))
+            self._pairs.append((decision.assistant_id, survivor.wid))
 
     def _on_model_ready(self, worker: _Worker, epoch: int) -> None:
         if epoch != worker.epoch:
             return
-        if self.planner is not None:
-            freed = self.planner.finish(worker.wid)
-            if self.log is not None:
-                self.log.decision("finish", {"assistant_id": worker.wid}, freed)
-            if freed is not None:
-                self.workers[freed].assistant = None
-        worker.state = _SERVING
-        worker.believed_serving = True
-        worker.progress = 0.0
-        self._apply(
-            WorkerJoined(
-                self._now, worker.wid, self.config.holder_budget_bytes, self.config.domain_of(worker.wid)
-            )
+        freed = self.driver.switch_over(
+            self._now, worker.wid, self.config.holder_budget_bytes, self.config.domain_of(worker.wid)
         )
+        if freed is not None:
+            self.workers[freed].assistant = None
+        worker.state = WorkerState.SERVING
+        worker.progress = 0.0
 
     # ---- speculative assist gain (injected into the planner) ---------------------------------------
     def _gain(self, monitor: LoadMonitor, survivor_id: int, num_draft_tokens: int) -> float:
@@ -938,13 +880,7 @@ class ClusterSim:
             step = self.cost.decode_step_time_s(n_dec, ctx)
             verify = self.cost.verify_step_time_s(n_dec, ctx, num_draft_tokens)
             gain = expected_tokens_per_step(self.config.acceptance, num_draft_tokens) - verify / step
-        if self.log is not None:
-            self.log.gain(survivor_id, num_draft_tokens, gain)
         return gain
-
-
-def _queue_key(worker: _Worker) -> tuple[int, int]:
-    return (worker.queue_len, worker.wid)
 
 
 def _progress_bar(fraction: float, sim_s: float) -> None:

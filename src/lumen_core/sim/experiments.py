@@ -18,22 +18,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumen_core import rng
+from lumen_core.eventlog import EventLog
 from lumen_core.metrics import acceptance_rate, recovery_time_s, rolling_means, window_means
 from lumen_core.policy.assist import AssistConfig
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.placement import PlacementConfig
-from lumen_core.policy.presets import POLICY_NAMES
+from lumen_core.policy.presets import POLICY_NAMES, PolicyFactory, preset
 from lumen_core.policy.routing import RouterConfig
 from lumen_core.sim.cluster import (
     ClusterConfig,
     ClusterSim,
     Failure,
-    PolicyFactory,
     SimResult,
     combination,
-    preset,
 )
-from lumen_core.sim.eventlog import EventLog
 from lumen_core.sim.workload import Workload, load_trace, poisson_workload
 
 # Calibrated once with `calibrate_rate(proto_config(4), load_trace())` (bisection, 14 steps in
@@ -601,4 +599,4 @@ def calibrate_rate(
 def load_config_for(config: ClusterConfig, workload: Workload) -> LoadConfig:
     """The LoadConfig a ClusterSim builds for this cluster and workload (for replays)."""
     sim = ClusterSim(config, workload.head(1), preset("S&R"))
-    return dataclasses.replace(sim.monitor.config, mean_request_tokens=workload.mean_request_tokens)
+    return dataclasses.replace(sim.driver.monitor.config, mean_request_tokens=workload.mean_request_tokens)

@@ -56,7 +56,7 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
 def run_worker(args: argparse.Namespace) -> int:
     from lumen_core.gateway.auth import read_secret_file
     from lumen_core.gateway.client import GatewayError
-    from lumen_core.gateway.coordinator import RECOVERING, SERVING
+    from lumen_core.policy.events import WorkerState
     from lumen_core.worker.process import Worker, WorkerConfig
 
     try:
@@ -66,7 +66,7 @@ def run_worker(args: argparse.Namespace) -> int:
             gateway=args.gateway,
             model_path=args.model,
             draft_path=args.draft,
-            state=RECOVERING if args.recovering else SERVING,
+            state=WorkerState.RECOVERING if args.recovering else WorkerState.SERVING,
             budget_bytes=args.budget_bytes,
             holder_host=args.holder_host,
             num_blocks=args.num_blocks,
@@ -76,7 +76,7 @@ def run_worker(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"lumen worker: {exc}", file=sys.stderr)
         return 2
-    if config.state == RECOVERING:
+    if config.state == WorkerState.RECOVERING:
         print(
             f"worker {config.worker_id}: modelled load delays (not measurements): draft "
             f"{config.modelled_draft_load_s:.2f} s, full model {config.modelled_full_load_s:.2f} s",

@@ -44,7 +44,6 @@ from lumen_core.gateway.client import (
     RequestTokens,
     StaleEpochError,
 )
-from lumen_core.gateway.coordinator import RECOVERING, SERVING
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,
@@ -61,7 +60,7 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
 from lumen_core.gateway.reports import HeldReport, WorkerReport
-from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.events import RecoveryAction, WorkerState
 from lumen_core.stream import (
     HolderStore,
     RestoreSource,
@@ -88,7 +87,7 @@ class WorkerConfig:
     gateway: str
     model_path: str
     draft_path: str | None = None
-    state: str = SERVING
+    state: str = WorkerState.SERVING
     budget_bytes: int = 1 << 30
     holder_host: str = "127.0.0.1"
     pushed_directives: bool = True
@@ -102,7 +101,7 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
             raise ValueError(f"worker_id must be an int >= 0, got {self.worker_id!r}")
-        if self.state not in (SERVING, RECOVERING):
+        if self.state not in (WorkerState.SERVING, WorkerState.RECOVERING):
             raise ValueError(f"state must be 'serving' or 'recovering', got {self.state!r}")
         if not Path(self.model_path).is_file():
             raise ValueError(f"model_path must be a file written by save_model, got {self.model_path!r}")
@@ -244,7 +243,7 @@ class Worker:
 
     def start(self) -> None:
         """Load (the draft first when recovering), register, start heartbeating."""
-        if self.state == RECOVERING:
+        if self.state == WorkerState.RECOVERING:
             if self.config.draft_path is not None:
                 self.draft = load_model(self.config.draft_path)
                 time.sleep(self.config.modelled_draft_load_s)
@@ -294,7 +293,7 @@ class Worker:
                 self._stream(directive)
             case AssistDraft():
                 self._stop_assistant()
-                if self.draft is not None and self.state == RECOVERING:
+                if self.draft is not None and self.state == WorkerState.RECOVERING:
                     default_k = directive.num_draft_tokens
                     heartbeats = self.heartbeats
                     self.assistant = Assistant(
@@ -492,7 +491,7 @@ class Worker:
                     raise self.load_error
                 self._build_engine()
                 self._stop_assistant()
-                self.state = SERVING
+                self.state = WorkerState.SERVING
                 self.client.model_loaded(budget_bytes=self.config.budget_bytes)
             try:
                 directive = self.directives.get(

@@ -1,6 +1,6 @@
 import pytest
 
-from lumen_core.sim.cost import MODELS, CostConfig, CostModel
+from lumen_core.cost import MODELS, CostConfig, CostModel
 
 
 def test_kv_bytes_follow_eq1():

@@ -1,6 +1,6 @@
 """Event log of a driver: the policy events it fed and the decisions the policy objects
-returned, as JSON lines, so that another driver (the gateway) can replay the same sequence
-through fresh policy objects and check that it gets the same decisions.
+returned, as JSON lines (``EventLog`` is a ``policy.driver.Recorder``), so that the sequence can
+be replayed through fresh policy objects to check that they give the same decisions.
 
 Each line is one record:
 - ``{"op": "event", "event": {"type": NAME, ...fields}}``: ``LoadMonitor.apply``;
@@ -18,14 +18,13 @@ import dataclasses
 import enum
 import json
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from lumen_core.policy import events as ev
-from lumen_core.policy.assist import GainFn
 from lumen_core.policy.load import LoadConfig, LoadMonitor
-from lumen_core.policy.presets import PolicySet
+from lumen_core.policy.presets import PolicyFactory
 
 _TYPES: dict[str, type] = {
     cls.__name__: cls for cls in vars(ev).values() if isinstance(cls, type) and dataclasses.is_dataclass(cls)
@@ -117,7 +116,7 @@ def read_event_log(path: str | Path) -> Iterator[dict[str, Any]]:
 
 def replay_event_log(
     path: str | Path,
-    policy: Callable[[GainFn], PolicySet],
+    policy: PolicyFactory,
     load_config: LoadConfig,
 ) -> int:
     """Feed a log's events through fresh policy objects built by ``policy`` (given a gain

@@ -1,0 +1,294 @@
+"""One driver of the policies: the failure protocol, assist pairing and switch-over, and
+join-shortest-queue admission, written once for the gateway (``gateway.coordinator``) and the
+simulator (``sim.cluster``).
+
+``RecoveryDriver`` owns the ``LoadMonitor`` and the policy set (``presets``); it takes the
+time as an argument, records every event it feeds, every policy call with its decisions and
+every gain query through an injected ``Recorder`` (``lumen_core.eventlog.EventLog`` is one),
+and returns plans. Callers turn plans into effects: the coordinator into directives for its
+workers, the simulator into restores, re-prefills and checkpoint streams. Pure: no I/O, no
+clock, no threads.
+
+The protocol, in the order both drivers follow:
+- admission: ``RequestAdmitted`` then ``place``;
+- a failure of workers ``F`` detected together: for each ``w`` in ``F`` end its pairings
+  (``release_survivor``, ``finish``), then ``WorkerFailed(w)`` for each; if no worker is left
+  serving, their requests are lost (``RequestFinished``); else for each ``w``, ``route(w)``
+  followed by ``place`` of every re-routed request left without a holder; then ``replace(w)``
+  for each;
+- a restarted worker: ``WorkerRecovering`` then ``pair`` (again at its heartbeats while it is
+  unpaired);
+- its full model loaded (switch-over): ``finish`` then ``WorkerJoined``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Protocol
+
+from lumen_core.policy.assist import GainFn, make_acceptance_gain
+from lumen_core.policy.events import (
+    AssistDecision,
+    Event,
+    PlacementDecision,
+    RequestAdmitted,
+    RequestFinished,
+    RouteDecision,
+    WorkerFailed,
+    WorkerJoined,
+    WorkerRecovering,
+)
+from lumen_core.policy.load import LoadConfig, LoadMonitor
+from lumen_core.policy.presets import (
+    DEFAULT_ACCEPTANCE_RATE,
+    DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN,
+    PolicyFactory,
+    PolicySet,
+)
+
+
+class Recorder(Protocol):
+    """Where a driver's events, policy calls and gain queries are written, in the order made
+    (``lumen_core.eventlog.EventLog`` writes them as JSON lines a replay can check)."""
+
+    def event(self, event: Event) -> None: ...
+
+    def decision(self, op: str, args: dict[str, int], result: object) -> None: ...
+
+    def gain(self, survivor_id: int, num_draft_tokens: int, value: float) -> None: ...
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """A new request's serving worker and its checkpoint placement."""
+
+    request_id: int
+    worker_id: int
+    placement: PlacementDecision
+
+
+@dataclass(frozen=True)
+class Unpairing:
+    """The assist pairings a dead worker was in, ended."""
+
+    worker_id: int
+    freed_assistant_id: int | None  # its assistant (it was a survivor), free to pair again
+    freed_survivor_id: int | None  # the survivor it assisted, to stop verifying its drafts
+
+
+@dataclass(frozen=True)
+class Reroute:
+    """One interrupted request: its route and where its checkpoint is now.
+
+    ``placement`` is the placement made because the route left it without a holder (None when
+    holders survived, or when its target is doomed); ``holder_ids`` are its holders once
+    routed (and placed).
+    """
+
+    route: RouteDecision
+    placement: PlacementDecision | None
+    holder_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class FailurePlan:
+    """Every decision of one failure (workers detected together), in the order made."""
+
+    time_s: float
+    worker_ids: tuple[int, ...]
+    unpairings: tuple[Unpairing, ...]
+    reroutes: tuple[Reroute, ...]
+    replacements: tuple[PlacementDecision, ...]  # checkpoints the failed workers held
+    lost_request_ids: tuple[int, ...]  # no worker was left serving to take them
+    cause: str
+
+    @property
+    def routes(self) -> tuple[RouteDecision, ...]:
+        return tuple(r.route for r in self.reroutes)
+
+    @property
+    def placements(self) -> tuple[PlacementDecision, ...]:
+        """Placements of re-routed requests left without a holder."""
+        return tuple(r.placement for r in self.reroutes if r.placement is not None)
+
+
+class RecoveryDriver:
+    """The monitor, the policy set and the protocol over them; every effect is a plan.
+
+    ``policy`` builds the policy set, given the (recorded) gain function; ``gain_fn`` prices an
+    assist pairing (default: ``make_acceptance_gain`` at the presets' defaults). Raises
+    TypeError when ``policy`` does not build a ``PolicySet``; the policy objects raise for bad
+    ids and states (a ``place`` for a request on a non-serving worker, a ``route`` of a
+    serving worker...).
+    """
+
+    def __init__(
+        self,
+        policy: PolicyFactory,
+        load_config: LoadConfig,
+        *,
+        gain_fn: GainFn | None = None,
+        recorder: Recorder | None = None,
+    ) -> None:
+        if gain_fn is None:
+            gain_fn = make_acceptance_gain(DEFAULT_ACCEPTANCE_RATE, DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)
+        self._gain_fn = gain_fn
+        self._recorder = recorder
+        self.monitor = LoadMonitor(load_config)
+        self.policy = policy(self._recorded_gain)
+        if not isinstance(self.policy, PolicySet):
+            raise TypeError(f"`policy` must build a PolicySet, got {type(self.policy).__name__}")
+
+    @property
+    def assists(self) -> bool:
+        """Whether the policy pairs recovering workers with survivors (LUMEN)."""
+        return self.policy.planner is not None
+
+    # ---- recording ---------------------------------------------------------------------------
+    def _recorded_gain(self, monitor: LoadMonitor, survivor_id: int, num_draft_tokens: int) -> float:
+        gain = float(self._gain_fn(monitor, survivor_id, num_draft_tokens))
+        if self._recorder is not None:
+            self._recorder.gain(survivor_id, num_draft_tokens, gain)
+        return gain
+
+    def _record(self, op: str, args: dict[str, int], result: object) -> None:
+        if self._recorder is not None:
+            self._recorder.decision(op, args, result)
+
+    def apply(self, event: Event) -> None:
+        """Feed one event to the monitor (and the recorder). Raises as ``LoadMonitor.apply``."""
+        self.monitor.apply(event)
+        if self._recorder is not None:
+            self._recorder.event(event)
+
+    # ---- admission ---------------------------------------------------------------------------
+    def choose_worker(self, queue_depth: Callable[[int], int] | None = None) -> int | None:
+        """Join-shortest-queue over the serving workers (ties: lowest id); None when none serves.
+
+        ``queue_depth(worker_id)`` measures a queue; default: running + waiting as the last
+        heartbeat reported them (what a gateway knows; the simulator passes its exact queues).
+        """
+        depth = self._reported_queue_depth if queue_depth is None else queue_depth
+        live = self.monitor.live_worker_ids()
+        if not live:
+            return None
+        return min(live, key=lambda w: (depth(w), w))
+
+    def _reported_queue_depth(self, worker_id: int) -> int:
+        view = self.monitor.worker(worker_id)
+        return view.num_running + view.num_waiting
+
+    def admit(
+        self, now_s: float, request_id: int, worker_id: int, prompt_tokens: int, expected_output_tokens: int
+    ) -> AdmissionPlan:
+        """A new request runs on ``worker_id``: ``RequestAdmitted`` then ``place``."""
+        self.apply(RequestAdmitted(now_s, request_id, worker_id, prompt_tokens, expected_output_tokens))
+        return AdmissionPlan(request_id, worker_id, self.place(request_id))
+
+    def place(self, request_id: int) -> PlacementDecision:
+        """Top the request's checkpoint up to its replicas (after an admission or a refusal)."""
+        decision = self.policy.placement.place(self.monitor, request_id)
+        self._record("place", {"request_id": request_id}, [decision])
+        return decision
+
+    def finish(self, now_s: float, request_id: int) -> tuple[int, ...]:
+        """The request is complete (or lost): ``RequestFinished``. Returns the holders whose
+        copies are released."""
+        holder_ids = self.monitor.request(request_id).holder_ids
+        self.apply(RequestFinished(now_s, request_id))
+        return holder_ids
+
+    # ---- failures ----------------------------------------------------------------------------
+    def fail(
+        self, now_s: float, worker_ids: Collection[int], *, cause: str = "", doomed_ids: Collection[int] = ()
+    ) -> FailurePlan:
+        """Workers detected failed together, in the protocol's order (module docstring).
+
+        ``doomed_ids``: workers the caller knows to be dead though no failure of theirs was
+        reported yet (only the simulator knows that): a request routed to one is not placed,
+        since it is lost again when that failure is detected.
+        """
+        failed = tuple(worker_ids)
+        unpairings = tuple(self.end_pairings(w) for w in failed)
+        for worker_id in failed:
+            self.apply(WorkerFailed(now_s, worker_id))
+        lost: list[int] = []
+        if not self.monitor.live_worker_ids():  # nowhere to go: the requests are lost
+            for worker_id in failed:
+                for request_id in self.monitor.running_on(worker_id):
+                    self.finish(now_s, request_id)
+                    lost.append(request_id)
+        reroutes: list[Reroute] = []
+        for worker_id in failed:
+            decisions = self.policy.router.route(self.monitor, worker_id)
+            self._record("route", {"failed_worker_id": worker_id}, decisions)
+            for decision in decisions:
+                holder_ids = self.monitor.request(decision.request_id).holder_ids
+                placement = None
+                if not holder_ids and decision.target_worker_id not in doomed_ids:
+                    placement = self.place(decision.request_id)
+                    holder_ids = placement.holder_ids
+                reroutes.append(Reroute(decision, placement, holder_ids))
+        replacements: list[PlacementDecision] = []
+        for worker_id in failed:
+            replaced = self.policy.placement.replace(self.monitor, worker_id)
+            self._record("replace", {"lost_holder_id": worker_id}, replaced)
+            replacements.extend(replaced)
+        return FailurePlan(
+            now_s, failed, unpairings, tuple(reroutes), tuple(replacements), tuple(lost), cause
+        )
+
+    # ---- assist pairing and switch-over --------------------------------------------------------
+    def end_pairings(self, worker_id: int) -> Unpairing:
+        """A worker is dead: unpair it from its assistant (``release_survivor``) and from the
+        survivor it assisted (``finish``). ``fail`` does this first; the simulator, which
+        knows a failure when it happens, calls it then."""
+        planner = self.policy.planner
+        freed_assistant = freed_survivor = None
+        if planner is not None:
+            if planner.assistant_of(worker_id) is not None:
+                freed_assistant = planner.release_survivor(worker_id)
+                self._record("release_survivor", {"survivor_id": worker_id}, freed_assistant)
+            if planner.survivor_of(worker_id) is not None:
+                freed_survivor = planner.finish(worker_id)
+                self._record("finish", {"assistant_id": worker_id}, freed_survivor)
+        return Unpairing(worker_id, freed_assistant, freed_survivor)
+
+    def recover(self, now_s: float, worker_id: int) -> AssistDecision | None:
+        """A failed worker restarted with its draft model: ``WorkerRecovering``, then ``pair``
+        (None when the policy does not assist)."""
+        self.apply(WorkerRecovering(now_s, worker_id))
+        return self.pair(worker_id) if self.assists else None
+
+    def pair(self, assistant_id: int) -> AssistDecision:
+        """Pair a recovering worker with a survivor (``SpecAssistPlanner.pair``). Raises
+        ValueError when the policy does not assist."""
+        planner = self.policy.planner
+        if planner is None:
+            raise ValueError(f"policy must assist to pair workers, got {self.policy.name!r}")
+        decision = planner.pair(self.monitor, assistant_id)
+        self._record("pair", {"assistant_id": assistant_id}, [decision])
+        return decision
+
+    def survivor_of(self, assistant_id: int) -> int | None:
+        """The survivor a recovering worker assists, or None."""
+        planner = self.policy.planner
+        return None if planner is None else planner.survivor_of(assistant_id)
+
+    def num_draft_tokens(self, assistant_id: int, steps_done: int) -> int:
+        """Draft length of a paired assistant's next step; 0 when it assists nobody."""
+        planner = self.policy.planner
+        if planner is None or planner.survivor_of(assistant_id) is None:
+            return 0
+        return planner.num_draft_tokens(assistant_id, steps_done)
+
+    def switch_over(self, now_s: float, worker_id: int, budget_bytes: int, domain: str = "") -> int | None:
+        """A recovering worker's full model is loaded: ``finish`` its pairing, then
+        ``WorkerJoined`` (it serves again with L = 0). Returns the survivor freed, or None."""
+        freed = None
+        if self.policy.planner is not None:
+            freed = self.policy.planner.finish(worker_id)
+            self._record("finish", {"assistant_id": worker_id}, freed)
+        self.apply(WorkerJoined(now_s, worker_id, budget_bytes, domain))
+        return freed
