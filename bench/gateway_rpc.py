@@ -14,7 +14,19 @@ counted). Output: one JSON row per op with ``op, p50_us, p99_us, per_s`` (calls 
 wall-clock time; the client and the server share the machine) and ``baseline_p50_us`` and
 ``ratio`` (gRPC p50 over the direct call's p50).
 
+Directive latency (``--delivery``), each delivery measured on a gateway of its own in the same
+run, with workers heartbeating every ``--heartbeat-s`` (0.25 s) through ``HeartbeatLoop``:
+- ``admission``: from calling Submit to the serving worker's handler receiving its RUN;
+- ``resume``: from calling ReportExit for the serving worker (the failure is declared when
+  the gateway handles it) to the survivor's handler receiving the RESUME.
+``heartbeat`` is the delivery before the pushed channel (the gateway refuses directive
+streams, replies carry them); ``pushed`` the Directives stream (heartbeats still run).
+Submissions are spread uniformly over a heartbeat period so neither is phase-locked with the
+heartbeats. Rows: ``op, delivery, p50_ms, p99_ms, mean_ms`` and, for pushed,
+``speedup_p50`` (heartbeat p50 over pushed p50).
+
     python bench/gateway_rpc.py --json bench/gateway_rpc.json
+    python bench/gateway_rpc.py --only-latency --trials 60
 """
 
 from __future__ import annotations
@@ -31,7 +43,10 @@ import numpy as np
 
 from lumen_core.auth import CallVerifier, sign_call
 from lumen_core.gateway.client import GatewayClient, RequestTokens
-from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, HeldReport
+from lumen_core.gateway.coordinator import Coordinator, GatewayConfig
+from lumen_core.gateway.directives import Directive, Resume, Run
+from lumen_core.gateway.heartbeat import HeartbeatLoop
+from lumen_core.gateway.reports import HeldReport, WorkerReport
 from lumen_core.gateway.server import GatewayServer
 
 SECRET = b"bench-secret-0123456789abcdef0123"
@@ -69,13 +84,128 @@ def populate(register: Callable[[int], None], admit: Callable[[], int]) -> list[
     return [admit() for _ in range(NUM_HELD * NUM_WORKERS)]
 
 
+class _Arrivals:
+    """A worker's directive handler: when each RUN / RESUME reached it (perf_counter)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Condition()
+        self._at: dict[tuple[type, int], float] = {}
+
+    def __call__(self, directives: tuple[Directive, ...]) -> None:
+        now = time.perf_counter()
+        with self._lock:
+            for directive in directives:
+                if isinstance(directive, (Run, Resume)):
+                    self._at.setdefault((type(directive), directive.request_id), now)
+            self._lock.notify_all()
+
+    def wait(self, kind: type, request_id: int, timeout_s: float = 30.0) -> float:
+        with self._lock:
+            if not self._lock.wait_for(lambda: (kind, request_id) in self._at, timeout_s):
+                raise RuntimeError(f"{kind.__name__} of request {request_id} never arrived")
+            return self._at[(kind, request_id)]
+
+
+def delivery_latency(pushed: bool, num_trials: int, heartbeat_s: float, seed: int) -> dict[str, np.ndarray]:
+    """Admission and resume latencies (seconds) on a gateway delivering ``pushed`` or by
+    heartbeat replies only. Trial i: a fresh worker ``i + 2`` registers (join-shortest-queue
+    admits there: the survivor reports a long queue), a request is submitted, the worker's
+    RUN awaited; then its exit is reported and the survivor's RESUME awaited (S&R: re-prefill
+    on the survivor, the one live worker left)."""
+    rng = np.random.default_rng(seed)
+    config = GatewayConfig(policy="S&R", lease_s=30.0, heartbeat_s=heartbeat_s)
+    admission, resume = np.empty(num_trials), np.empty(num_trials)
+    loops: list[HeartbeatLoop] = []
+    clients: list[GatewayClient] = []
+    with GatewayServer(config, SECRET, push_directives=pushed, max_workers=num_trials + 2) as server:
+        try:
+            submitter = GatewayClient(server.address, SECRET, timeout_s=10.0)
+            clients.append(submitter)
+
+            def start_worker(worker_id: int, report: WorkerReport) -> _Arrivals:
+                client = GatewayClient(server.address, SECRET, timeout_s=10.0)
+                clients.append(client)
+                arrivals = _Arrivals()
+                client.register(worker_id, budget_bytes=64 * GIB, on_directives=arrivals)
+                loop = HeartbeatLoop(
+                    client, lambda: report, arrivals, lambda reason: None, pushed=pushed
+                ).start()
+                loops.append(loop)
+                return arrivals
+
+            survivor = start_worker(1, WorkerReport(num_running=1000))
+            time.sleep(2 * heartbeat_s)  # its queue is known: admissions go to the new workers
+            for trial in range(num_trials):
+                worker_id = trial + 2
+                victim = start_worker(worker_id, WorkerReport())
+                time.sleep(rng.uniform(0.0, heartbeat_s))  # a random phase of the heartbeats
+                started = time.perf_counter()
+                stream = submitter.submit([1, 2, 3], 1_000_000, timeout_s=600.0)
+                request_id = next(stream).request_id
+                admission[trial] = victim.wait(Run, request_id) - started
+                time.sleep(rng.uniform(0.0, heartbeat_s))
+                started = time.perf_counter()
+                if not submitter.report_exit(worker_id, 1, "bench"):
+                    raise RuntimeError(f"worker {worker_id} was not failed")
+                resume[trial] = survivor.wait(Resume, request_id) - started
+                stream.close()
+                loops.pop().stop()
+        finally:
+            for loop in loops:
+                loop.stop()
+            for client in clients:
+                client.close()
+    return {"admission": admission, "resume": resume}
+
+
+def latency_rows(num_trials: int, heartbeat_s: float, seed: int) -> list[dict[str, float | str]]:
+    samples = {
+        delivery: delivery_latency(delivery == "pushed", num_trials, heartbeat_s, seed)
+        for delivery in ("heartbeat", "pushed")
+    }
+    rows: list[dict[str, float | str]] = []
+    for op in ("admission", "resume"):
+        base_p50 = float(np.percentile(samples["heartbeat"][op], 50))
+        for delivery in ("heartbeat", "pushed"):
+            values = samples[delivery][op]
+            p50 = float(np.percentile(values, 50))
+            entry: dict[str, float | str] = {
+                "op": op,
+                "delivery": delivery,
+                "p50_ms": round(p50 * 1e3, 2),
+                "p99_ms": round(float(np.percentile(values, 99)) * 1e3, 2),
+                "mean_ms": round(float(values.mean()) * 1e3, 2),
+            }
+            if delivery == "pushed":
+                entry["speedup_p50"] = round(base_p50 / p50, 1)
+            rows.append(entry)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2000)
+    parser.add_argument("--trials", type=int, default=60, help="admission/resume trials per delivery")
+    parser.add_argument("--heartbeat-s", type=float, default=0.25)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only-latency", action="store_true", help="skip the per-call costs")
     parser.add_argument("--json", default=None, metavar="PATH")
     args = parser.parse_args()
+    latency = latency_rows(args.trials, args.heartbeat_s, args.seed)
+    print(f"{'op':<11}{'delivery':>10}{'p50_ms':>9}{'p99_ms':>9}{'mean_ms':>9}{'speedup':>9}")
+    for r in latency:
+        print(
+            f"{r['op']:<11}{r['delivery']:>10}{r['p50_ms']:>9}{r['p99_ms']:>9}{r['mean_ms']:>9}"
+            f"{r.get('speedup_p50', ''):>9}"
+        )
+    if args.only_latency:
+        if args.json:
+            with open(args.json, "w") as handle:
+                json.dump(latency, handle, indent=1)
+        return
     config = GatewayConfig(policy="LUMEN")
-    held = [HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1)]
+    held = tuple(HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1))
+    report = WorkerReport(num_running=3, num_waiting=1, held=held)
 
     direct = Coordinator(config, SECRET)
     populate(
@@ -86,7 +216,7 @@ def main() -> None:
     position = [0]
 
     def direct_heartbeat() -> None:
-        direct.heartbeat(1.0, 1, 1, num_running=3, num_waiting=1, held=held)
+        direct.heartbeat(1.0, 1, 1, report)
 
     def direct_tokens() -> None:
         direct.report_tokens(1.0, direct_request.worker_id, 1, direct_request.request_id, 1, position[0], [7])
@@ -110,7 +240,7 @@ def main() -> None:
         def keep_leases() -> None:  # the workers' heartbeats, as in a live cluster
             while not stop.wait(config.heartbeat_s):
                 for client in clients:
-                    client.heartbeat(num_running=12)
+                    client.heartbeat(WorkerReport(num_running=12))
 
         heartbeats = threading.Thread(target=keep_leases, name="bench-heartbeats")
         heartbeats.start()
@@ -139,13 +269,13 @@ def main() -> None:
                 rpc_step_position[0] += 1
 
             def rpc_heartbeat() -> None:
-                clients[1].heartbeat(num_running=3, num_waiting=1, held=held)
+                clients[1].heartbeat(report)
 
             def rpc_tokens() -> None:
                 worker.report_tokens(request_id, 1, rpc_position[0], [7])
                 rpc_position[0] += 1
 
-            assert not clients[1].heartbeat(held=held).fenced
+            assert not clients[1].heartbeat(report).fenced
             assert worker.report_tokens(request_id, 1, 0, [7]).num_new == 1
             rpc_position[0] = 1
             direct_tokens()
@@ -179,7 +309,7 @@ def main() -> None:
         )
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
+            json.dump([*results, *latency], handle, indent=1)
 
 
 # ---- pytest-benchmark (make bench): one signed heartbeat over loopback gRPC ----------------
@@ -187,12 +317,12 @@ def main() -> None:
 
 def test_heartbeat_rpc(benchmark) -> None:  # type: ignore[no-untyped-def]
     config = GatewayConfig(policy="LUMEN")
-    held = [HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1)]
+    held = tuple(HeldReport(request_id, 1, 500) for request_id in range(1, NUM_HELD + 1))
     with GatewayServer(config, SECRET) as server:
         client = GatewayClient(server.address, SECRET, timeout_s=10.0)
         try:
             client.register(0, budget_bytes=64 * GIB)
-            reply = benchmark(client.heartbeat, num_running=3, num_waiting=1, held=held)
+            reply = benchmark(client.heartbeat, WorkerReport(num_running=3, num_waiting=1, held=held))
         finally:
             client.close()
     assert not reply.fenced

@@ -53,7 +53,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "pacing": {"cost", "engine"},
         "worker": {"_validate", "auth", "engine", "gateway", "metrics", "pacing", "policy", "sim", "stream"},
         # engine adapters: each speaks one engine's API over the data plane
-        "integrations": {"layouts", "stream", "transport"},
+        "integrations": {"auth", "layouts", "stream", "transport"},
         # entry points
         "cli": {"auth", "gateway", "policy", "sim", "stream", "transport", "worker"},
         "__init__": {"_native", "policy"},

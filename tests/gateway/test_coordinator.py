@@ -5,20 +5,9 @@ import math
 import pytest
 
 from lumen_core.auth import issue_capability
-from lumen_core.gateway.coordinator import (
-    CANCEL,
-    HOLD,
-    RELEASE,
-    RESUME,
-    RUN,
-    STREAM,
-    Coordinator,
-    GatewayConfig,
-    HeldReport,
-    NoWorkerError,
-    RunningReport,
-    StaleEpochError,
-)
+from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, NoWorkerError, StaleEpochError
+from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Stream
+from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.placement import PlacementConfig
@@ -37,7 +26,7 @@ def cluster(num_workers=3, policy="LUMEN", **config):
 
 
 def kinds(directives):
-    return [d.kind for d in directives]
+    return [type(d) for d in directives]
 
 
 def test_config_validation():
@@ -160,14 +149,14 @@ def test_surviving_holders_get_the_new_epoch_and_a_dead_holder_is_replaced():
     assert outcome.routes == ()
     (replaced,) = outcome.replacements
     assert replaced.request_id == other and replaced.new_holder_ids == (3,)
-    assert kinds(coordinator.take_directives(1)) == [STREAM]
+    assert kinds(coordinator.take_directives(1)) == [Stream]
     (hold,) = coordinator.take_directives(3)
-    assert hold.kind == HOLD and hold.peer_worker_id == 1 and hold.epoch == 1
+    assert isinstance(hold, Hold) and hold.serving_worker_id == 1 and hold.epoch == 1
     outcome = coordinator.fail(2.0, [0], cause="test")  # `rid` restores on holder 1 at epoch 2
     (route,) = outcome.routes
     assert route.action is RecoveryAction.RESTORE and route.target_worker_id == 1
     directives = coordinator.take_directives(1)
-    resume = next(d for d in directives if d.kind == RESUME)
+    resume = next(d for d in directives if isinstance(d, Resume))
     assert resume.epoch == 2 and resume.source.capabilities == (issue_capability(SECRET, rid, 0, 2),)
 
 
@@ -181,7 +170,7 @@ def test_with_two_replicas_the_stream_directive_keeps_the_surviving_holder():
     (replaced,) = outcome.replacements
     (new_holder,) = replaced.new_holder_ids
     (stream,) = coordinator.take_directives(admission.worker_id)
-    assert stream.kind == STREAM
+    assert isinstance(stream, Stream)
     assert sorted(g.worker_id for g in stream.holders) == sorted([second, new_holder])
 
 
@@ -191,14 +180,16 @@ def test_refused_checkpoint_is_placed_elsewhere_and_evictions_are_recorded():
     (holder,) = admission.placement.holder_ids
     for w in range(3):
         coordinator.take_directives(w)
-    lease, directives, _ = coordinator.heartbeat(0.5, holder, 1, refused_request_ids=[admission.request_id])
+    lease, directives, _ = coordinator.heartbeat(
+        0.5, holder, 1, WorkerReport(refused_request_ids=(admission.request_id,))
+    )
     assert not lease.fenced
     view = coordinator.monitor.request(admission.request_id)
     assert holder not in view.holder_ids and len(view.holder_ids) == 1
     new_holder = view.holder_ids[0]
-    assert kinds(coordinator.take_directives(new_holder)) == [HOLD]
-    assert kinds(coordinator.take_directives(admission.worker_id)) == [STREAM]
-    coordinator.heartbeat(0.6, new_holder, 1, evicted_request_ids=[admission.request_id, 999])
+    assert kinds(coordinator.take_directives(new_holder)) == [Hold]
+    assert kinds(coordinator.take_directives(admission.worker_id)) == [Stream]
+    coordinator.heartbeat(0.6, new_holder, 1, WorkerReport(evicted_request_ids=(admission.request_id, 999)))
     assert coordinator.monitor.request(admission.request_id).holder_ids == ()
 
 
@@ -207,20 +198,22 @@ def test_a_refused_checkpoint_with_no_other_holder_degrades_to_reprefill():
     admission = coordinator.admit(0.0, [1] * 10, 4)
     (holder,) = admission.placement.holder_ids
     (hold,) = coordinator.take_directives(holder)
-    assert hold.kind == HOLD and hold.reserved_bytes == admission.placement.reserved_bytes > 0
+    assert isinstance(hold, Hold) and hold.reserved_bytes == admission.placement.reserved_bytes > 0
     coordinator.take_directives(admission.worker_id)
-    coordinator.heartbeat(0.5, holder, 1, refused_request_ids=[admission.request_id])
+    coordinator.heartbeat(0.5, holder, 1, WorkerReport(refused_request_ids=(admission.request_id,)))
     assert coordinator.monitor.request(admission.request_id).holder_ids == ()
     assert coordinator.monitor.refused_by(admission.request_id) == {holder}
     assert coordinator.take_directives(holder) == []
     (stream,) = coordinator.take_directives(admission.worker_id)  # stream it nowhere
-    assert (stream.kind, stream.request_id, stream.epoch, stream.holders) == (
-        STREAM,
+    assert (type(stream), stream.request_id, stream.epoch, stream.holders) == (
+        Stream,
         admission.request_id,
         1,
         (),
     )
-    coordinator.heartbeat(0.6, holder, 1, refused_request_ids=[admission.request_id])  # sent again
+    coordinator.heartbeat(
+        0.6, holder, 1, WorkerReport(refused_request_ids=(admission.request_id,))
+    )  # sent again
     assert coordinator.take_directives(admission.worker_id) == []
     outcome = coordinator.fail(1.0, [admission.worker_id], cause="test")
     assert [r.action for r in outcome.routes] == [RecoveryAction.REPREFILL]
@@ -244,7 +237,7 @@ def test_restart_rebuild_attaches_holds_reported_before_their_request_and_releas
     assert coordinator.monitor.request(7).durable_tokens == ((1, 12),)
     assert coordinator.monitor.request(8).holder_ids == ()  # epoch 1 copy of an epoch 2 request
     (release,) = coordinator.take_directives(1)
-    assert release.kind == RELEASE and release.request_id == 8
+    assert isinstance(release, Release) and release.request_id == 8
     assert coordinator.admit(0.1, [1], 1).request_id == 9  # ids continue past the reported ones
 
 
@@ -282,7 +275,7 @@ def test_capabilities_per_shard_and_metrics():
         coordinator.register(0.0, w, budget_bytes=GIB, num_shards=2)
     admission = coordinator.admit(0.0, [1] * 100, 10)
     run = coordinator.take_directives(admission.worker_id)[0]
-    assert run.kind == RUN
+    assert isinstance(run, Run)
     assert run.holders[0].capabilities == tuple(
         issue_capability(SECRET, admission.request_id, s, 1) for s in (0, 1)
     )
@@ -305,17 +298,17 @@ def test_a_reported_request_that_runs_elsewhere_is_cancelled_on_the_reporter():
     coordinator.register(0.0, 1, budget_bytes=GIB, running=[RunningReport(4, 1, (1, 2), (), 8, 8)])
     assert coordinator.request_worker(4) == (0, 2)
     (cancel,) = coordinator.take_directives(1)
-    assert cancel.kind == CANCEL and cancel.request_id == 4
+    assert isinstance(cancel, Cancel) and cancel.request_id == 4
     assert coordinator.take_directives(0) == []
 
 
 def test_a_heartbeat_must_carry_the_registered_state():
     coordinator = cluster(2, policy="LUMEN")
     with pytest.raises(ValueError, match="state must be the registered state 'serving' .*, got 'recovering'"):
-        coordinator.heartbeat(0.1, 0, 1, state="recovering")
+        coordinator.heartbeat(0.1, 0, 1, WorkerReport(), state="recovering")
     coordinator.fail(0.2, [0], cause="test")
     coordinator.register(0.3, 0, state="recovering")
-    lease, _, k = coordinator.heartbeat(0.4, 0, 2, state="recovering", assist_steps=0)
+    lease, _, k = coordinator.heartbeat(0.4, 0, 2, WorkerReport(assist_steps=0), state="recovering")
     assert not lease.fenced and k == 2
 
 
@@ -345,9 +338,9 @@ def test_holds_of_requests_nobody_reports_running_are_released_after_a_lease():
     assert coordinator.drop_orphaned_holds(1.9) == 0
     assert coordinator.drop_orphaned_holds(2.1) == 1
     (release,) = coordinator.take_directives(1)
-    assert (release.kind, release.request_id) == (RELEASE, 8)
+    assert (type(release), release.request_id) == (Release, 8)
     coordinator.fail(3.0, [1], cause="test")
     coordinator.register(3.5, 2, budget_bytes=GIB)
     coordinator.register(3.5, 1, state="recovering", held=[HeldReport(7, 1, 12)])  # lost with its memory
     assert coordinator.monitor.request(7).holder_ids == ()
-    assert RELEASE in kinds(coordinator.take_directives(1))
+    assert Release in kinds(coordinator.take_directives(1))

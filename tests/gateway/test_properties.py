@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 from lumen_core.gateway.coordinator import (
     Coordinator,
     GatewayConfig,
-    HeldReport,
     NoWorkerError,
 )
+from lumen_core.gateway.reports import HeldReport, WorkerReport
 from lumen_core.policy.events import WorkerState
 from lumen_core.policy.presets import POLICY_NAMES
 
@@ -84,7 +84,9 @@ def test_random_call_sequences_keep_requests_on_serving_workers_and_epochs_monot
         elif op == "held" and live_requests and state == WorkerState.SERVING:
             request_id = live_requests[size % len(live_requests)]
             _, request_epoch = coordinator.request_worker(request_id)
-            coordinator.heartbeat(now_s, worker_id, epoch, held=[HeldReport(request_id, request_epoch, size)])
+            coordinator.heartbeat(
+                now_s, worker_id, epoch, WorkerReport(held=(HeldReport(request_id, request_epoch, size),))
+            )
         elif op == "fail" and state != WorkerState.FAILED:
             coordinator.fail(now_s, [worker_id], cause="test")
         elif op == "exit" and state != WorkerState.FAILED:
@@ -95,7 +97,7 @@ def test_random_call_sequences_keep_requests_on_serving_workers_and_epochs_monot
         elif op == "loaded" and state == WorkerState.RECOVERING:
             coordinator.model_loaded(now_s, worker_id, epoch, 1 << 40)
         elif op == "heartbeat" and state != WorkerState.FAILED:
-            coordinator.heartbeat(now_s, worker_id, epoch, state=state, num_running=size)
+            coordinator.heartbeat(now_s, worker_id, epoch, WorkerReport(num_running=size), state=state)
         elif op == "expire":
             coordinator.expire_leases(now_s)
         check_invariants(coordinator, epochs)

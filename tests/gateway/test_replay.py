@@ -16,13 +16,8 @@ import inspect
 import pytest
 
 from lumen_core.eventlog import EventLog, read_event_log, replay_event_log
-from lumen_core.gateway.coordinator import (
-    Coordinator,
-    GatewayConfig,
-    HeldReport,
-    NoWorkerError,
-    RunningReport,
-)
+from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, NoWorkerError
+from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.driver import RecoveryDriver
 from lumen_core.policy.events import (
     CheckpointEvicted,
@@ -111,19 +106,21 @@ def test_gateway_calls_map_onto_driver_calls():
     assert log.take() == [call("admit", 0.1, 2, 2, 30, 10)]
     (holder_id,) = first.placement.holder_ids
 
-    coordinator.heartbeat(0.2, holder_id, 1, num_running=2, num_waiting=1, held=[HeldReport(1, 1, 40)])
+    coordinator.heartbeat(
+        0.2, holder_id, 1, WorkerReport(num_running=2, num_waiting=1, held=(HeldReport(1, 1, 40),))
+    )
     assert log.take() == [
         call("apply", Heartbeat(0.2, holder_id, 2, 1)),
         call("apply", CheckpointGrew(0.2, 1, holder_id, 40)),
     ]
     (other_holder,) = second.placement.holder_ids
-    coordinator.heartbeat(0.3, other_holder, 1, refused_request_ids=[2])
+    coordinator.heartbeat(0.3, other_holder, 1, WorkerReport(refused_request_ids=(2,)))
     assert log.take() == [
         call("apply", Heartbeat(0.3, other_holder, 0, 0)),
         call("apply", CheckpointRefused(0.3, 2, other_holder)),
         call("place", 2),
     ]
-    coordinator.heartbeat(0.35, holder_id, 1, evicted_request_ids=[1])
+    coordinator.heartbeat(0.35, holder_id, 1, WorkerReport(evicted_request_ids=(1,)))
     assert log.take() == [
         call("apply", Heartbeat(0.35, holder_id, 0, 0)),
         call("apply", CheckpointEvicted(0.35, 1, holder_id)),
@@ -140,10 +137,8 @@ def test_gateway_calls_map_onto_driver_calls():
         2.5,
         0,
         registration.epoch,
+        WorkerReport(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4),
         state=WorkerState.RECOVERING,
-        assist_steps=3,
-        proposed_draft_tokens=6,
-        accepted_draft_tokens=4,
     )
     assert log.take() == [call("survivor_of", 0), call("num_draft_tokens", 0, 3)]
     coordinator.model_loaded(3.0, 0, registration.epoch, BUDGET)
@@ -187,7 +182,9 @@ def test_the_mapping_depends_on_the_policy_so_the_check_can_fail():
         coordinator.process_exited(1.0, 0, 1)
         registration = coordinator.register(2.0, 0, state=WorkerState.RECOVERING)
         log.take()
-        coordinator.heartbeat(2.5, 0, registration.epoch, state=WorkerState.RECOVERING, assist_steps=1)
+        coordinator.heartbeat(
+            2.5, 0, registration.epoch, WorkerReport(assist_steps=1), state=WorkerState.RECOVERING
+        )
         calls[policy] = log.take()
     assert calls["FC"] == [] and calls["FC"] != calls["LUMEN"]
 
@@ -196,6 +193,7 @@ def test_a_live_gateways_event_log_replays_to_the_same_decisions(tmp_path):
     """The log a live gateway writes (gRPC, real clients, a failure and an assist pairing)
     replays through fresh policy objects (``lumen_core.eventlog.replay_event_log``)."""
     from lumen_core.gateway.client import GatewayClient
+    from lumen_core.gateway.directives import Hold
     from lumen_core.gateway.server import GatewayServer
 
     path = tmp_path / "gateway.jsonl"
@@ -210,12 +208,14 @@ def test_a_live_gateways_event_log_replays_to_the_same_decisions(tmp_path):
             streams = [client.submit([1] * 50, 20, timeout_s=30.0) for _ in range(4)]
             request_ids = [next(s).request_id for s in streams]
             for worker in workers:
-                directives = worker.heartbeat(num_running=1).directives
-                held = [HeldReport(d.request_id, 1, 50) for d in directives if d.kind == "hold"]
-                worker.heartbeat(num_running=2, held=held)
+                directives = worker.heartbeat(WorkerReport(num_running=1)).directives
+                held = tuple(HeldReport(d.request_id, 1, 50) for d in directives if isinstance(d, Hold))
+                worker.heartbeat(WorkerReport(num_running=2, held=held))
             assert client.report_exit(0, 1, "SIGKILL")
             workers[0].register(0, state=WorkerState.RECOVERING)
-            workers[0].heartbeat(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)
+            workers[0].heartbeat(
+                WorkerReport(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)
+            )
             workers[0].model_loaded(budget_bytes=1 << 36)
             for stream in streams:
                 stream.close()

@@ -10,18 +10,18 @@ from lumen_core.auth import issue_capability
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
-from lumen_core.gateway.coordinator import (
-    ASSIST_DRAFT,
-    ASSIST_STOP,
-    ASSIST_VERIFY,
-    HOLD,
-    RESUME,
-    RUN,
-    STREAM,
-    GatewayConfig,
-    HeldReport,
-    RunningReport,
+from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.directives import (
+    AssistDraft,
+    AssistStop,
+    AssistVerify,
+    Hold,
+    Release,
+    Resume,
+    Run,
+    Stream,
 )
+from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
 pytestmark = pytest.mark.timeout(60)
@@ -51,7 +51,7 @@ def register_workers(server, connect, num_workers, **kwargs):
 
 def directives_of(worker, kind, **report):
     """Heartbeat once and keep the directives of one kind (the others are dropped)."""
-    return [d for d in worker.heartbeat(**report).directives if d.kind == kind]
+    return [d for d in worker.heartbeat(WorkerReport(**report)).directives if isinstance(d, kind)]
 
 
 def drain(workers):
@@ -60,7 +60,7 @@ def drain(workers):
 
 
 def of_kind(directives, kind):
-    return [d for d in directives if d.kind == kind]
+    return [d for d in directives if isinstance(d, kind)]
 
 
 def test_a_client_without_the_secret_is_refused(start_gateway, connect):
@@ -87,14 +87,14 @@ def test_submit_streams_tokens_once_per_position_and_grants_capabilities(start_g
     stream = client.submit([11, 12, 13], 6, timeout_s=30.0)
     request_id = next(stream).request_id
     got = drain(workers)
-    serving_id = next(w for w, d in got.items() if of_kind(d, RUN))
-    (run,) = of_kind(got[serving_id], RUN)
+    serving_id = next(w for w, d in got.items() if of_kind(d, Run))
+    (run,) = of_kind(got[serving_id], Run)
     assert run.request_id == request_id and run.prompt_token_ids == (11, 12, 13) and run.epoch == 1
     (grant,) = run.holders
     assert grant.worker_id != serving_id and grant.address == f"127.0.0.1:{7000 + grant.worker_id}"
     assert grant.capabilities == (issue_capability(SECRET, request_id, 0, 1),)
-    holds = of_kind(got[grant.worker_id], HOLD)
-    assert [h.request_id for h in holds] == [request_id] and holds[0].peer_worker_id == serving_id
+    holds = of_kind(got[grant.worker_id], Hold)
+    assert [h.request_id for h in holds] == [request_id] and holds[0].serving_worker_id == serving_id
 
     worker = workers[serving_id]
     assert worker.report_tokens(request_id, 1, 0, [5, 6, 7]).num_new == 3
@@ -110,7 +110,7 @@ def test_submit_streams_tokens_once_per_position_and_grants_capabilities(start_g
     assert chunks[-1].finished
     replay = [t for c in client.watch(request_id, 2, timeout_s=5.0) for t in c.token_ids]
     assert replay == [7, 8, 4, 3]
-    released = directives_of(workers[grant.worker_id], "release")
+    released = directives_of(workers[grant.worker_id], Release)
     assert [d.request_id for d in released] == [request_id]
 
 
@@ -125,7 +125,7 @@ def test_a_stale_epoch_is_refused_and_the_old_incarnation_is_fenced(start_gatewa
     old, other = register_workers(server, connect, 2)
     stream = connect(server).submit([1, 2], 4, timeout_s=30.0)
     request_id = next(stream).request_id
-    assert directives_of(old, RUN)[0].request_id == request_id
+    assert directives_of(old, Run)[0].request_id == request_id
     old.report_tokens(request_id, 1, 0, [7])
     # The worker process restarted and registered again before its lease ran out.
     new = connect(server)
@@ -139,7 +139,7 @@ def test_a_stale_epoch_is_refused_and_the_old_incarnation_is_fenced(start_gatewa
     with pytest.raises(FencedError, match="holds no lease"):
         old.report_tokens(request_id, 1, 1, [8])
     # The request moved on at epoch 2; a report at its old epoch is refused too.
-    resume = directives_of(other, RESUME)[0]
+    resume = directives_of(other, Resume)[0]
     assert (resume.request_id, resume.epoch, resume.output_token_ids) == (request_id, 2, (7,))
     with pytest.raises(StaleEpochError, match="epoch 1 on worker 1 is stale"):
         other.report_tokens(request_id, 1, 1, [8])
@@ -156,11 +156,11 @@ def test_lease_expiry_fences_a_live_worker_and_its_requests_move(start_gateway, 
     stream = connect(server).submit([3, 1, 4, 1, 5], 8, timeout_s=30.0)
     request_id = next(stream).request_id
     got = drain([silent, survivor, third])
-    assert of_kind(got[0], RUN)[0].request_id == request_id  # lowest id among equals
+    assert of_kind(got[0], Run)[0].request_id == request_id  # lowest id among equals
     silent.report_tokens(request_id, 1, 0, [2, 7])
-    assert of_kind(got[1], HOLD)  # FC: the next worker holds it
+    assert of_kind(got[1], Hold)  # FC: the next worker holds it
     holder = survivor
-    holder.heartbeat(held=[HeldReport(request_id, 1, 6)])
+    holder.heartbeat(WorkerReport(held=(HeldReport(request_id, 1, 6),)))
 
     received = {survivor: [], third: []}
 
@@ -175,8 +175,9 @@ def test_lease_expiry_fences_a_live_worker_and_its_requests_move(start_gateway, 
     assert reply.fenced and "lease expired" in reply.reason
     with pytest.raises(FencedError):
         silent.report_tokens(request_id, 1, 2, [1])
-    (resume,) = of_kind(received[holder] + list(holder.heartbeat().directives), RESUME)
-    assert resume.action is RecoveryAction.RESTORE and resume.restorable_tokens == 6
+    (resume,) = of_kind(received[holder] + list(holder.heartbeat().directives), Resume)
+    assert resume.action is RecoveryAction.RESTORE
+    assert server.coordinator.failures[0].routes[0].restorable_tokens == 6
     assert resume.source.worker_id == server.coordinator.request_worker(request_id)[0]
     assert resume.source.capabilities == (issue_capability(SECRET, request_id, 0, 2),)
     holder.report_tokens(request_id, 2, 0, [2, 7, 1, 8], finished=True)
@@ -192,12 +193,12 @@ def test_process_exit_routes_restores_and_replaces_a_dead_holders_checkpoints(st
     streams = [client.submit([1] * 40, 16, timeout_s=30.0) for _ in range(2)]
     request_ids = [next(s).request_id for s in streams]
     got = drain(workers)
-    serving = {d.request_id: w for w in got for d in of_kind(got[w], RUN)}
+    serving = {d.request_id: w for w in got for d in of_kind(got[w], Run)}
     holders = {}
     for w, worker in enumerate(workers):
-        held = [HeldReport(d.request_id, 1, 40) for d in of_kind(got[w], HOLD)]
+        held = tuple(HeldReport(d.request_id, 1, 40) for d in of_kind(got[w], Hold))
         holders.update({h.request_id: w for h in held})
-        worker.heartbeat(held=held)
+        worker.heartbeat(WorkerReport(held=held))
     first, second = request_ids
     # The serving worker of the first request exits: it is restored on its holder.
     assert client.report_exit(serving[first], 1, "SIGKILL")
@@ -206,7 +207,7 @@ def test_process_exit_routes_restores_and_replaces_a_dead_holders_checkpoints(st
     assert "process exited: SIGKILL" in failure.cause
     route = next(r for r in failure.routes if r.request_id == first)
     assert route.action is RecoveryAction.RESTORE and route.target_worker_id == holders[first]
-    resume = next(d for d in directives_of(workers[holders[first]], RESUME) if d.request_id == first)
+    resume = next(d for d in directives_of(workers[holders[first]], Resume) if d.request_id == first)
     assert resume.epoch == 2 and resume.source.worker_id == holders[first]
     # A holder that dies leaves its checkpoints re-placed and streamed again in full.
     live_holder = holders[second]
@@ -216,29 +217,31 @@ def test_process_exit_routes_restores_and_replaces_a_dead_holders_checkpoints(st
     assert replaced and replaced[0].new_holder_ids and live_holder not in replaced[0].holder_ids
     new_holder = replaced[0].new_holder_ids[0]
     got = drain(workers)
-    streams_to = [d for d in of_kind(got[serving[second]], STREAM) if d.request_id == second]
+    streams_to = [d for d in of_kind(got[serving[second]], Stream) if d.request_id == second]
     assert [g.worker_id for g in streams_to[0].holders] == [new_holder]
-    assert any(d.request_id == second for d in of_kind(got[new_holder], HOLD))
+    assert any(d.request_id == second for d in of_kind(got[new_holder], Hold))
 
 
 def test_assist_pairing_then_switch_over(start_gateway, connect):
     server = start_gateway(GatewayConfig(policy="LUMEN"))
     workers = register_workers(server, connect, 3)
-    workers[2].heartbeat(num_running=6)
-    workers[1].heartbeat(num_running=2)
+    workers[2].heartbeat(WorkerReport(num_running=6))
+    workers[1].heartbeat(WorkerReport(num_running=2))
     assert connect(server).report_exit(0, 1, "SIGKILL")
     restarted = connect(server)
     registration = restarted.register(0, state=WorkerState.RECOVERING, holder_address="127.0.0.1:7100")
     assert registration.epoch == 2
-    (draft,) = [d for d in registration.directives if d.kind == ASSIST_DRAFT]
-    assert draft.peer_worker_id == 2 and draft.num_draft_tokens == 2  # most loaded; cold k
-    (verify,) = directives_of(workers[2], ASSIST_VERIFY)
-    assert verify.peer_worker_id == 0 and verify.peer_address == "127.0.0.1:7100"
-    reply = restarted.heartbeat(assist_steps=150, proposed_draft_tokens=40, accepted_draft_tokens=30)
+    (draft,) = [d for d in registration.directives if isinstance(d, AssistDraft)]
+    assert draft.survivor_id == 2 and draft.num_draft_tokens == 2  # most loaded; cold k
+    (verify,) = directives_of(workers[2], AssistVerify)
+    assert verify.assistant_id == 0 and verify.assistant_address == "127.0.0.1:7100"
+    reply = restarted.heartbeat(
+        WorkerReport(assist_steps=150, proposed_draft_tokens=40, accepted_draft_tokens=30)
+    )
     assert not reply.fenced and reply.num_draft_tokens == 4  # warm k after cold_steps
     assert server.coordinator.metrics().acceptance == pytest.approx(0.75)
     assert restarted.model_loaded(budget_bytes=64 * GIB) == 2
-    (stop,) = directives_of(workers[2], ASSIST_STOP)
+    (stop,) = directives_of(workers[2], AssistStop)
     assert stop.peer_worker_id == 0
     assert server.coordinator.worker_state(0) == "serving"
     with pytest.raises(GatewayError, match="INVALID_ARGUMENT: worker_id must be a recovering worker"):
@@ -252,10 +255,9 @@ def test_metrics_endpoint_serves_the_shared_metrics_on_loopback(start_gateway, c
     assert next(stream).request_id == 1
     got = drain(workers)
     for w, worker in enumerate(workers):
-        held = [HeldReport(d.request_id, 1, 100) for d in of_kind(got[w], HOLD)]
-        worker.heartbeat(
-            num_running=1 if worker is workers[0] else 0, held=held, held_bytes=100 * 4096 * len(held)
-        )
+        held = tuple(HeldReport(d.request_id, 1, 100) for d in of_kind(got[w], Hold))
+        num_running = 1 if worker is workers[0] else 0
+        worker.heartbeat(WorkerReport(num_running=num_running, held=held, held_bytes=100 * 4096 * len(held)))
     text = (
         urllib.request.urlopen(f"http://127.0.0.1:{server.metrics_port}/metrics", timeout=5).read().decode()
     )
@@ -281,10 +283,10 @@ def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, conne
     stream = connect(first).submit([9, 8, 7, 6], 8, timeout_s=30.0)
     request_id = next(stream).request_id
     got = drain(workers)
-    serving_id = next(w for w in got if of_kind(got[w], RUN))
-    holder_id = next(w for w in got if of_kind(got[w], HOLD))
+    serving_id = next(w for w in got if of_kind(got[w], Run))
+    holder_id = next(w for w in got if of_kind(got[w], Hold))
     workers[serving_id].report_tokens(request_id, 1, 0, [1, 2, 3])
-    workers[holder_id].heartbeat(held=[HeldReport(request_id, 1, 6)])
+    workers[holder_id].heartbeat(WorkerReport(held=(HeldReport(request_id, 1, 6),)))
     stream.close()
     port = first.port
     first.stop(grace_s=0.1)
@@ -312,7 +314,7 @@ def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, conne
     assert connect(second).report_exit(serving_id, workers[serving_id].epoch, "SIGKILL")
     (failure_route,) = second.coordinator.failures[0].routes
     assert failure_route.action is RecoveryAction.RESTORE and failure_route.restorable_tokens == 6
-    resumed = [d for d in workers[holder_id].heartbeat().directives if d.kind == RESUME]
+    resumed = [d for d in workers[holder_id].heartbeat().directives if isinstance(d, Resume)]
     assert resumed[0].output_token_ids == (1, 2, 3, 4)
     workers[holder_id].report_tokens(request_id, 2, 4, [5], finished=True)
     assert [c.token_ids for c in watched] == [(5,)]
@@ -434,7 +436,7 @@ def test_one_batched_report_per_step_refuses_only_the_stale_request(start_gatewa
 def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_when_cut_off(
     start_gateway, connect
 ):
-    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+    from lumen_core.gateway.heartbeat import HeartbeatLoop
 
     config = GatewayConfig(policy="S&R", lease_s=1.5, heartbeat_s=0.05)
     first = start_gateway(config, reap_interval_s=0.02)
@@ -452,7 +454,7 @@ def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_w
     try:
         stream = connect(first).submit([1, 2], 4, timeout_s=30.0)
         request_id = next(stream).request_id
-        wait_until(lambda: any(d.kind == RUN for d in received), timeout_s=10.0)
+        wait_until(lambda: any(isinstance(d, Run) for d in received), timeout_s=10.0)
         running.append(RunningReport(request_id, 1, (1, 2), (), 4, 4))
         time.sleep(2 * config.lease_s)  # well past the lease: the loop keeps it
         assert first.coordinator.worker_state(0) == "serving" and worker.lease_valid()
@@ -473,7 +475,7 @@ def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_w
 
 
 def test_heartbeat_loop_acknowledges_only_the_reports_the_gateway_received(start_gateway, connect):
-    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+    from lumen_core.gateway.heartbeat import HeartbeatLoop
 
     server = start_gateway(GatewayConfig(policy="S&R", lease_s=5.0, heartbeat_s=0.05))
     (worker,) = register_workers(server, connect, 1)
@@ -493,7 +495,7 @@ def test_heartbeat_loop_acknowledges_only_the_reports_the_gateway_received(start
 
 
 def test_heartbeat_loop_validation(start_gateway, connect):
-    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+    from lumen_core.gateway.heartbeat import HeartbeatLoop
 
     server = start_gateway()
     client = connect(server)
@@ -509,15 +511,15 @@ def test_heartbeat_loop_validation(start_gateway, connect):
 
 
 def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length(start_gateway, connect):
-    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+    from lumen_core.gateway.heartbeat import HeartbeatLoop
 
     server = start_gateway(GatewayConfig(policy="LUMEN", lease_s=2.0, heartbeat_s=0.05))
     survivors = register_workers(server, connect, 2)
-    survivors[1].heartbeat(num_running=4)
+    survivors[1].heartbeat(WorkerReport(num_running=4))
     assert connect(server).report_exit(0, 1, "SIGKILL")
     assistant = connect(server)
     registration = assistant.register(0, state=WorkerState.RECOVERING)
-    assert [d.kind for d in registration.directives] == [ASSIST_DRAFT]
+    assert [type(d) for d in registration.directives] == [AssistDraft]
     received = []
     loop = HeartbeatLoop(assistant, lambda: WorkerReport(assist_steps=200), received.extend, print).start()
     try:
@@ -531,7 +533,7 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
 
 @pytest.mark.parametrize("failing", ["report", "on_directives", "on_reported"])
 def test_heartbeat_loop_fences_when_a_worker_callback_fails(start_gateway, connect, failing):
-    from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+    from lumen_core.gateway.heartbeat import HeartbeatLoop
 
     server = start_gateway(GatewayConfig(policy="S&R", lease_s=2.0, heartbeat_s=0.05))
     (worker,) = register_workers(server, connect, 1)

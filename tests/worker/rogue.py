@@ -25,7 +25,7 @@ from lumen_core.auth import AUTH_METADATA_KEY, sign_call
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import GatewayClient
-from lumen_core.gateway.coordinator import RUN
+from lumen_core.gateway.directives import Run
 from lumen_core.gateway.protocol import method, parse_address
 from lumen_core.ops import checksum
 from lumen_core.auth import read_secret_file
@@ -78,7 +78,7 @@ def main() -> int:
     for line in sys.stdin:
         command = line.split()
         if command == ["take"]:
-            runs = [d for d in client.heartbeat().directives if d.kind == RUN]
+            runs = [d for d in client.heartbeat().directives if isinstance(d, Run)]
             for run in runs:
                 grants[run.request_id] = (run.epoch, run.holders[0].capabilities[0] if run.holders else b"")
             taken = [

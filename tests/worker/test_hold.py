@@ -10,7 +10,8 @@ import pytest
 
 from lumen_core import _native
 from lumen_core.gateway.client import GatewayClient
-from lumen_core.gateway.coordinator import HOLD, RUN, STREAM, GatewayConfig
+from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.directives import Hold, Run, Stream
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
 from lumen_core.worker.cluster import write_models
@@ -55,7 +56,7 @@ def test_hold_reserves_and_a_worker_without_room_refuses_to_the_gateway(
         spare.register(2, budget_bytes=GIB, holder_address="127.0.0.1:7002")
         stream = submitter.submit(list(range(10, 40)), 8, timeout_s=30.0)
         request_id = next(stream).request_id
-        (run,) = [d for d in serving.heartbeat().directives if d.kind == RUN]
+        (run,) = [d for d in serving.heartbeat().directives if isinstance(d, Run)]
         assert [h.worker_id for h in run.holders] == [1]
         store = worker.store
         if budget_bytes == GIB:  # reserved at placement: 608 bytes, one record
@@ -80,9 +81,9 @@ def test_hold_reserves_and_a_worker_without_room_refuses_to_the_gateway(
         with gateway.condition:
             assert monitor.refused_by(request_id) == {1}
         assert store.stats()["reservations_refused"] == 1 and store.checkpoints() == []
-        assert [(d.kind, d.request_id) for d in spare.heartbeat().directives] == [(HOLD, request_id)]
+        assert [(type(d), d.request_id) for d in spare.heartbeat().directives] == [(Hold, request_id)]
         (moved,) = serving.heartbeat().directives
-        assert (moved.kind, [h.worker_id for h in moved.holders]) == (STREAM, [2])
+        assert (type(moved), [h.worker_id for h in moved.holders]) == (Stream, [2])
         _wait(lambda: worker.report().refused_request_ids == ())  # acknowledged: not sent again
     finally:
         worker.stop()

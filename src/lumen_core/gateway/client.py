@@ -1,7 +1,10 @@
 """GatewayClient: what worker processes and clients call the gateway with.
 
-Every call is signed with the cluster secret (``auth.sign_call``) and has a deadline. Worker
-side: ``register`` then ``heartbeat`` every ``heartbeat_s``; the lease is the worker's to
+Every call is signed with the cluster secret (``auth.sign_call``) and has a deadline (the
+pushed directive stream excepted: it stays open). Worker side: ``register``, then
+``heartbeat`` every ``heartbeat_s`` and ``receive_directives`` on a thread of its own (the
+pushed delivery); both deliver through the client's ``DirectiveInbox``, so each directive
+reaches the handler once and in order whichever path brought it. The lease is the worker's to
 watch: ``lease_valid()`` turns False once a heartbeat reply says ``fenced`` or once no
 heartbeat has been acknowledged for ``lease_s`` (measured from when the last acknowledged one
 was sent, so the worker's deadline is never later than the gateway's). A worker whose lease
@@ -16,20 +19,24 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
-from lumen_core.gateway.coordinator import Directive, HeldReport, RunningReport
+from lumen_core.gateway.directives import Directive
+from lumen_core.gateway.inbox import DirectiveHandler, DirectiveInbox
 from lumen_core.gateway.protocol import (
-    directive_from_pb,
+    delivery_from_pb,
     held_to_pb,
     method,
+    report_to_pb,
     running_to_pb,
     state_to_pb,
 )
+from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import WorkerState
 
 # gRPC backs off reconnecting to an address that failed (up to 120 s by default): a worker
@@ -40,6 +47,9 @@ _CHANNEL_OPTIONS = (
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 )
+
+
+_NO_REPORT = WorkerReport()
 
 
 class GatewayError(RuntimeError):
@@ -75,6 +85,9 @@ def _translate(error: grpc.RpcError) -> GatewayError:
 
 @dataclass(frozen=True)
 class RegisterResult:
+    """``directives``: those of the reply the inbox had not applied (all of them, unless the
+    pushed stream of the new epoch was quicker)."""
+
     epoch: int
     lease_s: float
     heartbeat_s: float
@@ -83,6 +96,9 @@ class RegisterResult:
 
 @dataclass(frozen=True)
 class HeartbeatResult:
+    """``directives``: those of the reply the inbox had not applied yet (the pushed stream
+    usually delivered them first)."""
+
     fenced: bool
     reregister: bool
     reason: str
@@ -143,6 +159,8 @@ class GatewayClient:
         self.fence_reason = ""
         self.state = WorkerState.SERVING
         self._registration: dict[str, object] = {}
+        self.inbox = DirectiveInbox()
+        self._pushed: Any = None  # the open Directives call, cancelled by cancel_directives
 
     def _metadata(self, name: str) -> tuple[tuple[str, str], ...]:
         return ((AUTH_METADATA_KEY, sign_call(self._secret, method(name))),)
@@ -165,9 +183,12 @@ class GatewayClient:
         num_shards: int = 1,
         running: Sequence[RunningReport] = (),
         held: Sequence[HeldReport] = (),
+        on_directives: DirectiveHandler | None = None,
     ) -> RegisterResult:
-        """Register this worker (again); a new epoch and lease start. ``running`` and ``held``
-        report what it serves and holds (after a gateway restart)."""
+        """Register this worker (again); a new epoch and lease start, and the inbox starts the
+        new epoch's sequence. ``running`` and ``held`` report what it serves and holds (after
+        a gateway restart). The reply's directives go to ``on_directives`` (as
+        ``DirectiveInbox.accept``) and are returned."""
         sent_s = time.monotonic()
         reply = self._call(
             "Register",
@@ -200,55 +221,46 @@ class GatewayClient:
                 "holder_address": holder_address,
                 "num_shards": num_shards,
             }
-        return RegisterResult(
-            reply.epoch,
-            reply.lease_s,
-            reply.heartbeat_s,
-            tuple(directive_from_pb(d) for d in reply.directives),
+        # Outside self._lock: a handler the inbox calls may fence this client (take self._lock).
+        self.inbox.reset(reply.epoch)
+        directives = self.inbox.accept(
+            reply.epoch, [delivery_from_pb(d) for d in reply.directives], on_directives
         )
+        return RegisterResult(reply.epoch, reply.lease_s, reply.heartbeat_s, directives)
 
     def register_again(
-        self, *, running: Sequence[RunningReport] = (), held: Sequence[HeldReport] = ()
+        self, report: WorkerReport = _NO_REPORT, *, on_directives: DirectiveHandler | None = None
     ) -> RegisterResult:
         """Register with the last registration's parameters and the current state (after a
         ``reregister`` reply: the gateway restarted), reporting what it runs and holds."""
         if not self._registration:
             raise FencedError("register_again before register")
-        return self.register(**self._registration, state=self.state, running=running, held=held)  # type: ignore[arg-type]
+        return self.register(
+            **self._registration,  # type: ignore[arg-type]
+            state=self.state,
+            running=report.running,
+            held=report.held,
+            on_directives=on_directives,
+        )
 
     def heartbeat(
-        self,
-        *,
-        num_running: int = 0,
-        num_waiting: int = 0,
-        held_bytes: int = 0,
-        held: Sequence[HeldReport] = (),
-        refused_request_ids: Sequence[int] = (),
-        evicted_request_ids: Sequence[int] = (),
-        assist_steps: int = 0,
-        proposed_draft_tokens: int = 0,
-        accepted_draft_tokens: int = 0,
+        self, report: WorkerReport = _NO_REPORT, *, on_directives: DirectiveHandler | None = None
     ) -> HeartbeatResult:
-        """Renew the lease and report load (and the state it registered in or switched over
-        to); a ``fenced`` reply fences this client."""
+        """Renew the lease, send ``report`` (with the state it registered in or switched over
+        to) and acknowledge the directives the inbox applied; a ``fenced`` reply fences this
+        client. The reply's directives go through the inbox to ``on_directives``."""
         if self.worker_id < 0:
             raise FencedError("heartbeat before register")
         sent_s = time.monotonic()
+        epoch = self.epoch
         reply = self._call(
             "Heartbeat",
             pb.HeartbeatRequest(
                 worker_id=self.worker_id,
-                epoch=self.epoch,
+                epoch=epoch,
                 state=state_to_pb(self.state),
-                num_running=num_running,
-                num_waiting=num_waiting,
-                held_bytes=held_bytes,
-                held=[held_to_pb(h) for h in held],
-                refused_request_ids=list(refused_request_ids),
-                evicted_request_ids=list(evicted_request_ids),
-                assist_steps=assist_steps,
-                proposed_draft_tokens=proposed_draft_tokens,
-                accepted_draft_tokens=accepted_draft_tokens,
+                report=report_to_pb(report),
+                acked_sequence=self.inbox.sequence,
             ),
         )
         assert isinstance(reply, pb.HeartbeatReply)
@@ -258,13 +270,42 @@ class GatewayClient:
                 self.fence_reason = reply.reason
             elif not reply.reregister and not self.fenced:
                 self._lease_deadline_s = sent_s + reply.lease_s
+        directives = self.inbox.accept(epoch, [delivery_from_pb(d) for d in reply.directives], on_directives)
         return HeartbeatResult(
-            reply.fenced,
-            reply.reregister,
-            reply.reason,
-            tuple(directive_from_pb(d) for d in reply.directives),
-            reply.num_draft_tokens,
+            reply.fenced, reply.reregister, reply.reason, directives, reply.num_draft_tokens
         )
+
+    def receive_directives(
+        self, on_directives: DirectiveHandler, stop: threading.Event | None = None
+    ) -> None:
+        """The pushed delivery: open this epoch's directive stream after the last number the
+        inbox applied and hand what arrives to ``on_directives`` (through the inbox) until the
+        stream ends. Returns when the gateway ends it, ``cancel_directives`` is called or
+        ``stop`` is set (set it before calling ``cancel_directives``: then no stream opened
+        concurrently stays open); raises GatewayError when it cannot be opened or breaks
+        (StaleEpochError: this epoch is fenced), FencedError before ``register``."""
+        if self.worker_id < 0:
+            raise FencedError("receive_directives before register")
+        epoch, after_sequence = self.inbox.position()  # not self.epoch: a register may be under way
+        request = pb.DirectivesRequest(worker_id=self.worker_id, epoch=epoch, after_sequence=after_sequence)
+        call = self._stub.Directives(request, metadata=self._metadata("Directives"))
+        self._pushed = call
+        if stop is not None and stop.is_set():
+            call.cancel()
+        try:
+            for message in call:
+                self.inbox.accept(epoch, [delivery_from_pb(message)], on_directives)
+        except grpc.RpcError as error:
+            if error.code() != grpc.StatusCode.CANCELLED:
+                raise _translate(error) from None
+        finally:
+            self._pushed = None
+
+    def cancel_directives(self) -> None:
+        """End the stream ``receive_directives`` reads (it returns)."""
+        call = self._pushed
+        if call is not None:
+            call.cancel()
 
     def fence(self, reason: str) -> None:
         """Give the lease up locally (the worker cannot go on): ``lease_valid()`` turns False

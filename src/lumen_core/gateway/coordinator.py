@@ -4,7 +4,8 @@
 driver too: one failure protocol, one pairing and switch-over, one join-shortest-queue
 admission) and keeps what only a live cluster needs: worker epochs and leases, per-request
 epochs and capabilities, the tokens each request has emitted (de-duplicated by position), and
-per-worker queues of directives, into which it turns the driver's plans. It takes the time
+per-worker outboxes of numbered directives (``gateway.outbox``), into which it turns the
+driver's plans. It takes the time
 (``now_s``) as an argument and never reads a clock, opens a socket or starts a thread: the
 gRPC servicer (``gateway.server``) is a thin layer over it. With an ``EventLog``
 (``lumen_core.eventlog``) the driver writes every event, call and gain query in the
@@ -25,6 +26,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumen_core.auth import check_secret, issue_capability
+from lumen_core.gateway.directives import (
+    AssistDraft,
+    AssistStop,
+    AssistVerify,
+    Cancel,
+    Delivery,
+    Directive,
+    Hold,
+    HolderGrant,
+    Release,
+    Resume,
+    Run,
+    Stream,
+)
+from lumen_core.gateway.outbox import DirectiveOutbox
+from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import AssistConfig, GainFn
 from lumen_core.policy.driver import AdmissionPlan, FailurePlan, Recorder, RecoveryDriver
@@ -36,7 +53,6 @@ from lumen_core.policy.events import (
     CheckpointReserved,
     Heartbeat,
     PlacementDecision,
-    RecoveryAction,
     RequestAdmitted,
     RouteDecision,
     WorkerFailed,
@@ -49,17 +65,6 @@ from lumen_core.policy.presets import POLICY_NAMES, preset
 from lumen_core.policy.routing import RouterConfig
 
 COVERAGE_SLACK_TOKENS = 16  # as the simulator: a checkpoint may trail its request by a few tokens
-
-# Directive kinds (lumen.proto's Directive.Kind, lower case).
-RUN = "run"
-RESUME = "resume"
-HOLD = "hold"
-STREAM = "stream"
-RELEASE = "release"
-ASSIST_DRAFT = "assist_draft"
-ASSIST_VERIFY = "assist_verify"
-ASSIST_STOP = "assist_stop"
-CANCEL = "cancel"
 
 
 class StaleEpochError(Exception):
@@ -109,57 +114,6 @@ class GatewayConfig:
         ):
             if not isinstance(getattr(self, name), cls):
                 raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
-
-
-@dataclass(frozen=True)
-class HolderGrant:
-    """A checkpoint holder and the capabilities (one per shard) for one request epoch."""
-
-    worker_id: int
-    address: str
-    capabilities: tuple[bytes, ...]
-
-
-@dataclass(frozen=True)
-class Directive:
-    """An instruction queued for one worker (fields as lumen.proto's Directive)."""
-
-    kind: str
-    request_id: int = 0
-    epoch: int = 0
-    action: RecoveryAction | None = None
-    holders: tuple[HolderGrant, ...] = ()
-    source: HolderGrant | None = None
-    restorable_tokens: int = 0
-    prompt_token_ids: tuple[int, ...] = ()
-    output_token_ids: tuple[int, ...] = ()
-    max_new_tokens: int = 0
-    reserved_bytes: int = 0
-    peer_worker_id: int = -1
-    peer_address: str = ""
-    num_draft_tokens: int = 0
-    reason: str = ""
-
-
-@dataclass(frozen=True)
-class RunningReport:
-    """A request a worker serves, as it reports it when re-registering."""
-
-    request_id: int
-    epoch: int
-    prompt_token_ids: tuple[int, ...]
-    output_token_ids: tuple[int, ...]
-    max_new_tokens: int
-    expected_output_tokens: int
-
-
-@dataclass(frozen=True)
-class HeldReport:
-    """A checkpoint a worker holds for another: its request epoch and durable length."""
-
-    request_id: int
-    epoch: int
-    durable_tokens: int
 
 
 @dataclass(frozen=True)
@@ -302,7 +256,7 @@ class Coordinator:
         self.driver = RecoveryDriver(policy, config.load_config, gain_fn=gain_fn, recorder=event_log)
         self._workers: dict[int, _Worker] = {}
         self._requests: dict[int, _Request] = {}
-        self._directives: dict[int, list[Directive]] = {}
+        self._outboxes: dict[int, DirectiveOutbox] = {}
         # held checkpoints reported (gateway restart) before their request: (holder, report, since)
         self._pending_holds: dict[int, list[tuple[int, HeldReport, float]]] = {}
         self._next_request_id = _check_id("first_request_id", first_request_id)
@@ -322,34 +276,32 @@ class Coordinator:
             assistant = self._workers[worker_id]
             k = decision.num_draft_tokens
             self._send(
-                worker_id,
-                Directive(
-                    ASSIST_DRAFT,
-                    peer_worker_id=decision.survivor_id,
-                    peer_address=survivor.holder_address,
-                    num_draft_tokens=k,
-                    reason=decision.reason,
-                ),
+                worker_id, AssistDraft(decision.survivor_id, survivor.holder_address, k, decision.reason)
             )
             self._send(
-                decision.survivor_id,
-                Directive(
-                    ASSIST_VERIFY,
-                    peer_worker_id=worker_id,
-                    peer_address=assistant.holder_address,
-                    num_draft_tokens=k,
-                    reason=decision.reason,
-                ),
+                decision.survivor_id, AssistVerify(worker_id, assistant.holder_address, k, decision.reason)
             )
 
     # ---- directives ------------------------------------------------------------------------
     def _send(self, worker_id: int, directive: Directive) -> None:
         if worker_id in self._workers and self._workers[worker_id].state != WorkerState.FAILED:
-            self._directives.setdefault(worker_id, []).append(directive)
+            self._outboxes[worker_id].put(directive)
+
+    def directives_after(self, worker_id: int, sequence: int) -> list[Delivery]:
+        """The worker's unacknowledged directives numbered above ``sequence``, oldest first
+        (what its pushed stream sends next); none for a failed incarnation."""
+        outbox = self._outboxes.get(_check_id("worker_id", worker_id))
+        return [] if outbox is None else outbox.after(sequence)
 
     def take_directives(self, worker_id: int) -> list[Directive]:
-        """The directives queued for the worker, oldest first (the queue is emptied)."""
-        return self._directives.pop(_check_id("worker_id", worker_id), [])
+        """Every unacknowledged directive of the worker, oldest first, acknowledged at once
+        (for a consumer in this process: tests, benchmarks)."""
+        outbox = self._outboxes.get(_check_id("worker_id", worker_id))
+        if outbox is None:
+            return []
+        deliveries = outbox.after(0)
+        outbox.acknowledge(outbox.last_sequence)
+        return [d.directive for d in deliveries]
 
     def _grant(self, holder_id: int, request: _Request) -> HolderGrant:
         """A holder's address and the capabilities of the request's checkpoint at its current
@@ -363,17 +315,10 @@ class Coordinator:
 
     def _hold(self, request: _Request, holder_ids: Sequence[int], reserved_bytes: int, reason: str) -> None:
         for holder_id in holder_ids:
+            grant = self._grant(holder_id, request)
             self._send(
                 holder_id,
-                Directive(
-                    HOLD,
-                    request_id=request.request_id,
-                    epoch=request.epoch,
-                    holders=(self._grant(holder_id, request),),
-                    reserved_bytes=reserved_bytes,
-                    peer_worker_id=request.worker_id,
-                    reason=reason,
-                ),
+                Hold(request.request_id, request.epoch, grant, reserved_bytes, request.worker_id, reason),
             )
 
     def _grants(self, request: _Request, holder_ids: Sequence[int]) -> tuple[HolderGrant, ...]:
@@ -420,7 +365,7 @@ class Coordinator:
         epoch = max(old.epoch if old is not None else 0, _check_id("last_epoch", last_epoch)) + 1
         worker = _Worker(worker_id, epoch, holder_address, num_shards, now_s + self.config.lease_s)
         self._workers[worker_id] = worker
-        self._directives.pop(worker_id, None)
+        self._outboxes[worker_id] = DirectiveOutbox()  # a new epoch numbers its directives anew
         known = worker_id in self.monitor.worker_ids()
         assist = None
         if state == WorkerState.SERVING:
@@ -445,7 +390,7 @@ class Coordinator:
         known = self._requests.get(request_id)
         if known is not None:
             if (known.worker_id, known.epoch) != (worker_id, report.epoch):
-                self._send(worker_id, Directive(CANCEL, request_id=request_id, reason="served elsewhere now"))
+                self._send(worker_id, Cancel(request_id, "served elsewhere now"))
             return
         prompt = _check_tokens("prompt_token_ids", report.prompt_token_ids)
         request = _Request(
@@ -478,9 +423,7 @@ class Coordinator:
             or holder_id in view.holder_ids
             or self._workers[holder_id].state != WorkerState.SERVING
         ):
-            self._send(
-                holder_id, Directive(RELEASE, request_id=request.request_id, reason="stale checkpoint")
-            )
+            self._send(holder_id, Release(request.request_id, reason="stale checkpoint"))
             return
         expected = (
             len(request.prompt_token_ids) + request.expected_output_tokens
@@ -497,7 +440,7 @@ class Coordinator:
         dropped = 0
         for request_id in [r for r, holds in self._pending_holds.items() if holds[0][2] < horizon_s]:
             for holder_id, _, _ in self._pending_holds.pop(request_id):
-                self._send(holder_id, Directive(RELEASE, request_id=request_id, reason="its request is gone"))
+                self._send(holder_id, Release(request_id, reason="its request is gone"))
                 dropped += 1
         return dropped
 
@@ -553,10 +496,7 @@ class Coordinator:
         if decision.new_holder_ids:
             self._stream_to_new(request, decision)
         elif not self.monitor.request(request_id).holder_ids:
-            self._send(
-                request.worker_id,
-                Directive(STREAM, request_id=request_id, epoch=request.epoch, reason=decision.reason),
-            )
+            self._send(request.worker_id, Stream(request_id, request.epoch, (), decision.reason))
         return decision
 
     def _stream_to_new(self, request: _Request, decision: PlacementDecision) -> None:
@@ -568,12 +508,8 @@ class Coordinator:
         self._hold(request, decision.new_holder_ids, decision.reserved_bytes, decision.reason)
         self._send(
             request.worker_id,
-            Directive(
-                STREAM,
-                request_id=request.request_id,
-                epoch=request.epoch,
-                holders=self._grants(request, decision.holder_ids),
-                reason=decision.reason,
+            Stream(
+                request.request_id, request.epoch, self._grants(request, decision.holder_ids), decision.reason
             ),
         )
 
@@ -596,20 +532,16 @@ class Coordinator:
         now_s: float,
         worker_id: int,
         epoch: int,
+        report: WorkerReport,
         *,
         state: str = WorkerState.SERVING,
-        num_running: int = 0,
-        num_waiting: int = 0,
-        held_bytes: int = 0,
-        held: Sequence[HeldReport] = (),
-        refused_request_ids: Sequence[int] = (),
-        evicted_request_ids: Sequence[int] = (),
-        assist_steps: int = 0,
-        proposed_draft_tokens: int = 0,
-        accepted_draft_tokens: int = 0,
-    ) -> tuple[LeaseStatus, list[Directive], int]:
-        """Renew the lease and take the report; returns (lease status, directives, draft length).
-        Raises ValueError when ``state`` is not the state the gateway has for the worker."""
+        acked_sequence: int = 0,
+    ) -> tuple[LeaseStatus, list[Delivery], int]:
+        """Renew the lease, take the report and acknowledge the directives up to
+        ``acked_sequence``; returns (lease status, the unacknowledged directives after it,
+        draft length). Raises TypeError for a report that is not a WorkerReport, ValueError
+        when ``state`` is not the state the gateway has for the worker or ``acked_sequence``
+        is above the last directive sent."""
         lease = self.renew_lease(now_s, worker_id, epoch)
         if lease.fenced or lease.reregister:
             return lease, [], 0
@@ -619,22 +551,26 @@ class Coordinator:
                 f"state must be the registered state {str(worker.state)!r} (ModelLoaded switches over), "
                 f"got {str(state)!r}"
             )
-        worker.held_bytes = _check_id("held_bytes", held_bytes)
-        self.report_load(now_s, worker_id, num_running, num_waiting)
-        for report in held:
-            self.report_checkpoint(now_s, worker_id, report.request_id, report.epoch, report.durable_tokens)
-        for request_id in refused_request_ids:
+        if not isinstance(report, WorkerReport):
+            raise TypeError(f"report must be a WorkerReport, got {type(report).__name__}")
+        outbox = self._outboxes[worker_id]
+        outbox.acknowledge(acked_sequence)
+        worker.held_bytes = _check_id("held_bytes", report.held_bytes)
+        self.report_load(now_s, worker_id, report.num_running, report.num_waiting)
+        for held in report.held:
+            self.report_checkpoint(now_s, worker_id, held.request_id, held.epoch, held.durable_tokens)
+        for request_id in report.refused_request_ids:
             self.report_dropped(now_s, worker_id, request_id, refused=True)
-        for request_id in evicted_request_ids:
+        for request_id in report.evicted_request_ids:
             self.report_dropped(now_s, worker_id, request_id, refused=False)
         k = self.assist_report(
             now_s,
             worker_id,
-            steps=assist_steps,
-            proposed=proposed_draft_tokens,
-            accepted=accepted_draft_tokens,
+            steps=report.assist_steps,
+            proposed=report.proposed_draft_tokens,
+            accepted=report.accepted_draft_tokens,
         )
-        return lease, self.take_directives(worker_id), k
+        return lease, outbox.after(acked_sequence), k
 
     def model_loaded(
         self, now_s: float, worker_id: int, epoch: int, budget_bytes: int, domain: str = ""
@@ -652,9 +588,7 @@ class Coordinator:
         worker.state = WorkerState.SERVING
         freed = self.driver.switch_over(now_s, worker_id, budget_bytes, domain)
         if freed is not None:
-            self._send(
-                freed, Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant switched over")
-            )
+            self._send(freed, AssistStop(worker_id, "assistant switched over"))
         return freed
 
     def expire_leases(self, now_s: float) -> FailurePlan | None:
@@ -692,20 +626,14 @@ class Coordinator:
             worker = self._workers[worker_id]
             worker.state = WorkerState.FAILED
             worker.fence_reason = f"epoch {worker.epoch} fenced at {now_s:.3f}: {cause}"
-            self._directives.pop(worker_id, None)
+            self._outboxes.pop(worker_id, None)  # a failed incarnation is told nothing more
         plan = self.driver.fail(now_s, failed, cause=cause)
         for unpairing in plan.unpairings:
             worker_id = unpairing.worker_id
             if unpairing.freed_assistant_id is not None:
-                self._send(
-                    unpairing.freed_assistant_id,
-                    Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="survivor failed"),
-                )
+                self._send(unpairing.freed_assistant_id, AssistStop(worker_id, "survivor failed"))
             if unpairing.freed_survivor_id is not None:
-                self._send(
-                    unpairing.freed_survivor_id,
-                    Directive(ASSIST_STOP, peer_worker_id=worker_id, reason="assistant failed"),
-                )
+                self._send(unpairing.freed_survivor_id, AssistStop(worker_id, "assistant failed"))
         for request_id in plan.lost_request_ids:  # their holders failed with them: none to release
             request = self._requests[request_id]
             request.lost = True
@@ -731,22 +659,20 @@ class Coordinator:
         self._last_interrupted = interrupted
         return plan
 
-    def _resume(self, request: _Request, decision: RouteDecision, holder_ids: Sequence[int]) -> Directive:
+    def _resume(self, request: _Request, decision: RouteDecision, holder_ids: Sequence[int]) -> Resume:
         source = None
         if decision.source_holder_id is not None:
             source = self._grant(decision.source_holder_id, request)
-        return Directive(
-            RESUME,
-            request_id=request.request_id,
-            epoch=request.epoch,
-            action=decision.action,
-            holders=self._grants(request, holder_ids),
-            source=source,
-            restorable_tokens=decision.restorable_tokens,
-            prompt_token_ids=request.prompt_token_ids,
-            output_token_ids=tuple(request.tokens),
-            max_new_tokens=request.max_new_tokens,
-            reason=decision.reason,
+        return Resume(
+            request.request_id,
+            request.epoch,
+            decision.action,
+            self._grants(request, holder_ids),
+            source,
+            request.prompt_token_ids,
+            tuple(request.tokens),
+            request.max_new_tokens,
+            decision.reason,
         )
 
     # ---- requests ----------------------------------------------------------------------------
@@ -790,14 +716,13 @@ class Coordinator:
         self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
         self._send(
             worker_id,
-            Directive(
-                RUN,
-                request_id=request_id,
-                epoch=request.epoch,
-                holders=self._grants(request, placement.holder_ids),
-                prompt_token_ids=prompt,
-                max_new_tokens=max_new_tokens,
-                reason=placement.reason,
+            Run(
+                request_id,
+                request.epoch,
+                self._grants(request, placement.holder_ids),
+                prompt,
+                max_new_tokens,
+                placement.reason,
             ),
         )
         return plan
@@ -863,9 +788,7 @@ class Coordinator:
             raise IndexError(f"request_id {request_id} is not a known request")
         self._close(now_s, request)
         for holder_id in self.driver.finish(now_s, request_id):
-            self._send(
-                holder_id, Directive(RELEASE, request_id=request_id, epoch=request.epoch, reason="finished")
-            )
+            self._send(holder_id, Release(request_id, request.epoch, "finished"))
 
     def _close(self, now_s: float, request: _Request) -> None:
         """A request's own accounting at its end (finished or lost)."""

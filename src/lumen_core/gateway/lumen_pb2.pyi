@@ -37,61 +37,145 @@ class HolderGrant(_message.Message):
     capabilities: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., capabilities: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
-class Directive(_message.Message):
-    __slots__ = ("kind", "request_id", "epoch", "action", "holders", "source", "restorable_tokens", "prompt_token_ids", "output_token_ids", "max_new_tokens", "reserved_bytes", "peer_worker_id", "peer_address", "num_draft_tokens", "reason")
-    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
-        __slots__ = ()
-        KIND_UNSPECIFIED: _ClassVar[Directive.Kind]
-        RUN: _ClassVar[Directive.Kind]
-        RESUME: _ClassVar[Directive.Kind]
-        HOLD: _ClassVar[Directive.Kind]
-        STREAM: _ClassVar[Directive.Kind]
-        RELEASE: _ClassVar[Directive.Kind]
-        ASSIST_DRAFT: _ClassVar[Directive.Kind]
-        ASSIST_VERIFY: _ClassVar[Directive.Kind]
-        ASSIST_STOP: _ClassVar[Directive.Kind]
-        CANCEL: _ClassVar[Directive.Kind]
-    KIND_UNSPECIFIED: Directive.Kind
-    RUN: Directive.Kind
-    RESUME: Directive.Kind
-    HOLD: Directive.Kind
-    STREAM: Directive.Kind
-    RELEASE: Directive.Kind
-    ASSIST_DRAFT: Directive.Kind
-    ASSIST_VERIFY: Directive.Kind
-    ASSIST_STOP: Directive.Kind
-    CANCEL: Directive.Kind
-    KIND_FIELD_NUMBER: _ClassVar[int]
+class Run(_message.Message):
+    __slots__ = ("request_id", "epoch", "holders", "prompt_token_ids", "max_new_tokens", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    epoch: int
+    holders: _containers.RepeatedCompositeFieldContainer[HolderGrant]
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    max_new_tokens: int
+    reason: str
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Resume(_message.Message):
+    __slots__ = ("request_id", "epoch", "action", "holders", "source", "prompt_token_ids", "output_token_ids", "max_new_tokens", "reason")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
-    RESTORABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
-    PEER_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
-    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
-    kind: Directive.Kind
     request_id: int
     epoch: int
     action: RecoveryAction
     holders: _containers.RepeatedCompositeFieldContainer[HolderGrant]
     source: HolderGrant
-    restorable_tokens: int
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
+    reason: str
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., action: _Optional[_Union[RecoveryAction, str]] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., source: _Optional[_Union[HolderGrant, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Hold(_message.Message):
+    __slots__ = ("request_id", "epoch", "grant", "reserved_bytes", "serving_worker_id", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    GRANT_FIELD_NUMBER: _ClassVar[int]
+    RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SERVING_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    epoch: int
+    grant: HolderGrant
     reserved_bytes: int
-    peer_worker_id: int
-    peer_address: str
+    serving_worker_id: int
+    reason: str
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., grant: _Optional[_Union[HolderGrant, _Mapping]] = ..., reserved_bytes: _Optional[int] = ..., serving_worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Stream(_message.Message):
+    __slots__ = ("request_id", "epoch", "holders", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    epoch: int
+    holders: _containers.RepeatedCompositeFieldContainer[HolderGrant]
+    reason: str
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ("request_id", "epoch", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    epoch: int
+    reason: str
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AssistDraft(_message.Message):
+    __slots__ = ("survivor_id", "survivor_address", "num_draft_tokens", "reason")
+    SURVIVOR_ID_FIELD_NUMBER: _ClassVar[int]
+    SURVIVOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    survivor_id: int
+    survivor_address: str
     num_draft_tokens: int
     reason: str
-    def __init__(self, kind: _Optional[_Union[Directive.Kind, str]] = ..., request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., action: _Optional[_Union[RecoveryAction, str]] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., source: _Optional[_Union[HolderGrant, _Mapping]] = ..., restorable_tokens: _Optional[int] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reserved_bytes: _Optional[int] = ..., peer_worker_id: _Optional[int] = ..., peer_address: _Optional[str] = ..., num_draft_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    def __init__(self, survivor_id: _Optional[int] = ..., survivor_address: _Optional[str] = ..., num_draft_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AssistVerify(_message.Message):
+    __slots__ = ("assistant_id", "assistant_address", "num_draft_tokens", "reason")
+    ASSISTANT_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSISTANT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    assistant_id: int
+    assistant_address: str
+    num_draft_tokens: int
+    reason: str
+    def __init__(self, assistant_id: _Optional[int] = ..., assistant_address: _Optional[str] = ..., num_draft_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AssistStop(_message.Message):
+    __slots__ = ("peer_worker_id", "reason")
+    PEER_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    peer_worker_id: int
+    reason: str
+    def __init__(self, peer_worker_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Cancel(_message.Message):
+    __slots__ = ("request_id", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    reason: str
+    def __init__(self, request_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class Directive(_message.Message):
+    __slots__ = ("sequence", "run", "resume", "hold", "stream", "release", "assist_draft", "assist_verify", "assist_stop", "cancel")
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    RUN_FIELD_NUMBER: _ClassVar[int]
+    RESUME_FIELD_NUMBER: _ClassVar[int]
+    HOLD_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    ASSIST_DRAFT_FIELD_NUMBER: _ClassVar[int]
+    ASSIST_VERIFY_FIELD_NUMBER: _ClassVar[int]
+    ASSIST_STOP_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    sequence: int
+    run: Run
+    resume: Resume
+    hold: Hold
+    stream: Stream
+    release: Release
+    assist_draft: AssistDraft
+    assist_verify: AssistVerify
+    assist_stop: AssistStop
+    cancel: Cancel
+    def __init__(self, sequence: _Optional[int] = ..., run: _Optional[_Union[Run, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., stream: _Optional[_Union[Stream, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., assist_draft: _Optional[_Union[AssistDraft, _Mapping]] = ..., assist_verify: _Optional[_Union[AssistVerify, _Mapping]] = ..., assist_stop: _Optional[_Union[AssistStop, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
     __slots__ = ("request_id", "epoch", "prompt_token_ids", "output_token_ids", "max_new_tokens", "expected_output_tokens")
@@ -153,33 +237,41 @@ class RegisterReply(_message.Message):
     directives: _containers.RepeatedCompositeFieldContainer[Directive]
     def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ...) -> None: ...
 
-class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id", "epoch", "state", "num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "proposed_draft_tokens", "accepted_draft_tokens", "assist_steps")
-    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
-    STATE_FIELD_NUMBER: _ClassVar[int]
+class WorkerReport(_message.Message):
+    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     REFUSED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
     EVICTED_REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    ASSIST_STEPS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
-    ASSIST_STEPS_FIELD_NUMBER: _ClassVar[int]
-    worker_id: int
-    epoch: int
-    state: WorkerState
     num_running: int
     num_waiting: int
     held_bytes: int
     held: _containers.RepeatedCompositeFieldContainer[HeldCheckpoint]
     refused_request_ids: _containers.RepeatedScalarFieldContainer[int]
     evicted_request_ids: _containers.RepeatedScalarFieldContainer[int]
+    assist_steps: int
     proposed_draft_tokens: int
     accepted_draft_tokens: int
-    assist_steps: int
-    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., assist_steps: _Optional[int] = ...) -> None: ...
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "epoch", "state", "report", "acked_sequence")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    ACKED_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    epoch: int
+    state: WorkerState
+    report: WorkerReport
+    acked_sequence: int
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., report: _Optional[_Union[WorkerReport, _Mapping]] = ..., acked_sequence: _Optional[int] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("fenced", "reregister", "reason", "lease_s", "directives", "num_draft_tokens")
@@ -196,6 +288,16 @@ class HeartbeatReply(_message.Message):
     directives: _containers.RepeatedCompositeFieldContainer[Directive]
     num_draft_tokens: int
     def __init__(self, fenced: _Optional[bool] = ..., reregister: _Optional[bool] = ..., reason: _Optional[str] = ..., lease_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
+
+class DirectivesRequest(_message.Message):
+    __slots__ = ("worker_id", "epoch", "after_sequence")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    AFTER_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    epoch: int
+    after_sequence: int
+    def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., after_sequence: _Optional[int] = ...) -> None: ...
 
 class RequestTokens(_message.Message):
     __slots__ = ("request_id", "epoch", "start_position", "token_ids", "finished")

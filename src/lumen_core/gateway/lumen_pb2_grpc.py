@@ -44,6 +44,11 @@ class GatewayStub:
                 request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.HeartbeatRequest.SerializeToString,
                 response_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.HeartbeatReply.FromString,
                 _registered_method=True)
+        self.Directives = channel.unary_stream(
+                '/lumen.gateway.v1.Gateway/Directives',
+                request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.DirectivesRequest.SerializeToString,
+                response_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.Directive.FromString,
+                _registered_method=True)
         self.ReportTokens = channel.unary_unary(
                 '/lumen.gateway.v1.Gateway/ReportTokens',
                 request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.TokenReport.SerializeToString,
@@ -87,7 +92,17 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Renews the worker's lease; the reply says whether it still holds it and carries directives.
+        """Renews the worker's lease and takes its report; the reply says whether it still holds the
+        lease and carries the directives it has not acknowledged (the fallback delivery).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Directives(self, request, context):
+        """The pushed delivery: a worker epoch's directives as they are decided, from
+        `after_sequence` on, until the epoch is fenced, a newer stream of the worker opens, or the
+        gateway stops. FAILED_PRECONDITION for a fenced epoch.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -147,6 +162,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Heartbeat,
                     request_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.HeartbeatRequest.FromString,
                     response_serializer=lumen__core_dot_gateway_dot_lumen__pb2.HeartbeatReply.SerializeToString,
+            ),
+            'Directives': grpc.unary_stream_rpc_method_handler(
+                    servicer.Directives,
+                    request_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.DirectivesRequest.FromString,
+                    response_serializer=lumen__core_dot_gateway_dot_lumen__pb2.Directive.SerializeToString,
             ),
             'ReportTokens': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportTokens,
@@ -233,6 +253,33 @@ class Gateway:
             '/lumen.gateway.v1.Gateway/Heartbeat',
             lumen__core_dot_gateway_dot_lumen__pb2.HeartbeatRequest.SerializeToString,
             lumen__core_dot_gateway_dot_lumen__pb2.HeartbeatReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Directives(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/lumen.gateway.v1.Gateway/Directives',
+            lumen__core_dot_gateway_dot_lumen__pb2.DirectivesRequest.SerializeToString,
+            lumen__core_dot_gateway_dot_lumen__pb2.Directive.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,14 +1,27 @@
-"""Conversions between the Coordinator's dataclasses and lumen.proto's messages."""
+"""Conversions between the gateway's message dataclasses (``directives``, ``reports``) and
+lumen.proto's messages: the one place either side's fields meet the wire."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+from typing import Any
+
 from lumen_core.gateway import lumen_pb2 as pb
-from lumen_core.gateway.coordinator import (
+from lumen_core.gateway.directives import (
+    AssistDraft,
+    AssistStop,
+    AssistVerify,
+    Cancel,
+    Delivery,
     Directive,
-    HeldReport,
+    Hold,
     HolderGrant,
-    RunningReport,
+    Release,
+    Resume,
+    Run,
+    Stream,
 )
+from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
 SERVICE = "lumen.gateway.v1.Gateway"
@@ -64,47 +77,183 @@ def _grant_from_pb(grant: pb.HolderGrant) -> HolderGrant:
     return HolderGrant(grant.worker_id, grant.address, tuple(grant.capabilities))
 
 
-def directive_to_pb(directive: Directive) -> pb.Directive:
-    out = pb.Directive(
-        kind=pb.Directive.Kind.Value(directive.kind.upper()),
-        request_id=directive.request_id,
-        epoch=directive.epoch,
-        holders=[_grant_to_pb(g) for g in directive.holders],
-        restorable_tokens=directive.restorable_tokens,
-        prompt_token_ids=list(directive.prompt_token_ids),
-        output_token_ids=list(directive.output_token_ids),
-        max_new_tokens=directive.max_new_tokens,
-        reserved_bytes=directive.reserved_bytes,
-        peer_worker_id=directive.peer_worker_id,
-        peer_address=directive.peer_address,
-        num_draft_tokens=directive.num_draft_tokens,
-        reason=directive.reason,
+def _grants_to_pb(grants: tuple[HolderGrant, ...]) -> list[pb.HolderGrant]:
+    return [_grant_to_pb(g) for g in grants]
+
+
+def _grants_from_pb(grants: Iterable[pb.HolderGrant]) -> tuple[HolderGrant, ...]:
+    return tuple(_grant_from_pb(g) for g in grants)
+
+
+# One converter pair per directive kind; each ``*_to_pb`` fills the field of Directive.body
+# named in _FIELDS.
+
+
+def _run_to_pb(d: Run) -> pb.Run:
+    return pb.Run(
+        request_id=d.request_id,
+        epoch=d.epoch,
+        holders=_grants_to_pb(d.holders),
+        prompt_token_ids=list(d.prompt_token_ids),
+        max_new_tokens=d.max_new_tokens,
+        reason=d.reason,
     )
-    if directive.action is not None:
-        out.action = _ACTION_TO_PB[directive.action]
-    if directive.source is not None:
-        out.source.CopyFrom(_grant_to_pb(directive.source))
+
+
+def _run_from_pb(m: pb.Run) -> Run:
+    return Run(
+        m.request_id,
+        m.epoch,
+        _grants_from_pb(m.holders),
+        tuple(m.prompt_token_ids),
+        m.max_new_tokens,
+        m.reason,
+    )
+
+
+def _resume_to_pb(d: Resume) -> pb.Resume:
+    out = pb.Resume(
+        request_id=d.request_id,
+        epoch=d.epoch,
+        action=_ACTION_TO_PB[d.action],
+        holders=_grants_to_pb(d.holders),
+        prompt_token_ids=list(d.prompt_token_ids),
+        output_token_ids=list(d.output_token_ids),
+        max_new_tokens=d.max_new_tokens,
+        reason=d.reason,
+    )
+    if d.source is not None:
+        out.source.CopyFrom(_grant_to_pb(d.source))
     return out
 
 
-def directive_from_pb(message: pb.Directive) -> Directive:
-    return Directive(
-        kind=pb.Directive.Kind.Name(message.kind).lower(),
-        request_id=message.request_id,
-        epoch=message.epoch,
-        action=_ACTION_FROM_PB.get(message.action),
-        holders=tuple(_grant_from_pb(g) for g in message.holders),
-        source=_grant_from_pb(message.source) if message.HasField("source") else None,
-        restorable_tokens=message.restorable_tokens,
-        prompt_token_ids=tuple(message.prompt_token_ids),
-        output_token_ids=tuple(message.output_token_ids),
-        max_new_tokens=message.max_new_tokens,
-        reserved_bytes=message.reserved_bytes,
-        peer_worker_id=message.peer_worker_id,
-        peer_address=message.peer_address,
-        num_draft_tokens=message.num_draft_tokens,
-        reason=message.reason,
+def _resume_from_pb(m: pb.Resume) -> Resume:
+    if m.action not in _ACTION_FROM_PB:
+        raise ValueError(f"action must be RESTORE, REMOTE_RESTORE or REPREFILL, got {m.action}")
+    return Resume(
+        m.request_id,
+        m.epoch,
+        _ACTION_FROM_PB[m.action],
+        _grants_from_pb(m.holders),
+        _grant_from_pb(m.source) if m.HasField("source") else None,
+        tuple(m.prompt_token_ids),
+        tuple(m.output_token_ids),
+        m.max_new_tokens,
+        m.reason,
     )
+
+
+def _hold_to_pb(d: Hold) -> pb.Hold:
+    return pb.Hold(
+        request_id=d.request_id,
+        epoch=d.epoch,
+        grant=_grant_to_pb(d.grant),
+        reserved_bytes=d.reserved_bytes,
+        serving_worker_id=d.serving_worker_id,
+        reason=d.reason,
+    )
+
+
+def _hold_from_pb(m: pb.Hold) -> Hold:
+    return Hold(
+        m.request_id, m.epoch, _grant_from_pb(m.grant), m.reserved_bytes, m.serving_worker_id, m.reason
+    )
+
+
+def _stream_to_pb(d: Stream) -> pb.Stream:
+    return pb.Stream(
+        request_id=d.request_id, epoch=d.epoch, holders=_grants_to_pb(d.holders), reason=d.reason
+    )
+
+
+def _stream_from_pb(m: pb.Stream) -> Stream:
+    return Stream(m.request_id, m.epoch, _grants_from_pb(m.holders), m.reason)
+
+
+def _release_to_pb(d: Release) -> pb.Release:
+    return pb.Release(request_id=d.request_id, epoch=d.epoch, reason=d.reason)
+
+
+def _release_from_pb(m: pb.Release) -> Release:
+    return Release(m.request_id, m.epoch, m.reason)
+
+
+def _assist_draft_to_pb(d: AssistDraft) -> pb.AssistDraft:
+    return pb.AssistDraft(
+        survivor_id=d.survivor_id,
+        survivor_address=d.survivor_address,
+        num_draft_tokens=d.num_draft_tokens,
+        reason=d.reason,
+    )
+
+
+def _assist_draft_from_pb(m: pb.AssistDraft) -> AssistDraft:
+    return AssistDraft(m.survivor_id, m.survivor_address, m.num_draft_tokens, m.reason)
+
+
+def _assist_verify_to_pb(d: AssistVerify) -> pb.AssistVerify:
+    return pb.AssistVerify(
+        assistant_id=d.assistant_id,
+        assistant_address=d.assistant_address,
+        num_draft_tokens=d.num_draft_tokens,
+        reason=d.reason,
+    )
+
+
+def _assist_verify_from_pb(m: pb.AssistVerify) -> AssistVerify:
+    return AssistVerify(m.assistant_id, m.assistant_address, m.num_draft_tokens, m.reason)
+
+
+def _assist_stop_to_pb(d: AssistStop) -> pb.AssistStop:
+    return pb.AssistStop(peer_worker_id=d.peer_worker_id, reason=d.reason)
+
+
+def _assist_stop_from_pb(m: pb.AssistStop) -> AssistStop:
+    return AssistStop(m.peer_worker_id, m.reason)
+
+
+def _cancel_to_pb(d: Cancel) -> pb.Cancel:
+    return pb.Cancel(request_id=d.request_id, reason=d.reason)
+
+
+def _cancel_from_pb(m: pb.Cancel) -> Cancel:
+    return Cancel(m.request_id, m.reason)
+
+
+# kind -> (Directive.body field, to_pb, from_pb)
+_FIELDS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Directive]]] = {
+    Run: ("run", _run_to_pb, _run_from_pb),
+    Resume: ("resume", _resume_to_pb, _resume_from_pb),
+    Hold: ("hold", _hold_to_pb, _hold_from_pb),
+    Stream: ("stream", _stream_to_pb, _stream_from_pb),
+    Release: ("release", _release_to_pb, _release_from_pb),
+    AssistDraft: ("assist_draft", _assist_draft_to_pb, _assist_draft_from_pb),
+    AssistVerify: ("assist_verify", _assist_verify_to_pb, _assist_verify_from_pb),
+    AssistStop: ("assist_stop", _assist_stop_to_pb, _assist_stop_from_pb),
+    Cancel: ("cancel", _cancel_to_pb, _cancel_from_pb),
+}
+_FROM_PB = {name: from_pb for name, _, from_pb in _FIELDS.values()}
+
+
+def delivery_to_pb(delivery: Delivery) -> pb.Directive:
+    """A numbered directive -> lumen.proto's Directive (its kind in the ``body`` oneof).
+    TypeError for an object that is not one of the directive kinds."""
+    kind = type(delivery.directive)
+    if kind not in _FIELDS:
+        raise TypeError(f"directive must be one of the directive kinds, got {kind.__name__}")
+    name, to_pb, _ = _FIELDS[kind]
+    out = pb.Directive(sequence=delivery.sequence)
+    getattr(out, name).CopyFrom(to_pb(delivery.directive))
+    return out
+
+
+def delivery_from_pb(message: pb.Directive) -> Delivery:
+    """lumen.proto's Directive -> its number and typed directive. ValueError for a message
+    with no body (a sender newer than this build, or a corrupt one)."""
+    name = message.WhichOneof("body")
+    if name is None:
+        raise ValueError(f"directive must have a body, got none (sequence {message.sequence})")
+    return Delivery(message.sequence, _FROM_PB[name](getattr(message, name)))
 
 
 def running_to_pb(report: RunningReport) -> pb.RunningRequest:
@@ -139,3 +288,32 @@ def held_to_pb(report: HeldReport) -> pb.HeldCheckpoint:
 
 def held_from_pb(message: pb.HeldCheckpoint) -> HeldReport:
     return HeldReport(message.request_id, message.epoch, message.durable_tokens)
+
+
+def report_to_pb(report: WorkerReport) -> pb.WorkerReport:
+    """A heartbeat's report (``running`` is not part of it: it travels with Register)."""
+    return pb.WorkerReport(
+        num_running=report.num_running,
+        num_waiting=report.num_waiting,
+        held_bytes=report.held_bytes,
+        held=[held_to_pb(h) for h in report.held],
+        refused_request_ids=list(report.refused_request_ids),
+        evicted_request_ids=list(report.evicted_request_ids),
+        assist_steps=report.assist_steps,
+        proposed_draft_tokens=report.proposed_draft_tokens,
+        accepted_draft_tokens=report.accepted_draft_tokens,
+    )
+
+
+def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
+    return WorkerReport(
+        num_running=message.num_running,
+        num_waiting=message.num_waiting,
+        held_bytes=message.held_bytes,
+        held=tuple(held_from_pb(h) for h in message.held),
+        refused_request_ids=tuple(message.refused_request_ids),
+        evicted_request_ids=tuple(message.evicted_request_ids),
+        assist_steps=message.assist_steps,
+        proposed_draft_tokens=message.proposed_draft_tokens,
+        accepted_draft_tokens=message.accepted_draft_tokens,
+    )

@@ -17,6 +17,7 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
@@ -27,12 +28,12 @@ from lumen_core.gateway.coordinator import (
     StaleEpochError,
 )
 from lumen_core.gateway.protocol import (
-    directive_to_pb,
+    delivery_to_pb,
     held_from_pb,
+    report_from_pb,
     running_from_pb,
     state_from_pb,
 )
-from lumen_core.eventlog import EventLog
 
 _STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
 _ERROR_CODES = {
@@ -111,34 +112,27 @@ class _Servicer(pb_grpc.GatewayServicer):
                 epoch=registration.epoch,
                 lease_s=c.config.lease_s,
                 heartbeat_s=c.config.heartbeat_s,
-                directives=[directive_to_pb(d) for d in c.take_directives(request.worker_id)],
+                directives=[delivery_to_pb(d) for d in c.directives_after(request.worker_id, 0)],
             )
 
         return self._run(context, register)
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
         def heartbeat(c: Coordinator) -> pb.HeartbeatReply:
-            lease, directives, k = c.heartbeat(
+            lease, deliveries, k = c.heartbeat(
                 self._now(),
                 request.worker_id,
                 request.epoch,
+                report_from_pb(request.report),
                 state=state_from_pb(request.state),
-                num_running=request.num_running,
-                num_waiting=request.num_waiting,
-                held_bytes=request.held_bytes,
-                held=[held_from_pb(h) for h in request.held],
-                refused_request_ids=list(request.refused_request_ids),
-                evicted_request_ids=list(request.evicted_request_ids),
-                assist_steps=request.assist_steps,
-                proposed_draft_tokens=request.proposed_draft_tokens,
-                accepted_draft_tokens=request.accepted_draft_tokens,
+                acked_sequence=request.acked_sequence,
             )
             return pb.HeartbeatReply(
                 fenced=lease.fenced,
                 reregister=lease.reregister,
                 reason=lease.reason,
                 lease_s=c.config.lease_s,
-                directives=[directive_to_pb(d) for d in directives],
+                directives=[delivery_to_pb(d) for d in deliveries],
                 num_draft_tokens=k,
             )
 
@@ -194,6 +188,59 @@ class _Servicer(pb_grpc.GatewayServicer):
             return pb.ModelLoadedReply(freed_survivor_id=-1 if freed is None else freed)
 
         return self._run(context, loaded)
+
+    def Directives(
+        self, request: pb.DirectivesRequest, context: grpc.ServicerContext
+    ) -> Iterator[pb.Directive]:
+        """The pushed delivery (see lumen.proto). One stream per worker: a newer one of the same
+        worker ends the older (a worker that reconnects leaves no thread behind)."""
+        server = self._server
+        worker_id, epoch = request.worker_id, request.epoch
+        if not server.push_directives:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "pushed directives are off: heartbeats carry them")
+        with server.condition:
+            if server.num_directive_streams >= server.max_workers:
+                context.abort(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"{server.num_directive_streams} directive streams open (max_workers)",
+                )
+            server.num_directive_streams += 1
+            generation = server.directive_streams.get(worker_id, 0) + 1
+            server.directive_streams[worker_id] = generation
+            server.condition.notify_all()  # an older stream of this worker ends
+        try:
+            yield from self._push(worker_id, epoch, request.after_sequence, generation, context)
+        finally:
+            with server.condition:
+                server.num_directive_streams -= 1
+
+    def _push(
+        self, worker_id: int, epoch: int, sequence: int, generation: int, context: grpc.ServicerContext
+    ) -> Iterator[pb.Directive]:
+        server = self._server
+        while True:
+            with server.condition:
+                while True:
+                    try:  # not through _run: its notify_all would wake every other stream
+                        server.coordinator.check_worker_epoch(worker_id, epoch)
+                    except (StaleEpochError, TypeError, ValueError) as exc:
+                        context.abort(_code_of(exc), str(exc))
+                    deliveries = server.coordinator.directives_after(worker_id, sequence)
+                    if (
+                        deliveries
+                        or server.stopping
+                        or not context.is_active()
+                        or server.directive_streams[worker_id] != generation
+                    ):
+                        break
+                    server.condition.wait(_STREAM_POLL_S)
+            if server.stopping:
+                context.abort(grpc.StatusCode.UNAVAILABLE, "gateway is stopping")
+            if not context.is_active() or server.directive_streams[worker_id] != generation:
+                return
+            for delivery in deliveries:
+                yield delivery_to_pb(delivery)
+            sequence = deliveries[-1].sequence
 
     def _open_stream(self, context: grpc.ServicerContext) -> None:
         """Streams hold a server thread each: past ``max_streams`` they are refused, so the
@@ -351,9 +398,13 @@ class GatewayServer:
     ``metrics_port``: None = no endpoint, 0 = a free port. ``reap_interval_s``: how often
     leases are checked (default lease_s / 10). ``max_streams``: client token streams open at
     once (each holds a server thread; more are refused with RESOURCE_EXHAUSTED), and
-    ``control_threads`` more threads serve everything else, so heartbeats never wait. Use as
-    a context manager or call ``start`` and ``stop``; ``stop`` ends the streams and joins the
-    server's threads, the reaper and the metrics thread.
+    ``control_threads`` more threads serve everything else, so heartbeats never wait.
+    ``max_workers``: pushed directive streams open at once (one per worker, each holding a
+    thread of its own; more are refused and those workers get their directives in heartbeat
+    replies). ``push_directives=False`` refuses every directive stream (UNIMPLEMENTED):
+    heartbeat replies alone deliver, as before the pushed channel. Use as a context manager
+    or call ``start`` and ``stop``; ``stop`` ends the streams and joins the server's threads,
+    the reaper and the metrics thread.
     """
 
     def __init__(
@@ -367,8 +418,10 @@ class GatewayServer:
         event_log: EventLog | None = None,
         reap_interval_s: float | None = None,
         max_streams: int = 64,
+        max_workers: int = 64,
         control_threads: int = 16,
         first_request_id: int = 1,
+        push_directives: bool = True,
     ) -> None:
         secret = check_secret(secret)
         if not isinstance(host, str):
@@ -376,7 +429,11 @@ class GatewayServer:
         for name, value in (("port", port), ("metrics_port", 0 if metrics_port is None else metrics_port)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
                 raise ValueError(f"{name} must be an int in [0, 65535], got {value!r}")
-        for name, value in (("max_streams", max_streams), ("control_threads", control_threads)):
+        for name, value in (
+            ("max_streams", max_streams),
+            ("max_workers", max_workers),
+            ("control_threads", control_threads),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         self.coordinator = Coordinator(config, secret, event_log=event_log, first_request_id=first_request_id)
@@ -384,6 +441,10 @@ class GatewayServer:
         self.stopping = False
         self.max_streams = max_streams
         self.num_streams = 0
+        self.max_workers = max_workers
+        self.num_directive_streams = 0
+        self.directive_streams: dict[int, int] = {}  # worker id -> generation of its newest stream
+        self.push_directives = push_directives
         self._host = host
         self._port = port
         self._metrics_port = metrics_port
@@ -391,7 +452,7 @@ class GatewayServer:
         self._started_s = time.monotonic()
         self._verifier = CallVerifier(secret)
         self._executor = futures.ThreadPoolExecutor(
-            max_workers=max_streams + control_threads, thread_name_prefix="lumen-gateway"
+            max_workers=max_streams + max_workers + control_threads, thread_name_prefix="lumen-gateway"
         )
         self._grpc = grpc.server(
             self._executor,
@@ -438,10 +499,11 @@ class GatewayServer:
     def _reap(self) -> None:
         while not self._stop_reaper.wait(self._reap_interval_s):
             with self.condition:
-                if self.coordinator.expire_leases(self.now_s()) is not None:
-                    self.condition.notify_all()
+                failed = self.coordinator.expire_leases(self.now_s()) is not None
                 self.coordinator.forget_finished(self.now_s())
-                self.coordinator.drop_orphaned_holds(self.now_s())
+                released = self.coordinator.drop_orphaned_holds(self.now_s()) > 0
+                if failed or released:  # directives were decided: push them now
+                    self.condition.notify_all()
 
     def stop(self, grace_s: float = 1.0) -> None:
         with self.condition:

@@ -32,6 +32,7 @@ from lumen_core.engine import DraftProposer
 from lumen_core.engine.config import CacheConfig
 from lumen_core.engine.model import Llama
 from lumen_core.stream import Address
+from lumen_core.worker.engine_ids import engine_key
 
 MAX_DATAGRAM = 65000
 
@@ -62,7 +63,7 @@ class Assistant:
         self.steps = 0
         self.proposed = 0
         self.accepted = 0
-        self._tokens: dict[str, list[int]] = {}
+        self._tokens: dict[int, list[int]] = {}  # by gateway request id
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lumen-assistant", daemon=True)
 
@@ -112,19 +113,24 @@ class Assistant:
         self.steps += 1
         for message in messages:
             for request_id, base, new_tokens, proposed, accepted in message.get("r", []):
-                key = str(request_id)
+                request_id = int(request_id)  # type: ignore[call-overload]
                 self.proposed += int(proposed)  # type: ignore[call-overload]
                 self.accepted += int(accepted)  # type: ignore[call-overload]
-                known = self._tokens.get(key, [])
+                known = self._tokens.get(request_id, [])
                 if int(base) > len(known):  # type: ignore[call-overload]
                     continue  # a sync was lost: the reply's `have` asks for a resend
-                self._tokens[key] = known[: int(base)] + [int(t) for t in new_tokens]  # type: ignore[call-overload, union-attr]
+                self._tokens[request_id] = known[: int(base)] + [int(t) for t in new_tokens]  # type: ignore[call-overload, union-attr]
             for request_id in message.get("f", []):
-                self._tokens.pop(str(request_id), None)
-                self.proposer.release(str(request_id))
-        keys = [str(r[0]) for r in messages[-1].get("r", []) if str(r[0]) in self._tokens]
-        drafts = self.proposer.propose({key: self._tokens[key] for key in keys}, k) if keys else {}
-        return {"r": [[int(key), len(self._tokens[key]), drafts.get(key, [])] for key in keys]}
+                request_id = int(request_id)  # type: ignore[call-overload]
+                self._tokens.pop(request_id, None)
+                self.proposer.release(engine_key(request_id))
+        request_ids = [int(r[0]) for r in messages[-1].get("r", []) if int(r[0]) in self._tokens]  # type: ignore[call-overload]
+        drafts = (
+            self.proposer.propose({engine_key(r): self._tokens[r] for r in request_ids}, k)
+            if request_ids
+            else {}
+        )
+        return {"r": [[r, len(self._tokens[r]), drafts.get(engine_key(r), [])] for r in request_ids]}
 
     def stop(self) -> None:
         self._stop.set()

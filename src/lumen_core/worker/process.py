@@ -48,22 +48,22 @@ from lumen_core.gateway.client import (
     RequestTokens,
     StaleEpochError,
 )
-from lumen_core.gateway.coordinator import (
-    ASSIST_DRAFT,
-    ASSIST_STOP,
-    ASSIST_VERIFY,
-    CANCEL,
-    HOLD,
-    RELEASE,
-    RESUME,
-    RUN,
-    STREAM,
+from lumen_core.gateway.directives import (
+    AssistDraft,
+    AssistStop,
+    AssistVerify,
+    Cancel,
     Directive,
-    HeldReport,
+    Hold,
     HolderGrant,
+    Release,
+    Resume,
+    Run,
+    Stream,
 )
-from lumen_core.gateway.heartbeat import HeartbeatLoop, WorkerReport
+from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
+from lumen_core.gateway.reports import HeldReport, WorkerReport
 from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
 from lumen_core.stream import (
@@ -75,6 +75,7 @@ from lumen_core.stream import (
 )
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
+from lumen_core.worker.engine_ids import engine_key, request_id_of
 
 EXIT_OK = 0
 EXIT_FENCED = 3
@@ -87,7 +88,8 @@ class WorkerConfig:
     for a restart after a failure. budget_bytes: host memory offered to other workers'
     checkpoints. holder_host: where the embedded holder listens. pace: a cost-model setup
     ("MODEL/GPUxTP", ``pacing.parse_pace``) every engine step and restore is paced to, each
-    lasting ``time_scale`` times its modelled duration (None: unpaced)."""
+    lasting ``time_scale`` times its modelled duration (None: unpaced). pushed_directives:
+    open the gateway's directive stream (False: heartbeat replies alone deliver them)."""
 
     worker_id: int
     gateway: str
@@ -96,6 +98,7 @@ class WorkerConfig:
     state: str = WorkerState.SERVING
     budget_bytes: int = 1 << 30
     holder_host: str = "127.0.0.1"
+    pushed_directives: bool = True
     num_blocks: int = 1024
     block_size: int = 16
     max_num_seqs: int = 64
@@ -134,12 +137,10 @@ class _Served:
     num_outputs: int
 
 
-def _grant(directive: Directive, holders: tuple[HolderGrant, ...]) -> StreamGrant:
+def _grant(epoch: int, holders: tuple[HolderGrant, ...]) -> StreamGrant:
     if not holders:
-        return StreamGrant(directive.epoch, (), b"")
-    return StreamGrant(
-        directive.epoch, tuple(parse_address(h.address) for h in holders), holders[0].capabilities[0]
-    )
+        return StreamGrant(epoch, (), b"")
+    return StreamGrant(epoch, tuple(parse_address(h.address) for h in holders), holders[0].capabilities[0])
 
 
 class Worker:
@@ -194,10 +195,8 @@ class Worker:
 
     def _build_engine(self) -> None:
         assert self.model is not None
-        # Engine ids are the gateway's u64 request ids in decimal: capabilities the gateway
-        # issued are valid on the holders as they are.
         self.connector = StreamingConnector(
-            self.secret, model_fingerprint(self.model), store=self.store, key_for=int
+            self.secret, model_fingerprint(self.model), store=self.store, key_for=request_id_of
         )
         self.engine = Engine(
             self.model,
@@ -274,16 +273,20 @@ class Worker:
             if self.load_error is not None:
                 raise self.load_error
             self._build_engine()
-        registration = self.client.register(
+        self.client.register(
             self.config.worker_id,
             state=self.state,
             budget_bytes=self.config.budget_bytes,
             holder_address=self.holder_address,
+            on_directives=self._queue_directives,
         )
-        for directive in registration.directives:
-            self.directives.put(directive)
         self.heartbeats = HeartbeatLoop(
-            self.client, self.report, self._queue_directives, self._on_fenced, on_reported=self._reported
+            self.client,
+            self.report,
+            self._queue_directives,
+            self._on_fenced,
+            on_reported=self._reported,
+            pushed=self.config.pushed_directives,
         ).start()
 
     def _queue_directives(self, directives: tuple[Directive, ...]) -> None:
@@ -292,52 +295,49 @@ class Worker:
 
     # ---- directives ----------------------------------------------------------------------
     def _apply(self, directive: Directive) -> None:
-        kind = directive.kind
-        if kind in (ASSIST_DRAFT, ASSIST_VERIFY, ASSIST_STOP):
-            print(
-                f"worker {self.config.worker_id}: {kind} peer {directive.peer_worker_id} "
-                f"k={directive.num_draft_tokens}: {directive.reason}",
-                file=sys.stderr,
-                flush=True,
-            )
-        if kind == RELEASE:
-            self.store.expire(directive.request_id)
-        elif kind == HOLD:
-            self._reserve(directive)
-        elif kind == CANCEL:
-            self._drop(directive.request_id)
-            self.counters["cancelled"] += 1
-        elif kind in (RUN, RESUME):
-            self._admit(directive)
-        elif kind == STREAM:
-            self._stream(directive)
-        elif kind == ASSIST_DRAFT:
-            self._stop_assistant()
-            if self.draft is not None and self.state == WorkerState.RECOVERING:
-                default_k = directive.num_draft_tokens
-                heartbeats = self.heartbeats
-                self.assistant = Assistant(
-                    self.draft,
-                    self.config.holder_host,
-                    self.server.port,
-                    lambda: (heartbeats.last_num_draft_tokens if heartbeats is not None else 0) or default_k,
-                    secret=self.secret,
-                    num_blocks=self.config.num_blocks,
-                ).start()
-        elif kind == ASSIST_VERIFY:
-            if self.assisted is not None:
-                self.assisted.close()
-            self.assisted = AssistedRequests(
-                parse_address(directive.peer_address), directive.peer_worker_id, secret=self.secret
-            )
-        elif kind == ASSIST_STOP:
-            if self.assisted is not None and self.assisted.peer_worker_id == directive.peer_worker_id:
-                self.assisted.close()
-                self.assisted = None
-            else:
+        if isinstance(directive, (AssistDraft, AssistVerify, AssistStop)):
+            print(f"worker {self.config.worker_id}: {directive}", file=sys.stderr, flush=True)
+        match directive:
+            case Release():
+                self.store.expire(directive.request_id)
+            case Hold():
+                self._reserve(directive)
+            case Cancel():
+                self._drop(directive.request_id)
+                self.counters["cancelled"] += 1
+            case Run() | Resume():
+                self._admit(directive)
+            case Stream():
+                self._stream(directive)
+            case AssistDraft():
                 self._stop_assistant()
+                if self.draft is not None and self.state == WorkerState.RECOVERING:
+                    default_k = directive.num_draft_tokens
+                    heartbeats = self.heartbeats
+                    self.assistant = Assistant(
+                        self.draft,
+                        self.config.holder_host,
+                        self.server.port,
+                        lambda: (
+                            (heartbeats.last_num_draft_tokens if heartbeats is not None else 0) or default_k
+                        ),
+                        secret=self.secret,
+                        num_blocks=self.config.num_blocks,
+                    ).start()
+            case AssistVerify():
+                if self.assisted is not None:
+                    self.assisted.close()
+                self.assisted = AssistedRequests(
+                    parse_address(directive.assistant_address), directive.assistant_id, secret=self.secret
+                )
+            case AssistStop():
+                if self.assisted is not None and self.assisted.peer_worker_id == directive.peer_worker_id:
+                    self.assisted.close()
+                    self.assisted = None
+                else:
+                    self._stop_assistant()
 
-    def _reserve(self, directive: Directive) -> None:
+    def _reserve(self, directive: Hold) -> None:
         """HOLD (placement): charge ``reserved_bytes`` of the embedded store for each shard of
         the request, as tokens of this worker's record size (plus 8 bytes of token id and crc
         each), evicting by the store's policy if needed. A refused reservation keeps no copy
@@ -355,7 +355,7 @@ class Worker:
         else:
             record_bytes = self.connector.layout.record_bytes
             num_tokens = -(-directive.reserved_bytes // (record_bytes + 8))
-            shards = len(directive.holders[0].capabilities) if directive.holders else 1
+            shards = max(1, len(directive.grant.capabilities))
             before = {c.request_id for c in self.store.checkpoints()}
             refused = not all(
                 self.store.reserve(request_id, num_tokens, record_bytes, shard=shard)
@@ -371,26 +371,25 @@ class Worker:
 
     def _drop(self, request_id: int) -> None:
         self.served.pop(request_id, None)
-        if self.engine is not None and str(request_id) in self.engine.requests:
-            self.engine.abort(str(request_id))
+        if self.engine is not None and engine_key(request_id) in self.engine.requests:
+            self.engine.abort(engine_key(request_id))
 
-    def _admit(self, directive: Directive) -> None:
+    def _admit(self, directive: Run | Resume) -> None:
         assert self.engine is not None and self.connector is not None
         request_id = directive.request_id
-        key = str(request_id)
+        key = engine_key(request_id)
         self._drop(request_id)
-        outputs = list(directive.output_token_ids)
+        outputs = list(directive.output_token_ids) if isinstance(directive, Resume) else []
         self.served[request_id] = _Served(directive.epoch, len(outputs))
         if len(outputs) >= directive.max_new_tokens:
             self._report([RequestTokens(request_id, directive.epoch, len(outputs), (), True)])
             self.served.pop(request_id)
             return
-        self.connector.grant(key, _grant(directive, directive.holders))
-        if directive.kind == RESUME:
+        self.connector.grant(key, _grant(directive.epoch, directive.holders))
+        if isinstance(directive, Resume):
             self.counters["resumed"] += 1
-            action = directive.action
             if (
-                action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE)
+                directive.action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE)
                 and directive.source is not None
             ):
                 local = directive.source.worker_id == self.config.worker_id
@@ -409,17 +408,17 @@ class Worker:
             output_token_ids=outputs,
         )
 
-    def _stream(self, directive: Directive) -> None:
+    def _stream(self, directive: Stream) -> None:
         """The holders of a request served here changed (the directive names all of them):
         stream its whole checkpoint to them (the streamer starts the request again from
         position 0 over its computed tokens)."""
         assert self.engine is not None and self.connector is not None
-        key = str(directive.request_id)
+        key = engine_key(directive.request_id)
         request = self.engine.requests.get(key)
         if request is None:
             return
         self.connector.request_finished(key)
-        self.connector.grant(key, _grant(directive, directive.holders))
+        self.connector.grant(key, _grant(directive.epoch, directive.holders))
         n = request.num_computed_tokens
         if n:
             slots = self.engine.block_manager.slot_ids(request, 0, n)
@@ -452,36 +451,39 @@ class Worker:
         assisted = self.assisted
         if assisted is not None:
             for request_id, (position, drafts) in assisted.drafts().items():
-                request = engine.requests.get(str(request_id))
+                request = engine.requests.get(engine_key(request_id))
                 if request is None or request.num_uncomputed_tokens != 1:
                     continue
                 # Drafts made for an earlier position still serve if their head came true.
                 offset = request.num_tokens - position
                 if 0 <= offset < len(drafts) and request.token_ids[position:] == drafts[:offset]:
-                    engine.set_drafts(str(request_id), drafts[offset:])
+                    engine.set_drafts(engine_key(request_id), drafts[offset:])
         out = engine.step()
         if assisted is not None:
             for key in out.finished:
-                assisted.finished(int(key))
+                assisted.finished(request_id_of(key))
             assisted.sync(
                 {
-                    int(r.request_id): list(r.token_ids)
+                    request_id_of(r.request_id): list(r.token_ids)
                     for r in engine.scheduler.running
                     if r.request_id not in out.finished
                 },
-                {int(k): (n, out.num_accepted.get(k, 0)) for k, n in out.num_draft_tokens.items()},
+                {request_id_of(k): (n, out.num_accepted.get(k, 0)) for k, n in out.num_draft_tokens.items()},
             )
         reports = []
         for key, tokens in out.new_token_ids.items():
-            served = self.served.get(int(key))
+            request_id = request_id_of(key)
+            served = self.served.get(request_id)
             if served is None:
                 continue
             reports.append(
-                RequestTokens(int(key), served.epoch, served.num_outputs, tuple(tokens), key in out.finished)
+                RequestTokens(
+                    request_id, served.epoch, served.num_outputs, tuple(tokens), key in out.finished
+                )
             )
             served.num_outputs += len(tokens)
         for key in out.finished:
-            self.served.pop(int(key), None)
+            self.served.pop(request_id_of(key), None)
         if self.pacer is not None:  # the tokens are out when the modelled step ends
             self.pacer.end(modelled_step_s(self.pacer.cost, out, self._new_restores()))
             self._pace_continues = engine.has_unfinished()
@@ -539,7 +541,7 @@ class Worker:
             except queue.Empty:
                 directive = None
             while directive is not None:
-                if self.engine is not None or directive.kind in (RELEASE, HOLD, ASSIST_DRAFT, ASSIST_STOP):
+                if self.engine is not None or isinstance(directive, (Release, Hold, AssistDraft, AssistStop)):
                     self._apply(directive)
                 try:
                     directive = self.directives.get_nowait()

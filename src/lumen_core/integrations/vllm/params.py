@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lumen_core.auth import read_secret_file
 from lumen_core.stream import request_key
-from lumen_core.transport import CAPABILITY_BYTES, issue_capability, read_secret_file
+from lumen_core.transport import CAPABILITY_BYTES, issue_capability
 
 __all__ = ["ConnectorConfig", "RequestControl", "RestorePlan"]
 

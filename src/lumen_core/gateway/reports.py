@@ -1,0 +1,46 @@
+"""What a worker reports to the gateway: its heartbeat report (lumen.proto's WorkerReport)
+and, when it registers again with a restarted gateway, what it runs and holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RunningReport:
+    """A request a worker serves, as it reports it when re-registering."""
+
+    request_id: int
+    epoch: int
+    prompt_token_ids: tuple[int, ...]
+    output_token_ids: tuple[int, ...]
+    max_new_tokens: int
+    expected_output_tokens: int
+
+
+@dataclass(frozen=True)
+class HeldReport:
+    """A checkpoint a worker holds for another: its request epoch and durable length."""
+
+    request_id: int
+    epoch: int
+    durable_tokens: int
+
+
+@dataclass(frozen=True)
+class WorkerReport:
+    """A worker's heartbeat report. ``refused_request_ids``: HOLDs it refused (budget);
+    ``evicted_request_ids``: checkpoints it evicted; the assist counters are cumulative since
+    it registered. ``running`` travels only with a registration (after a gateway restart),
+    never in a heartbeat."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    held_bytes: int = 0
+    held: tuple[HeldReport, ...] = ()
+    refused_request_ids: tuple[int, ...] = ()
+    evicted_request_ids: tuple[int, ...] = ()
+    assist_steps: int = 0
+    proposed_draft_tokens: int = 0
+    accepted_draft_tokens: int = 0
+    running: tuple[RunningReport, ...] = ()
