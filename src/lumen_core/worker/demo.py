@@ -97,7 +97,7 @@ def run_demo(
     repeat (with its ``repeat`` index; intervals over repeats need these) and the first
     run's rolling means per policy."""
     from lumen_core.sim.workload import load_trace
-    from lumen_core.worker.scenario import FailurePlan, arrivals_from_workload, run_scenario
+    from lumen_core.worker.scenario import KillRule, arrivals_from_workload, run_scenario
 
     trace = load_trace(options.trace_path)
     num_requests = max(2, round(options.rate_per_s * options.duration_s))
@@ -119,7 +119,7 @@ def run_demo(
     base_records = baseline.records()
     reference = [r.token_ids for r in baseline.results]
     replay = _SimReplay(options, arrivals, reference) if options.compare_sim else None
-    plan = FailurePlan(
+    plan = KillRule(
         not_before_s=options.failure_at * options.duration_s,
         min_requests=options.min_requests,
         min_durable_tokens=options.min_durable_tokens,

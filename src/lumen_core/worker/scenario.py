@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from lumen_core.metrics import RequestRecords
+from lumen_core.policy.driver import FailurePlan
 from lumen_core.policy.events import RouteDecision
 from lumen_core.sim.workload import Workload
 from lumen_core.worker.cluster import TINY_MODEL, LocalCluster, RequestResult
@@ -52,7 +53,7 @@ def arrivals_from_workload(
 
 
 @dataclass(frozen=True)
-class FailurePlan:
+class KillRule:
     """Kill a worker once one runs at least ``min_requests`` requests whose checkpoints hold
     at least ``min_durable_tokens`` durable tokens each (requests the policy does not
     checkpoint: that many tokens computed), not before ``not_before_s``; restart it at once
@@ -73,6 +74,9 @@ class ScenarioResult:
     restart_s: float = math.nan
     interrupted_ids: tuple[int, ...] = ()
     routes: tuple[RouteDecision, ...] = ()  # the router's decisions at the failure
+    # Every failure the gateway handled in the run: the injected one, and any other (a lease
+    # that ran out on a starved machine fails that worker too, and its requests resume).
+    failures: tuple[FailurePlan, ...] = ()
     coverage: float = math.nan
     holder_balance: float = math.nan
     acceptance: float = math.nan
@@ -127,7 +131,7 @@ class ScenarioResult:
         return overruns / steps if steps else math.nan
 
 
-def _victim(cluster: LocalCluster, plan: FailurePlan) -> int | None:
+def _victim(cluster: LocalCluster, plan: KillRule) -> int | None:
     with cluster.gateway.condition:
         monitor = cluster.gateway.coordinator.monitor
         for worker_id in sorted(monitor.live_worker_ids()):
@@ -154,7 +158,7 @@ def run_scenario(
     arrivals: list[Arrival],
     *,
     num_workers: int,
-    failure: FailurePlan | None,
+    failure: KillRule | None,
     request_timeout_s: float = 120.0,
     progress: Callable[[str], None] | None = None,
     time_scale: float = 1.0,
@@ -241,6 +245,8 @@ def run_scenario(
             metrics = cluster.gateway.coordinator.metrics()
         result.acceptance = metrics.acceptance
         result.duration_s = now_s()
+        with cluster.gateway.condition:
+            result.failures = cluster.gateway.coordinator.failures
     finally:
         cluster.close()
     result.worker_stats = cluster.worker_stats()
