@@ -32,7 +32,7 @@ def kinds(directives):
 def test_config_validation():
     with pytest.raises(ValueError, match="policy must be one of S&R, FC, LUMEN, got 'X'"):
         GatewayConfig(policy="X")
-    with pytest.raises(ValueError, match="lease_s must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="`lease_s` must be > 0, got 0"):
         GatewayConfig(lease_s=0)
     with pytest.raises(ValueError, match=r"heartbeat_s must be < lease_s \(10.0\), got 10.0"):
         GatewayConfig(heartbeat_s=10.0)
@@ -51,11 +51,11 @@ def test_register_validation():
         coordinator.register(0.0, 0, state="busy")
     with pytest.raises(ValueError, match="num_shards must be >= 1, got 0"):
         coordinator.register(0.0, 0, num_shards=0)
-    with pytest.raises(TypeError, match="worker_id must be an int, got str"):
+    with pytest.raises(TypeError, match="`worker_id` must be an int, got str"):
         coordinator.register(0.0, "0")
-    with pytest.raises(ValueError, match="worker_id must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`worker_id` must be >= 0, got -1"):
         coordinator.register(0.0, -1)
-    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`budget_bytes` must be >= 0, got -1"):
         coordinator.register(0.0, 0, budget_bytes=-1)
     with pytest.raises(TypeError, match="domain and holder_address must be str, got int, str"):
         coordinator.register(0.0, 0, domain=3)
@@ -256,7 +256,7 @@ def test_assist_report_and_switch_over_validation():
         coordinator.assist_report(1.1, 0, steps=1, proposed=4, accepted=5)
     with pytest.raises(StaleEpochError, match="worker 0 epoch 1 is not a live incarnation"):
         coordinator.model_loaded(2.0, 0, 1, GIB)
-    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -5"):
+    with pytest.raises(ValueError, match="`budget_bytes` must be >= 0, got -5"):
         coordinator.model_loaded(2.0, 0, 2, -5)
     with pytest.raises(TypeError, match="domain must be a str, got int"):
         coordinator.model_loaded(2.0, 0, 2, GIB, 7)
@@ -326,7 +326,7 @@ def test_finished_requests_are_forgotten_after_the_retention_except_the_last_fai
         coordinator.tokens(first.request_id)
     assert coordinator.tokens(interrupted.request_id)[0] == (6, 7)
     assert coordinator.metrics().recovery_s == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="finished_retention_s must be a number > 0, got -1"):
+    with pytest.raises(ValueError, match="`finished_retention_s` must be > 0, got -1"):
         GatewayConfig(finished_retention_s=-1)
 
 

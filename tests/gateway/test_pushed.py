@@ -170,7 +170,7 @@ def test_directive_streams_are_authenticated_validated_and_capped(start_gateway,
             )
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == "worker_id must be >= 0, got -1"
+    assert info.value.details() == "`worker_id` must be >= 0, got -1"
     rogue = connect(server, secret=b"not-the-cluster-secret-at-all!!")
     rogue.worker_id = 0
     with pytest.raises(AuthError, match="UNAUTHENTICATED: bad MAC"):
