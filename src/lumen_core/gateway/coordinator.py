@@ -65,8 +65,6 @@ from lumen_core.policy.placement import PlacementConfig
 from lumen_core.policy.presets import POLICY_NAMES, preset
 from lumen_core.policy.routing import RouterConfig
 
-COVERAGE_SLACK_TOKENS = 16  # as the simulator: a checkpoint may trail its request by a few tokens
-
 
 class StaleEpochError(Exception):
     """A report from an incarnation (worker epoch) or request epoch the gateway has fenced."""
@@ -847,7 +845,7 @@ class Coordinator:
             view = monitor.request(request_id)
             contexts.append(len(request.prompt_token_ids) + len(request.tokens))
             durables.append(max((d for _, d in view.durable_tokens), default=0))
-        coverage = checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS)
+        coverage = checkpoint_coverage(np.array(contexts), np.array(durables))
         balance = holder_balance_ratio(np.array([monitor.worker(w).held_tokens for w in live]))
         proposed = sum(w.proposed_draft_tokens for w in self._workers.values())
         accepted = sum(w.accepted_draft_tokens for w in self._workers.values())
