@@ -5,7 +5,8 @@ import math
 import pytest
 
 from lumen_core.auth import issue_capability
-from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, NoWorkerError, StaleEpochError
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError, StaleEpochError
 from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Stream
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction

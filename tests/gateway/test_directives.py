@@ -8,7 +8,8 @@ import typing
 import pytest
 
 from lumen_core.gateway import lumen_pb2 as pb
-from lumen_core.gateway.coordinator import Coordinator, GatewayConfig
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,

@@ -10,7 +10,7 @@ from lumen_core.auth import issue_capability
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
-from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,

@@ -17,16 +17,12 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
 from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
-from lumen_core.gateway.coordinator import (
-    Coordinator,
-    GatewayConfig,
-    NoWorkerError,
-    StaleEpochError,
-)
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError, StaleEpochError
 from lumen_core.gateway.protocol import (
     delivery_to_pb,
     held_from_pb,
