@@ -6,8 +6,9 @@ import pytest
 
 from lumen_core.auth import issue_capability
 from lumen_core.gateway.config import GatewayConfig
-from lumen_core.gateway.coordinator import Coordinator, NoWorkerError, StaleEpochError
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Stream
+from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
@@ -88,8 +89,11 @@ def test_token_reports_are_deduplicated_bounded_and_fenced():
     rid, w = admission.request_id, admission.worker_id
     with pytest.raises(IndexError, match="request_id 99 is not a known request"):
         coordinator.report_tokens(0.1, w, 1, 99, 1, 0, [5])
-    with pytest.raises(StaleEpochError, match="worker 0 epoch 7 is fenced"):
+    with pytest.raises(StaleEpochError, match="worker 0 epoch 7 is fenced") as stale:
         coordinator.report_tokens(0.1, w, 7, rid, 1, 0, [5])
+    # the class GatewayClient raises too: a worker handles a fenced epoch one way in or out of process
+    assert isinstance(stale.value, GatewayError) and stale.value.code.name == "FAILED_PRECONDITION"
+    assert str(stale.value) == "FAILED_PRECONDITION: worker 0 epoch 7 is fenced"
     with pytest.raises(StaleEpochError, match=f"request {rid} epoch 2 on worker 0 is stale"):
         coordinator.report_tokens(0.1, w, 1, rid, 2, 0, [5])
     with pytest.raises(ValueError, match="token_ids must end by max_new_tokens=3, got 4 tokens"):

@@ -10,9 +10,9 @@ import pytest
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.client import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import Run
+from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import WorkerReport
 

@@ -9,7 +9,7 @@ import pytest
 from lumen_core.auth import issue_capability
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
+from lumen_core.gateway.client import FencedError
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
     AssistDraft,
@@ -21,6 +21,7 @@ from lumen_core.gateway.directives import (
     Run,
     Stream,
 )
+from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 

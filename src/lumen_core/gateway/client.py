@@ -23,10 +23,11 @@ from typing import Any
 
 import grpc
 
+from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
 from lumen_core.gateway.directives import Directive
+from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.inbox import DirectiveHandler, DirectiveInbox
 from lumen_core.gateway.protocol import (
     delivery_from_pb,
@@ -52,23 +53,6 @@ _CHANNEL_OPTIONS = (
 _NO_REPORT = WorkerReport()
 
 
-class GatewayError(RuntimeError):
-    """A call the gateway refused or that could not reach it; ``code`` is the gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class AuthError(GatewayError):
-    """UNAUTHENTICATED: the caller does not hold the cluster secret."""
-
-
-class StaleEpochError(GatewayError):
-    """FAILED_PRECONDITION: the worker epoch or request epoch was fenced."""
-
-
 class FencedError(RuntimeError):
     """A call that needs a valid lease was made after the lease was lost."""
 
@@ -79,7 +63,7 @@ def _translate(error: grpc.RpcError) -> GatewayError:
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return AuthError(code, details)
     if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return StaleEpochError(code, details)
+        return StaleEpochError(details)
     return GatewayError(code, details)
 
 
@@ -335,9 +319,9 @@ class GatewayClient:
         )
         if ack.code != grpc.StatusCode.OK.value[0]:
             code = next(c for c in grpc.StatusCode if c.value[0] == ack.code)
-            raise (StaleEpochError if code == grpc.StatusCode.FAILED_PRECONDITION else GatewayError)(
-                code, ack.details
-            )
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise StaleEpochError(ack.details)
+            raise GatewayError(code, ack.details)
         return ack
 
     def report_tokens_batch(self, reports: Sequence[RequestTokens]) -> list[ReportAck]:

@@ -42,6 +42,7 @@ from lumen_core.gateway.directives import (
     Run,
     Stream,
 )
+from lumen_core.gateway.errors import StaleEpochError
 from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
@@ -63,10 +64,6 @@ from lumen_core.policy.events import (
 )
 from lumen_core.policy.load import LoadMonitor
 from lumen_core.policy.presets import preset
-
-
-class StaleEpochError(Exception):
-    """A report from an incarnation (worker epoch) or request epoch the gateway has fenced."""
 
 
 class NoWorkerError(Exception):

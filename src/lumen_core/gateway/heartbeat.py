@@ -24,8 +24,9 @@ import threading
 import time
 from collections.abc import Callable
 
-from lumen_core.gateway.client import GatewayClient, GatewayError
+from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.directives import Directive
+from lumen_core.gateway.errors import GatewayError
 from lumen_core.gateway.reports import WorkerReport
 
 _REOPEN_MIN_S = 0.05  # a broken directive stream is reopened after this, doubling up to

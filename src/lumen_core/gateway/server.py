@@ -22,7 +22,8 @@ from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.config import GatewayConfig
-from lumen_core.gateway.coordinator import Coordinator, NoWorkerError, StaleEpochError
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
+from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.protocol import (
     delivery_to_pb,
     held_from_pb,
@@ -44,6 +45,12 @@ _ERROR_CODES = {
 def _code_of(exc: Exception) -> grpc.StatusCode:
     """The status a Coordinator error (one of _ERROR_CODES' types) is reported with."""
     return next(code for cls, code in _ERROR_CODES.items() if isinstance(exc, cls))
+
+
+def _details_of(exc: Exception) -> str:
+    """The message a Coordinator error is reported with (a GatewayError's without the status
+    name, which the client puts back)."""
+    return exc.details if isinstance(exc, GatewayError) else str(exc)
 
 
 class _AuthInterceptor(grpc.ServerInterceptor):
@@ -88,7 +95,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                 server.condition.notify_all()
                 return result
         except (StaleEpochError, NoWorkerError, IndexError, TypeError, ValueError) as exc:
-            context.abort(_code_of(exc), str(exc))
+            context.abort(_code_of(exc), _details_of(exc))
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
         def register(c: Coordinator) -> pb.RegisterReply:
@@ -153,7 +160,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                     )
                 except (StaleEpochError, IndexError, TypeError, ValueError) as exc:
                     code = _code_of(exc).value[0]
-                    acks.append(pb.TokenAck(request_id=entry.request_id, code=code, details=str(exc)))
+                    acks.append(pb.TokenAck(request_id=entry.request_id, code=code, details=_details_of(exc)))
                     continue
                 acks.append(
                     pb.TokenAck(
@@ -220,7 +227,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                     try:  # not through _run: its notify_all would wake every other stream
                         server.coordinator.check_worker_epoch(worker_id, epoch)
                     except (StaleEpochError, TypeError, ValueError) as exc:
-                        context.abort(_code_of(exc), str(exc))
+                        context.abort(_code_of(exc), _details_of(exc))
                     deliveries = server.coordinator.directives_after(worker_id, sequence)
                     if (
                         deliveries
