@@ -159,7 +159,7 @@ def test_a_newer_stream_ends_the_older_and_a_fenced_epoch_gets_none(start_gatewa
 def test_directive_streams_are_authenticated_validated_and_capped(start_gateway, connect):
     from lumen_core.gateway.server import GatewayServer
 
-    with pytest.raises(ValueError, match="max_workers must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="`max_workers` must be >= 1, got 0"):
         GatewayServer(GatewayConfig(), b"directive-tests-secret-0123456789", max_workers=0)
     server = start_gateway(GatewayConfig(policy="S&R"), max_workers=1)
     signed = connect(server)

@@ -360,7 +360,7 @@ def test_server_and_client_validation(start_gateway, connect):
         GatewayServer(GatewayConfig(), None)
     with pytest.raises(TypeError, match="address must be a str, got int"):
         GatewayClient(5, SECRET)
-    with pytest.raises(ValueError, match="timeout_s must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="`timeout_s` must be > 0, got 0"):
         GatewayClient("127.0.0.1:1", SECRET, timeout_s=0)
     with pytest.raises(ValueError, match="`secret` must be given"):
         GatewayClient("127.0.0.1:1", None)
@@ -505,7 +505,7 @@ def test_heartbeat_loop_validation(start_gateway, connect):
     with pytest.raises(ValueError, match="client must be registered before its heartbeats start"):
         HeartbeatLoop(client, WorkerReport, print, print)
     client.register(0)
-    with pytest.raises(ValueError, match="heartbeat_s must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="`heartbeat_s` must be > 0, got 0"):
         HeartbeatLoop(client, WorkerReport, print, print, heartbeat_s=0)
     with pytest.raises(FencedError, match="register_again before register"):
         connect(server).register_again()

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 
+from lumen_core._validate import check_number
 from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
@@ -128,9 +129,7 @@ class GatewayClient:
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         self._secret = check_secret(secret)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = check_number("timeout_s", timeout_s, positive=True)
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.GatewayStub(self._channel)
         self._lock = threading.Lock()

@@ -17,6 +17,7 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from lumen_core._validate import check_int
 from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
 from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
@@ -437,8 +438,7 @@ class GatewayServer:
             ("max_workers", max_workers),
             ("control_threads", control_threads),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value, low=1)
         self.coordinator = Coordinator(config, secret, event_log=event_log, first_request_id=first_request_id)
         self.condition = threading.Condition()
         self.stopping = False
