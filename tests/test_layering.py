@@ -174,6 +174,14 @@ def test_the_coordinator_has_no_io_threads_or_clock() -> None:
     assert not modules & {"grpc", "threading", "time", "socket", "prometheus_client", "concurrent.futures"}
 
 
+def test_the_worker_does_not_import_the_coordinator() -> None:
+    """The worker speaks to the gateway through its client and message types only; the
+    coordinator's decisions reach it as directives, never as a call into gateway.coordinator."""
+    for path in sources()["worker"]:
+        modules = imported_modules(ast.parse(path.read_text()))
+        assert "lumen_core.gateway.coordinator" not in modules, path.relative_to(PACKAGE)
+
+
 def test_checker_catches_violations() -> None:
     assert violations("transport", "from lumen_core.stream.holder import HolderStore\n") == [
         "import of lumen_core.stream.holder"

@@ -170,8 +170,13 @@ def recovery_time_s(
     return math.nan
 
 
+# "All but the last few tokens" of checkpoint coverage (DESIGN.md section 8): a checkpoint may
+# trail its request by the tokens of the steps not yet flushed. Both drivers measure with it.
+COVERAGE_SLACK_TOKENS = 16
+
+
 def checkpoint_coverage(
-    context_tokens: np.ndarray, durable_tokens: np.ndarray, slack_tokens: int = 16
+    context_tokens: np.ndarray, durable_tokens: np.ndarray, slack_tokens: int = COVERAGE_SLACK_TOKENS
 ) -> float:
     """Fraction of running requests whose durable checkpoint covers all but the last
     ``slack_tokens`` tokens of their context. NaN without running requests."""

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from lumen_core.gateway.client import GatewayClient
-from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
 
 SECRET = b"gateway-tests-secret-0123456789abcdef"

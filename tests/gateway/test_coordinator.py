@@ -5,8 +5,10 @@ import math
 import pytest
 
 from lumen_core.auth import issue_capability
-from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, NoWorkerError, StaleEpochError
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Stream
+from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
@@ -32,7 +34,7 @@ def kinds(directives):
 def test_config_validation():
     with pytest.raises(ValueError, match="policy must be one of S&R, FC, LUMEN, got 'X'"):
         GatewayConfig(policy="X")
-    with pytest.raises(ValueError, match="lease_s must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="`lease_s` must be > 0, got 0"):
         GatewayConfig(lease_s=0)
     with pytest.raises(ValueError, match=r"heartbeat_s must be < lease_s \(10.0\), got 10.0"):
         GatewayConfig(heartbeat_s=10.0)
@@ -51,11 +53,11 @@ def test_register_validation():
         coordinator.register(0.0, 0, state="busy")
     with pytest.raises(ValueError, match="num_shards must be >= 1, got 0"):
         coordinator.register(0.0, 0, num_shards=0)
-    with pytest.raises(TypeError, match="worker_id must be an int, got str"):
+    with pytest.raises(TypeError, match="`worker_id` must be an int, got str"):
         coordinator.register(0.0, "0")
-    with pytest.raises(ValueError, match="worker_id must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`worker_id` must be >= 0, got -1"):
         coordinator.register(0.0, -1)
-    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -1"):
+    with pytest.raises(ValueError, match="`budget_bytes` must be >= 0, got -1"):
         coordinator.register(0.0, 0, budget_bytes=-1)
     with pytest.raises(TypeError, match="domain and holder_address must be str, got int, str"):
         coordinator.register(0.0, 0, domain=3)
@@ -87,8 +89,11 @@ def test_token_reports_are_deduplicated_bounded_and_fenced():
     rid, w = admission.request_id, admission.worker_id
     with pytest.raises(IndexError, match="request_id 99 is not a known request"):
         coordinator.report_tokens(0.1, w, 1, 99, 1, 0, [5])
-    with pytest.raises(StaleEpochError, match="worker 0 epoch 7 is fenced"):
+    with pytest.raises(StaleEpochError, match="worker 0 epoch 7 is fenced") as stale:
         coordinator.report_tokens(0.1, w, 7, rid, 1, 0, [5])
+    # the class GatewayClient raises too: a worker handles a fenced epoch one way in or out of process
+    assert isinstance(stale.value, GatewayError) and stale.value.code.name == "FAILED_PRECONDITION"
+    assert str(stale.value) == "FAILED_PRECONDITION: worker 0 epoch 7 is fenced"
     with pytest.raises(StaleEpochError, match=f"request {rid} epoch 2 on worker 0 is stale"):
         coordinator.report_tokens(0.1, w, 1, rid, 2, 0, [5])
     with pytest.raises(ValueError, match="token_ids must end by max_new_tokens=3, got 4 tokens"):
@@ -256,7 +261,7 @@ def test_assist_report_and_switch_over_validation():
         coordinator.assist_report(1.1, 0, steps=1, proposed=4, accepted=5)
     with pytest.raises(StaleEpochError, match="worker 0 epoch 1 is not a live incarnation"):
         coordinator.model_loaded(2.0, 0, 1, GIB)
-    with pytest.raises(ValueError, match="budget_bytes must be >= 0, got -5"):
+    with pytest.raises(ValueError, match="`budget_bytes` must be >= 0, got -5"):
         coordinator.model_loaded(2.0, 0, 2, -5)
     with pytest.raises(TypeError, match="domain must be a str, got int"):
         coordinator.model_loaded(2.0, 0, 2, GIB, 7)
@@ -326,7 +331,7 @@ def test_finished_requests_are_forgotten_after_the_retention_except_the_last_fai
         coordinator.tokens(first.request_id)
     assert coordinator.tokens(interrupted.request_id)[0] == (6, 7)
     assert coordinator.metrics().recovery_s == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="finished_retention_s must be a number > 0, got -1"):
+    with pytest.raises(ValueError, match="`finished_retention_s` must be > 0, got -1"):
         GatewayConfig(finished_retention_s=-1)
 
 

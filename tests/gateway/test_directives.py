@@ -8,7 +8,8 @@ import typing
 import pytest
 
 from lumen_core.gateway import lumen_pb2 as pb
-from lumen_core.gateway.coordinator import Coordinator, GatewayConfig
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,
@@ -101,9 +102,9 @@ def test_the_outbox_numbers_keeps_until_acknowledged_and_refuses_acks_of_the_uns
     assert outbox.after(0) == sent[2:]  # 1 and 2 are gone, 3 waits for its ack
     outbox.acknowledge(2)  # an ack heard again changes nothing
     assert outbox.after(0) == sent[2:]
-    with pytest.raises(ValueError, match=r"acked_sequence must be <= 3 \(the newest sent\), got 4"):
+    with pytest.raises(ValueError, match=r"`acked_sequence` must be <= 3 \(the newest sent\), got 4"):
         outbox.acknowledge(4)
-    with pytest.raises(ValueError, match="acked_sequence must be an int >= 0, got -1"):
+    with pytest.raises(ValueError, match="`acked_sequence` must be >= 0, got -1"):
         outbox.acknowledge(-1)
     outbox.acknowledge(3)
     assert outbox.after(0) == []
@@ -152,7 +153,7 @@ def test_a_heartbeat_acknowledges_and_gets_only_what_follows():
     _, deliveries, _ = coordinator.heartbeat(0.2, 0, 1, WorkerReport(), acked_sequence=1)
     assert [d.sequence for d in deliveries] == [2]  # 1 is applied: never sent again
     assert coordinator.directives_after(0, 0) == deliveries
-    with pytest.raises(ValueError, match=r"acked_sequence must be <= 2 \(the newest sent\), got 3"):
+    with pytest.raises(ValueError, match=r"`acked_sequence` must be <= 2 \(the newest sent\), got 3"):
         coordinator.heartbeat(0.3, 0, 1, WorkerReport(), acked_sequence=3)
     with pytest.raises(TypeError, match="report must be a WorkerReport, got dict"):
         coordinator.heartbeat(0.3, 0, 1, {})  # type: ignore[arg-type]

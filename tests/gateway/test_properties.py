@@ -4,11 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lumen_core.gateway.coordinator import (
-    Coordinator,
-    GatewayConfig,
-    NoWorkerError,
-)
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.reports import HeldReport, WorkerReport
 from lumen_core.policy.events import WorkerState
 from lumen_core.policy.presets import POLICY_NAMES

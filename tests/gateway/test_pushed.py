@@ -10,9 +10,9 @@ import pytest
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.client import AuthError, GatewayError, StaleEpochError
-from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import Run
+from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import WorkerReport
 
@@ -159,7 +159,7 @@ def test_a_newer_stream_ends_the_older_and_a_fenced_epoch_gets_none(start_gatewa
 def test_directive_streams_are_authenticated_validated_and_capped(start_gateway, connect):
     from lumen_core.gateway.server import GatewayServer
 
-    with pytest.raises(ValueError, match="max_workers must be an int >= 1, got 0"):
+    with pytest.raises(ValueError, match="`max_workers` must be >= 1, got 0"):
         GatewayServer(GatewayConfig(), b"directive-tests-secret-0123456789", max_workers=0)
     server = start_gateway(GatewayConfig(policy="S&R"), max_workers=1)
     signed = connect(server)
@@ -170,7 +170,7 @@ def test_directive_streams_are_authenticated_validated_and_capped(start_gateway,
             )
         )
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == "worker_id must be >= 0, got -1"
+    assert info.value.details() == "`worker_id` must be >= 0, got -1"
     rogue = connect(server, secret=b"not-the-cluster-secret-at-all!!")
     rogue.worker_id = 0
     with pytest.raises(AuthError, match="UNAUTHENTICATED: bad MAC"):

@@ -16,7 +16,8 @@ import inspect
 import pytest
 
 from lumen_core.eventlog import EventLog, read_event_log, replay_event_log
-from lumen_core.gateway.coordinator import Coordinator, GatewayConfig, NoWorkerError
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.driver import RecoveryDriver
 from lumen_core.policy.events import (

@@ -9,8 +9,8 @@ import pytest
 from lumen_core.auth import issue_capability
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.gateway.client import AuthError, FencedError, GatewayError, StaleEpochError
-from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.client import FencedError
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,
@@ -21,6 +21,7 @@ from lumen_core.gateway.directives import (
     Run,
     Stream,
 )
+from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
@@ -359,7 +360,7 @@ def test_server_and_client_validation(start_gateway, connect):
         GatewayServer(GatewayConfig(), None)
     with pytest.raises(TypeError, match="address must be a str, got int"):
         GatewayClient(5, SECRET)
-    with pytest.raises(ValueError, match="timeout_s must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="`timeout_s` must be > 0, got 0"):
         GatewayClient("127.0.0.1:1", SECRET, timeout_s=0)
     with pytest.raises(ValueError, match="`secret` must be given"):
         GatewayClient("127.0.0.1:1", None)
@@ -504,7 +505,7 @@ def test_heartbeat_loop_validation(start_gateway, connect):
     with pytest.raises(ValueError, match="client must be registered before its heartbeats start"):
         HeartbeatLoop(client, WorkerReport, print, print)
     client.register(0)
-    with pytest.raises(ValueError, match="heartbeat_s must be a number > 0, got 0"):
+    with pytest.raises(ValueError, match="`heartbeat_s` must be > 0, got 0"):
         HeartbeatLoop(client, WorkerReport, print, print, heartbeat_s=0)
     with pytest.raises(FencedError, match="register_again before register"):
         connect(server).register_again()

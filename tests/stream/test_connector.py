@@ -251,9 +251,11 @@ def test_a_source_that_cannot_serve_the_checkpoint_means_reprefill(
 
 
 def test_connector_arguments_are_checked(secret: bytes) -> None:
-    with pytest.raises(TypeError, match="secret must be bytes"):
+    with pytest.raises(TypeError, match="`secret` must be bytes, got str"):
         StreamingConnector("s", "m")  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="model_fingerprint must be a non-empty str"):
+    with pytest.raises(ValueError, match="`secret` must be at least 16 bytes, got 3"):
+        StreamingConnector(b"abc", "m")
+    with pytest.raises(TypeError, match="`model_fingerprint` must be a non-empty str"):
         StreamingConnector(secret, "")
     with pytest.raises(TypeError, match="restore_from must be a HolderStore or a Client"):
         StreamingConnector(secret, "m", restore_from=object())  # type: ignore[arg-type]
@@ -263,16 +265,16 @@ def test_connector_arguments_are_checked(secret: bytes) -> None:
         StreamingConnector(secret, "m", key_for=5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="tls must be a str, got int"):
         StreamingConnector(secret, "m", tls=1)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="connect_timeout_s must be > 0, got 0"):
+    with pytest.raises(ValueError, match="`connect_timeout_s` must be > 0, got 0"):
         StreamingConnector(secret, "m", connect_timeout_s=0)
     with pytest.raises(TypeError, match=r"holders\[i\] must be an \(address, port\) tuple"):
         StreamingConnector(secret, "m", holders=["127.0.0.1:1"])  # type: ignore[list-item]
     capability = issue_capability(secret, 1, 0, 1)
-    with pytest.raises(ValueError, match=r"epoch must be in \[0, 4294967295\], got -1"):
+    with pytest.raises(ValueError, match=r"`epoch` must be in \[0, 4294967295\], got -1"):
         StreamGrant(-1, (), b"")
     with pytest.raises(TypeError, match="holders must be a tuple of"):
         StreamGrant(1, [("127.0.0.1", 1)], capability)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="holders\\[i\\] port must be in"):
+    with pytest.raises(ValueError, match=r"`holders\[i\].port` must be in"):
         StreamGrant(1, (("127.0.0.1", 0),), capability)
     with pytest.raises(ValueError, match="capability must be 32 bytes, got 3"):
         StreamGrant(1, (("127.0.0.1", 1),), b"cap")
@@ -281,7 +283,7 @@ def test_connector_arguments_are_checked(secret: bytes) -> None:
     connector = StreamingConnector(secret, "m")
     with pytest.raises(TypeError, match="grant must be a StreamGrant, got tuple"):
         connector.grant("1", (1, (), b""))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="request_id must be a non-empty str"):
+    with pytest.raises(TypeError, match="`request_id` must be a non-empty str"):
         connector.grant("", StreamGrant(1, (), b""))
     with pytest.raises(TypeError, match="source must be a RestoreSource, got NoneType"):
         connector.set_restore_source("1", None)  # type: ignore[arg-type]

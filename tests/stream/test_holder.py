@@ -175,7 +175,7 @@ def test_open_reserves_the_expected_size_or_is_refused(secret: bytes) -> None:
         assert stats["checkpoints"] == 2 and stats["bytes_charged"] == 100 * per_token
         reserved = {c.request_id: c.reserved_tokens for c in rig.store.checkpoints()}
         assert reserved == {1: 70, 3: 30}
-        with pytest.raises(ValueError, match="reserve_tokens must be in"):
+        with pytest.raises(ValueError, match="`reserve_tokens` must be in"):
             rig.client.open(4, SHARD, EPOCH, layout.record_bytes, *fps, rig.cap(4), reserve_tokens=-1)
     finally:
         rig.close()
@@ -332,7 +332,7 @@ def test_restorable_tokens_is_the_shortest_shard() -> None:
         restorable_tokens([])
     with pytest.raises(TypeError, match="durable_per_shard must be a sequence"):
         restorable_tokens(5)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=r"durable_per_shard\[i\] must be in"):
+    with pytest.raises(ValueError, match=r"`durable_per_shard\[i\]` must be in"):
         restorable_tokens([3, -1])
 
 
@@ -385,22 +385,22 @@ def test_records_straddling_chunks_round_trip_and_memory_is_reused(secret: bytes
 def test_store_arguments_are_checked(rig: Rig) -> None:
     with pytest.raises(TypeError, match="eviction must be an EvictionPolicy"):
         HolderStore(eviction="lru")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="budget_bytes must be in"):
+    with pytest.raises(ValueError, match="`budget_bytes` must be in"):
         HolderStore(-1)
     with pytest.raises(ValueError, match="chunk_bytes must be a multiple of 4096, got 6000"):
         HolderStore(chunk_bytes=6000)
-    with pytest.raises(ValueError, match="chunk_bytes must be in"):
+    with pytest.raises(ValueError, match="`chunk_bytes` must be in"):
         HolderStore(chunk_bytes=512)
     with pytest.raises(TypeError, match="pinned must be a bool or None, got str"):
         HolderStore(pinned="yes")  # type: ignore[arg-type]
     if not _native.HAS_CUDA:
         with pytest.raises(ValueError, match="pinned must be False or None without a CUDA device"):
             HolderStore(pinned=True)
-    with pytest.raises(ValueError, match="record_bytes must be in"):
+    with pytest.raises(ValueError, match="`record_bytes` must be in"):
         rig.store.reserve(1, 4, 0)
-    with pytest.raises(ValueError, match="num_tokens must be in"):
+    with pytest.raises(ValueError, match="`num_tokens` must be in"):
         rig.store.reserve(1, 2**62, 256)
-    with pytest.raises(ValueError, match="max_idle_s must be > 0"):
+    with pytest.raises(ValueError, match="`max_idle_s` must be > 0"):
         rig.store.expire_idle(0)
     with pytest.raises(TypeError, match="store must be a HolderStore"):
         Server(rig.secret, store=object())
@@ -409,9 +409,9 @@ def test_store_arguments_are_checked(rig: Rig) -> None:
         rig.store.restore(1, target, [0, 10**6], token_ids=[1, 2], model_fingerprint=MODEL)
     with pytest.raises(ValueError, match="slot_ids must not repeat"):
         rig.store.restore(1, target, [3, 3], token_ids=[1, 2], model_fingerprint=MODEL)
-    with pytest.raises(TypeError, match="layout must be a KVLayout"):
+    with pytest.raises(TypeError, match="`layout` must be a KVLayout"):
         rig.store.restore(1, "cache", [3], token_ids=[1], model_fingerprint=MODEL)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="model_fingerprint must be a non-empty str"):
+    with pytest.raises(TypeError, match="`model_fingerprint` must be a non-empty str"):
         rig.store.restore(1, target, [3], token_ids=[1], model_fingerprint="")
     with pytest.raises(TypeError, match="token_ids must hold ints"):
         rig.store.restore(1, target, [3], token_ids=[1.5], model_fingerprint=MODEL)

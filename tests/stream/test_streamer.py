@@ -280,21 +280,21 @@ def test_killed_holder_is_reported_and_replacement_restores_coverage(
 def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> None:
     streamer = make_streamer()
     cap = issue_capability(secret, 5, 0, 0)
-    with pytest.raises(TypeError, match="layout must be a KVLayout"):
+    with pytest.raises(TypeError, match="`layout` must be a KVLayout"):
         CheckpointStreamer("cache", secret, model_fingerprint=MODEL)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`secret` must be bytes"):
         CheckpointStreamer(cache(), "secret" * 4, model_fingerprint=MODEL)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="model_fingerprint must be a non-empty str"):
+    with pytest.raises(TypeError, match="`model_fingerprint` must be a non-empty str"):
         CheckpointStreamer(cache(), secret, model_fingerprint="")
     with pytest.raises(TypeError, match="tls must be a str"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, tls=None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="limits must be a WireLimits"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, limits={})  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="ack_timeout_s must be > 0"):
+    with pytest.raises(ValueError, match="`ack_timeout_s` must be > 0"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, ack_timeout_s=0)
     with pytest.raises(ValueError, match="`secret` must be at least 16 bytes, got 5"):
         CheckpointStreamer(cache(), b"short", model_fingerprint=MODEL)
-    with pytest.raises(ValueError, match="staging_bytes must be in"):
+    with pytest.raises(ValueError, match="`staging_bytes` must be in"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, staging_bytes=1)
     with pytest.raises(ValueError, match="holders must be a non-empty sequence"):
         streamer.add_request(5, [], cap)
@@ -315,7 +315,7 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
         streamer.save_step([5, 5], [0, 1], [0], [1, 1])
     with pytest.raises(IndexError, match="slot_ids must be in"):
         streamer.save_step([5], [0], [10**7], [1])
-    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+    with pytest.raises(ValueError, match="`timeout_s` must be > 0"):
         streamer.wait_for_save(5, timeout_s=0)
     with pytest.raises(TypeError, match="old_holder must be an"):
         streamer.replace_holder("127.0.0.1", ("127.0.0.1", 2))  # type: ignore[arg-type]
@@ -411,7 +411,7 @@ def test_holder_that_cannot_reserve_the_expected_size_is_a_lost_replica(
     assert stats.counters["replicas_lost"] == 1 and stats.durable == {61: 5, 62: 0}
     assert store["reservations"] == 1 and store["reservations_refused"] == 1
     assert store["bytes_charged"] == 40 * per_token
-    with pytest.raises(ValueError, match="expected_tokens must be in"):
+    with pytest.raises(ValueError, match="`expected_tokens` must be in"):
         streamer.add_request(
             63, [("127.0.0.1", h.port)], issue_capability(secret, 63, 0, 0), expected_tokens=-2
         )

@@ -80,9 +80,10 @@ def test_read_whose_reply_could_exceed_the_limit_raises_before_sending(pair) -> 
 def test_timeouts_must_be_finite_and_bounded(pair, timeout_s: float) -> None:
     _, client = pair
     cap = tp.issue_capability(SECRET, 1, 0, 0)
-    with pytest.raises(ValueError, match=r"timeout_s must be in \(0, 1000000\.0\] seconds, got"):
+    refused = r"must be (in \(0, 1000000\.0\] seconds|a number other than NaN), got"
+    with pytest.raises(ValueError, match=rf"`timeout_s` {refused}"):
         client.release(1, 0, 0, cap, timeout_s=timeout_s)
-    with pytest.raises(ValueError, match=r"connect_timeout_s must be in \(0, 1000000\.0\] seconds"):
+    with pytest.raises(ValueError, match=rf"`connect_timeout_s` {refused}"):
         tp.Client("127.0.0.1", 1, SECRET, connect_timeout_s=timeout_s)
     assert client.connected
 

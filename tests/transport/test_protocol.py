@@ -229,9 +229,9 @@ def test_self_test_reports_transports_and_bandwidth(client, server) -> None:
         client.self_test(message_bytes=1 << 16, count=2, expected_gb_per_s=1e6)
     stats = server.ask("stats")
     assert stats["appends_committed"] == 10 and stats["releases"] == 2
-    with pytest.raises(ValueError, match=r"count must be in \[1, "):
+    with pytest.raises(ValueError, match=r"`count` must be in \[1, "):
         client.self_test(count=0)
-    with pytest.raises(ValueError, match=r"window must be in \[1, "):
+    with pytest.raises(ValueError, match=r"`window` must be in \[1, "):
         client.self_test(window=0)
     with pytest.raises(TypeError, match="expected_gb_per_s must be a number, got str"):
         client.self_test(expected_gb_per_s="fast")

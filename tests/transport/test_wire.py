@@ -210,9 +210,9 @@ def test_native_server_refuses_short_secret() -> None:
 @pytest.mark.parametrize(
     "field,value,error,match",
     [
-        ("max_tokens_per_message", 0, ValueError, r"max_tokens_per_message must be in \[1, "),
-        ("max_record_bytes", 2**32, ValueError, r"max_record_bytes must be in \[1, "),
-        ("max_payload_bytes", 1.5, TypeError, "max_payload_bytes must be an int, got float"),
+        ("max_tokens_per_message", 0, ValueError, r"`max_tokens_per_message` must be in \[1, "),
+        ("max_record_bytes", 2**32, ValueError, r"`max_record_bytes` must be in \[1, "),
+        ("max_payload_bytes", 1.5, TypeError, "`max_payload_bytes` must be an int, got float"),
     ],
 )
 def test_wire_limits_validation(field, value, error, match) -> None:
@@ -224,7 +224,7 @@ def test_server_argument_validation() -> None:
     secret = b"k" * 32
     with pytest.raises(TypeError, match="address must be a str, got int"):
         tp.Server(secret, store=HolderStore(), address=1)
-    with pytest.raises(ValueError, match=r"port must be in \[0, 65535\], got 70000"):
+    with pytest.raises(ValueError, match=r"`port` must be in \[0, 65535\], got 70000"):
         tp.Server(secret, store=HolderStore(), port=70000)
     with pytest.raises(TypeError, match="tls must be a str, got NoneType"):
         tp.Server(secret, store=HolderStore(), tls=None)
@@ -232,17 +232,17 @@ def test_server_argument_validation() -> None:
         tp.Server(secret, store=HolderStore(), limits={})
     with pytest.raises(ValueError, match="address must be a host name or IP address"):
         tp.Server(secret, store=HolderStore(), address="no such host.invalid")
-    with pytest.raises(ValueError, match=r"handshake_timeout_s must be in \(0, 1000000.0\] seconds, got 0"):
+    with pytest.raises(ValueError, match=r"`handshake_timeout_s` must be in \(0, 1000000.0\] seconds, got 0"):
         tp.Server(secret, store=HolderStore(), handshake_timeout_s=0)
-    with pytest.raises(TypeError, match="handshake_timeout_s must be a number, got str"):
+    with pytest.raises(TypeError, match="`handshake_timeout_s` must be a number, got str"):
         tp.Server(secret, store=HolderStore(), handshake_timeout_s="1")
 
 
 def test_client_argument_validation() -> None:
     secret = b"k" * 32
-    with pytest.raises(ValueError, match=r"port must be in \[1, 65535\], got 0"):
+    with pytest.raises(ValueError, match=r"`port` must be in \[1, 65535\], got 0"):
         tp.Client("127.0.0.1", 0, secret)
-    with pytest.raises(ValueError, match=r"connect_timeout_s must be in \(0, 1000000.0\] seconds, got 0"):
+    with pytest.raises(ValueError, match=r"`connect_timeout_s` must be in \(0, 1000000.0\] seconds, got 0"):
         tp.Client("127.0.0.1", 1, secret, connect_timeout_s=0)
     with pytest.raises(TypeError, match="limits must be a WireLimits, got int"):
         tp.Client("127.0.0.1", 1, secret, limits=3)
@@ -278,11 +278,11 @@ def test_invalid_arguments_never_reach_native() -> None:
             (dict(records=[[0]]), TypeError, "records must be a numpy.ndarray, got list"),
             (dict(token_ids=ids.astype(np.int64)), ValueError, "token_ids must have dtype uint32"),
             (dict(crcs=ids[:3]), ValueError, "crcs must have 4 entries, got 3"),
-            (dict(capability=cap[:31]), ValueError, "capability must be 32 bytes, got 31"),
-            (dict(request_id=-1), ValueError, r"request_id must be in \[0, "),
-            (dict(shard=2**32), ValueError, r"shard must be in \[0, "),
-            (dict(epoch="1"), TypeError, "epoch must be an int, got str"),
-            (dict(start_pos=True), TypeError, "start_pos must be an int, got bool"),
+            (dict(capability=cap[:31]), ValueError, "`capability` must be 32 bytes, got 31"),
+            (dict(request_id=-1), ValueError, r"`request_id` must be in \[0, "),
+            (dict(shard=2**32), ValueError, r"`shard` must be in \[0, "),
+            (dict(epoch="1"), TypeError, "`epoch` must be an int, got str"),
+            (dict(start_pos=True), TypeError, "`start_pos` must be an int, got bool"),
         ]
         for override, error, match in cases:
             args = dict(
@@ -298,15 +298,15 @@ def test_invalid_arguments_never_reach_native() -> None:
             args.update(override)
             with pytest.raises(error, match=match):
                 client.start_append(**args)
-        with pytest.raises(ValueError, match="layout_fingerprint must be 32 bytes, got 3"):
+        with pytest.raises(ValueError, match="`layout_fingerprint` must be 32 bytes, got 3"):
             client.open(1, 0, 0, 16, b"abc", bytes(32), cap)
-        with pytest.raises(ValueError, match=r"record_bytes must be in \[1, "):
+        with pytest.raises(ValueError, match=r"`record_bytes` must be in \[1, "):
             client.open(1, 0, 0, 0, bytes(32), bytes(32), cap)
-        with pytest.raises(ValueError, match=r"timeout_s must be in \(0, 1000000.0\] seconds, got -1"):
+        with pytest.raises(ValueError, match=r"`timeout_s` must be in \(0, 1000000.0\] seconds, got -1"):
             client.release(1, 0, 0, cap, timeout_s=-1)
         with pytest.raises(ValueError, match=r"out must have shape \(4, 16\), got \(4, 8\)"):
             client.read(1, 0, 0, 0, 4, 16, cap, out=np.zeros((4, 8), np.uint8))
-        with pytest.raises(ValueError, match=r"max_tokens must be in \[1, "):
+        with pytest.raises(ValueError, match=r"`max_tokens` must be in \[1, "):
             client.read(1, 0, 0, 0, 0, 16, cap)
         with pytest.raises(ValueError, match="op_id must be a started, unwaited append"):
             client.wait(12345)

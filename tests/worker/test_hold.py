@@ -10,7 +10,7 @@ import pytest
 
 from lumen_core import _native
 from lumen_core.gateway.client import GatewayClient
-from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import Hold, Run, Stream
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig

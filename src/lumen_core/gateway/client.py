@@ -23,10 +23,12 @@ from typing import Any
 
 import grpc
 
+from lumen_core._validate import check_number
+from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
 from lumen_core.gateway.directives import Directive
+from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.inbox import DirectiveHandler, DirectiveInbox
 from lumen_core.gateway.protocol import (
     delivery_from_pb,
@@ -52,23 +54,6 @@ _CHANNEL_OPTIONS = (
 _NO_REPORT = WorkerReport()
 
 
-class GatewayError(RuntimeError):
-    """A call the gateway refused or that could not reach it; ``code`` is the gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(f"{code.name}: {details}")
-        self.code = code
-        self.details = details
-
-
-class AuthError(GatewayError):
-    """UNAUTHENTICATED: the caller does not hold the cluster secret."""
-
-
-class StaleEpochError(GatewayError):
-    """FAILED_PRECONDITION: the worker epoch or request epoch was fenced."""
-
-
 class FencedError(RuntimeError):
     """A call that needs a valid lease was made after the lease was lost."""
 
@@ -79,7 +64,7 @@ def _translate(error: grpc.RpcError) -> GatewayError:
     if code == grpc.StatusCode.UNAUTHENTICATED:
         return AuthError(code, details)
     if code == grpc.StatusCode.FAILED_PRECONDITION:
-        return StaleEpochError(code, details)
+        return StaleEpochError(details)
     return GatewayError(code, details)
 
 
@@ -144,9 +129,7 @@ class GatewayClient:
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         self._secret = check_secret(secret)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not timeout_s > 0:
-            raise ValueError(f"timeout_s must be a number > 0, got {timeout_s!r}")
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = check_number("timeout_s", timeout_s, positive=True)
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._stub = pb_grpc.GatewayStub(self._channel)
         self._lock = threading.Lock()
@@ -335,9 +318,9 @@ class GatewayClient:
         )
         if ack.code != grpc.StatusCode.OK.value[0]:
             code = next(c for c in grpc.StatusCode if c.value[0] == ack.code)
-            raise (StaleEpochError if code == grpc.StatusCode.FAILED_PRECONDITION else GatewayError)(
-                code, ack.details
-            )
+            if code == grpc.StatusCode.FAILED_PRECONDITION:
+                raise StaleEpochError(ack.details)
+            raise GatewayError(code, ack.details)
         return ack
 
     def report_tokens_batch(self, reports: Sequence[RequestTokens]) -> list[ReportAck]:

@@ -56,7 +56,7 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
 
 def run_gateway(args: argparse.Namespace) -> int:
     from lumen_core.auth import read_secret_file, write_secret_file
-    from lumen_core.gateway.coordinator import GatewayConfig
+    from lumen_core.gateway.config import GatewayConfig
     from lumen_core.gateway.server import GatewayServer
     from lumen_core.policy.load import LoadConfig
     from lumen_core.eventlog import EventLog

@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from lumen_core._validate import check_int
 from lumen_core.auth import check_secret, issue_capability
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,
@@ -40,10 +42,11 @@ from lumen_core.gateway.directives import (
     Run,
     Stream,
 )
+from lumen_core.gateway.errors import StaleEpochError
 from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
-from lumen_core.policy.assist import AssistConfig, GainFn
+from lumen_core.policy.assist import GainFn
 from lumen_core.policy.driver import AdmissionPlan, FailurePlan, Recorder, RecoveryDriver
 from lumen_core.policy.events import (
     AssistDecision,
@@ -59,61 +62,12 @@ from lumen_core.policy.events import (
     WorkerJoined,
     WorkerState,
 )
-from lumen_core.policy.load import LoadConfig, LoadMonitor
-from lumen_core.policy.placement import PlacementConfig
-from lumen_core.policy.presets import POLICY_NAMES, preset
-from lumen_core.policy.routing import RouterConfig
-
-COVERAGE_SLACK_TOKENS = 16  # as the simulator: a checkpoint may trail its request by a few tokens
-
-
-class StaleEpochError(Exception):
-    """A report from an incarnation (worker epoch) or request epoch the gateway has fenced."""
+from lumen_core.policy.load import LoadMonitor
+from lumen_core.policy.presets import preset
 
 
 class NoWorkerError(Exception):
     """No worker is serving: a request cannot be admitted (or re-routed)."""
-
-
-def _positive(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ValueError(f"{name} must be a number > 0, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class GatewayConfig:
-    """policy: "S&R", "FC" or "LUMEN". lease_s: a worker not heard from for this long is failed
-    (10 s: several missed heartbeats on a busy 2-core machine before anyone is declared dead).
-    heartbeat_s: the period workers are told to heartbeat at (well under lease_s).
-    finished_retention_s: a finished request's tokens stay watchable this long, then are
-    forgotten (``forget_finished``), so a long-running gateway does not grow without bound."""
-
-    policy: str = "LUMEN"
-    lease_s: float = 10.0
-    heartbeat_s: float = 1.0
-    finished_retention_s: float = 600.0
-    load_config: LoadConfig = LoadConfig()
-    placement_config: PlacementConfig = PlacementConfig()
-    router_config: RouterConfig = RouterConfig()
-    assist_config: AssistConfig = AssistConfig()
-
-    def __post_init__(self) -> None:
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {self.policy!r}")
-        _positive("lease_s", self.lease_s)
-        _positive("heartbeat_s", self.heartbeat_s)
-        _positive("finished_retention_s", self.finished_retention_s)
-        if self.heartbeat_s >= self.lease_s:
-            raise ValueError(f"heartbeat_s must be < lease_s ({self.lease_s}), got {self.heartbeat_s}")
-        for name, cls in (
-            ("load_config", LoadConfig),
-            ("placement_config", PlacementConfig),
-            ("router_config", RouterConfig),
-            ("assist_config", AssistConfig),
-        ):
-            if not isinstance(getattr(self, name), cls):
-                raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
 
 
 @dataclass(frozen=True)
@@ -210,14 +164,6 @@ class _Request:
     replay_token_s: float = math.nan
 
 
-def _check_id(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 0:
-        raise ValueError(f"{name} must be >= 0, got {value}")
-    return int(value)
-
-
 def _check_tokens(name: str, token_ids: Iterable[int]) -> tuple[int, ...]:
     out = tuple(token_ids)
     for token in out:
@@ -259,7 +205,7 @@ class Coordinator:
         self._outboxes: dict[int, DirectiveOutbox] = {}
         # held checkpoints reported (gateway restart) before their request: (holder, report, since)
         self._pending_holds: dict[int, list[tuple[int, HeldReport, float]]] = {}
-        self._next_request_id = _check_id("first_request_id", first_request_id)
+        self._next_request_id = check_int("first_request_id", first_request_id, low=0)
         self._failures: list[FailurePlan] = []
         self._last_interrupted: list[int] = []
 
@@ -290,13 +236,13 @@ class Coordinator:
     def directives_after(self, worker_id: int, sequence: int) -> list[Delivery]:
         """The worker's unacknowledged directives numbered above ``sequence``, oldest first
         (what its pushed stream sends next); none for a failed incarnation."""
-        outbox = self._outboxes.get(_check_id("worker_id", worker_id))
+        outbox = self._outboxes.get(check_int("worker_id", worker_id, low=0))
         return [] if outbox is None else outbox.after(sequence)
 
     def take_directives(self, worker_id: int) -> list[Directive]:
         """Every unacknowledged directive of the worker, oldest first, acknowledged at once
         (for a consumer in this process: tests, benchmarks)."""
-        outbox = self._outboxes.get(_check_id("worker_id", worker_id))
+        outbox = self._outboxes.get(check_int("worker_id", worker_id, low=0))
         if outbox is None:
             return []
         deliveries = outbox.after(0)
@@ -343,15 +289,15 @@ class Coordinator:
         gateway, reporting what it runs and holds. A live earlier incarnation is failed first
         (its process restarted before its lease expired). Returns the new epoch and, for a
         recovering worker, its assist pairing."""
-        worker_id = _check_id("worker_id", worker_id)
+        worker_id = check_int("worker_id", worker_id, low=0)
         if state not in (WorkerState.SERVING, WorkerState.RECOVERING):
             raise ValueError(f"state must be 'serving' or 'recovering', got {str(state)!r}")
-        num_shards = _check_id("num_shards", num_shards)
+        num_shards = check_int("num_shards", num_shards, low=0)
         if num_shards < 1:
             raise ValueError(f"num_shards must be >= 1, got {num_shards}")
         if state == WorkerState.RECOVERING and running:
             raise ValueError(f"running must be empty for a recovering worker, got {len(running)} requests")
-        _check_id("budget_bytes", budget_bytes)
+        check_int("budget_bytes", budget_bytes, low=0)
         if not isinstance(domain, str) or not isinstance(holder_address, str):
             raise TypeError(
                 f"domain and holder_address must be str, got {type(domain).__name__}, "
@@ -362,7 +308,7 @@ class Coordinator:
             self.fail(
                 now_s, [worker_id], cause=f"worker {worker_id} registered again (epoch {old.epoch} is gone)"
             )
-        epoch = max(old.epoch if old is not None else 0, _check_id("last_epoch", last_epoch)) + 1
+        epoch = max(old.epoch if old is not None else 0, check_int("last_epoch", last_epoch, low=0)) + 1
         worker = _Worker(worker_id, epoch, holder_address, num_shards, now_s + self.config.lease_s)
         self._workers[worker_id] = worker
         self._outboxes[worker_id] = DirectiveOutbox()  # a new epoch numbers its directives anew
@@ -386,7 +332,7 @@ class Coordinator:
 
     def _adopt(self, now_s: float, worker_id: int, report: RunningReport) -> None:
         """A running request reported by a re-registering worker (gateway restart)."""
-        request_id = _check_id("request_id", report.request_id)
+        request_id = check_int("request_id", report.request_id, low=0)
         known = self._requests.get(request_id)
         if known is not None:
             if (known.worker_id, known.epoch) != (worker_id, report.epoch):
@@ -446,7 +392,7 @@ class Coordinator:
 
     def renew_lease(self, now_s: float, worker_id: int, epoch: int) -> LeaseStatus:
         """Extend the lease of (worker, epoch), or say that it is fenced or unknown."""
-        worker = self._workers.get(_check_id("worker_id", worker_id))
+        worker = self._workers.get(check_int("worker_id", worker_id, low=0))
         if worker is None:
             return LeaseStatus(
                 False, True, f"worker {worker_id} is not registered (gateway restarted?): re-register"
@@ -555,7 +501,7 @@ class Coordinator:
             raise TypeError(f"report must be a WorkerReport, got {type(report).__name__}")
         outbox = self._outboxes[worker_id]
         outbox.acknowledge(acked_sequence)
-        worker.held_bytes = _check_id("held_bytes", report.held_bytes)
+        worker.held_bytes = check_int("held_bytes", report.held_bytes, low=0)
         self.report_load(now_s, worker_id, report.num_running, report.num_waiting)
         for held in report.held:
             self.report_checkpoint(now_s, worker_id, held.request_id, held.epoch, held.durable_tokens)
@@ -577,12 +523,12 @@ class Coordinator:
     ) -> int | None:
         """Switch-over: a recovering worker's full model is loaded. Ends its assist pairing
         (the freed survivor is told) and it serves again with L = 0. Returns the survivor."""
-        worker = self._workers.get(_check_id("worker_id", worker_id))
+        worker = self._workers.get(check_int("worker_id", worker_id, low=0))
         if worker is None or epoch != worker.epoch or worker.state == WorkerState.FAILED:
             raise StaleEpochError(f"worker {worker_id} epoch {epoch} is not a live incarnation")
         if worker.state != WorkerState.RECOVERING:
             raise ValueError(f"worker_id must be a recovering worker, got {worker_id} ({worker.state})")
-        _check_id("budget_bytes", budget_bytes)
+        check_int("budget_bytes", budget_bytes, low=0)
         if not isinstance(domain, str):
             raise TypeError(f"domain must be a str, got {type(domain).__name__}")
         worker.state = WorkerState.SERVING
@@ -607,7 +553,7 @@ class Coordinator:
     ) -> FailurePlan | None:
         """A worker process exited. Fails that incarnation unless it is already failed or has
         been superseded (an older epoch): returns the outcome, or None."""
-        worker = self._workers.get(_check_id("worker_id", worker_id))
+        worker = self._workers.get(check_int("worker_id", worker_id, low=0))
         if worker is None or worker.epoch != epoch or worker.state == WorkerState.FAILED:
             return None
         return self.fail(now_s, [worker_id], cause=f"process exited{': ' + reason if reason else ''}")
@@ -617,7 +563,7 @@ class Coordinator:
         """Workers failed together: fence them, have the driver plan the failure (end their
         pairings, mark each failed, route each one's requests placing those left without a
         holder, re-place the checkpoints each held) and queue the plan's directives."""
-        failed = [w for w in dict.fromkeys(_check_id("worker_ids", w) for w in worker_ids)]
+        failed = [w for w in dict.fromkeys(check_int("worker_ids", w, low=0) for w in worker_ids)]
         for worker_id in failed:
             worker = self._workers.get(worker_id)
             if worker is None or worker.state == WorkerState.FAILED:
@@ -699,14 +645,14 @@ class Coordinator:
         prompt = _check_tokens("prompt_token_ids", prompt_token_ids)
         if not prompt:
             raise ValueError("prompt_token_ids must not be empty, got 0 tokens")
-        max_new_tokens = _check_id("max_new_tokens", max_new_tokens)
+        max_new_tokens = check_int("max_new_tokens", max_new_tokens, low=0)
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        expected = _check_id("expected_output_tokens", expected_output_tokens) or max_new_tokens
-        worker_id = self.choose_worker() if worker_id is None else _check_id("worker_id", worker_id)
+        expected = check_int("expected_output_tokens", expected_output_tokens, low=0) or max_new_tokens
+        worker_id = self.choose_worker() if worker_id is None else check_int("worker_id", worker_id, low=0)
         if request_id is None:
             request_id = self._next_request_id
-        elif _check_id("request_id", request_id) in self._requests:
+        elif check_int("request_id", request_id, low=0) in self._requests:
             raise ValueError(f"request_id must be new, got {request_id}")
         self._next_request_id = max(self._next_request_id, request_id + 1)
         plan = self.driver.admit(now_s, request_id, worker_id, len(prompt), expected)
@@ -744,7 +690,7 @@ class Coordinator:
         that differs is counted as a conflict; the first report wins, the client has it);
         a gap is refused. ``finished`` ends the request and releases its checkpoints."""
         self.check_worker_epoch(worker_id, worker_epoch)
-        request = self._requests.get(_check_id("request_id", request_id))
+        request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
         if request.worker_id != worker_id or request.epoch != epoch:
@@ -753,7 +699,7 @@ class Coordinator:
                 f"(now epoch {request.epoch} on worker {request.worker_id})"
             )
         tokens = _check_tokens("token_ids", token_ids)
-        start = _check_id("start_position", start_position)
+        start = check_int("start_position", start_position, low=0)
         known = len(request.tokens)
         if start > known:
             raise ValueError(f"start_position must be <= {known} (no gaps), got {start}")
@@ -777,13 +723,13 @@ class Coordinator:
 
     def check_worker_epoch(self, worker_id: int, worker_epoch: int) -> None:
         """Raise StaleEpochError unless (worker, epoch) is a live incarnation."""
-        worker = self._workers.get(_check_id("worker_id", worker_id))
+        worker = self._workers.get(check_int("worker_id", worker_id, low=0))
         if worker is None or worker.epoch != worker_epoch or worker.state == WorkerState.FAILED:
             raise StaleEpochError(f"worker {worker_id} epoch {worker_epoch} is fenced")
 
     def finish_request(self, now_s: float, request_id: int) -> None:
         """The request is complete: account it and release its checkpoints."""
-        request = self._requests.get(_check_id("request_id", request_id))
+        request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
         self._close(now_s, request)
@@ -813,7 +759,7 @@ class Coordinator:
 
     def tokens(self, request_id: int, from_position: int = 0) -> tuple[tuple[int, ...], bool, bool]:
         """(tokens from ``from_position``, finished, lost) of a request."""
-        request = self._requests.get(_check_id("request_id", request_id))
+        request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
         return tuple(request.tokens[from_position:]), request.finished, request.lost
@@ -823,17 +769,17 @@ class Coordinator:
 
     # ---- observation -------------------------------------------------------------------------
     def worker_epoch(self, worker_id: int) -> int:
-        return self._workers[_check_id("worker_id", worker_id)].epoch
+        return self._workers[check_int("worker_id", worker_id, low=0)].epoch
 
     def worker_state(self, worker_id: int) -> WorkerState:
-        return self._workers[_check_id("worker_id", worker_id)].state
+        return self._workers[check_int("worker_id", worker_id, low=0)].state
 
     def worker_ids(self) -> list[int]:
         return sorted(self._workers)
 
     def request_worker(self, request_id: int) -> tuple[int, int]:
         """(serving worker id, request epoch)."""
-        request = self._requests[_check_id("request_id", request_id)]
+        request = self._requests[check_int("request_id", request_id, low=0)]
         return request.worker_id, request.epoch
 
     @property
@@ -860,7 +806,7 @@ class Coordinator:
             view = monitor.request(request_id)
             contexts.append(len(request.prompt_token_ids) + len(request.tokens))
             durables.append(max((d for _, d in view.durable_tokens), default=0))
-        coverage = checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS)
+        coverage = checkpoint_coverage(np.array(contexts), np.array(durables))
         balance = holder_balance_ratio(np.array([monitor.worker(w).held_tokens for w in live]))
         proposed = sum(w.proposed_draft_tokens for w in self._workers.values())
         accepted = sum(w.accepted_draft_tokens for w in self._workers.values())

@@ -24,8 +24,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from lumen_core.gateway.client import GatewayClient, GatewayError
+from lumen_core._validate import check_number
+from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.directives import Directive
+from lumen_core.gateway.errors import GatewayError
 from lumen_core.gateway.reports import WorkerReport
 
 _REOPEN_MIN_S = 0.05  # a broken directive stream is reopened after this, doubling up to
@@ -57,8 +59,7 @@ class HeartbeatLoop:
         if client.worker_id < 0:
             raise ValueError("client must be registered before its heartbeats start")
         period = client.heartbeat_s if heartbeat_s is None else heartbeat_s
-        if isinstance(period, bool) or not isinstance(period, (int, float)) or not period > 0:
-            raise ValueError(f"heartbeat_s must be a number > 0, got {period!r}")
+        check_number("heartbeat_s", period, positive=True)
         self._client = client
         self._report = report
         self._on_directives = on_directives

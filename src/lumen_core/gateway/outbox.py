@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 
+from lumen_core._validate import check_int
 from lumen_core.gateway.directives import Delivery, Directive
 
 
@@ -35,11 +36,10 @@ class DirectiveOutbox:
     def acknowledge(self, sequence: int) -> None:
         """The worker applied every directive up to ``sequence``: forget them. ValueError when
         ``sequence`` is above the newest number (it cannot have applied what was never sent)."""
-        if isinstance(sequence, bool) or not isinstance(sequence, int) or sequence < 0:
-            raise ValueError(f"acked_sequence must be an int >= 0, got {sequence!r}")
+        check_int("acked_sequence", sequence, low=0)
         if sequence > self.last_sequence:
             raise ValueError(
-                f"acked_sequence must be <= {self.last_sequence} (the newest sent), got {sequence}"
+                f"`acked_sequence` must be <= {self.last_sequence} (the newest sent), got {sequence}"
             )
         while self._pending and self._pending[0].sequence <= sequence:
             self._pending.popleft()

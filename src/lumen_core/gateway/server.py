@@ -17,16 +17,14 @@ import grpc
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from lumen_core._validate import check_int
+from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
 from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
-from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
-from lumen_core.gateway.coordinator import (
-    Coordinator,
-    GatewayConfig,
-    NoWorkerError,
-    StaleEpochError,
-)
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
+from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.protocol import (
     delivery_to_pb,
     held_from_pb,
@@ -48,6 +46,12 @@ _ERROR_CODES = {
 def _code_of(exc: Exception) -> grpc.StatusCode:
     """The status a Coordinator error (one of _ERROR_CODES' types) is reported with."""
     return next(code for cls, code in _ERROR_CODES.items() if isinstance(exc, cls))
+
+
+def _details_of(exc: Exception) -> str:
+    """The message a Coordinator error is reported with (a GatewayError's without the status
+    name, which the client puts back)."""
+    return exc.details if isinstance(exc, GatewayError) else str(exc)
 
 
 class _AuthInterceptor(grpc.ServerInterceptor):
@@ -92,7 +96,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                 server.condition.notify_all()
                 return result
         except (StaleEpochError, NoWorkerError, IndexError, TypeError, ValueError) as exc:
-            context.abort(_code_of(exc), str(exc))
+            context.abort(_code_of(exc), _details_of(exc))
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
         def register(c: Coordinator) -> pb.RegisterReply:
@@ -157,7 +161,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                     )
                 except (StaleEpochError, IndexError, TypeError, ValueError) as exc:
                     code = _code_of(exc).value[0]
-                    acks.append(pb.TokenAck(request_id=entry.request_id, code=code, details=str(exc)))
+                    acks.append(pb.TokenAck(request_id=entry.request_id, code=code, details=_details_of(exc)))
                     continue
                 acks.append(
                     pb.TokenAck(
@@ -224,7 +228,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                     try:  # not through _run: its notify_all would wake every other stream
                         server.coordinator.check_worker_epoch(worker_id, epoch)
                     except (StaleEpochError, TypeError, ValueError) as exc:
-                        context.abort(_code_of(exc), str(exc))
+                        context.abort(_code_of(exc), _details_of(exc))
                     deliveries = server.coordinator.directives_after(worker_id, sequence)
                     if (
                         deliveries
@@ -434,8 +438,7 @@ class GatewayServer:
             ("max_workers", max_workers),
             ("control_threads", control_threads),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value, low=1)
         self.coordinator = Coordinator(config, secret, event_log=event_log, first_request_id=first_request_id)
         self.condition = threading.Condition()
         self.stopping = False

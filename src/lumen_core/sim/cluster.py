@@ -52,8 +52,6 @@ from lumen_core.sim.workload import Workload
 _WAITING, _PREFILL, _DECODE, _MOVING, _LOST, _DONE = range(6)
 # Event kinds (heap entries: time, tie-break sequence, kind, a, b).
 _ITER_END, _FAIL, _DETECT, _ARRIVE_AT, _DRAFT_READY, _MODEL_READY, _HEARTBEAT = range(7)
-# "All but the last few tokens" of checkpoint coverage (DESIGN.md section 8).
-COVERAGE_SLACK_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -730,9 +728,7 @@ class ClusterSim:
         if detected:
             self._push(now + self.config.detect_s, _DETECT, detected)
         if contexts:
-            self._coverage.append(
-                checkpoint_coverage(np.array(contexts), np.array(durables), COVERAGE_SLACK_TOKENS)
-            )
+            self._coverage.append(checkpoint_coverage(np.array(contexts), np.array(durables)))
         if math.isnan(self._balance):
             monitor = self.driver.monitor
             held = [monitor.worker(w).held_tokens for w in monitor.live_worker_ids()]

@@ -9,36 +9,11 @@ import torch
 
 from lumen_core.layouts import KVLayout
 
-U32_MAX = 2**32 - 1
-U64_MAX = 2**64 - 1
-
-
-def check_int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not low <= int(value) <= high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-    return int(value)
-
-
-def check_positive_float(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not value > 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return float(value)
-
-
-def check_layout(layout: object) -> KVLayout:
-    """``layout`` as a KVLayout (a CPU or CUDA cache: KVLayout allows no other device)."""
-    if not isinstance(layout, KVLayout):
-        raise TypeError(f"layout must be a KVLayout, got {type(layout).__name__}")
-    return layout
-
 
 def check_str(name: str, value: object) -> str:
+    """``value`` itself; TypeError unless it is a non-empty str (request ids, fingerprints)."""
     if not isinstance(value, str) or not value:
-        raise TypeError(f"{name} must be a non-empty str, got {value!r}")
+        raise TypeError(f"`{name}` must be a non-empty str, got {value!r}")
     return value
 
 

@@ -22,15 +22,11 @@ from typing import Any
 
 import torch
 
+from lumen_core._validate import U32_MAX, check_int, check_number
+from lumen_core.auth import check_secret
 from lumen_core.engine.connector import KVConnector, SavedTokens
 from lumen_core.engine.request import Request
-from lumen_core.stream._common import (
-    U32_MAX,
-    check_int,
-    check_positive_float,
-    check_str,
-    request_key,
-)
+from lumen_core.stream._common import check_str, request_key
 from lumen_core.stream.holder import (
     HolderStore,
     RestoreResult,
@@ -125,9 +121,7 @@ class StreamingConnector(KVConnector):
         connect_timeout_s: float = 2.0,
         streamer_options: dict[str, Any] | None = None,
     ) -> None:
-        if not isinstance(secret, (bytes, bytearray)):
-            raise TypeError(f"secret must be bytes, got {type(secret).__name__}")
-        self.secret = bytes(secret)
+        self.secret = check_secret(secret)
         self.model_fingerprint = check_str("model_fingerprint", model_fingerprint)
         self.holders = [_check_address("holders[i]", h) for h in holders]
         if restore_from is not None and not isinstance(restore_from, (HolderStore, Client)):
@@ -145,7 +139,7 @@ class StreamingConnector(KVConnector):
         if not isinstance(tls, str):
             raise TypeError(f"tls must be a str, got {type(tls).__name__}")
         self.tls = tls
-        self.connect_timeout_s = check_positive_float("connect_timeout_s", connect_timeout_s)
+        self.connect_timeout_s = check_number("connect_timeout_s", connect_timeout_s, positive=True)
         self.streamer_options = dict(streamer_options or {})
         self.streamer: CheckpointStreamer | None = None
         self.restores: dict[str, RestoreResult] = {}

@@ -18,18 +18,10 @@ import numpy as np
 import torch
 
 from lumen_core import _native
+from lumen_core._validate import U32_MAX, U64_MAX, check_instance, check_int, check_number
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import checksum, scatter_tokens
-from lumen_core.stream._common import (
-    U32_MAX,
-    U64_MAX,
-    as_array,
-    check_int,
-    check_layout,
-    check_positive_float,
-    check_str,
-    fingerprint_bytes,
-)
+from lumen_core.stream._common import as_array, check_str, fingerprint_bytes
 from lumen_core.transport import Client, Rejected, Server, WireLimits
 
 __all__ = [
@@ -114,7 +106,7 @@ def restorable_tokens(durable_per_shard: Sequence[int]) -> int:
 def _check_restore_args(
     layout: object, slot_ids: object, token_ids: object, max_tokens: int | None
 ) -> tuple[KVLayout, np.ndarray, np.ndarray, int]:
-    layout = check_layout(layout)
+    layout = check_instance("layout", layout, KVLayout)
     slots = as_array("slot_ids", slot_ids, np.int64)
     tokens = as_array("token_ids", token_ids, np.uint32)
     if slots.size and (slots.min() < 0 or slots.max() >= layout.num_slots):
@@ -210,7 +202,7 @@ class HolderStore:
 
     def expire_idle(self, max_idle_s: float) -> int:
         """Drop checkpoints untouched for more than ``max_idle_s``; how many were dropped."""
-        return int(self._native.expire_idle(check_positive_float("max_idle_s", max_idle_s)))
+        return int(self._native.expire_idle(check_number("max_idle_s", max_idle_s, positive=True)))
 
     def stats(self) -> dict[str, int]:
         return dict(self._native.stats())

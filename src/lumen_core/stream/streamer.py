@@ -11,18 +11,10 @@ import numpy as np
 import torch
 
 from lumen_core import _native
-from lumen_core.layouts import KVLayout
-from lumen_core.stream._common import (
-    U32_MAX,
-    U64_MAX,
-    as_array,
-    check_int,
-    check_layout,
-    check_positive_float,
-    check_str,
-    fingerprint_bytes,
-)
+from lumen_core._validate import U32_MAX, U64_MAX, check_instance, check_int, check_number
 from lumen_core.auth import check_secret
+from lumen_core.layouts import KVLayout
+from lumen_core.stream._common import as_array, check_str, fingerprint_bytes
 from lumen_core.transport import CAPABILITY_BYTES, WireLimits
 
 __all__ = ["CheckpointStreamer", "ReplicaStats", "StreamStats"]
@@ -74,7 +66,7 @@ def _check_address(name: str, value: object) -> Address:
         or not isinstance(value[1], int)
     ):
         raise TypeError(f"{name} must be an (address, port) tuple, got {value!r}")
-    check_int(f"{name} port", value[1], 1, 65535)
+    check_int(f"{name}.port", value[1], 1, 65535)
     return value[0], int(value[1])
 
 
@@ -119,7 +111,7 @@ class CheckpointStreamer:
         tls: str = "",
         limits: WireLimits = WireLimits(),
     ) -> None:
-        self.layout = check_layout(layout)
+        self.layout = check_instance("layout", layout, KVLayout)
         native = _native.require_ucx()
         cuda_device = -1
         if self.layout.device.type == "cuda":
@@ -149,10 +141,10 @@ class CheckpointStreamer:
             staging_buffers=staging_buffers,
             staging_bytes=staging_bytes,
             max_queued_steps=max_queued_steps,
-            ack_timeout_s=check_positive_float("ack_timeout_s", ack_timeout_s),
-            connect_timeout_s=check_positive_float("connect_timeout_s", connect_timeout_s),
-            reconnect_backoff_s=check_positive_float("reconnect_backoff_s", reconnect_backoff_s),
-            give_up_after_s=check_positive_float("give_up_after_s", give_up_after_s),
+            ack_timeout_s=check_number("ack_timeout_s", ack_timeout_s, positive=True),
+            connect_timeout_s=check_number("connect_timeout_s", connect_timeout_s, positive=True),
+            reconnect_backoff_s=check_number("reconnect_backoff_s", reconnect_backoff_s, positive=True),
+            give_up_after_s=check_number("give_up_after_s", give_up_after_s, positive=True),
             gather_threads=gather_threads,
             cuda_device=cuda_device,
             **limits._kwargs(),
@@ -210,18 +202,18 @@ class CheckpointStreamer:
         """Returns once no queued step still reads ``request_id``'s pages; TimeoutError if
         that takes longer than ``timeout_s``."""
         check_int("request_id", request_id, 0, U64_MAX)
-        if not self._native.wait_for_save(request_id, check_positive_float("timeout_s", timeout_s)):
+        if not self._native.wait_for_save(request_id, check_number("timeout_s", timeout_s, positive=True)):
             raise TimeoutError(f"saves of request {request_id} still pending after {timeout_s} s")
 
     def wait_fence(self, fence: int, *, timeout_s: float = 10.0) -> None:
         """Returns once the step of ``fence`` has been gathered (its pages may be reused)."""
         check_int("fence", fence, 0, U64_MAX)
-        if not self._native.wait_fence(fence, check_positive_float("timeout_s", timeout_s)):
+        if not self._native.wait_fence(fence, check_number("timeout_s", timeout_s, positive=True)):
             raise TimeoutError(f"step {fence} not gathered after {timeout_s} s")
 
     def flush(self, *, timeout_s: float = 10.0) -> bool:
         """Waits until every queued step is sent and answered; False on timeout."""
-        return bool(self._native.flush(check_positive_float("timeout_s", timeout_s)))
+        return bool(self._native.flush(check_number("timeout_s", timeout_s, positive=True)))
 
     def release(self, request_id: int) -> None:
         """The request finished: forget it and free its checkpoints on its holders."""

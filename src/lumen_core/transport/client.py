@@ -11,15 +11,9 @@ from typing import Any
 import numpy as np
 
 from lumen_core import _native
+from lumen_core._validate import U64_MAX, check_bytes, check_int
 from lumen_core.auth import check_secret
-from lumen_core.transport._checks import (
-    U64_MAX,
-    check_array,
-    check_bytes,
-    check_int,
-    check_key,
-    check_timeout,
-)
+from lumen_core.transport._checks import check_array, check_key, check_timeout
 from lumen_core.transport.wire import (
     CAPABILITY_BYTES,
     FINGERPRINT_BYTES,

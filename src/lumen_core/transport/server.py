@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from lumen_core import _native
+from lumen_core._validate import check_int
 from lumen_core.auth import check_secret
-from lumen_core.transport._checks import check_int, check_timeout
+from lumen_core.transport._checks import check_timeout
 from lumen_core.transport.wire import WireLimits
 
 

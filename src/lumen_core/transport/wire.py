@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lumen_core import _native
+from lumen_core._validate import U32_MAX, U64_MAX, check_int
 from lumen_core.auth import check_secret
-from lumen_core.transport._checks import U32_MAX, U64_MAX, check_int, check_key
+from lumen_core.transport._checks import check_key
 
 FINGERPRINT_BYTES = 32
 CAPABILITY_BYTES = 32

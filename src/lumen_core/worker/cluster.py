@@ -23,7 +23,7 @@ from lumen_core._validate import check_int
 from lumen_core.auth import read_secret_file, write_secret_file
 from lumen_core.engine import ModelConfig, build_draft_pair, save_model
 from lumen_core.gateway.client import GatewayClient
-from lumen_core.gateway.coordinator import GatewayConfig
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.routing import RouterConfig

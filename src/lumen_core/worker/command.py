@@ -69,7 +69,7 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
 
 def run_worker(args: argparse.Namespace) -> int:
     from lumen_core.auth import read_secret_file
-    from lumen_core.gateway.client import GatewayError
+    from lumen_core.gateway.errors import GatewayError
     from lumen_core.pacing import parse_pace
     from lumen_core.policy.events import WorkerState
     from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S

@@ -41,13 +41,7 @@ from lumen_core.engine import (
 )
 from lumen_core.engine.connector import SavedTokens
 from lumen_core.engine.model import Llama
-from lumen_core.gateway.client import (
-    FencedError,
-    GatewayClient,
-    GatewayError,
-    RequestTokens,
-    StaleEpochError,
-)
+from lumen_core.gateway.client import FencedError, GatewayClient, RequestTokens
 from lumen_core.gateway.directives import (
     AssistDraft,
     AssistStop,
@@ -61,6 +55,7 @@ from lumen_core.gateway.directives import (
     Run,
     Stream,
 )
+from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
 from lumen_core.gateway.reports import HeldReport, WorkerReport

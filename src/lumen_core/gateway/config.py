@@ -1,0 +1,51 @@
+"""GatewayConfig: the gateway's policy, lease and retention settings, checked on construction.
+
+A module of its own so that what only configures a gateway (the worker's local cluster, the
+command line) need not import the coordinator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lumen_core._validate import check_number
+from lumen_core.policy.assist import AssistConfig
+from lumen_core.policy.load import LoadConfig
+from lumen_core.policy.placement import PlacementConfig
+from lumen_core.policy.presets import POLICY_NAMES
+from lumen_core.policy.routing import RouterConfig
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """policy: "S&R", "FC" or "LUMEN". lease_s: a worker not heard from for this long is failed
+    (10 s: several missed heartbeats on a busy 2-core machine before anyone is declared dead).
+    heartbeat_s: the period workers are told to heartbeat at (well under lease_s).
+    finished_retention_s: a finished request's tokens stay watchable this long, then are
+    forgotten (``forget_finished``), so a long-running gateway does not grow without bound."""
+
+    policy: str = "LUMEN"
+    lease_s: float = 10.0
+    heartbeat_s: float = 1.0
+    finished_retention_s: float = 600.0
+    load_config: LoadConfig = LoadConfig()
+    placement_config: PlacementConfig = PlacementConfig()
+    router_config: RouterConfig = RouterConfig()
+    assist_config: AssistConfig = AssistConfig()
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"policy must be one of {', '.join(POLICY_NAMES)}, got {self.policy!r}")
+        check_number("lease_s", self.lease_s, positive=True)
+        check_number("heartbeat_s", self.heartbeat_s, positive=True)
+        check_number("finished_retention_s", self.finished_retention_s, positive=True)
+        if self.heartbeat_s >= self.lease_s:
+            raise ValueError(f"heartbeat_s must be < lease_s ({self.lease_s}), got {self.heartbeat_s}")
+        for name, cls in (
+            ("load_config", LoadConfig),
+            ("placement_config", PlacementConfig),
+            ("router_config", RouterConfig),
+            ("assist_config", AssistConfig),
+        ):
+            if not isinstance(getattr(self, name), cls):
+                raise TypeError(f"{name} must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
