@@ -142,7 +142,9 @@ def _first_run(prompts: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
 def _corrupt(client: Client, secret: bytes, request_id: str, position: int) -> None:
     """Rewrites ``request_id``'s checkpoint on the holder with one byte of the record at
     ``position`` flipped and its crc kept (the holder runs with --no-verify-records, so only
-    the restore's checks can catch it; a holder never overwrites durable records in place)."""
+    the restore's checks can catch it; a holder never overwrites durable records in place).
+    The planted checkpoint is at epoch 1, the epoch the resuming engine reads and writes: a
+    released checkpoint is re-created only at a newer epoch."""
     key = request_key(request_id)
     capability = issue_capability(secret, key, 0, 0)
     durable = durable_tokens(client, secret, request_id)
@@ -151,8 +153,9 @@ def _corrupt(client: Client, secret: bytes, request_id: str, position: int) -> N
     records = read.records.copy()
     records[position] ^= 0x40  # every value's exponent: served, it would change the output
     client.release(key, 0, 0, capability)
-    client.open(key, 0, 0, record_bytes(), read.layout_fingerprint, read.model_fingerprint, capability)
-    assert client.append(key, 0, 0, 0, read.token_ids, read.crcs, records, capability) == durable
+    planted = issue_capability(secret, key, 0, 1)
+    client.open(key, 0, 1, record_bytes(), read.layout_fingerprint, read.model_fingerprint, planted)
+    assert client.append(key, 0, 1, 0, read.token_ids, read.crcs, records, planted) == durable
 
 
 @pytest.mark.timeout(900)
