@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
 from lumen_core._validate import check_int
-from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, check_secret
+from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, CapabilityIssuer, check_secret
 from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
@@ -117,6 +117,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                 lease_s=c.config.lease_s,
                 heartbeat_s=c.config.heartbeat_s,
                 directives=[delivery_to_pb(d) for d in c.directives_after(request.worker_id, 0)],
+                issuer_public_key=c.issuer_public_key,
             )
 
         return self._run(context, register)
@@ -408,7 +409,8 @@ class GatewayServer:
     replies). ``push_directives=False`` refuses every directive stream (UNIMPLEMENTED):
     heartbeat replies alone deliver, as before the pushed channel. Use as a context manager
     or call ``start`` and ``stop``; ``stop`` ends the streams and joins the server's threads,
-    the reaper and the metrics thread.
+    the reaper and the metrics thread. ``issuer`` signs the data-plane capabilities (default: a
+    fresh key for this run, handed to each worker's holder at registration).
     """
 
     def __init__(
@@ -426,6 +428,7 @@ class GatewayServer:
         control_threads: int = 16,
         first_request_id: int = 1,
         push_directives: bool = True,
+        issuer: CapabilityIssuer | None = None,
     ) -> None:
         secret = check_secret(secret)
         if not isinstance(host, str):
@@ -439,7 +442,9 @@ class GatewayServer:
             ("control_threads", control_threads),
         ):
             check_int(name, value, low=1)
-        self.coordinator = Coordinator(config, secret, event_log=event_log, first_request_id=first_request_id)
+        self.coordinator = Coordinator(
+            config, secret, event_log=event_log, first_request_id=first_request_id, issuer=issuer
+        )
         self.condition = threading.Condition()
         self.stopping = False
         self.max_streams = max_streams

@@ -3,9 +3,10 @@ stream to holders while the engine decodes) and the verified restore (from a ``H
 in this process, or from a holder over the transport).
 
 Two ways to drive it. Standalone (tests, benchmarks, a single survivor): every request streams
-to one ``holders`` list with capabilities of epoch 0 and restores from one ``restore_from``
-source. Driven by a gateway (``lumen worker``): each request streams as its ``StreamGrant``
-says (holders, request epoch, the gateway's capability) and a resumed request restores from
+to one ``holders`` list with capabilities of epoch 0 from ``capability_for`` (an issuer the
+caller holds) and restores from one ``restore_from`` source. Driven by a gateway (``lumen
+worker``): each request streams as its ``StreamGrant`` says (holders, request epoch, the
+gateway's capability on each holder) and a resumed request restores from
 its ``RestoreSource`` (this process's ``store``, or another holder over the transport at the
 request's new epoch). A request with a grant or a source uses it; the others use the defaults.
 
@@ -39,7 +40,6 @@ from lumen_core.transport import (
     Client,
     Rejected,
     TransportError,
-    issue_capability,
 )
 
 __all__ = ["RestoreSource", "StreamGrant", "StreamingConnector"]
@@ -56,12 +56,12 @@ def _check_capability(capability: object) -> bytes:
 @dataclass(frozen=True)
 class StreamGrant:
     """Where one request's checkpoint goes: holder addresses (none: it is not checkpointed)
-    and the capability of shard 0 at ``epoch`` (the same on every holder: it binds the
-    request, not the holder)."""
+    and, for each, the capability of shard 0 at ``epoch`` on that holder (a capability names
+    the one holder it is valid on)."""
 
     epoch: int
     holders: tuple[Address, ...]
-    capability: bytes
+    capabilities: tuple[bytes, ...]
 
     def __post_init__(self) -> None:
         check_int("epoch", self.epoch, 0, U32_MAX)
@@ -69,8 +69,13 @@ class StreamGrant:
             raise TypeError(f"holders must be a tuple of (address, port), got {type(self.holders).__name__}")
         for holder in self.holders:
             _check_address("holders[i]", holder)
-        if self.holders:
-            _check_capability(self.capability)
+        if not isinstance(self.capabilities, tuple) or len(self.capabilities) != len(self.holders):
+            raise ValueError(
+                f"capabilities must be a tuple of one capability per holder ({len(self.holders)}), "
+                f"got {self.capabilities!r:.80}"
+            )
+        for capability in self.capabilities:
+            _check_capability(capability)
 
 
 @dataclass(frozen=True)
@@ -94,8 +99,9 @@ class StreamingConnector(KVConnector):
     requests (see module doc).
 
     Defaults for requests without a grant or a source: ``holders`` (empty: nothing is
-    streamed, a restore-only survivor) with the capability ``capability_for(key)`` (default:
-    issued here with ``secret`` at epoch 0, as a gateway would), and ``restore_from`` (a
+    streamed, a restore-only survivor) with the capabilities ``capability_for(key, holder)``
+    (of shard 0 at epoch 0 on the holder at that (address, port); the connector holds no
+    issuer key, so whoever does supplies them), and ``restore_from`` (a
     ``HolderStore`` or a transport ``Client``; None: nothing is restored). ``store`` is this
     process's ``HolderStore``, which sources without an address restore from. Request ids
     (str) are keyed on the wire by ``key_for`` (default ``request_key``; a gateway's decimal
@@ -114,7 +120,7 @@ class StreamingConnector(KVConnector):
         *,
         holders: Sequence[Address] = (),
         restore_from: HolderStore | Client | None = None,
-        capability_for: Callable[[int], bytes] | None = None,
+        capability_for: Callable[[int, Address], bytes] | None = None,
         store: HolderStore | None = None,
         key_for: Callable[[str], int] = request_key,
         tls: str = "",
@@ -135,7 +141,11 @@ class StreamingConnector(KVConnector):
         if not callable(key_for):
             raise TypeError(f"key_for must be callable, got {type(key_for).__name__}")
         self.key_for = key_for
-        self.capability_for = capability_for or (lambda key: issue_capability(self.secret, key, 0, 0))
+        if capability_for is None and (self.holders or isinstance(restore_from, Client)):
+            raise ValueError("capability_for must be given with holders or a Client to restore from")
+        if capability_for is not None and not callable(capability_for):
+            raise TypeError(f"capability_for must be callable, got {type(capability_for).__name__}")
+        self._capability_for = capability_for
         if not isinstance(tls, str):
             raise TypeError(f"tls must be a str, got {type(tls).__name__}")
         self.tls = tls
@@ -159,6 +169,12 @@ class StreamingConnector(KVConnector):
                 **self.streamer_options,
             )
         return self.streamer
+
+    def _default_capability(self, key: int, holder: Address | Client) -> bytes:
+        """``capability_for``'s capability of ``key`` on ``holder`` (an address or a Client)."""
+        assert self._capability_for is not None  # the constructor requires it for these
+        address = (holder.address, holder.port) if isinstance(holder, Client) else holder
+        return _check_capability(self._capability_for(key, address))
 
     # ---- per-request grants and sources -----------------------------------------------------
     def grant(self, request_id: str, grant: StreamGrant) -> None:
@@ -201,7 +217,9 @@ class StreamingConnector(KVConnector):
             if isinstance(self.restore_from, HolderStore):
                 return self.restore_from.durable_tokens(key)
             assert isinstance(self.restore_from, Client)
-            return self._read_durable(self.restore_from, key, 0, self.capability_for(key))
+            return self._read_durable(
+                self.restore_from, key, 0, self._default_capability(key, self.restore_from)
+            )
         if source.address is None:
             assert self.store is not None
             return self.store.durable_tokens(key)
@@ -232,7 +250,7 @@ class StreamingConnector(KVConnector):
             assert isinstance(store, Client)
             return remote_restore(
                 store, key, self.layout, slots, token_ids=tokens,
-                model_fingerprint=self.model_fingerprint, capability=self.capability_for(key),
+                model_fingerprint=self.model_fingerprint, capability=self._default_capability(key, store),
             )  # fmt: skip
         nothing = RestoreResult(RestoreStatus.MISSING, 0, len(tokens), 0)
         client = self._connect(source.address)
@@ -274,11 +292,14 @@ class StreamingConnector(KVConnector):
         if grant is None:
             if not self.holders:
                 return False
-            self._streamer().add_request(key, self.holders, self.capability_for(key))
+            capabilities = [self._default_capability(key, holder) for holder in self.holders]
+            self._streamer().add_request(key, self.holders, capabilities)
         elif not grant.holders:
             return False
         else:
-            self._streamer().add_request(key, list(grant.holders), grant.capability, epoch=grant.epoch)
+            self._streamer().add_request(
+                key, list(grant.holders), list(grant.capabilities), epoch=grant.epoch
+            )
         self._added.add(request_id)
         return True
 

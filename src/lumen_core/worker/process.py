@@ -133,9 +133,10 @@ class _Served:
 
 
 def _grant(epoch: int, holders: tuple[HolderGrant, ...]) -> StreamGrant:
-    if not holders:
-        return StreamGrant(epoch, (), b"")
-    return StreamGrant(epoch, tuple(parse_address(h.address) for h in holders), holders[0].capabilities[0])
+    """Shard 0's capability on each holder (a worker streams one shard)."""
+    return StreamGrant(
+        epoch, tuple(parse_address(h.address) for h in holders), tuple(h.capabilities[0] for h in holders)
+    )
 
 
 class Worker:
@@ -145,9 +146,11 @@ class Worker:
         self.config = config
         self.secret = secret
         self.store = HolderStore(config.budget_bytes)
-        self.server = self.store.serve(secret, address=config.holder_host, port=0)
+        # Capabilities name this holder by the worker's id; the gateway's issuer key arrives
+        # with each registration (until then every capability is refused).
+        self.server = self.store.serve(secret, address=config.holder_host, port=0, holder_id=config.worker_id)
         self.holder_address = f"{config.holder_host}:{self.server.port}"
-        self.client = GatewayClient(config.gateway, secret)
+        self.client = GatewayClient(config.gateway, secret, on_issuer_key=self.server.trust_issuer)
         self.engine: Engine | None = None
         self.connector: StreamingConnector | None = None
         self.model: Llama | None = None

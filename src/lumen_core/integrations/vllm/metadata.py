@@ -21,7 +21,7 @@ class OpenSpec:
     req_id: str
     key: int
     holders: tuple[Address, ...]
-    capability: bytes
+    capabilities: tuple[bytes, ...]  # one per holder
     epoch: int
     expected_tokens: int
 

@@ -142,7 +142,7 @@ class SchedulerSide:
                         req_id,
                         control.key,
                         control.holders,
-                        control.capability,
+                        control.capabilities,
                         control.epoch,
                         request.num_prompt_tokens + request.max_tokens,
                     )

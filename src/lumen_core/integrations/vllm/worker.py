@@ -70,7 +70,7 @@ class WorkerSide:
             self.streamer.add_request(
                 spec.key,
                 list(spec.holders),
-                spec.capability,
+                list(spec.capabilities),
                 epoch=spec.epoch,
                 expected_tokens=spec.expected_tokens,
             )
