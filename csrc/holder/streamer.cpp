@@ -226,6 +226,25 @@ void Streamer::release(uint64_t request_id) {
   changed_.notify_all();
 }
 
+void Streamer::renew(uint64_t request_id,
+                     const std::vector<transport::CapabilityBytes>& capabilities) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    throw std::invalid_argument("request_id " + std::to_string(request_id) + " was not added");
+  }
+  std::vector<Replica>& replicas = it->second.replicas;
+  if (capabilities.size() != replicas.size()) {
+    throw std::invalid_argument("capabilities must be one per replica (" +
+                                std::to_string(replicas.size()) + "), got " +
+                                std::to_string(capabilities.size()));
+  }
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    replicas[i].capability = capabilities[i];
+    replicas[i].opened = false;  // re-opened (same epoch) with it before the next append
+  }
+}
+
 uint64_t Streamer::replace_holder(
     const HolderAddress& old_holder, const HolderAddress& new_holder,
     const std::map<uint64_t, transport::CapabilityBytes>& capabilities) {

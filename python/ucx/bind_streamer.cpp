@@ -85,6 +85,16 @@ void bind_streamer(py::module_& m) {
           py::arg("request_id"), py::arg("holders"), py::arg("capabilities"), py::arg("epoch"),
           py::arg("expected_tokens"))
       .def(
+          "renew",
+          [](lh::Streamer& s, uint64_t request_id, const std::vector<py::bytes>& capabilities) {
+            std::vector<lt::CapabilityBytes> caps;
+            for (const py::bytes& c : capabilities) {
+              caps.push_back(lumen_bind::to_capability(c, "capability"));
+            }
+            s.renew(request_id, caps);
+          },
+          py::arg("request_id"), py::arg("capabilities"))
+      .def(
           "save_step",
           [](lh::Streamer& s, const U64Array& request_ids, const U64Array& positions,
              const I64Array& slot_ids, const U32Array& token_ids, uintptr_t engine_stream) {

@@ -7,13 +7,14 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
-from lumen_core.auth import CapabilityIssuer
+from lumen_core.auth import CapabilityIssuer, read_issuer_key_file
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import gather_tokens, scatter_tokens
 from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore, restorable_tokens
@@ -458,3 +459,31 @@ def test_full_holder_refuses_or_evicts_and_the_streamer_reports_it(
     else:  # the shorter checkpoint (51, 10 tokens) made room for 52
         assert store["evictions"] == 1 and store["evicted_tokens"] == 10
         assert stats.durable == {51: 0, 52: 45} and stats.stale == (51,)
+
+
+def test_renewed_capabilities_keep_a_long_request_streaming(
+    holder: Any, make_streamer: Any, issuer_key_file: Path
+) -> None:
+    short = CapabilityIssuer(read_issuer_key_file(issuer_key_file), ttl_s=2.0)  # the holder's issuer
+    h = holder()
+    streamer = make_streamer()
+    for rid in (71, 72):
+        streamer.add_request(rid, [("127.0.0.1", h.port)], [short.issue(rid, 0, 0, holder_id=0)])
+    loop = Loop(streamer, [71, 72])
+    loop.step(new=4)
+    assert streamer.flush(timeout_s=10)
+    streamer.renew(71, [short.issue(71, 0, 0, holder_id=0, now_s=time.time() + 3.0)])
+    time.sleep(2.2)  # 72's capability has expired; 71's renewal has not
+    loop.step(new=4)
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.durable[71] == 8
+    # 72's appends past its capability's expiry are refused: its replica is lost at 4 tokens
+    assert stats.counters["replicas_lost"] == 1 and 72 in stats.stale
+    assert h.ask("stats")["server"]["capability_refused"] >= 1
+    with pytest.raises(ValueError, match=r"capabilities must be one per replica \(1\), got 0"):
+        streamer.renew(71, [])
+    with pytest.raises(ValueError, match="request_id 99 was not added"):
+        streamer.renew(99, [short.issue(99, 0, 0, holder_id=0)])
+    with pytest.raises(TypeError, match="capabilities must be a sequence of bytes"):
+        streamer.renew(71, b"x")  # type: ignore[arg-type]

@@ -70,12 +70,14 @@ def _check_address(name: str, value: object) -> Address:
     return value[0], int(value[1])
 
 
-def _check_capabilities(value: object, num_holders: int) -> list[bytes]:
+def _check_capabilities(value: object, num_holders: int | None) -> list[bytes]:
+    """``value`` as a list of capabilities, ``num_holders`` of them (None: the native side
+    checks the count)."""
     if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Sequence):
         raise TypeError(
             f"capabilities must be a sequence of bytes (one per holder), got {type(value).__name__}"
         )
-    if len(value) != num_holders:
+    if num_holders is not None and len(value) != num_holders:
         raise ValueError(f"capabilities must be one per holder ({num_holders}), got {len(value)}")
     return [check_bytes(f"capabilities[{i}]", cap, CAPABILITY_BYTES) for i, cap in enumerate(value)]
 
@@ -183,6 +185,15 @@ class CheckpointStreamer:
         check_int("epoch", epoch, 0, U32_MAX)
         check_int("expected_tokens", expected_tokens, 0, U64_MAX)
         self._native.add_request(request_id, addresses, caps, epoch, expected_tokens)
+
+    def renew(self, request_id: int, capabilities: Sequence[bytes]) -> None:
+        """A long request's fresh capabilities (same epoch, later expiry), one per replica in
+        ``add_request``'s holder order: each replica re-opens its checkpoint with its new one
+        before the next append, which renews the holder's grant. Call it before the old ones
+        expire: a holder refuses appends past their capability's expiry. ValueError for an
+        unknown request or not one capability per replica."""
+        check_int("request_id", request_id, 0, U64_MAX)
+        self._native.renew(request_id, _check_capabilities(capabilities, None))
 
     def save_step(self, request_ids: object, positions: object, slot_ids: object, token_ids: object) -> int:
         """Enqueue one step: token i of request ``request_ids[i]`` at position ``positions[i]``

@@ -105,6 +105,11 @@ class Streamer {
   void add_request(uint64_t request_id, const std::vector<HolderAddress>& holders,
                    const std::vector<transport::CapabilityBytes>& capabilities, uint32_t epoch,
                    uint64_t expected_tokens);
+  // Renews request_id's capabilities (one per replica, in add_request's order; the same
+  // epoch with a later expiry): each replica re-opens its checkpoint with the new one before
+  // its next append, which renews the holder's grant (appends already sent keep the old one).
+  // std::invalid_argument: unknown request, or not one capability per replica.
+  void renew(uint64_t request_id, const std::vector<transport::CapabilityBytes>& capabilities);
   // n tokens: request_ids[i] wrote position positions[i] (token token_ids[i]) into slot
   // slot_ids[i]; a request's tokens are consecutive positions. On a CUDA cache the step is
   // gathered after the work queued so far on engine_stream (the stream that wrote its KV; 0:
