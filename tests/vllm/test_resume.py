@@ -4,6 +4,7 @@ uninterrupted run. Bad checkpoints (a corrupted record, a wrong capability) are 
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import os
@@ -94,24 +95,31 @@ def _run_and_kill(
         stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,
     )  # fmt: skip
     latest: list[dict[str, dict[str, Any]]] = [{}]
+    log: collections.deque[str] = collections.deque(maxlen=40)  # vLLM's own lines, for failures
 
     def read_lines() -> None:  # it prints after every step; EOF once it is dead
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("emitted "):
                 latest[0] = json.loads(line[len("emitted ") :])
+            else:
+                log.append(line)
 
     # The holder is polled on a clock, not per line: in the multiprocess mode the engine core
     # runs ahead of the process that prints, and a finished request's checkpoint is released.
     reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     killed = False
+    short: dict[str, int] = {}  # request -> durable tokens past its prompt, while below the goal
     try:
         while proc.poll() is None:
-            if all(
-                durable_tokens(client, issuer, r, epoch=epoch) >= len(q["prompt"]) + DECODED_BEFORE_KILL
-                for r, q in requests.items()
-            ):
+            short = {}
+            for r, q in requests.items():
+                past_prompt = durable_tokens(client, issuer, r, epoch=epoch) - len(q["prompt"])
+                if past_prompt < DECODED_BEFORE_KILL:
+                    short[r] = past_prompt
+                    break
+            if not short:
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed = True
                 break
@@ -122,7 +130,11 @@ def _run_and_kill(
         proc.wait(timeout=30)
         reader.join(timeout=30)
     emitted = latest[0]
-    assert killed, "the engine finished before every request held enough durable tokens"
+    ends = {r: (len(e["tokens"]), e["finish_reason"]) for r, e in emitted.items()}
+    assert killed, (
+        f"the engine ended first (exit {proc.returncode}): durable past prompt {short}, "
+        f"emitted and finish reasons {ends}; its last lines:\n{''.join(log)}"
+    )
     _assert_group_gone(proc.pid)
     return emitted
 

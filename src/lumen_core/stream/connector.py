@@ -38,6 +38,7 @@ from lumen_core.stream.streamer import Address, CheckpointStreamer, _check_addre
 from lumen_core.transport import (
     CAPABILITY_BYTES,
     Client,
+    ClientPool,
     Rejected,
     TransportError,
 )
@@ -108,7 +109,8 @@ class StreamingConnector(KVConnector):
     ids use ``int``). A restore that stops early (corrupt record, other token ids, another
     model, an unreachable holder) reports the pages from there on as load errors, so the
     engine re-prefills them. ``tls`` names the UCX transports of the streamer and of the
-    connections to source holders, ``connect_timeout_s`` bounds connecting to one; the other
+    connections to source holders (kept open for reuse), ``connect_timeout_s`` bounds connecting
+    to one; the other
     ``streamer_options`` go to ``CheckpointStreamer``; ``restores`` keeps each restore's
     result.
     """
@@ -150,6 +152,7 @@ class StreamingConnector(KVConnector):
             raise TypeError(f"tls must be a str, got {type(tls).__name__}")
         self.tls = tls
         self.connect_timeout_s = check_number("connect_timeout_s", connect_timeout_s, positive=True)
+        self._pool = ClientPool(self.secret, tls=tls, connect_timeout_s=self.connect_timeout_s)
         self.streamer_options = dict(streamer_options or {})
         self.streamer: CheckpointStreamer | None = None
         self.restores: dict[str, RestoreResult] = {}
@@ -194,15 +197,6 @@ class StreamingConnector(KVConnector):
         self._sources[request_id] = source
 
     # ---- restore ----------------------------------------------------------------------------
-    def _connect(self, address: Address) -> Client | None:
-        """A connection to a source holder; None when it cannot be reached (re-prefill)."""
-        try:
-            return Client(
-                address[0], address[1], self.secret, tls=self.tls, connect_timeout_s=self.connect_timeout_s
-            )
-        except TransportError:
-            return None
-
     def _read_durable(self, client: Client, key: int, epoch: int, capability: bytes) -> int:
         try:
             result = client.read(key, 0, epoch, 0, 1, self.layout.record_bytes, capability)
@@ -223,15 +217,13 @@ class StreamingConnector(KVConnector):
         if source.address is None:
             assert self.store is not None
             return self.store.durable_tokens(key)
-        client = self._connect(source.address)
-        if client is None:
-            return 0
         try:
-            return self._read_durable(client, key, source.epoch, source.capability)
-        except TransportError:  # the holder went away while answering: re-prefill
+            return self._pool.call(
+                source.address,
+                lambda client: self._read_durable(client, key, source.epoch, source.capability),
+            )
+        except TransportError:  # unreachable, or it went away while answering: re-prefill
             return 0
-        finally:
-            client.close()
 
     def get_num_new_matched_tokens(self, request: Request) -> int:
         if request.request_id not in self._sources and self.restore_from is None:
@@ -252,19 +244,17 @@ class StreamingConnector(KVConnector):
                 store, key, self.layout, slots, token_ids=tokens,
                 model_fingerprint=self.model_fingerprint, capability=self._default_capability(key, store),
             )  # fmt: skip
-        nothing = RestoreResult(RestoreStatus.MISSING, 0, len(tokens), 0)
-        client = self._connect(source.address)
-        if client is None:
-            return nothing
+        address, capability, epoch = source.address, source.capability, source.epoch
         try:
-            return remote_restore(
-                client, key, self.layout, slots, token_ids=tokens,
-                model_fingerprint=self.model_fingerprint, capability=source.capability, epoch=source.epoch,
+            return self._pool.call(
+                address,
+                lambda client: remote_restore(
+                    client, key, self.layout, slots, token_ids=tokens,
+                    model_fingerprint=self.model_fingerprint, capability=capability, epoch=epoch,
+                ),
             )  # fmt: skip
-        except TransportError:  # the holder died mid-read: the whole prefix is re-prefilled
-            return nothing
-        finally:
-            client.close()
+        except TransportError:  # unreachable, or it died mid-read: the whole prefix is re-prefilled
+            return RestoreResult(RestoreStatus.MISSING, 0, len(tokens), 0)
 
     def start_load_kv(self, request: Request, slot_ids: Sequence[int]) -> None:
         slots = torch.tensor(list(slot_ids), dtype=torch.int64)
@@ -343,5 +333,6 @@ class StreamingConnector(KVConnector):
             self._added.discard(request_id)
 
     def close(self) -> None:
+        self._pool.close()
         if self.streamer is not None:
             self.streamer.close()

@@ -5,8 +5,8 @@ authenticated clients append in a ``RecordSink`` it is given (the holder's store
 (``client``) connects, proves the cluster secret, and opens, appends to, reads and releases
 checkpoints keyed by (request_id, shard), each as far as a capability signed by the issuer
 (``lumen_core.auth.CapabilityIssuer``) grants on that holder; ``wire`` has the limits both ends
-enforce. The data path (send, receive, crc check) runs in
-C++ on a progress thread with no GIL. Failures raise the typed errors of ``errors``.
+enforce; a ``ClientPool`` (``pool``) keeps connections to many holders open for reuse. The data
+path (send, receive, crc check) runs in C++ on a progress thread with no GIL. Failures raise the typed errors of ``errors``.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from lumen_core.transport.errors import (
     Timeout,
     TransportError,
 )
+from lumen_core.transport.pool import ClientPool
 from lumen_core.transport.server import RecordSink, Server
 from lumen_core.transport.wire import CAPABILITY_BYTES, FINGERPRINT_BYTES, WireLimits
 
@@ -30,6 +31,7 @@ __all__ = [
     "FINGERPRINT_BYTES",
     "Aborted",
     "Client",
+    "ClientPool",
     "Conflict",
     "Malformed",
     "PeerGone",

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, SaveSpec
 from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl, RestorePlan
-from lumen_core.transport import Client, Rejected, TransportError
+from lumen_core.transport import Client, ClientPool, Rejected, TransportError
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -37,6 +37,7 @@ class SchedulerSide:
         self._opened: set[str] = set()
         # One thread: lookups are one small read each, and never run on the scheduler's thread.
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lumen-lookup")
+        self._pool = ClientPool(config.secret, tls=config.tls, connect_timeout_s=config.connect_timeout_s)
 
     def on_new_request(self, request: Request) -> None:
         """Parse the request's control. A malformed ``kv_transfer_params`` is logged and the
@@ -51,28 +52,23 @@ class SchedulerSide:
 
     # ---- restore --------------------------------------------------------------------------
     def _durable_tokens(self, control: RequestControl, restore: RestorePlan) -> int:
-        """The durable length of the checkpoint at ``restore`` (0 when unreachable or absent)."""
-        try:
-            client = Client(
-                restore.address[0],
-                restore.address[1],
-                self.config.secret,
-                tls=self.config.tls,
-                connect_timeout_s=self.config.connect_timeout_s,
-            )
-        except TransportError as error:
-            logger.warning("lumen: restore source %s unreachable (%s): recomputing", restore.address, error)
-            return 0
-        try:
-            result = client.read(control.key, 0, restore.epoch, 0, 1, self.record_bytes, restore.capability)
+        """The durable length of the checkpoint at ``restore`` (0 when unreachable or absent).
+        Runs on the lookup thread, the only user of ``self._pool``."""
+
+        def lookup(client: Client) -> int:
+            result = client.read(
+                control.key, 0, restore.epoch, 0, 1, self.record_bytes, restore.capability,
+                timeout_s=self.config.connect_timeout_s,
+            )  # fmt: skip
             return int(result.durable_tokens)
+
+        try:
+            return self._pool.call(restore.address, lookup)
         except Rejected:  # no checkpoint of this request at this epoch
             return 0
         except TransportError as error:
             logger.warning("lumen: lookup at %s failed (%s): recomputing", restore.address, error)
             return 0
-        finally:
-            client.close()
 
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
@@ -176,4 +172,6 @@ class SchedulerSide:
         return False, None
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        # Pending lookups are cancelled; a running one ends within its deadlines.
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._pool.close()

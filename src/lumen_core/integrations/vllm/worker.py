@@ -14,7 +14,7 @@ from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata
 from lumen_core.integrations.vllm.params import ConnectorConfig
 from lumen_core.layouts import KVLayout
 from lumen_core.stream import CheckpointStreamer, RestoreResult, RestoreStatus, remote_restore
-from lumen_core.transport import Client, TransportError
+from lumen_core.transport import Client, ClientPool, TransportError
 
 __all__ = ["WorkerSide"]
 
@@ -50,6 +50,8 @@ class WorkerSide:
         self._failed_this_step: set[str] = set()
         self._reported: Counter[str] = Counter()
         self._lag_sampled_at = 0.0
+        # Restores run on the worker's thread (start_step), the pool's only user.
+        self._pool = ClientPool(config.secret, tls=config.tls, connect_timeout_s=config.connect_timeout_s)
 
     def register(self, layout: KVLayout) -> None:
         self.layout = layout
@@ -83,27 +85,21 @@ class WorkerSide:
 
     def _restore(self, load: LoadSpec) -> RestoreResult:
         assert self.layout is not None
-        nothing = RestoreResult(RestoreStatus.MISSING, 0, len(load.slot_ids), 0)
+        layout = self.layout
         address = load.restore.address
-        try:
-            client = Client(
-                address[0], address[1], self.config.secret, tls=self.config.tls,
-                connect_timeout_s=self.config.connect_timeout_s,
-            )  # fmt: skip
-        except TransportError as error:
-            logger.warning("lumen: restore source %s unreachable (%s): recomputing", address, error)
-            return nothing
-        try:
+
+        def restore(client: Client) -> RestoreResult:
             return remote_restore(
-                client, load.key, self.layout, torch.tensor(load.slot_ids, dtype=torch.int64),
+                client, load.key, layout, torch.tensor(load.slot_ids, dtype=torch.int64),
                 token_ids=load.token_ids, model_fingerprint=self.model_fingerprint,
                 capability=load.restore.capability, shard=self.shard, epoch=load.restore.epoch,
             )  # fmt: skip
-        except TransportError as error:  # the holder died mid-read: recompute
+
+        try:
+            return self._pool.call(address, restore)
+        except TransportError as error:  # unreachable, or the holder died mid-read: recompute
             logger.warning("lumen: restore from %s failed (%s): recomputing", address, error)
-            return nothing
-        finally:
-            client.close()
+            return RestoreResult(RestoreStatus.MISSING, 0, len(load.slot_ids), 0)
 
     def _load(self, load: LoadSpec) -> None:
         assert self.layout is not None
@@ -221,5 +217,6 @@ class WorkerSide:
         return {r: durable.get(key, 0) for r, key in self._keys.items()}
 
     def close(self) -> None:
+        self._pool.close()
         if self.streamer is not None:
             self.streamer.close()
