@@ -12,6 +12,6 @@ pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
 def test_connector_example_runs(ucx_module: None) -> None:
     section = README.read_text().split("## Quick start", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```python\n(.*?)```", section, re.S)
+    [block] = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     assert "ConnectorCore" in block
     exec(compile(block, str(README), "exec"), {})

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from lumen_core._validate import U64_MAX, check_int, check_number
+from lumen_core._validate import U32_MAX, U64_MAX, check_int, check_number
 from lumen_core.auth import check_secret
 from lumen_core.connector.lookup import RestoreLookup
 from lumen_core.connector.requests import RestoreSource, StepTokens, StreamGrant
@@ -90,7 +90,7 @@ class ConnectorCore:
         if store is not None and not isinstance(store, HolderStore):
             raise TypeError(f"`store` must be a HolderStore, got {type(store).__name__}")
         self.store = store
-        self.shard = check_int("shard", shard, 0, 2**32 - 1)
+        self.shard = check_int("shard", shard, 0, U32_MAX)
         if not isinstance(tls, str):
             raise TypeError(f"`tls` must be a str, got {type(tls).__name__}")
         self.tls = tls
@@ -303,7 +303,7 @@ class ConnectorCore:
         if self._lookup is not None:
             self._lookup.forget(request_id)
         result = self._reader.restore(key, source, self.layout, slots, tokens, self.model_fingerprint)
-        self.restores.pop(request_id, None)
+        self.restores.pop(request_id, None)  # re-inserted as the latest: the oldest go first
         self.restores[request_id] = result
         while len(self.restores) > _KEPT_RESTORES:
             self.restores.pop(next(iter(self.restores)))
