@@ -44,7 +44,10 @@ ALLOWED: dict[str, frozenset[str]] = {
         "policy": {"_validate"},
         # transport moves bytes only; stream knows records and holders; neither knows policy
         "transport": {"_native", "_validate", "auth"},
-        "stream": {"_native", "_validate", "auth", "engine", "layouts", "ops", "transport"},
+        "stream": {"_native", "_validate", "auth", "connector", "engine", "layouts", "ops", "transport"},
+        # the engine-neutral connector core over stream's streamer and holders (stream.connector,
+        # the reference engine's adapter, is the one module of stream that imports it back)
+        "connector": {"_validate", "auth", "layouts", "stream", "transport"},
         "engine": {"_validate", "layouts", "ops", "rng", "verify"},
         # the two drivers of the policy driver; they import nothing of each other
         "sim": {"_validate", "cost", "eventlog", "metrics", "policy", "rng"},
@@ -53,7 +56,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "pacing": {"cost", "engine"},
         "worker": {"_validate", "auth", "engine", "gateway", "metrics", "pacing", "policy", "sim", "stream"},
         # engine adapters: each speaks one engine's API over the data plane
-        "integrations": {"auth", "layouts", "stream", "transport"},
+        "integrations": {"auth", "connector", "layouts", "stream", "transport"},
         # entry points
         "cli": {"auth", "gateway", "policy", "sim", "stream", "transport", "worker"},
         "__init__": {"_native", "policy"},
