@@ -44,9 +44,8 @@ ALLOWED: dict[str, frozenset[str]] = {
         "policy": {"_validate"},
         # transport moves bytes only; stream knows records and holders; neither knows policy
         "transport": {"_native", "_validate", "auth"},
-        "stream": {"_native", "_validate", "auth", "connector", "engine", "layouts", "ops", "transport"},
-        # the engine-neutral connector core over stream's streamer and holders (stream.connector,
-        # the reference engine's adapter, is the one module of stream that imports it back)
+        "stream": {"_native", "_validate", "auth", "engine", "layouts", "ops", "transport"},
+        # the engine-neutral connector core over stream's streamer and holders
         "connector": {"_validate", "auth", "layouts", "stream", "transport"},
         "engine": {"_validate", "layouts", "ops", "rng", "verify"},
         # the two drivers of the policy driver; they import nothing of each other
@@ -54,9 +53,21 @@ ALLOWED: dict[str, frozenset[str]] = {
         "gateway": {"_validate", "auth", "eventlog", "metrics", "policy"},
         # engine steps paced to the cost model (the engine's StepOutput for its type only)
         "pacing": {"cost", "engine"},
-        "worker": {"_validate", "auth", "engine", "gateway", "metrics", "pacing", "policy", "sim", "stream"},
+        "worker": {
+            "_validate",
+            "auth",
+            "connector",
+            "engine",
+            "gateway",
+            "integrations",
+            "metrics",
+            "pacing",
+            "policy",
+            "sim",
+            "stream",
+        },  # fmt: skip
         # engine adapters: each speaks one engine's API over the data plane
-        "integrations": {"auth", "connector", "layouts", "stream", "transport"},
+        "integrations": {"auth", "connector", "engine", "layouts", "stream", "transport"},
         # entry points
         "cli": {"auth", "gateway", "policy", "sim", "stream", "transport", "worker"},
         "__init__": {"_native", "policy"},

@@ -73,14 +73,14 @@ def reference(model: Path) -> dict[str, list[int]]:
 
 
 def _run_and_kill(
-    model: Path, secret_file: Path, port: int, requests: dict[str, dict[str, Any]], client: Client, secret: bytes,
+    model: Path, secret_file: Path, server: Any, requests: dict[str, dict[str, Any]], client: Client, secret: bytes,
     *, epoch: int, multiprocess: bool = False,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """An engine in its own process group (engine_proc.py; ``multiprocess``: vLLM's default
     mode, EngineCore in a child process), SIGKILLed once every request's checkpoint at
     ``epoch`` holds DECODED_BEFORE_KILL more tokens than its prompt; returns what it emitted
     per request (tokens, num_cached_tokens)."""
-    job = {"model": str(model), "secret_file": str(secret_file), "port": port, "requests": requests}
+    job = {"model": str(model), "secret_file": str(secret_file), "port": server.port, "requests": requests}
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -129,7 +129,7 @@ def _run_and_kill(
     ends = {r: (len(e["tokens"]), e["finish_reason"]) for r, e in emitted.items()}
     assert killed, (
         f"the engine ended first (exit {proc.returncode}): durable past prompt {short}, "
-        f"emitted and finish reasons {ends}; its last lines:\n{''.join(log)}"
+        f"emitted and finish reasons {ends}; holder {server.ask('stats')}; its last lines:\n{''.join(log)}"
     )
     _assert_group_gone(proc.pid)
     return emitted
@@ -178,7 +178,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(
     server = holder(1 << 30, "--no-verify-records")
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        run = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        run = _run_and_kill(model, secret_file, server, _first_run(prompts), client, secret, epoch=0)
         emitted = {r: run[r]["tokens"] for r in prompts}
         durable = {r: durable_tokens(client, secret, r) for r in prompts}
         for r, p in prompts.items():
@@ -236,7 +236,7 @@ def test_two_failures_in_a_row_resume(
     server = holder()
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        run_a = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        run_a = _run_and_kill(model, secret_file, server, _first_run(prompts), client, secret, epoch=0)
         requests_b = {}
         for r, p in prompts.items():
             tokens = run_a[r]["tokens"]
@@ -244,14 +244,16 @@ def test_two_failures_in_a_row_resume(
                              "lumen": {"epoch": 1, "restore": {}}}  # fmt: skip
         durable_a = {r: durable_tokens(client, secret, r) for r in prompts}
         run_b = _run_and_kill(
-            model, secret_file, server.port, requests_b, client, secret, epoch=1, multiprocess=True
+            model, secret_file, server, requests_b, client, secret, epoch=1, multiprocess=True
         )
         durable_b = {r: durable_tokens(client, secret, r, epoch=1) for r in prompts}
     finally:
         client.close()
     for r, q in requests_b.items():
         assert run_b[r]["num_cached_tokens"] == min(durable_a[r], len(q["prompt"]) - 1), r
-        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, r
+        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, (
+            r, q["max_tokens"], len(run_b[r]["tokens"]), run_b[r]["finish_reason"], server.ask("stats")
+        )  # fmt: skip
 
     llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, server.port)))
     emitted = {r: run_a[r]["tokens"] + run_b[r]["tokens"] for r in prompts}

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from lumen_core.connector import RestoreSource, StreamGrant
 from lumen_core.engine import (
     CacheConfig,
     Engine,
@@ -20,13 +21,8 @@ from lumen_core.engine import (
     model_fingerprint,
     random_weights,
 )
-from lumen_core.stream import (
-    HolderStore,
-    RestoreSource,
-    RestoreStatus,
-    StreamGrant,
-    StreamingConnector,
-)
+from lumen_core.integrations.reference import StreamingConnector
+from lumen_core.stream import HolderStore, RestoreStatus
 from lumen_core.transport import issue_capability
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(90)]

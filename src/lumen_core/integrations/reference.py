@@ -25,7 +25,7 @@ from lumen_core.stream.holder import HolderStore, RestoreResult
 from lumen_core.stream.streamer import Address, CheckpointStreamer, _check_address
 from lumen_core.transport import issue_capability
 
-__all__ = ["RestoreSource", "StreamGrant", "StreamingConnector"]
+__all__ = ["StreamingConnector"]
 
 
 class StreamingConnector(KVConnector):
