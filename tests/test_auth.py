@@ -177,3 +177,38 @@ def test_the_schemes_do_not_share_macs():
     # A capability is never a valid seal of its own bytes: each scheme has its own label.
     capability = issue_capability(SECRET, 5, 0, 1)
     assert unseal(SECRET, capability + b"{}") is None
+
+
+def test_secret_file_that_is_a_link_is_refused_even_to_a_private_file(tmp_path):
+    target = tmp_path / "real.secret"
+    write_secret_file(target)
+    link = tmp_path / "link.secret"
+    link.symlink_to(target)
+    with pytest.raises(PermissionError, match="`path` must not be a symbolic link"):
+        read_secret_file(link)
+    fifo = tmp_path / "fifo.secret"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(PermissionError, match="`path` must be a regular file"):
+        read_secret_file(fifo)  # opened without blocking, refused on what was opened
+
+
+def test_secret_file_in_a_directory_others_can_write_is_refused_unless_sticky(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    write_secret_file(shared / "cluster.secret")
+    for mode in (0o777, 0o770):
+        os.chmod(shared, mode)
+        with pytest.raises(PermissionError, match=f"cannot write to \\(or a sticky one\\), got {oct(mode)}"):
+            read_secret_file(shared / "cluster.secret")
+    os.chmod(shared, 0o1777)  # as /tmp: nobody else can rename or replace the file
+    assert len(read_secret_file(shared / "cluster.secret")) == 32
+    os.chmod(shared, 0o700)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user's owns takes root")
+def test_secret_file_owned_by_another_user_is_refused(tmp_path):
+    path = tmp_path / "theirs.secret"
+    write_secret_file(path)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(PermissionError, match="`path` must be owned by this user"):
+        read_secret_file(path)

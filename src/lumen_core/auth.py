@@ -1,7 +1,9 @@
 """The cluster secret and every HMAC scheme keyed by it (DESIGN.md section 3.3).
 
 - The cluster secret has no default: ``write_secret_file`` writes 32 random bytes to a new
-  0600 file, ``read_secret_file`` refuses a file others can access or a secret under 16 bytes.
+  0600 file; ``read_secret_file`` opens it once (no symbolic link), then checks on what it
+  opened that the caller owns it, that only the owner can access it, and that its directory
+  cannot be written by others (unless sticky), and reads it from that same descriptor.
 - Capabilities: ``issue_capability`` reproduces the native transport's capability bytes
   (``csrc/transport/auth.cpp``) in pure Python:
   ``HMAC-SHA256(secret, "lumen-cap-v1" || request_id u64 LE || shard u32 LE || epoch u32 LE)``.
@@ -20,6 +22,7 @@ Standard library only, so the transport, the stream and the gateway all import i
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
@@ -87,13 +90,53 @@ def write_secret_file(path: str | os.PathLike[str], *, num_bytes: int = SECRET_F
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> bytes:
-    """The cluster secret stored in ``path``. Raises FileNotFoundError, PermissionError for a
-    file its group or others can access, ValueError for a secret under 16 bytes."""
+    """The cluster secret stored in ``path``, read from one descriptor opened without
+    following a final symbolic link, after checking on what was opened that the file is a
+    regular file owned by the caller with no group or other permission bits, in a directory
+    owned by the caller or root that its group and others cannot write to (a sticky one such
+    as /tmp excepted: there nobody else can rename or replace the caller's file, and a file
+    planted there first fails the owner check). Raises FileNotFoundError, PermissionError
+    for a link or a check that fails, ValueError for a secret under 16 bytes."""
     file = Path(path)
-    mode = file.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(f"`path` must be accessible by its owner only (0600), got {oct(mode & 0o777)}")
-    return check_secret(file.read_bytes())
+    dir_fd = os.open(file.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _check_secret_directory(os.fstat(dir_fd))
+        try:  # O_NONBLOCK: a FIFO planted in its place must not block the open
+            fd = os.open(file.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PermissionError(
+                    f"`path` must not be a symbolic link, got {os.fspath(path)!r}"
+                ) from None
+            raise
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as handle:
+        _check_secret_inode(os.fstat(handle.fileno()))
+        return check_secret(handle.read(_MAX_SECRET_FILE_BYTES + 1))
+
+
+def _check_secret_directory(info: os.stat_result) -> None:
+    if info.st_uid not in (os.geteuid(), 0):
+        raise PermissionError(
+            f"`path` must be in a directory owned by this user ({os.geteuid()}) or root, got owner {info.st_uid}"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        raise PermissionError(
+            "`path` must be in a directory its group and others cannot write to (or a sticky one), "
+            f"got {oct(stat.S_IMODE(info.st_mode))}"
+        )
+
+
+def _check_secret_inode(info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise PermissionError(f"`path` must be a regular file, got mode {oct(info.st_mode)}")
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"`path` must be owned by this user ({os.geteuid()}), got owner {info.st_uid}")
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PermissionError(
+            f"`path` must be accessible by its owner only (0600), got {oct(stat.S_IMODE(info.st_mode))}"
+        )
 
 
 # ---- capabilities ---------------------------------------------------------------------------
