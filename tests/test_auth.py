@@ -1,9 +1,9 @@
-"""lumen_core.auth: cluster secret files, capabilities, call signatures and assist seals,
-with their wire bytes pinned (a changed label would break peers of another build)."""
+"""lumen_core.auth: cluster secret files, capabilities and call signatures, with their wire
+bytes pinned (a changed label would break peers of another build). Assist seals:
+tests/test_auth_gateway.py."""
 
 import hashlib
 import hmac
-import json
 import os
 import stat
 
@@ -15,9 +15,7 @@ from lumen_core.auth import (
     check_secret,
     issue_capability,
     read_secret_file,
-    seal,
     sign_call,
-    unseal,
     write_secret_file,
 )
 
@@ -152,31 +150,6 @@ def test_call_mac_covers_the_label_method_time_and_nonce():
     message = b"lumen-gateway-v1|" + METHOD.encode() + b"|" + timestamp.encode() + b"|" + nonce.encode()
     assert timestamp == "1234.500000" and len(nonce) == 32
     assert mac == hmac.new(SECRET, message, hashlib.sha256).hexdigest()
-
-
-def test_seal_is_the_mac_of_the_label_and_payload_then_the_payload():
-    message = {"r": [[1, 0, [5, 6], 0, 0]], "f": []}
-    sealed = seal(SECRET, message)
-    payload = json.dumps(message).encode()
-    assert sealed == hmac.new(SECRET, b"lumen-assist-v1|" + payload, hashlib.sha256).digest() + payload
-
-
-def test_seal_round_trip_and_refusals():
-    message = {"r": [[1, 0, [5, 6], 0, 0]], "f": []}
-    sealed = seal(SECRET, message)
-    assert unseal(SECRET, sealed) == message
-    assert unseal(b"another-cluster-secret-000000", sealed) is None
-    tampered = sealed[:-2] + b"9]"
-    assert unseal(SECRET, tampered) is None
-    assert unseal(SECRET, sealed[:10]) is None
-    assert unseal(SECRET, seal(SECRET, {"r": []})[:32] + b"not json") is None
-    assert unseal(SECRET, seal(SECRET, {"r": []})[:32] + b"[1, 2]") is None  # MAC'd but no object
-
-
-def test_the_schemes_do_not_share_macs():
-    # A capability is never a valid seal of its own bytes: each scheme has its own label.
-    capability = issue_capability(SECRET, 5, 0, 1)
-    assert unseal(SECRET, capability + b"{}") is None
 
 
 def test_secret_file_that_is_a_link_is_refused_even_to_a_private_file(tmp_path):

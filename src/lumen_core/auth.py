@@ -13,8 +13,10 @@
   captured header cannot be replayed and a peer without the secret cannot call at all. The
   message bodies are neither encrypted nor MAC'd (no TLS): the cluster network must keep
   them private.
-- Assist datagrams: ``seal`` prefixes a JSON payload with
-  ``HMAC-SHA256(secret, "lumen-assist-v1|" || payload)``; ``unseal`` drops one that fails.
+- Assist datagrams: ``DatagramSeal`` prefixes JSON with
+  ``HMAC-SHA256(secret, "lumen-assist-v2|" || payload)``; the payload names its sender and a
+  counter, and a datagram whose counter is not above the last one opened from that sender is
+  dropped (a replay).
 
 The labels below are wire bytes: peers of another build must compute the same MACs.
 Standard library only, so the transport, the stream and the gateway all import it.
@@ -42,19 +44,18 @@ __all__ = [
     "MIN_SECRET_BYTES",
     "SECRET_FILE_BYTES",
     "CallVerifier",
+    "DatagramSeal",
     "check_secret",
     "issue_capability",
     "read_secret_file",
-    "seal",
     "sign_call",
-    "unseal",
     "write_secret_file",
 ]
 
 # One label per scheme, so that a MAC of one scheme is never valid in another.
 _CAPABILITY_LABEL = b"lumen-cap-v1"  # also kLabel in csrc/transport/auth.cpp
 _CALL_LABEL = b"lumen-gateway-v1|"
-_SEAL_LABEL = b"lumen-assist-v1|"
+_SEAL_LABEL = b"lumen-assist-v2|"
 
 AUTH_METADATA_KEY = "lumen-auth-v1"
 MIN_SECRET_BYTES = 16
@@ -222,22 +223,56 @@ class CallVerifier:
 
 
 # ---- assist datagrams -----------------------------------------------------------------------
-def seal(secret: bytes, message: dict[str, Any]) -> bytes:
-    """``message`` as JSON behind its HMAC-SHA256 under the cluster secret (32 bytes of MAC,
-    then the payload). ``secret`` is used as given: callers hold a checked one."""
-    payload = json.dumps(message).encode()
-    return hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest() + payload
+class DatagramSeal:
+    """One assist endpoint's seal and opener. ``seal`` gives a message as JSON behind its
+    HMAC-SHA256 under the cluster secret (32 bytes of MAC, then the payload
+    ``{"s": sender id, "n": counter, "m": message}``), counting up from 1 under this
+    endpoint's random sender id. ``open`` returns the message of a datagram whose MAC and
+    JSON are right and whose counter is above the last one opened from its sender; it drops
+    and counts the others (``num_refused``: MAC, JSON or shape; ``num_replayed``: an old
+    counter). Thread-safe. Raises as ``check_secret``."""
 
+    def __init__(self, secret: bytes) -> None:
+        self._secret = check_secret(secret)
+        self.sender_id = secrets.token_hex(8)
+        self._counter = 0
+        self._last: dict[str, int] = {}  # sender -> highest counter opened; MAC'd senders only
+        self._lock = threading.Lock()
+        self.num_refused = 0
+        self.num_replayed = 0
 
-def unseal(secret: bytes, data: bytes) -> dict[str, Any] | None:
-    """The message of a sealed datagram, or None if its MAC or its JSON is wrong, or the
-    JSON is not an object."""
-    mac, payload = data[:_MAC_BYTES], data[_MAC_BYTES:]
-    expected = hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest()
-    if len(mac) != _MAC_BYTES or not hmac.compare_digest(mac, expected):
-        return None
-    try:
-        message = json.loads(payload)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
+    def seal(self, message: dict[str, Any]) -> bytes:
+        with self._lock:
+            self._counter += 1
+            counter = self._counter
+        payload = json.dumps({"s": self.sender_id, "n": counter, "m": message}).encode()
+        return hmac.new(self._secret, _SEAL_LABEL + payload, hashlib.sha256).digest() + payload
+
+    def open(self, data: bytes) -> dict[str, Any] | None:
+        envelope = self._verified(data)
+        with self._lock:
+            if envelope is None:
+                self.num_refused += 1
+                return None
+            sender, counter, message = envelope
+            if counter <= self._last.get(sender, 0):
+                self.num_replayed += 1
+                return None
+            self._last[sender] = counter
+        return message
+
+    def _verified(self, data: bytes) -> tuple[str, int, dict[str, Any]] | None:
+        mac, payload = data[:_MAC_BYTES], data[_MAC_BYTES:]
+        expected = hmac.new(self._secret, _SEAL_LABEL + payload, hashlib.sha256).digest()
+        if len(mac) != _MAC_BYTES or not hmac.compare_digest(mac, expected):
+            return None
+        try:
+            envelope = json.loads(payload)
+        except ValueError:
+            return None
+        if not isinstance(envelope, dict):
+            return None
+        sender, counter, message = envelope.get("s"), envelope.get("n"), envelope.get("m")
+        if not isinstance(sender, str) or type(counter) is not int or not isinstance(message, dict):
+            return None
+        return sender, counter, message
