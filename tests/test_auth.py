@@ -1,28 +1,18 @@
-"""lumen_core.auth: cluster secret files, capabilities and call signatures, with their wire
-bytes pinned (a changed label would break peers of another build). Assist seals:
-tests/test_auth_gateway.py."""
+"""lumen_core.auth: cluster secret files and capabilities, with their wire bytes pinned (a
+changed label would break peers of another build). Call signatures, call keys and assist
+seals: tests/test_auth_gateway.py."""
 
-import hashlib
-import hmac
 import os
 import stat
 
 import pytest
 
 from lumen_core import _native
-from lumen_core.auth import (
-    CallVerifier,
-    check_secret,
-    issue_capability,
-    read_secret_file,
-    sign_call,
-    write_secret_file,
-)
+from lumen_core.auth import check_secret, issue_capability, read_secret_file, write_secret_file
 
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"0123456789abcdef-cluster"
-METHOD = "/lumen.gateway.v1.Gateway/Heartbeat"
 
 # Produced by the native transport (lumen_core.transport.issue_capability over OpenSSL).
 KNOWN_CAPABILITIES = [
@@ -110,46 +100,6 @@ def test_secret_file_refused_when_others_can_read_it_or_it_is_short(tmp_path):
     with pytest.raises(FileNotFoundError):
         read_secret_file(tmp_path / "missing.secret")
     assert check_secret(bytearray(SECRET)) == SECRET
-
-
-def test_call_signature_accepted_once_and_only_with_the_secret():
-    verifier = CallVerifier(SECRET, max_skew_s=30.0)
-    value = sign_call(SECRET, METHOD, now_s=1000.0)
-    assert verifier.verify(METHOD, value, now_s=1010.0) is None
-    assert verifier.verify(METHOD, value, now_s=1010.0) == "nonce replayed"
-    assert verifier.verify(
-        "/lumen.gateway.v1.Gateway/Register", sign_call(SECRET, METHOD, now_s=1000.0), now_s=1000.0
-    ) == ("bad MAC: the caller does not hold the cluster secret")  # signed for another method
-    forged = sign_call(b"some-other-secret-entirely", METHOD, now_s=1000.0)
-    assert verifier.verify(METHOD, forged, now_s=1000.0).startswith("bad MAC")
-    late = sign_call(SECRET, METHOD, now_s=1000.0)
-    assert "more than 30.0 s from now" in verifier.verify(METHOD, late, now_s=1031.0)
-    assert verifier.verify(METHOD, None) == "missing lumen-auth-v1 metadata"
-    assert verifier.verify(METHOD, "a.b.c") == "malformed lumen-auth-v1 metadata"
-    assert verifier.num_refused == 6
-
-
-def test_call_verifier_forgets_old_nonces_but_still_refuses_old_calls():
-    verifier = CallVerifier(SECRET, max_skew_s=1.0)
-    first = sign_call(SECRET, METHOD, now_s=0.0)
-    assert verifier.verify(METHOD, first, now_s=0.0) is None
-    for _ in range(4100):
-        assert verifier.verify(METHOD, sign_call(SECRET, METHOD, now_s=10.0), now_s=10.0) is None
-    assert verifier.num_nonces < 4200
-    assert verifier.verify(METHOD, first, now_s=10.0).startswith("timestamp")
-    with pytest.raises(ValueError, match="`max_skew_s` must be > 0, got 0"):
-        CallVerifier(SECRET, max_skew_s=0)
-    with pytest.raises(TypeError, match="`max_skew_s` must be a number, got str"):
-        CallVerifier(SECRET, max_skew_s="30")
-
-
-def test_call_mac_covers_the_label_method_time_and_nonce():
-    value = sign_call(SECRET, METHOD, now_s=1234.5)
-    seconds, fraction, nonce, mac = value.split(".")
-    timestamp = f"{seconds}.{fraction}"
-    message = b"lumen-gateway-v1|" + METHOD.encode() + b"|" + timestamp.encode() + b"|" + nonce.encode()
-    assert timestamp == "1234.500000" and len(nonce) == 32
-    assert mac == hmac.new(SECRET, message, hashlib.sha256).hexdigest()
 
 
 def test_secret_file_that_is_a_link_is_refused_even_to_a_private_file(tmp_path):
