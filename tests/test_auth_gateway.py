@@ -18,7 +18,9 @@ from lumen_core.auth import (
     new_instance_id,
     parse_worker_principal,
     sign_call,
+    unwrap_call_key,
     worker_principal,
+    wrap_call_key,
 )
 
 pytestmark = pytest.mark.timeout(60)
@@ -193,3 +195,26 @@ def test_a_datagram_with_a_bad_mac_or_shape_is_refused():
     assert (receiver.num_refused, receiver.num_replayed) == (7, 0)
     with pytest.raises(ValueError, match="`secret` must be at least 16 bytes, got 3"):
         DatagramSeal(b"abc")
+
+
+def test_a_call_key_is_sent_wrapped_under_a_pad_of_the_cluster_secret():
+    key = bytes(range(32))
+    salt, wrapped = wrap_call_key(SECRET, key, instance_id=INSTANCE, principal="worker-1-1")
+    assert len(salt) == 16 and wrapped != key
+    pad = hmac.new(
+        SECRET, f"lumen-call-key-v1|{INSTANCE}|worker-1-1|".encode() + salt, hashlib.sha256
+    ).digest()
+    assert wrapped == bytes(a ^ b for a, b in zip(key, pad, strict=True))
+    assert unwrap_call_key(SECRET, wrapped, salt, instance_id=INSTANCE, principal="worker-1-1") == key
+    # Without the secret, or for another principal or instance, the pad is another one.
+    for secret, principal, instance_id in (
+        (b"another-cluster-secret-000000", "worker-1-1", INSTANCE),
+        (SECRET, "worker-2-1", INSTANCE),
+        (SECRET, "worker-1-1", "b" * 32),
+    ):
+        assert unwrap_call_key(secret, wrapped, salt, instance_id=instance_id, principal=principal) != key
+    assert wrap_call_key(SECRET, key, instance_id=INSTANCE, principal="worker-1-1")[0] != salt  # fresh salt
+    with pytest.raises(ValueError, match="`key` must be 32 bytes, got 3"):
+        wrap_call_key(SECRET, b"abc", instance_id=INSTANCE, principal="worker-1-1")
+    with pytest.raises(ValueError, match="`salt` must be 16 bytes, got 2"):
+        unwrap_call_key(SECRET, wrapped, b"ab", instance_id=INSTANCE, principal="worker-1-1")

@@ -13,7 +13,8 @@
   principal "|" method "|" time "|" nonce "|" body)``, ``body`` the serialized request.
   ``principal`` names the key: ``cluster`` (the cluster secret: registrations and the client
   API) or ``worker-<id>-<epoch>`` (the call key the gateway issued that worker incarnation
-  at registration: its every later call). ``instance`` is the gateway's random id: a
+  at registration, sent wrapped by ``wrap_call_key``: its every later call). ``instance``
+  is the gateway's random id: a
   restarted gateway refuses what was signed for the one before. ``CallVerifier`` accepts a
   timestamp within ``max_skew_s`` of its clock and each nonce once. Bodies are MAC'd, not
   encrypted (no TLS): the cluster network must keep them private.
@@ -60,7 +61,9 @@ __all__ = [
     "parse_worker_principal",
     "read_secret_file",
     "sign_call",
+    "unwrap_call_key",
     "worker_principal",
+    "wrap_call_key",
     "write_secret_file",
 ]
 
@@ -68,6 +71,7 @@ __all__ = [
 _CAPABILITY_LABEL = b"lumen-cap-v1"  # also kLabel in csrc/transport/auth.cpp
 _CALL_LABEL = b"lumen-gateway-v2|"
 _SEAL_LABEL = b"lumen-assist-v2|"
+_CALL_KEY_LABEL = b"lumen-call-key-v1|"
 
 CALL_METADATA_KEY = "lumen-call-v2"
 # Trailing metadata of a call refused for naming another gateway instance: the current one.
@@ -319,6 +323,32 @@ class CallVerifier:
                 horizon = now_s - 2 * self.max_skew_s
                 self._seen = {n: t for n, t in self._seen.items() if t >= horizon}
         return principal
+
+
+def _call_key_pad(secret: bytes, salt: bytes, instance_id: str, principal: str) -> bytes:
+    message = _CALL_KEY_LABEL + f"{instance_id}|{principal}|".encode() + salt
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def wrap_call_key(secret: bytes, key: bytes, *, instance_id: str, principal: str) -> tuple[bytes, bytes]:
+    """(salt, wrapped key) for sending a 32-byte call key to its worker: the key XOR
+    ``HMAC-SHA256(secret, "lumen-call-key-v1|" instance "|" principal "|" salt)`` with a fresh
+    random 16-byte salt (a pseudorandom one-time pad), so that who reads the reply without
+    the cluster secret does not learn the key. Raises as ``check_secret``, TypeError/ValueError
+    for a key that is not 32 bytes."""
+    key = check_bytes("key", key, _CALL_KEY_BYTES)
+    salt = secrets.token_bytes(_NONCE_BYTES)
+    pad = _call_key_pad(check_secret(secret), salt, instance_id, principal)
+    return salt, bytes(a ^ b for a, b in zip(key, pad, strict=True))
+
+
+def unwrap_call_key(secret: bytes, wrapped: bytes, salt: bytes, *, instance_id: str, principal: str) -> bytes:
+    """The call key ``wrap_call_key`` wrapped. Raises as ``check_secret``, TypeError/ValueError
+    for a wrapped key that is not 32 bytes or a salt that is not 16 (a tampered reply just
+    gives a key whose calls are refused)."""
+    wrapped = check_bytes("wrapped", wrapped, _CALL_KEY_BYTES)
+    pad = _call_key_pad(check_secret(secret), check_bytes("salt", salt, _NONCE_BYTES), instance_id, principal)
+    return bytes(a ^ b for a, b in zip(wrapped, pad, strict=True))
 
 
 class CredentialTable:

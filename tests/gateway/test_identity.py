@@ -68,6 +68,9 @@ def test_a_worker_cannot_register_as_another_live_worker(start_gateway, connect)
     server = start_gateway(GatewayConfig(policy="S&R"))
     victim = connect(server)
     victim.register(0, budget_bytes=GIB, holder_address="127.0.0.1:7000")
+    # The call key travels wrapped: the reply's bytes do not hold it.
+    reply = raw_call(server, victim, "Register", pb.RegisterRequest(worker_id=5, state=pb.SERVING))
+    assert server.credentials.key_of("worker-5-1") not in reply.SerializeToString()
     rogue = connect(server)  # holds the cluster secret, like every worker
     with pytest.raises(GatewayError, match="ALREADY_EXISTS: worker 0 epoch 1 is live"):
         rogue.register(0, budget_bytes=GIB, holder_address="127.0.0.1:9")

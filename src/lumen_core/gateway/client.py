@@ -34,6 +34,7 @@ from lumen_core.auth import (
     INSTANCE_METADATA_KEY,
     check_secret,
     sign_call,
+    unwrap_call_key,
     worker_principal,
 )
 from lumen_core.gateway import lumen_pb2 as pb
@@ -271,7 +272,13 @@ class GatewayClient:
         with self._lock:
             self.worker_id = worker_id
             self.epoch = reply.epoch
-            self._call_key = reply.call_key
+            self._call_key = unwrap_call_key(
+                self._secret,
+                reply.wrapped_call_key,
+                reply.call_key_salt,
+                instance_id=self._instance_id,
+                principal=worker_principal(worker_id, reply.epoch),
+            )
             self._key_instance_id = self._instance_id
             self.lease_s = reply.lease_s
             self.heartbeat_s = reply.heartbeat_s

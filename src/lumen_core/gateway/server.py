@@ -32,6 +32,8 @@ from lumen_core.auth import (
     check_secret,
     new_instance_id,
     parse_worker_principal,
+    worker_principal,
+    wrap_call_key,
 )
 from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
@@ -166,8 +168,10 @@ class _Servicer(pb_grpc.GatewayServicer):
                 running=[running_from_pb(r) for r in request.running],
                 held=[held_from_pb(h) for h in request.held],
             )
+            salt, wrapped = self._server.issue_call_key(request.worker_id, registration.epoch)
             return pb.RegisterReply(
-                call_key=self._server.credentials.issue(request.worker_id, registration.epoch),
+                wrapped_call_key=wrapped,
+                call_key_salt=salt,
                 epoch=registration.epoch,
                 lease_s=c.config.lease_s,
                 heartbeat_s=c.config.heartbeat_s,
@@ -566,6 +570,12 @@ class GatewayServer:
         """The key a principal signs with: the cluster secret, or the call key issued to a
         worker incarnation; None for a principal this instance does not know."""
         return self._secret if principal == CLUSTER_PRINCIPAL else self.credentials.key_of(principal)
+
+    def issue_call_key(self, worker_id: int, epoch: int) -> tuple[bytes, bytes]:
+        """A new call key for the worker incarnation, as (salt, wrapped key) for its reply."""
+        key = self.credentials.issue(worker_id, epoch)
+        principal = worker_principal(worker_id, epoch)
+        return wrap_call_key(self._secret, key, instance_id=self.instance_id, principal=principal)
 
     def authorize(self, name: str, principal: str, request: Any) -> None:
         """Raise _Forbidden (counted) unless ``principal`` may call method ``name`` with
