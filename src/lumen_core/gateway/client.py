@@ -81,6 +81,17 @@ _REPLIES: dict[str, tuple[Any, bool]] = {
 }
 
 
+@dataclass(frozen=True)
+class _Credential:
+    """A worker incarnation's call key, issued by gateway instance ``instance_id``: one object,
+    so a call's body and its signature always name the same incarnation."""
+
+    worker_id: int
+    epoch: int
+    key: bytes
+    instance_id: str
+
+
 class FencedError(RuntimeError):
     """A call that needs a valid lease was made after the lease was lost."""
 
@@ -173,8 +184,7 @@ class GatewayClient:
         }
         self._lock = threading.Lock()
         self._instance_id = ""  # the gateway instance calls are signed for ("": ask with Hello)
-        self._call_key = b""  # this worker incarnation's, issued by gateway instance _key_instance_id
-        self._key_instance_id = ""
+        self._credential: _Credential | None = None  # set by register
         self.worker_id = -1
         self.epoch = 0
         self.lease_s = math.nan
@@ -191,16 +201,25 @@ class GatewayClient:
         """The metadata of one call of Gateway method ``name`` with serialized request
         ``body``: signed for the gateway instance this client knows, with the cluster secret
         (registrations, the client API) or this worker incarnation's call key. Raises
-        FencedError for a worker's call before ``register``."""
+        FencedError for a worker's call before ``register``, grpc.RpcError when the gateway
+        cannot be asked for its instance."""
+        return self._sign(name, body, self._credential)
+
+    def _worker_credential(self, name: str) -> _Credential:
+        credential = self._credential
+        if credential is None:
+            raise FencedError(f"{name} before register: this client holds no call key")
+        return credential
+
+    def _sign(self, name: str, body: bytes, credential: _Credential | None) -> tuple[tuple[str, str], ...]:
         if not self._instance_id:
             reply = self._calls["Hello"](b"", timeout=self.timeout_s)
             self._instance_id = reply.instance_id
         if name in CLUSTER_SIGNED:
             key, principal = self._secret, CLUSTER_PRINCIPAL
         else:
-            if not self._call_key:
-                raise FencedError(f"{name} before register: this client holds no call key")
-            key, principal = self._call_key, worker_principal(self.worker_id, self.epoch)
+            credential = self._worker_credential(name) if credential is None else credential
+            key, principal = credential.key, worker_principal(credential.worker_id, credential.epoch)
         value = sign_call(
             key, instance_id=self._instance_id, principal=principal, method=method(name), body=body
         )
@@ -214,15 +233,16 @@ class GatewayClient:
         self._instance_id = instance_id
         return True
 
-    def _call(self, name: str, request: Any) -> Any:
-        """One unary call; a call of the cluster secret's refused for naming an older gateway
-        instance is signed again for the current one and sent once more."""
+    def _call(self, name: str, request: Any, credential: _Credential | None = None) -> Any:
+        """One unary call (a worker's signed with ``credential``, by default the current one);
+        a call of the cluster secret's refused for naming an older gateway instance is signed
+        again for the current one and sent once more."""
         body = request.SerializeToString()
         try:
             for attempt in range(2):
                 try:
                     return self._calls[name](
-                        body, timeout=self.timeout_s, metadata=self.signed_metadata(name, body)
+                        body, timeout=self.timeout_s, metadata=self._sign(name, body, credential)
                     )
                 except grpc.RpcError as error:
                     if not (self._learn_instance(error) and name in CLUSTER_SIGNED and attempt == 0):
@@ -231,9 +251,9 @@ class GatewayClient:
             raise _translate(error) from None
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def _stale_key(self) -> bool:
-        """Whether the gateway restarted since this worker registered (its call key is gone)."""
-        return bool(self._key_instance_id) and self._key_instance_id != self._instance_id
+    def _stale(self, credential: _Credential) -> bool:
+        """Whether the gateway restarted since ``credential`` was issued (the key is gone)."""
+        return credential.instance_id != self._instance_id
 
     # ---- worker side -----------------------------------------------------------------------
     def register(
@@ -272,14 +292,14 @@ class GatewayClient:
         with self._lock:
             self.worker_id = worker_id
             self.epoch = reply.epoch
-            self._call_key = unwrap_call_key(
+            key = unwrap_call_key(
                 self._secret,
                 reply.wrapped_call_key,
                 reply.call_key_salt,
                 instance_id=self._instance_id,
                 principal=worker_principal(worker_id, reply.epoch),
             )
-            self._key_instance_id = self._instance_id
+            self._credential = _Credential(worker_id, reply.epoch, key, self._instance_id)
             self.lease_s = reply.lease_s
             self.heartbeat_s = reply.heartbeat_s
             self._lease_deadline_s = sent_s + reply.lease_s
@@ -323,26 +343,28 @@ class GatewayClient:
         client. The reply's directives go through the inbox to ``on_directives``. A gateway
         that restarted since ``register`` knows no call key of this worker: the result then
         says ``reregister`` (it was not sent, or refused as signed for the old instance)."""
-        if self.worker_id < 0:
+        credential = self._credential
+        if credential is None:
             raise FencedError("heartbeat before register")
         restarted = HeartbeatResult(False, True, "the gateway restarted: re-register", (), 0)
-        if self._stale_key():
+        if self._stale(credential):
             return restarted
         sent_s = time.monotonic()
-        epoch = self.epoch
+        epoch = credential.epoch
         try:
             reply = self._call(
                 "Heartbeat",
                 pb.HeartbeatRequest(
-                    worker_id=self.worker_id,
+                    worker_id=credential.worker_id,
                     epoch=epoch,
                     state=state_to_pb(self.state),
                     report=report_to_pb(report),
                     acked_sequence=self.inbox.sequence,
                 ),
+                credential,
             )
         except AuthError:
-            if self._stale_key():
+            if self._stale(credential):
                 return restarted
             raise
         assert isinstance(reply, pb.HeartbeatReply)
@@ -364,16 +386,20 @@ class GatewayClient:
         inbox applied and hand what arrives to ``on_directives`` (through the inbox) until the
         stream ends. Returns when the gateway ends it, ``cancel_directives`` is called or
         ``stop`` is set (set it before calling ``cancel_directives``: then no stream opened
-        concurrently stays open); raises GatewayError when it cannot be opened or breaks
+        concurrently stays open), and at once while a ``register`` is under way (the inbox is
+        not at the new epoch yet: call again); raises GatewayError when it cannot be opened or breaks
         (StaleEpochError: this epoch is fenced), FencedError before ``register``."""
-        if self.worker_id < 0:
+        credential = self._credential
+        if credential is None:
             raise FencedError("receive_directives before register")
-        epoch, after_sequence = self.inbox.position()  # not self.epoch: a register may be under way
+        epoch, after_sequence = self.inbox.position()
+        if epoch != credential.epoch:
+            return  # a register is under way: its epoch's stream opens on the next call
         body = pb.DirectivesRequest(
-            worker_id=self.worker_id, epoch=epoch, after_sequence=after_sequence
+            worker_id=credential.worker_id, epoch=epoch, after_sequence=after_sequence
         ).SerializeToString()
         try:
-            call = self._calls["Directives"](body, metadata=self.signed_metadata("Directives", body))
+            call = self._calls["Directives"](body, metadata=self._sign("Directives", body, credential))
         except grpc.RpcError as error:  # Hello failed: the gateway is unreachable
             raise _translate(error) from None
         self._pushed = call
@@ -433,15 +459,16 @@ class GatewayClient:
         gateway refuses gets an ack with a non-zero ``code``; the others are accepted. Not
         sent (FencedError) once this client knows its lease is lost; StaleEpochError when the
         gateway has fenced this worker epoch."""
+        credential = self._worker_credential("ReportTokens")
         if not self.lease_valid():
             raise FencedError(
-                f"worker {self.worker_id} epoch {self.epoch} holds no lease: {self.fence_reason}"
+                f"worker {credential.worker_id} epoch {credential.epoch} holds no lease: {self.fence_reason}"
             )
         reply = self._call(
             "ReportTokens",
             pb.TokenReport(
-                worker_id=self.worker_id,
-                worker_epoch=self.epoch,
+                worker_id=credential.worker_id,
+                worker_epoch=credential.epoch,
                 requests=[
                     pb.RequestTokens(
                         request_id=r.request_id,
@@ -453,6 +480,7 @@ class GatewayClient:
                     for r in reports
                 ],
             ),
+            credential,
         )
         assert isinstance(reply, pb.TokenAcks)
         return [
@@ -472,11 +500,16 @@ class GatewayClient:
     def model_loaded(self, *, budget_bytes: int, domain: str = "") -> int | None:
         """Switch-over: this recovering worker's full model is loaded. Returns the survivor it
         assisted, or None."""
+        credential = self._worker_credential("ModelLoaded")
         reply = self._call(
             "ModelLoaded",
             pb.ModelLoadedRequest(
-                worker_id=self.worker_id, epoch=self.epoch, budget_bytes=budget_bytes, domain=domain
+                worker_id=credential.worker_id,
+                epoch=credential.epoch,
+                budget_bytes=budget_bytes,
+                domain=domain,
             ),
+            credential,
         )
         assert isinstance(reply, pb.ModelLoadedReply)
         self.state = WorkerState.SERVING
