@@ -143,7 +143,7 @@ class _Servicer(pb_grpc.GatewayServicer):
         return pb.HelloReply(instance_id=self._server.instance_id)
 
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
-        def register(c: Coordinator) -> pb.RegisterReply | None:
+        def register(c: Coordinator) -> pb.RegisterReply:
             check_registration(request)
             if (
                 request.worker_id in c.worker_ids()
