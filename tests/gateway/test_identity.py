@@ -189,20 +189,37 @@ def test_one_out_of_range_field_fails_its_call_alone(start_gateway, connect):
     worker.register(0, budget_bytes=GIB)
     for request, match in (
         (
-            pb.RegisterRequest(worker_id=1, budget_bytes=2**63),
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, budget_bytes=2**63),
             r"`budget_bytes` must be in \[0, 9007199254740992\]",
         ),
-        (pb.RegisterRequest(worker_id=1, budget_bytes=2**64 - 1), "got 18446744073709551615"),
-        (pb.RegisterRequest(worker_id=1, last_epoch=2**32 - 1), r"`last_epoch` must be in \[0, 4294967294\]"),
-        (pb.RegisterRequest(worker_id=1, num_shards=2**20), r"`num_shards` must be in \[0, 1024\]"),
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, budget_bytes=2**64 - 1),
+            "got 18446744073709551615",
+        ),
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, last_epoch=2**32 - 1),
+            r"`last_epoch` must be in \[0, 4294967294\]",
+        ),
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, num_shards=2**20),
+            r"`num_shards` must be in \[0, 1024\]",
+        ),
         (
             pb.RegisterRequest(
                 worker_id=1, held=[pb.HeldCheckpoint(request_id=1, epoch=1, durable_tokens=2**63)]
             ),
             r"`held.durable_tokens` must be in \[0, 4294967295\]",
         ),
+        (  # new requests are numbered above it: the next Submit could not be answered
+            pb.RegisterRequest(
+                worker_id=1, state=pb.SERVING, running=[pb.RunningRequest(request_id=2**64 - 1, epoch=1)]
+            ),
+            r"`running.request_id` must be in \[0, 9223372036854775807\]",
+        ),
         (
-            pb.RegisterRequest(worker_id=1, running=[pb.RunningRequest(request_id=9, epoch=2**32 - 1)]),
+            pb.RegisterRequest(
+                worker_id=1, state=pb.SERVING, running=[pb.RunningRequest(request_id=9, epoch=2**32 - 1)]
+            ),
             r"`running.epoch` must be in \[0, 4294967294\]",
         ),
     ):

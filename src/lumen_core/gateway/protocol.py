@@ -48,11 +48,13 @@ WORKER_SIGNED: dict[str, tuple[str, str]] = {
 # Ranges of the reported quantities: byte counts and counters within 2**53 (exact in the
 # float64 load arithmetic, far above any host's memory), token counts within u32 (the wire's
 # positions), epochs below u32's top (a re-route adds one), shards within MAX_SHARDS (each
-# grant carries a capability per shard).
+# grant carries a capability per shard), adopted request ids within int64 (the gateway numbers
+# new requests above every adopted one, and they must stay u64s).
 MAX_REPORTED_BYTES = 2**53
 MAX_REPORTED_COUNT = 2**53
 MAX_SHARDS = 1024
 MAX_WORKER_ID = 2**31 - 1
+MAX_REQUEST_ID = 2**63 - 1
 
 _ACTION_TO_PB = {
     RecoveryAction.RESTORE: pb.RESTORE,
@@ -349,6 +351,7 @@ def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
 
 def _check_held(name: str, held: Iterable[pb.HeldCheckpoint]) -> None:
     for h in held:
+        check_int(f"{name}.request_id", h.request_id, 0, MAX_REQUEST_ID)
         check_int(f"{name}.epoch", h.epoch, 0, U32_MAX - 1)
         check_int(f"{name}.durable_tokens", h.durable_tokens, 0, U32_MAX)
 
@@ -360,6 +363,7 @@ def check_registration(request: pb.RegisterRequest) -> None:
     check_int("num_shards", request.num_shards, 0, MAX_SHARDS)
     check_int("last_epoch", request.last_epoch, 0, U32_MAX - 1)  # the new epoch is one above
     for r in request.running:
+        check_int("running.request_id", r.request_id, 0, MAX_REQUEST_ID)
         check_int("running.epoch", r.epoch, 0, U32_MAX - 1)
         if len(r.output_token_ids) > r.max_new_tokens:
             raise ValueError(
