@@ -55,6 +55,12 @@ std::unique_ptr<uint8_t[]> HolderStore::take_buffer(uint64_t bytes) {
   return buffer;
 }
 
+void HolderStore::give_back(Pending* pending) {
+  charged_bytes_ -= pending->charged_bytes;
+  pending->charged_bytes = 0;
+  give_buffer(pending->buffer_bytes, std::move(pending->buffer));
+}
+
 void HolderStore::give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer) {
   if (spare_bytes_ + bytes > kMaxSpareBytes) return;  // freed here
   spare_bytes_ += bytes;
@@ -167,12 +173,12 @@ void HolderStore::abort_pending(Checkpoint* checkpoint, Status status,
   for (Pending& pending : checkpoint->pending) {
     ticket_keys_.erase(pending.ticket);
     if (!pending.received) {
-      charged_bytes_ += pending.buffer_bytes;
+      charged_bytes_ += pending.buffer_bytes - pending.charged_bytes;  // all of it, from here
       orphans_.emplace(pending.ticket,
                        Orphan{std::move(pending.buffer), pending.in_place ? hold : nullptr,
                               pending.buffer_bytes});
     } else {
-      give_buffer(pending.buffer_bytes, std::move(pending.buffer));
+      give_back(&pending);
     }
     outcomes->push_back({pending.ticket, status, checkpoint->durable_tokens});
   }
@@ -296,6 +302,17 @@ Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
   pending.in_place = h.start_pos == checkpoint.next_pos;
   const uint64_t record_bytes = uint64_t(h.num_tokens) * h.record_bytes;
   pending.buffer_bytes = 8ull * h.num_tokens + (pending.in_place ? 0 : record_bytes);
+  auto refuse = [&] {  // uncharged (what eviction made room for stays evicted)
+    charged_bytes_ -= checkpoint.charged_bytes - charged_before;
+    checkpoint.charged_bytes = charged_before;
+    ++stats_.appends_refused_budget;
+    return Status::kRejected;
+  };
+  if (!pending.in_place) {
+    if (!make_room(pending.buffer_bytes, key, Purpose::kGrowth)) return refuse();
+    pending.charged_bytes = pending.buffer_bytes;
+    charged_bytes_ += pending.charged_bytes;
+  }
   try {
     pending.buffer = take_buffer(pending.buffer_bytes);
     target->records.clear();
@@ -306,12 +323,9 @@ Status HolderStore::begin_append(const WireHeader& h, AppendTarget* target) {
       target->records.push_back({pending.buffer.get() + 8ull * h.num_tokens, record_bytes});
     }
   } catch (const std::bad_alloc&) {
-    // The host is out of memory before the budget is: the append is refused and uncharged
-    // (what eviction made room for stays evicted).
-    charged_bytes_ -= checkpoint.charged_bytes - charged_before;
-    checkpoint.charged_bytes = charged_before;
-    ++stats_.appends_refused_budget;
-    return Status::kRejected;
+    // The host is out of memory before the budget is: the append is refused.
+    charged_bytes_ -= pending.charged_bytes;
+    return refuse();
   }
   stats_.appends_in_place += pending.in_place ? 1 : 0;
   target->ticket = pending.ticket;
@@ -385,7 +399,7 @@ void HolderStore::finish_append(uint64_t ticket, bool received_ok,
     checkpoint.pending.pop_front();
     ticket_keys_.erase(pending.ticket);
     const Status status = pending.ok ? commit(&checkpoint, &pending) : Status::kAborted;
-    give_buffer(pending.buffer_bytes, std::move(pending.buffer));
+    give_back(&pending);
     outcomes->push_back({pending.ticket, status, checkpoint.durable_tokens});
     // Later appends of this checkpoint were sent after the failed one: they cannot land.
     if (status != Status::kOk) abort_pending(&checkpoint, Status::kAborted, outcomes);

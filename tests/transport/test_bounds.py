@@ -362,3 +362,49 @@ def test_a_message_without_a_reply_endpoint_drops_the_unauthenticated_connection
         finally:
             for peer in peers:
                 peer.close()
+
+
+def test_appends_received_aside_count_against_the_budget(spawn, peer, secret, secret_file) -> None:
+    """Appends that overlap what is durable or pending are received into buffers of their
+    own, which stay mapped until they commit (here: behind a stalled writer's receive). Those
+    buffers are charged: once they would exceed the budget the holder refuses, and their
+    charge returns when they end."""
+    request_id, n, record_bytes = 43, 1024, 32768  # 32 MiB appends, 4 in flight
+    budget = 512 << 20
+    store = HolderStore(budget, chunk_bytes=2 << 20)
+    with tp.Server(secret, store=store, tls=TLS) as server:
+        streamer = spawn(
+            "stream",
+            *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
+            *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
+            *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
+        )
+        assert streamer.read()["durable"] >= n
+        try:
+            _stop_mid_receive(server, streamer.proc.pid)
+            cap = tp.issue_capability(secret, request_id, peer.SHARD, peer.EPOCH)
+            overlap = peer.make_append(request_id, 0, n, record_bytes)  # what the writer sent first
+            with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
+                fingerprints = (peer.LAYOUT_FP, peer.MODEL_FP)
+                assert client.open(request_id, peer.SHARD, peer.EPOCH, record_bytes, *fingerprints, cap) >= n
+                # 16 x 32 MiB received aside: twice what the budget has left beside the writer's.
+                ops = [
+                    client.start_append(request_id, peer.SHARD, peer.EPOCH, 0, *overlap, cap)
+                    for _ in range(16)
+                ]
+                _wait_for(lambda: store.stats()["appends_refused_budget"] >= 1)
+                assert store.stats()["bytes_charged"] <= budget
+                os.kill(streamer.proc.pid, signal.SIGCONT)  # its receives end, the aside ones commit
+                refused = 0
+                for op_id in ops:
+                    try:
+                        client.wait(op_id, timeout_s=30.0)
+                    except tp.Rejected:
+                        refused += 1
+                assert 1 <= refused < len(ops)
+                streamer.proc.wait(timeout=30)
+                stats = store.stats()
+                assert stats["bytes_charged"] == stats["tokens_held"] * (record_bytes + 8)
+        finally:
+            if streamer.proc.poll() is None:
+                os.kill(streamer.proc.pid, signal.SIGCONT)

@@ -156,6 +156,10 @@ class HolderStore final : public transport::RecordSink {
     bool ok = false;
     uint64_t buffer_bytes = 0;
     std::unique_ptr<uint8_t[]> buffer;  // token ids, crcs, and the records unless in place
+    // Of buffer_bytes, what is in charged_bytes_ while the append is pending: all of an
+    // append received aside (its records are mapped twice until it commits), none of one
+    // in place (its token bytes are the checkpoint's own charge).
+    uint64_t charged_bytes = 0;
   };
   // Chunks detached from a checkpoint while a receive may still write into them; given back
   // to the arena when the last receive that could touch them has finished.
@@ -234,6 +238,9 @@ class HolderStore final : public transport::RecordSink {
                      std::vector<transport::AppendOutcome>* outcomes);
   std::unique_ptr<uint8_t[]> take_buffer(uint64_t bytes);
   void give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer);
+  // A pending append ended (committed, failed or aborted once received): its buffer and
+  // its charge return.
+  void give_back(Pending* pending);
 
   static constexpr uint64_t kMaxSpareBytes = 256ull << 20;
   // Released, evicted or expired checkpoints whose last epoch is remembered (oldest forgotten
