@@ -416,12 +416,17 @@ void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload
   conn->authenticated = true;
   gate_->authenticated(conn->relay_port);
   stats_.handshakes_ok++;
-  const Mac proof = handshake_mac(options_.secret, "server", client_nonce, conn->nonce.data());
+  // The proof, then the limits it covers: the client sends nothing these would refuse.
+  auto proof_and_limits = std::make_shared<std::vector<uint8_t>>(kMacBytes + kLimitsBytes);
+  encode_limits(proof_and_limits->data() + kMacBytes, options_.limits);
+  const Mac proof = handshake_mac(options_.secret, "server", client_nonce, conn->nonce.data(),
+                                  proof_and_limits->data() + kMacBytes, kLimitsBytes);
+  std::copy(proof.begin(), proof.end(), proof_and_limits->begin());
   WireHeader ok;
   ok.kind = MessageKind::kAuthOk;
   ok.op_id = h.op_id;
-  ok.payload_bytes = kMacBytes;
-  send(conn, ok, std::make_shared<std::vector<uint8_t>>(proof.begin(), proof.end()));
+  ok.payload_bytes = proof_and_limits->size();
+  send(conn, ok, proof_and_limits);
 }
 
 ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, bool rndv) {

@@ -366,6 +366,12 @@ void bind_transport(py::module_& m) {
              return c.client->transports();
            })
       .def_property_readonly("connected", [](PyClient& c) { return c.client->connected(); })
+      .def_property_readonly("limits",
+                             [](PyClient& c) {
+                               const lt::WireLimits l = c.client->limits();
+                               return py::make_tuple(l.max_tokens_per_message, l.max_record_bytes,
+                                                     l.max_payload_bytes);
+                             })
       .def("stats",
            [](PyClient& c) {
              const lt::ClientStats s = c.client->stats();

@@ -76,6 +76,29 @@ def test_read_whose_reply_could_exceed_the_limit_raises_before_sending(pair) -> 
     assert client.connected and server.stats()["malformed"] == 0
 
 
+def test_the_client_takes_the_smaller_of_its_limits_and_those_the_holder_announces() -> None:
+    ours = tp.WireLimits(max_tokens_per_message=32, max_record_bytes=1 << 20, max_payload_bytes=1 << 20)
+    with (
+        tp.Server(SECRET, store=HolderStore(), tls=TLS, limits=LIMITS) as server,
+        tp.Client("127.0.0.1", server.port, SECRET, tls=TLS) as client,
+        tp.Client("127.0.0.1", server.port, SECRET, tls=TLS, limits=ours) as smaller,
+    ):
+        assert client.limits == LIMITS
+        assert smaller.limits == tp.WireLimits(32, 256, 4096)
+        cap = tp.issue_capability(SECRET, 1, 0, 1)
+        # What the holder would refuse as malformed (dropping the connection) is refused here.
+        with pytest.raises(ValueError, match=r"`record_bytes` must be in \[1, 256\], got 512"):
+            client.open(1, 0, 1, 512, bytes(32), bytes(32), cap)
+        with pytest.raises(ValueError, match=r"records must hold 1 to 64 tokens, got 65"):
+            client.start_append(1, 0, 1, 0, *_append_args(65, 16), cap)
+        with pytest.raises(ValueError, match=r"records must fit max_payload_bytes=4096, got 8448 bytes"):
+            client.start_append(1, 0, 1, 0, *_append_args(32, 256), cap)
+        with pytest.raises(ValueError, match=r"records must hold 1 to 32 tokens, got 33"):
+            smaller.start_append(1, 0, 1, 0, *_append_args(33, 16), cap)
+        assert client.open(1, 0, 1, 256, bytes(32), bytes(32), cap) == 0
+        assert client.connected and smaller.connected and server.stats()["malformed"] == 0
+
+
 @pytest.mark.parametrize("timeout_s", [float("inf"), 1e10, float("nan"), 0.0, -1.0])
 def test_timeouts_must_be_finite_and_bounded(pair, timeout_s: float) -> None:
     _, client = pair
