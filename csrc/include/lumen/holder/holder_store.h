@@ -129,8 +129,8 @@ class HolderStore final : public transport::RecordSink {
   // (2 * kFingerprintBytes), then walks the durable prefix in position order, stopping at the
   // first token whose id differs from expected_token_ids[i] or whose record no longer matches
   // its crc (or after num_expected / num_slots tokens), and scatters the verified prefix into
-  // slot_ids (each group of up to three records is verified before it is written: no slot
-  // past the verified prefix is written). planes: the cache
+  // slot_ids (each record is verified before it is written, by write_verified: no slot past
+  // the verified prefix is written). planes: the cache
   // (lumen/slot_index.h), already validated by the caller.
   RestoreReport restore_into(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
                              const uint32_t* expected_token_ids, uint64_t num_expected,
