@@ -433,7 +433,7 @@ def test_appends_fit_the_limits_the_holder_announces(make_streamer: Any, secret:
         HolderStore().serve(secret, tls=TLS, limits=narrow) as a,
         HolderStore().serve(secret, tls=TLS, limits=small) as b,
     ):
-        streamer = make_streamer()
+        streamer = make_streamer(connect_timeout_s=10.0, ack_timeout_s=10.0)  # a loaded machine
         add(streamer, secret, 71, a.port)
         add(streamer, secret, 72, b.port)
         loop = Loop(streamer, [71, 72])
