@@ -512,6 +512,8 @@ void Streamer::process_step(const Work& work) {
           sent_to = pos;
         } catch (const TransportError&) {
           ok = false;
+        } catch (const std::invalid_argument&) {  // a reconnection that announced smaller limits
+          ok = false;
         }
       }
       std::lock_guard<std::mutex> lock(mutex_);
