@@ -10,6 +10,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -445,7 +446,7 @@ def _listening_ports() -> set[int]:
             inodes.add(link[len("socket:[") : -1])
     ports = set()
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
-        for line in open(table).read().splitlines()[1:]:
+        for line in Path(table).read_text().splitlines()[1:]:
             fields = line.split()
             if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
                 ports.add(int(fields[1].rsplit(":", 1)[1], 16))
