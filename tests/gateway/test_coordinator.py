@@ -9,7 +9,7 @@ from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Stream
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
-from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.placement import PlacementConfig
@@ -196,6 +196,35 @@ def test_refused_checkpoint_is_placed_elsewhere_and_evictions_are_recorded():
     assert kinds(coordinator.take_directives(admission.worker_id)) == [Stream]
     coordinator.heartbeat(0.6, new_holder, 1, WorkerReport(evicted_request_ids=(admission.request_id, 999)))
     assert coordinator.monitor.request(admission.request_id).holder_ids == ()
+
+
+def test_a_replica_its_streamer_lost_is_released_on_its_holder_and_placed_elsewhere():
+    coordinator = cluster(3, policy="LUMEN")
+    admission = coordinator.admit(0.0, [1] * 10, 4)
+    (holder,) = admission.placement.holder_ids
+    for w in range(3):
+        coordinator.take_directives(w)
+    rid, serving = admission.request_id, admission.worker_id
+    other = ({0, 1, 2} - {holder, serving}).pop()
+    ignored = [
+        (other, LostReplica(rid, holder)),  # not the serving worker (a stale incarnation's report)
+        (serving, LostReplica(rid, 7)),  # no such holder
+        (serving, LostReplica(999, holder)),  # no such request
+    ]
+    for reporter, lost in ignored:
+        coordinator.heartbeat(0.4, reporter, 1, WorkerReport(lost_replicas=(lost,)))
+    assert coordinator.monitor.request(rid).holder_ids == (holder,)
+    assert [coordinator.take_directives(w) for w in range(3)] == [[], [], []]
+    coordinator.heartbeat(0.5, serving, 1, WorkerReport(lost_replicas=(LostReplica(rid, holder),)))
+    assert coordinator.monitor.request(rid).holder_ids == (other,)
+    assert coordinator.monitor.refused_by(rid) == {holder}
+    (release,) = coordinator.take_directives(holder)
+    assert (type(release), release.request_id, release.epoch) == (Release, rid, 1)
+    assert kinds(coordinator.take_directives(other)) == [Hold]
+    (stream,) = coordinator.take_directives(serving)
+    assert (type(stream), [h.worker_id for h in stream.holders]) == (Stream, [other])
+    coordinator.heartbeat(0.6, serving, 1, WorkerReport(lost_replicas=(LostReplica(rid, holder),)))
+    assert [coordinator.take_directives(w) for w in range(3)] == [[], [], []]  # reported again
 
 
 def test_a_refused_checkpoint_with_no_other_holder_degrades_to_reprefill():

@@ -27,7 +27,7 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.inbox import DirectiveInbox
 from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.protocol import delivery_from_pb, delivery_to_pb, report_from_pb, report_to_pb
-from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,6 +84,7 @@ def test_the_heartbeat_report_round_trips_except_running():
         assist_steps=4,
         proposed_draft_tokens=12,
         accepted_draft_tokens=9,
+        lost_replicas=(LostReplica(5, 1), LostReplica(2**63, 0)),
         running=(RunningReport(5, 2, (1,), (2,), 4, 4),),
     )
     wire = pb.WorkerReport.FromString(report_to_pb(report).SerializeToString())

@@ -445,6 +445,26 @@ class Coordinator:
             self._send(request.worker_id, Stream(request_id, request.epoch, (), decision.reason))
         return decision
 
+    def report_lost(
+        self, now_s: float, worker_id: int, request_id: int, holder_id: int
+    ) -> PlacementDecision | None:
+        """The serving worker's streamer lost the replica on ``holder_id`` for good (gave up on
+        an unreachable holder, or was refused): handled as that holder's refusal (placed
+        again, avoiding it), and the holder is told to release what it kept of the copy. A
+        report from a worker that does not serve the request (a stale incarnation), about an
+        unknown holder, or reported again changes nothing."""
+        request = self._requests.get(request_id)
+        if (
+            request is None
+            or request.finished
+            or request.worker_id != worker_id
+            or holder_id not in self._workers
+            or holder_id in self.monitor.refused_by(request_id)
+        ):
+            return None
+        self._send(holder_id, Release(request_id, request.epoch, "replica lost: placed again"))
+        return self.report_dropped(now_s, holder_id, request_id, refused=True)
+
     def _stream_to_new(self, request: _Request, decision: PlacementDecision) -> None:
         """HOLD to the new holders; STREAM to the serving worker naming every holder the
         request has now (the surviving replicas too: the worker streams to the list it is
@@ -509,6 +529,8 @@ class Coordinator:
             self.report_dropped(now_s, worker_id, request_id, refused=True)
         for request_id in report.evicted_request_ids:
             self.report_dropped(now_s, worker_id, request_id, refused=False)
+        for lost in report.lost_replicas:
+            self.report_lost(now_s, worker_id, lost.request_id, lost.holder_worker_id)
         k = self.assist_report(
             now_s,
             worker_id,

@@ -203,6 +203,14 @@ class HeldCheckpoint(_message.Message):
     durable_tokens: int
     def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., durable_tokens: _Optional[int] = ...) -> None: ...
 
+class LostReplica(_message.Message):
+    __slots__ = ("request_id", "holder_worker_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    holder_worker_id: int
+    def __init__(self, request_id: _Optional[int] = ..., holder_worker_id: _Optional[int] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("worker_id", "state", "budget_bytes", "domain", "holder_address", "num_shards", "last_epoch", "running", "held")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -252,7 +260,7 @@ class HelloReply(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens")
+    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens", "lost_replicas")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -262,6 +270,7 @@ class WorkerReport(_message.Message):
     ASSIST_STEPS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOST_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     held_bytes: int
@@ -271,7 +280,8 @@ class WorkerReport(_message.Message):
     assist_steps: int
     proposed_draft_tokens: int
     accepted_draft_tokens: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    lost_replicas: _containers.RepeatedCompositeFieldContainer[LostReplica]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., lost_replicas: _Optional[_Iterable[_Union[LostReplica, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "epoch", "state", "report", "acked_sequence")

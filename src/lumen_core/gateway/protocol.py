@@ -27,7 +27,7 @@ from lumen_core.gateway.directives import (
     Run,
     Stream,
 )
-from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
 SERVICE = "lumen.gateway.v1.Gateway"
@@ -332,6 +332,10 @@ def report_to_pb(report: WorkerReport) -> pb.WorkerReport:
         assist_steps=report.assist_steps,
         proposed_draft_tokens=report.proposed_draft_tokens,
         accepted_draft_tokens=report.accepted_draft_tokens,
+        lost_replicas=[
+            pb.LostReplica(request_id=r.request_id, holder_worker_id=r.holder_worker_id)
+            for r in report.lost_replicas
+        ],
     )
 
 
@@ -346,6 +350,7 @@ def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
         assist_steps=message.assist_steps,
         proposed_draft_tokens=message.proposed_draft_tokens,
         accepted_draft_tokens=message.accepted_draft_tokens,
+        lost_replicas=tuple(LostReplica(r.request_id, r.holder_worker_id) for r in message.lost_replicas),
     )
 
 
