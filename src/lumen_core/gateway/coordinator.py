@@ -736,6 +736,20 @@ class Coordinator:
         for holder_id in self.driver.finish(now_s, request_id):
             self._send(holder_id, Release(request_id, request.epoch, "finished"))
 
+    def cancel(self, now_s: float, request_id: int, reason: str) -> bool:
+        """The client gave up on a request (it disconnected, or the front door ended it at a
+        stop sequence): CANCEL to its serving worker, RELEASE to its holders (a checkpoint is
+        released only on the gateway's word), and the request ends with the tokens it has.
+        Returns False when it had ended already. Raises IndexError for an unknown request."""
+        request = self._requests.get(check_int("request_id", request_id, low=0))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        if request.finished:
+            return False
+        self._send(request.worker_id, Cancel(request_id, reason))
+        self.finish_request(now_s, request_id)
+        return True
+
     def _close(self, now_s: float, request: _Request) -> None:
         """A request's own accounting at its end (finished or lost)."""
         request.finished = True

@@ -118,7 +118,7 @@ class AssistStop:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Stop serving ``request_id``: another worker serves it now."""
+    """Stop serving ``request_id``: another worker serves it now, or its client gave up."""
 
     request_id: int
     reason: str = ""
