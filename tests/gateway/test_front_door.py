@@ -5,6 +5,9 @@ Coordinator calls a worker process makes (Run in, token reports out)."""
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +17,8 @@ import httpx
 import openai
 import pytest
 
+import lumen_core
+from lumen_core.cli import main
 from lumen_core.gateway.directives import Cancel, Run
 from lumen_core.gateway.http.config import FrontDoorConfig
 from lumen_core.gateway.http.front_door import FrontDoor
@@ -289,3 +294,41 @@ def test_over_capacity_is_429_and_a_closed_stream_frees_its_place(
             assert time.monotonic() < deadline
             time.sleep(0.01)
         assert gateway.coordinator.take_directives(0) == [Cancel(run.request_id, "client disconnected")]
+
+
+def test_lumen_gateway_serves_the_front_door_until_sigterm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    secret_path, keys_path = tmp_path / "cluster.secret", tmp_path / "api.keys"
+    assert main(["gateway", "--write-secret", str(secret_path)]) == 0
+    keys_path.write_text(KEY + "\n")
+    os.chmod(keys_path, 0o600)
+    tokenizer_dir = write_byte_tokenizer(tmp_path / "tokenizer")
+    base = ["gateway", "--secret-file", str(secret_path), "--port", "0", "--metrics-port", "-1"]
+    assert main([*base, "--http-port", "0"]) == 2
+    assert "--http-port needs --api-key-file: there are no default client keys" in capsys.readouterr().err
+    assert main([*base, "--http-port", "0", "--api-key-file", str(keys_path)]) == 2
+    assert "--http-port needs --vocab-size or --tokenizer" in capsys.readouterr().err
+    env = dict(os.environ, PYTHONPATH=str(Path(lumen_core.__file__).parent.parent))
+    command = [sys.executable, "-m", "lumen_core.cli", *base, "--http-port", "0"]
+    command += ["--api-key-file", str(keys_path), "--tokenizer", str(tokenizer_dir), "--model-name", MODEL]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().startswith("gateway listening on 127.0.0.1:")
+        line = process.stdout.readline()
+        assert line.startswith("OpenAI front door on http://127.0.0.1:") and f"(model {MODEL})" in line
+        url = line.split()[4]
+        client = openai.OpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=10.0)
+        assert [m.id for m in client.models.list().data] == [MODEL]
+        with pytest.raises(openai.InternalServerError, match="no worker is serving"):
+            client.completions.create(model=MODEL, prompt="hello")  # tokenized, checked, then 503
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        for stream in (process.stdout, process.stderr):
+            assert stream is not None
+            stream.close()

@@ -42,6 +42,7 @@ class FrontDoor:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         self.gateway = gateway
+        self.config = config
         self.app = build_app(
             config, CoordinatorBridge(gateway), api_keys, gateway.registry, tokenizer=tokenizer
         )
