@@ -7,7 +7,7 @@ import pytest
 from lumen_core.auth import issue_capability
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
-from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Stream
+from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Sampling, Stream
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
@@ -370,3 +370,19 @@ def test_cancel_stops_the_request_on_its_worker_and_releases_its_checkpoints():
     assert not coordinator.monitor.has_request(rid)
     assert not coordinator.cancel(0.3, rid, "again")  # ended already: nothing more is sent
     assert all(coordinator.take_directives(worker_id) == [] for worker_id in range(3))
+
+
+def test_a_request_keeps_its_sampling_when_it_is_moved():
+    coordinator = cluster(3, policy="S&R")
+    sampling = Sampling(0.8, 12345)
+    with pytest.raises(TypeError, match="sampling must be a Sampling, got float"):
+        coordinator.admit(0.0, [1, 2], 8, sampling=0.8)
+    admission = coordinator.admit(0.0, [1, 2], 8, sampling=sampling)
+    rid, w = admission.request_id, admission.worker_id
+    (run,) = [d for d in coordinator.take_directives(w) if isinstance(d, Run)]
+    assert run.sampling == sampling
+    coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5, 6])
+    coordinator.fail(0.2, [w], cause="test")
+    target, _ = coordinator.request_worker(rid)
+    (resume,) = [d for d in coordinator.take_directives(target) if isinstance(d, Resume)]
+    assert (resume.sampling, resume.output_token_ids) == (sampling, (5, 6))

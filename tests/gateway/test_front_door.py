@@ -129,12 +129,9 @@ BAD_REQUESTS = [
     ({**PROMPT, "prompt": [1] * 64}, "`prompt` must be under max_model_len=64 tokens, got 64", "prompt"),
     ({**PROMPT, "prompt": "text"}, "`prompt` must be token ids: this gateway has no tokenizer", "prompt"),
     ({**PROMPT, "n": 2}, r"`n` must be 1 \(one choice per request\), got 2", "n"),
-    (
-        {**PROMPT, "temperature": 0.7},
-        "`temperature` must be 0: the reference-engine workers decode",
-        "temperature",
-    ),
-    ({**PROMPT, "top_p": 0.5}, "`top_p` must be 1 with greedy decoding, got 0.5", "top_p"),
+    ({**PROMPT, "temperature": 2.5}, "`temperature`: Input should be less than or equal to 2", "temperature"),
+    ({**PROMPT, "seed": -1}, "`seed`: Input should be greater than or equal to 0", "seed"),
+    ({**PROMPT, "top_p": 0.5}, "`top_p` must be 1: the workers sample the whole distribution", "top_p"),
     ({**PROMPT, "stop": "x"}, r"`stop` needs a tokenizer \(start the gateway with --tokenizer\)", "stop"),
     (
         {**PROMPT, "stream_options": {"include_usage": True}},

@@ -34,12 +34,12 @@ def _prompt(i: int) -> list[int]:
     return [(7 * i + 3 * j + 1) % 256 for j in range(40)]
 
 
-def _reference(model_path: Path, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """The failure-free outputs: one engine, one batch (float64 greedy decoding does not depend
-    on the batch)."""
-    return Engine(load_model(model_path)).generate(
-        prompts, [SamplingParams(max_tokens=max_tokens)] * len(prompts)
-    )
+def _reference(
+    model_path: Path, prompts: list[list[int]], samplings: list[SamplingParams]
+) -> list[list[int]]:
+    """The failure-free outputs: one engine, one batch (float64 logits and position-keyed draws
+    do not depend on the batch)."""
+    return Engine(load_model(model_path)).generate(prompts, samplings)
 
 
 class _Stream:
@@ -51,12 +51,21 @@ class _Stream:
         self.error = ""
 
 
-def _consume(client: openai.OpenAI, prompt: list[int], stream: _Stream) -> None:
+def _sampling(i: int) -> SamplingParams:
+    """Even streams greedy, odd ones seeded sampling (drawn by position: a resume repeats it)."""
+    if i % 2 == 0:
+        return SamplingParams(max_tokens=MAX_TOKENS)
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0.8, seed=1000 + i)
+
+
+def _consume(client: openai.OpenAI, prompt: list[int], sampling: SamplingParams, stream: _Stream) -> None:
     try:
         events = client.completions.create(
             model=MODEL,
             prompt=prompt,
             max_tokens=MAX_TOKENS,
+            temperature=sampling.temperature,
+            seed=sampling.seed,
             stream=True,
             stream_options={"include_usage": True},
         )
@@ -72,7 +81,7 @@ def _consume(client: openai.OpenAI, prompt: list[int], stream: _Stream) -> None:
         stream.error = f"{type(exc).__name__}: {exc}"
 
 
-def test_sixteen_streams_survive_a_sigkill_with_every_token_once(tmp_path: Path) -> None:
+def test_sixteen_streams_greedy_and_seeded_survive_a_sigkill_with_every_token_once(tmp_path: Path) -> None:
     tokenizer = Tokenizer(write_byte_tokenizer(tmp_path / "tokenizer"))
     prompts = [_prompt(i) for i in range(NUM_STREAMS)]
     with LocalCluster(tmp_path, policy="FC", num_workers=3) as cluster:
@@ -82,7 +91,8 @@ def test_sixteen_streams_survive_a_sigkill_with_every_token_once(tmp_path: Path)
             client = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=120.0)
             streams = [_Stream() for _ in prompts]
             threads = [
-                threading.Thread(target=_consume, args=(client, p, s)) for p, s in zip(prompts, streams)
+                threading.Thread(target=_consume, args=(client, p, _sampling(i), s))
+                for i, (p, s) in enumerate(zip(prompts, streams))
             ]
             for thread in threads:
                 thread.start()
@@ -105,7 +115,7 @@ def test_sixteen_streams_survive_a_sigkill_with_every_token_once(tmp_path: Path)
     assert [s.error for s in streams] == [""] * NUM_STREAMS
     killed = next(f for f in failures if f.worker_ids == (victim,))
     assert len(killed.reroutes) >= 2, causes  # streams were cut mid-way
-    reference = _reference(cluster.model_path, prompts, MAX_TOKENS)
+    reference = _reference(cluster.model_path, prompts, [_sampling(i) for i in range(NUM_STREAMS)])
     assert [s.token_ids for s in streams] == reference  # none repeated, none missing, none changed
     assert [s.text for s in streams] == [tokenizer.decode(ids) for ids in reference]
     for stream in streams:

@@ -29,6 +29,7 @@ from lumen_core._validate import check_int
 from lumen_core.auth import check_secret, issue_capability
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
+    GREEDY,
     AssistDraft,
     AssistStop,
     AssistVerify,
@@ -40,6 +41,7 @@ from lumen_core.gateway.directives import (
     Release,
     Resume,
     Run,
+    Sampling,
     Stream,
 )
 from lumen_core.gateway.errors import StaleEpochError
@@ -156,6 +158,7 @@ class _Request:
     epoch: int
     arrival_s: float
     tokens: list[int] = field(default_factory=list)
+    sampling: Sampling = GREEDY
     finished: bool = False
     lost: bool = False
     first_token_s: float = math.nan
@@ -619,6 +622,7 @@ class Coordinator:
             tuple(request.tokens),
             request.max_new_tokens,
             decision.reason,
+            request.sampling,
         )
 
     # ---- requests ----------------------------------------------------------------------------
@@ -639,9 +643,13 @@ class Coordinator:
         expected_output_tokens: int = 0,
         worker_id: int | None = None,
         request_id: int | None = None,
+        sampling: Sampling = GREEDY,
     ) -> AdmissionPlan:
         """Admit a client request on ``worker_id`` (default: join-shortest-queue), place its
-        checkpoint and queue RUN to the worker and HOLD to its holders."""
+        checkpoint and queue RUN to the worker and HOLD to its holders. ``sampling`` goes with
+        the request wherever it is moved (RUN and every RESUME carry it)."""
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
         prompt = _check_tokens("prompt_token_ids", prompt_token_ids)
         if not prompt:
             raise ValueError("prompt_token_ids must not be empty, got 0 tokens")
@@ -656,7 +664,9 @@ class Coordinator:
             raise ValueError(f"request_id must be new, got {request_id}")
         self._next_request_id = max(self._next_request_id, request_id + 1)
         plan = self.driver.admit(now_s, request_id, worker_id, len(prompt), expected)
-        request = _Request(request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s)
+        request = _Request(
+            request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s, sampling=sampling
+        )
         self._requests[request_id] = request
         placement = plan.placement
         self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
@@ -669,6 +679,7 @@ class Coordinator:
                 prompt,
                 max_new_tokens,
                 placement.reason,
+                sampling,
             ),
         )
         return plan

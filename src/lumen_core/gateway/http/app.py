@@ -2,8 +2,8 @@
 
 A request is checked in this order, and nothing reaches a worker before every check passed:
 the API key (401), the body (400: size, JSON, fields and their types, unknown fields), the
-model (404), what the workers cannot honour (400: ``n`` > 1, sampling other than greedy, text
-or ``stop`` without a tokenizer), the bounds (400: token ids below the vocabulary, prompt +
+model (404), what the workers cannot honour (400: ``n`` > 1, ``top_p`` < 1, text or ``stop``
+without a tokenizer), the bounds (400: token ids below the vocabulary, prompt +
 ``max_tokens`` within ``max_model_len``), capacity (429), then admission (503 when no worker
 serves). A stream then reads the request's tokens from the coordinator by position until it
 finishes; a failover in between re-sends nothing, so the client sees each token once.
@@ -12,6 +12,7 @@ finishes; a failover in between re-sends nothing, so the client sees each token 
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from pydantic import BaseModel, ValidationError
 
 from lumen_core.gateway.coordinator import NoWorkerError
+from lumen_core.gateway.directives import GREEDY, Sampling
 from lumen_core.gateway.http.bridge import CoordinatorBridge
 from lumen_core.gateway.http.config import FrontDoorConfig
 from lumen_core.gateway.http.errors import (
@@ -120,13 +122,10 @@ class _FrontDoor:
             raise model_not_found(body.model, self.config.model_name)
         if body.n != 1:
             raise bad_request(f"`n` must be 1 (one choice per request), got {body.n}", "n")
-        if body.temperature not in (None, 0.0):
-            raise bad_request(
-                f"`temperature` must be 0: the reference-engine workers decode greedily, got {body.temperature}",
-                "temperature",
-            )
         if body.top_p not in (None, 1.0):
-            raise bad_request(f"`top_p` must be 1 with greedy decoding, got {body.top_p}", "top_p")
+            raise bad_request(
+                f"`top_p` must be 1: the workers sample the whole distribution, got {body.top_p}", "top_p"
+            )
         if body.stream_options is not None and not body.stream:
             raise bad_request("`stream_options` must be set only with `stream: true`", "stream_options")
         try:
@@ -169,9 +168,10 @@ class _FrontDoor:
         """Admit on the cluster (counts against capacity until ``release``)."""
         if self.num_in_flight >= self.config.max_concurrent_requests:
             raise over_capacity(self.config.max_concurrent_requests)
+        sampling = _sampling(body)
         now_s = self.bridge.now_s
         try:
-            admission = self.bridge.call(lambda c: c.admit(now_s, prompt, max_tokens))
+            admission = self.bridge.call(lambda c: c.admit(now_s, prompt, max_tokens, sampling=sampling))
         except NoWorkerError as exc:
             raise unavailable(str(exc)) from None
         self.num_in_flight += 1
@@ -292,6 +292,16 @@ class _FrontDoor:
         body = self._envelope(admitted, _object(admitted, stream=False), [choice], int(time.time()))
         body["usage"] = self.usage(admitted)
         return body
+
+
+def _sampling(body: _Sampling) -> Sampling:
+    """Greedy unless ``temperature`` > 0 (OpenAI's default of 1 is not assumed: a request that
+    names no temperature is decoded greedily). Without a ``seed`` a random one is drawn here,
+    once: the request carries it to every worker it is moved to, so its tokens do not change."""
+    temperature = body.temperature or 0.0
+    if temperature == 0.0:
+        return GREEDY
+    return Sampling(temperature, secrets.randbits(63) if body.seed is None else body.seed)
 
 
 def _object(admitted: _Admitted, *, stream: bool) -> str:

@@ -22,8 +22,8 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
-    """Fields both endpoints share. ``temperature``/``top_p`` default to greedy decoding (the
-    reference engine's workers decode greedily; other values are refused by the app)."""
+    """Fields both endpoints share. No ``temperature`` (or 0) is greedy decoding; ``top_p``
+    below 1 is refused by the app (the workers' sampler has no nucleus cut)."""
 
     model_config = _STRICT
     model: str
