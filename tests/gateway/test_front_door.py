@@ -329,3 +329,28 @@ def test_lumen_gateway_serves_the_front_door_until_sigterm(
         for stream in (process.stdout, process.stderr):
             assert stream is not None
             stream.close()
+
+
+def test_front_door_arguments_a_taken_port_and_one_door_per_gateway(
+    open_door: Callable[..., FrontDoor], start_gateway: Callable[..., GatewayServer], tokenizer: Tokenizer
+) -> None:
+    door = open_door()
+    config, keys = door.config, frozenset([KEY])
+    with pytest.raises(ValueError, match="registry must not hold a front door's counters yet"):
+        FrontDoor(door.gateway, config, keys)
+    with pytest.raises(OSError, match="Address already in use"):
+        FrontDoor(start_gateway(), config, keys, port=door.port).start()
+    with pytest.raises(ValueError, match="port must be an int in \\[0, 65535\\], got 70000"):
+        FrontDoor(start_gateway(), config, keys, port=70000)
+    with pytest.raises(TypeError, match="gateway must be a GatewayServer, got str"):
+        FrontDoor("gateway", config, keys)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="api_keys must hold at least one key, got none"):
+        FrontDoor(start_gateway(), config, frozenset())
+    with pytest.raises(TypeError, match="config must be a FrontDoorConfig, got dict"):
+        FrontDoor(start_gateway(), {}, keys)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="config.vocab_size must be >= the tokenizer's 256, got 100"):
+        FrontDoor(start_gateway(), FrontDoorConfig(MODEL, 100), keys, tokenizer=tokenizer)
+    with pytest.raises(ValueError, match="`vocab_size` must be >= 1, got 0"):
+        FrontDoorConfig(MODEL, 0)
+    with pytest.raises(ValueError, match="`model_name` must be a non-empty str, got ' '"):
+        FrontDoorConfig(" ", 256)

@@ -146,7 +146,12 @@ def run_gateway(args: argparse.Namespace) -> int:
 
             door = FrontDoor(
                 server, front_door_config, api_keys, tokenizer=tokenizer, host=args.host, port=args.http_port
-            ).start()
+            )
+            try:
+                door.start()
+            except (OSError, RuntimeError) as exc:  # the port is taken, or uvicorn did not come up
+                print(f"lumen gateway: cannot serve the front door: {exc}", file=sys.stderr)
+                return 2
         metrics = (
             f"; metrics on http://{args.host}:{server.metrics_port}/metrics"
             if metrics_port is not None

@@ -332,7 +332,13 @@ def build_app(
         raise ValueError(
             f"config.vocab_size must be >= the tokenizer's {tokenizer.vocab_size}, got {config.vocab_size}"
         )
-    door = _FrontDoor(config, bridge, api_keys, tokenizer, _Metrics(registry))
+    try:
+        metrics = _Metrics(registry)
+    except ValueError as exc:  # prometheus_client: duplicated timeseries
+        raise ValueError(
+            f"registry must not hold a front door's counters yet (one per gateway), got {exc}"
+        ) from None
+    door = _FrontDoor(config, bridge, api_keys, tokenizer, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

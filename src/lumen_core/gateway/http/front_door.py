@@ -50,17 +50,24 @@ class FrontDoor:
         self._port = port
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
+        self._listener: socket.socket | None = None
         self.port = 0
 
     @property
     def url(self) -> str:
         """The base URL an OpenAI client takes (``.../v1``)."""
-        return f"http://{self._host}:{self.port}/v1"
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        return f"http://{host}:{self.port}/v1"
 
     def start(self) -> FrontDoor:
         listener = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind((self._host, self._port))
+        try:
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            listener.bind((self._host, self._port))
+        except OSError:
+            listener.close()
+            raise
+        self._listener = listener
         self.port = listener.getsockname()[1]
         config = uvicorn.Config(
             self.app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
@@ -86,6 +93,9 @@ class FrontDoor:
             self._thread.join(timeout=10.0)
             self._thread = None
         self._server = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     def __enter__(self) -> FrontDoor:
         return self.start()
