@@ -354,3 +354,38 @@ def test_front_door_arguments_a_taken_port_and_one_door_per_gateway(
         FrontDoorConfig(MODEL, 0)
     with pytest.raises(ValueError, match="`model_name` must be a non-empty str, got ' '"):
         FrontDoorConfig(" ", 256)
+
+
+def test_a_stopping_gateway_ends_streams_with_an_error_and_cancels_nothing(
+    open_door: Callable[..., FrontDoor],
+) -> None:
+    door = open_door(workers=1)
+    gateway = door.gateway
+    body = {**PROMPT, "max_tokens": 8, "stream": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with (
+        httpx.Client(timeout=10.0) as http,
+        http.stream("POST", f"{door.url}/completions", json=body, headers=headers) as response,
+    ):
+        with gateway.condition:
+            (run,) = gateway.coordinator.take_directives(0)
+            gateway.coordinator.report_tokens(gateway.now_s(), 0, 1, run.request_id, 1, 0, [7])
+            gateway.condition.notify_all()
+        lines = (line for line in response.iter_lines() if line.startswith("data: "))
+        assert json.loads(next(lines).removeprefix("data: "))["choices"][0]["token_ids"] == [7]
+        stopper = threading.Thread(target=door.stop)
+        stopper.start()
+        last = json.loads(next(lines).removeprefix("data: "))
+        stopper.join(timeout=20.0)
+    assert last == {
+        "error": {
+            "message": "the gateway is stopping",
+            "type": "server_error",
+            "param": None,
+            "code": "service_unavailable",
+        }
+    }
+    assert not stopper.is_alive()
+    # the client did not give up: the request runs on for a restarted gateway (or gRPC Watch)
+    assert gateway.coordinator.tokens(run.request_id) == ((7,), False, False)
+    assert gateway.coordinator.take_directives(0) == []

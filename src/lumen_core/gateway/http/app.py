@@ -181,8 +181,11 @@ class _FrontDoor:
         )
 
     def release(self, admitted: _Admitted, reason: str) -> None:
-        """The client is done with the request: end it on the cluster if it still runs."""
+        """The client is done with the request: end it on the cluster if it still runs (not
+        when the gateway is stopping: its workers keep serving for a restarted gateway)."""
         self.num_in_flight -= 1
+        if self.bridge.stopping:
+            return
         request_id = admitted.request_id
         now_s = self.bridge.now_s
         cancelled = self.bridge.call(

@@ -54,6 +54,7 @@ class CoordinatorBridge:
         self._watcher.start()
 
     def stop(self) -> None:
+        """Wake every waiting stream to end it and join the watcher (again: a no-op)."""
         with self._gateway.condition:
             self._stopping = True
             self._gateway.condition.notify_all()

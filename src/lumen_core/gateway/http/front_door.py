@@ -43,9 +43,8 @@ class FrontDoor:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
         self.gateway = gateway
         self.config = config
-        self.app = build_app(
-            config, CoordinatorBridge(gateway), api_keys, gateway.registry, tokenizer=tokenizer
-        )
+        self._bridge = CoordinatorBridge(gateway)
+        self.app = build_app(config, self._bridge, api_keys, gateway.registry, tokenizer=tokenizer)
         self._host = host
         self._port = port
         self._server: uvicorn.Server | None = None
@@ -86,7 +85,11 @@ class FrontDoor:
         return self
 
     def stop(self) -> None:
-        """End the open streams and the server, join its thread."""
+        """End the open streams (each with an error event: the gateway is stopping; their
+        requests are not cancelled, since a client did not give up), then the server; join its
+        thread."""
+        if self._server is not None and self._server.started:
+            self._bridge.stop()
         if self._server is not None:
             self._server.should_exit = True
         if self._thread is not None:
