@@ -58,18 +58,24 @@ class _Admitted:
 
 
 class _Metrics:
+    """The front door's counters, in the gateway's registry (beside its gauges)."""
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.requests = Counter(
-            "lumen_http_requests", "Front-door requests by endpoint and status (200: admitted)", ["endpoint", "status"],
+            "lumen_http_requests",
+            "Front-door requests by endpoint and status (200: admitted)",
+            ["endpoint", "status"],
             registry=registry,
-        )  # fmt: skip
+        )
         self.tokens = Counter(
             "lumen_http_output_tokens", "Output tokens relayed to clients", registry=registry
         )
         self.cancelled = Counter(
-            "lumen_http_cancelled", "Requests cancelled on their worker (client gone or a stop)", ["reason"],
+            "lumen_http_cancelled",
+            "Requests cancelled on their worker (client gone or a stop)",
+            ["reason"],
             registry=registry,
-        )  # fmt: skip
+        )
 
 
 class _FrontDoor:
@@ -143,10 +149,10 @@ class _FrontDoor:
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise bad_request(f"`{param}` must hold token ids in [0, {vocab}), got {bad}", param)
-        if len(token_ids) >= self.config.max_model_len:
+        limit = self.config.max_model_len
+        if len(token_ids) >= limit:
             raise bad_request(
-                f"`{param}` must be under max_model_len={self.config.max_model_len} tokens, got {len(token_ids)}",
-                param,
+                f"`{param}` must be under max_model_len={limit} tokens, got {len(token_ids)}", param
             )
 
     def max_tokens(self, requested: int | None, default: int, num_prompt_tokens: int) -> int:
@@ -249,9 +255,14 @@ class _FrontDoor:
         }
 
     async def stream(self, admitted: _Admitted) -> AsyncIterator[bytes]:
+        """The SSE events of a streamed request. Its first event is a comment (clients skip
+        it) that ``serve`` takes before the response starts: a generator that has started is
+        closed by asyncio when dropped, so ``release`` runs even if the client left before the
+        body was sent."""
         created = int(time.time())
         reason = "client disconnected"
         try:
+            yield format_sse_event(comment=f"lumen request {admitted.request_id}")
             if admitted.kind == "chat":
                 first = self.chunk(admitted, [], "", None, created)
                 first["choices"][0]["delta"] = {"role": "assistant", "content": ""}
@@ -311,6 +322,12 @@ def _object(admitted: _Admitted, *, stream: bool) -> str:
     if admitted.kind == "chat":
         return "chat.completion.chunk" if stream else "chat.completion"
     return "text_completion"
+
+
+async def _prepend(first: bytes, rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    yield first
+    async for event in rest:
+        yield event
 
 
 def _event(data: dict[str, Any]) -> bytes:
@@ -378,7 +395,9 @@ def build_app(
     async def serve(request: Request, admitted: _Admitted, stream: bool) -> Any:
         door.metrics.requests.labels(request.url.path, "200").inc()
         if stream:
-            return EventSourceResponse(door.stream(admitted))
+            events = door.stream(admitted)
+            first = await anext(events)  # started: from here on its cleanup runs (door.stream)
+            return EventSourceResponse(_prepend(first, events))
         return JSONResponse(await door.respond(admitted))
 
     @app.post("/v1/completions")
