@@ -3,7 +3,7 @@
 argv[1]: JSON {"model", "secret_file", "port", "requests": {request_id: {"prompt": [token ids],
 "max_tokens": n, "lumen": {...kv_transfer_params["lumen"] beyond request_id}}}}. Serves every
 request through LumenConnector and prints, after every engine step, one line PREFIX + JSON
-{request_id: {"tokens": [output token ids so far], "num_cached_tokens": n}}.
+{request_id: {"tokens": [output token ids so far], "num_cached_tokens": n, "finish_reason"}}.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def main() -> None:
             emitted[output.request_id] = {
                 "tokens": list(output.outputs[0].token_ids),
                 "num_cached_tokens": output.num_cached_tokens,
+                "finish_reason": output.outputs[0].finish_reason,
             }
         print(PREFIX + json.dumps(emitted), flush=True)
 

@@ -4,6 +4,7 @@ uninterrupted run. Bad checkpoints (a corrupted record, a wrong capability) are 
 
 from __future__ import annotations
 
+import collections
 import gc
 import json
 import os
@@ -72,14 +73,14 @@ def reference(model: Path) -> dict[str, list[int]]:
 
 
 def _run_and_kill(
-    model: Path, secret_file: Path, port: int, requests: dict[str, dict[str, Any]], client: Client, secret: bytes,
+    model: Path, secret_file: Path, server: Any, requests: dict[str, dict[str, Any]], client: Client, secret: bytes,
     *, epoch: int, multiprocess: bool = False,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """An engine in its own process group (engine_proc.py; ``multiprocess``: vLLM's default
     mode, EngineCore in a child process), SIGKILLed once every request's checkpoint at
     ``epoch`` holds DECODED_BEFORE_KILL more tokens than its prompt; returns what it emitted
     per request (tokens, num_cached_tokens)."""
-    job = {"model": str(model), "secret_file": str(secret_file), "port": port, "requests": requests}
+    job = {"model": str(model), "secret_file": str(secret_file), "port": server.port, "requests": requests}
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -90,24 +91,31 @@ def _run_and_kill(
         stdout=subprocess.PIPE, text=True, start_new_session=True, env=env,
     )  # fmt: skip
     latest: list[dict[str, dict[str, Any]]] = [{}]
+    log: collections.deque[str] = collections.deque(maxlen=40)  # vLLM's own lines, for failures
 
     def read_lines() -> None:  # it prints after every step; EOF once it is dead
         assert proc.stdout is not None
         for line in proc.stdout:
             if line.startswith("emitted "):
                 latest[0] = json.loads(line[len("emitted ") :])
+            else:
+                log.append(line)
 
     # The holder is polled on a clock, not per line: in the multiprocess mode the engine core
     # runs ahead of the process that prints, and a finished request's checkpoint is released.
     reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     killed = False
+    short: dict[str, int] = {}  # request -> durable tokens past its prompt, while below the goal
     try:
         while proc.poll() is None:
-            if all(
-                durable_tokens(client, secret, r, epoch=epoch) >= len(q["prompt"]) + DECODED_BEFORE_KILL
-                for r, q in requests.items()
-            ):
+            short = {}
+            for r, q in requests.items():
+                past_prompt = durable_tokens(client, secret, r, epoch=epoch) - len(q["prompt"])
+                if past_prompt < DECODED_BEFORE_KILL:
+                    short[r] = past_prompt
+                    break
+            if not short:
                 os.killpg(proc.pid, signal.SIGKILL)
                 killed = True
                 break
@@ -118,7 +126,11 @@ def _run_and_kill(
         proc.wait(timeout=30)
         reader.join(timeout=30)
     emitted = latest[0]
-    assert killed, "the engine finished before every request held enough durable tokens"
+    ends = {r: (len(e["tokens"]), e["finish_reason"]) for r, e in emitted.items()}
+    assert killed, (
+        f"the engine ended first (exit {proc.returncode}): durable past prompt {short}, "
+        f"emitted and finish reasons {ends}; holder {server.ask('stats')}; its last lines:\n{''.join(log)}"
+    )
     _assert_group_gone(proc.pid)
     return emitted
 
@@ -166,7 +178,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(
     server = holder(1 << 30, "--no-verify-records")
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        run = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        run = _run_and_kill(model, secret_file, server, _first_run(prompts), client, secret, epoch=0)
         emitted = {r: run[r]["tokens"] for r in prompts}
         durable = {r: durable_tokens(client, secret, r) for r in prompts}
         for r, p in prompts.items():
@@ -224,7 +236,7 @@ def test_two_failures_in_a_row_resume(
     server = holder()
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        run_a = _run_and_kill(model, secret_file, server.port, _first_run(prompts), client, secret, epoch=0)
+        run_a = _run_and_kill(model, secret_file, server, _first_run(prompts), client, secret, epoch=0)
         requests_b = {}
         for r, p in prompts.items():
             tokens = run_a[r]["tokens"]
@@ -232,14 +244,16 @@ def test_two_failures_in_a_row_resume(
                              "lumen": {"epoch": 1, "restore": {}}}  # fmt: skip
         durable_a = {r: durable_tokens(client, secret, r) for r in prompts}
         run_b = _run_and_kill(
-            model, secret_file, server.port, requests_b, client, secret, epoch=1, multiprocess=True
+            model, secret_file, server, requests_b, client, secret, epoch=1, multiprocess=True
         )
         durable_b = {r: durable_tokens(client, secret, r, epoch=1) for r in prompts}
     finally:
         client.close()
     for r, q in requests_b.items():
         assert run_b[r]["num_cached_tokens"] == min(durable_a[r], len(q["prompt"]) - 1), r
-        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, r
+        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, (
+            r, q["max_tokens"], len(run_b[r]["tokens"]), run_b[r]["finish_reason"], server.ask("stats")
+        )  # fmt: skip
 
     llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, server.port)))
     emitted = {r: run_a[r]["tokens"] + run_b[r]["tokens"] for r in prompts}

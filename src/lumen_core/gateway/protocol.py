@@ -1,11 +1,17 @@
 """Conversions between the gateway's message dataclasses (``directives``, ``reports``) and
-lumen.proto's messages: the one place either side's fields meet the wire."""
+lumen.proto's messages: the one place either side's fields meet the wire. Also who signs
+each call (``CLUSTER_SIGNED``, ``WORKER_SIGNED``) and the ranges a worker's registration and
+reports must keep to (``check_registration``, ``check_report``, ``check_model_loaded``): the
+wire's u64s are wider than the gateway's int64 and float64 arithmetic, so a value outside them
+is refused where it enters (INVALID_ARGUMENT for that call alone) instead of breaking a later
+call of someone else."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lumen_core._validate import U32_MAX, check_int
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway.directives import (
     AssistDraft,
@@ -26,6 +32,30 @@ from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
 SERVICE = "lumen.gateway.v1.Gateway"
+
+# Who signs each call: the cluster secret admits registrations and the client API; every later
+# call of a worker is signed with its incarnation's call key, and its request must name that
+# incarnation in these fields (worker id, epoch). Hello alone is unsigned.
+UNSIGNED = frozenset({"Hello"})
+CLUSTER_SIGNED = frozenset({"Register", "Submit", "Watch", "Status"})
+WORKER_SIGNED: dict[str, tuple[str, str]] = {
+    "Heartbeat": ("worker_id", "epoch"),
+    "Directives": ("worker_id", "epoch"),
+    "ReportTokens": ("worker_id", "worker_epoch"),
+    "ReportExit": ("worker_id", "epoch"),
+    "ModelLoaded": ("worker_id", "epoch"),
+}
+
+# Ranges of the reported quantities: byte counts and counters within 2**53 (exact in the
+# float64 load arithmetic, far above any host's memory), token counts within u32 (the wire's
+# positions), epochs below u32's top (a re-route adds one), shards within MAX_SHARDS (each
+# grant carries a capability per shard), adopted request ids within int64 (the gateway numbers
+# new requests above every adopted one, and they must stay u64s).
+MAX_REPORTED_BYTES = 2**53
+MAX_REPORTED_COUNT = 2**53
+MAX_SHARDS = 1024
+MAX_WORKER_ID = 2**31 - 1
+MAX_REQUEST_ID = 2**63 - 1
 
 _ACTION_TO_PB = {
     RecoveryAction.RESTORE: pb.RESTORE,
@@ -331,3 +361,40 @@ def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
         proposed_draft_tokens=message.proposed_draft_tokens,
         accepted_draft_tokens=message.accepted_draft_tokens,
     )
+
+
+def _check_held(name: str, held: Iterable[pb.HeldCheckpoint]) -> None:
+    for h in held:
+        check_int(f"{name}.request_id", h.request_id, 0, MAX_REQUEST_ID)
+        check_int(f"{name}.epoch", h.epoch, 0, U32_MAX - 1)
+        check_int(f"{name}.durable_tokens", h.durable_tokens, 0, U32_MAX)
+
+
+def check_registration(request: pb.RegisterRequest) -> None:
+    """Raise ValueError for a RegisterRequest field outside the range the gateway can hold."""
+    check_int("worker_id", request.worker_id, 0, MAX_WORKER_ID)
+    check_int("budget_bytes", request.budget_bytes, 0, MAX_REPORTED_BYTES)
+    check_int("num_shards", request.num_shards, 0, MAX_SHARDS)
+    check_int("last_epoch", request.last_epoch, 0, U32_MAX - 1)  # the new epoch is one above
+    for r in request.running:
+        check_int("running.request_id", r.request_id, 0, MAX_REQUEST_ID)
+        check_int("running.epoch", r.epoch, 0, U32_MAX - 1)
+        if len(r.output_token_ids) > r.max_new_tokens:
+            raise ValueError(
+                f"`running.output_token_ids` must hold at most max_new_tokens={r.max_new_tokens} tokens, "
+                f"got {len(r.output_token_ids)}"
+            )
+    _check_held("held", request.held)
+
+
+def check_report(report: pb.WorkerReport) -> None:
+    """Raise ValueError for a heartbeat report field outside the range the gateway can hold."""
+    check_int("report.held_bytes", report.held_bytes, 0, MAX_REPORTED_BYTES)
+    for name in ("assist_steps", "proposed_draft_tokens", "accepted_draft_tokens"):
+        check_int(f"report.{name}", getattr(report, name), 0, MAX_REPORTED_COUNT)
+    _check_held("report.held", report.held)
+
+
+def check_model_loaded(request: pb.ModelLoadedRequest) -> None:
+    """Raise ValueError for a ModelLoadedRequest budget outside the range the gateway can hold."""
+    check_int("budget_bytes", request.budget_bytes, 0, MAX_REPORTED_BYTES)

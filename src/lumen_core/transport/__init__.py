@@ -4,7 +4,8 @@ A ``Server`` (``server``) listens (on 127.0.0.1 unless given an address) and kee
 authenticated clients append in a ``RecordSink`` it is given (the holder's store); a ``Client``
 (``client``) connects, proves the cluster secret, and opens, appends to, reads and releases
 checkpoints keyed by (request_id, shard), each bound to a capability from ``issue_capability``
-(``wire``, with the limits both ends enforce). The data path (send, receive, crc check) runs in
+(``wire``, with the limits both ends enforce); a ``ClientPool`` (``pool``) keeps connections to
+many holders open for reuse. The data path (send, receive, crc check) runs in
 C++ on a progress thread with no GIL. Failures raise the typed errors of ``errors``.
 """
 
@@ -21,6 +22,7 @@ from lumen_core.transport.errors import (
     Timeout,
     TransportError,
 )
+from lumen_core.transport.pool import ClientPool
 from lumen_core.transport.server import RecordSink, Server
 from lumen_core.transport.wire import CAPABILITY_BYTES, FINGERPRINT_BYTES, WireLimits, issue_capability
 
@@ -29,6 +31,7 @@ __all__ = [
     "FINGERPRINT_BYTES",
     "Aborted",
     "Client",
+    "ClientPool",
     "Conflict",
     "Malformed",
     "PeerGone",

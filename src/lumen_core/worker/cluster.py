@@ -206,7 +206,8 @@ class LocalCluster:
         failure_s = self.now_s()
         worker.process.wait(timeout=30)
         self.exited.append(worker)
-        self.client.report_exit(worker_id, epoch, "SIGKILL by the demo")
+        # In the gateway's process: over gRPC, ReportExit takes the dead incarnation's call key.
+        self.gateway.report_exit(worker_id, epoch, "SIGKILL by the demo")
         return failure_s
 
     def restart(self, worker_id: int) -> WorkerProcess:
