@@ -22,6 +22,7 @@ from lumen_core.gateway.directives import (
     Release,
     Resume,
     Run,
+    Sampling,
     Stream,
 )
 from lumen_core.gateway.inbox import DirectiveInbox
@@ -36,8 +37,10 @@ GRANT = HolderGrant(3, "127.0.0.1:7003", (b"\x01" * 32, b"\x02" * 32))
 OTHER = HolderGrant(4, "127.0.0.1:7004", (b"\x03" * 32,))
 # One of each kind, with every field away from its proto default (so a dropped field shows).
 EXAMPLES = [
-    Run(2**63 + 5, 7, (GRANT, OTHER), (1, 2, 2**40), 9, "placed"),
-    Resume(11, 2, RecoveryAction.REMOTE_RESTORE, (OTHER,), GRANT, (5, 6), (7,), 12, "routed"),
+    Run(2**63 + 5, 7, (GRANT, OTHER), (1, 2, 2**40), 9, "placed", Sampling(0.7, 2**64 - 1)),
+    Resume(
+        11, 2, RecoveryAction.REMOTE_RESTORE, (OTHER,), GRANT, (5, 6), (7,), 12, "routed", Sampling(1.5, 3)
+    ),
     Resume(12, 3, RecoveryAction.REPREFILL, (), None, (5,), (), 4, "no copy"),
     Hold(13, 4, GRANT, 4096, 1, "placed"),
     Stream(14, 5, (GRANT,), "re-placed"),
@@ -62,6 +65,18 @@ def test_every_kind_round_trips_through_its_proto_message(directive):
     wire = pb.Directive.FromString(message.SerializeToString())
     assert wire.WhichOneof("body") is not None and wire.sequence == 41
     assert delivery_from_pb(wire) == Delivery(41, directive)
+
+
+def test_sampling_validation_and_greedy_default():
+    assert Run(1, 1, (), (1,), 2).sampling == Sampling(0.0, 0)  # an unset message is greedy too
+    with pytest.raises(ValueError, match="`temperature` must be >= 0.0, got -0.5"):
+        Sampling(-0.5)
+    with pytest.raises(ValueError, match="`temperature` must be finite, got inf"):
+        Sampling(float("inf"))
+    with pytest.raises(TypeError, match="`temperature` must be a number, got str"):
+        Sampling("1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`seed` must be in \[0, 18446744073709551615\], got -1"):
+        Sampling(1.0, -1)
 
 
 def test_converters_refuse_what_is_not_a_directive():

@@ -37,24 +37,34 @@ class HolderGrant(_message.Message):
     capabilities: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., capabilities: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
 class Run(_message.Message):
-    __slots__ = ("request_id", "epoch", "holders", "prompt_token_ids", "max_new_tokens", "reason")
+    __slots__ = ("request_id", "epoch", "holders", "prompt_token_ids", "max_new_tokens", "reason", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     epoch: int
     holders: _containers.RepeatedCompositeFieldContainer[HolderGrant]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     reason: str
-    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    sampling: Sampling
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
 
 class Resume(_message.Message):
-    __slots__ = ("request_id", "epoch", "action", "holders", "source", "prompt_token_ids", "output_token_ids", "max_new_tokens", "reason")
+    __slots__ = ("request_id", "epoch", "action", "holders", "source", "prompt_token_ids", "output_token_ids", "max_new_tokens", "reason", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +74,7 @@ class Resume(_message.Message):
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     epoch: int
     action: RecoveryAction
@@ -73,7 +84,8 @@ class Resume(_message.Message):
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     reason: str
-    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., action: _Optional[_Union[RecoveryAction, str]] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., source: _Optional[_Union[HolderGrant, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    sampling: Sampling
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., action: _Optional[_Union[RecoveryAction, str]] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., source: _Optional[_Union[HolderGrant, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
 
 class Hold(_message.Message):
     __slots__ = ("request_id", "epoch", "grant", "reserved_bytes", "serving_worker_id", "reason")

@@ -25,6 +25,7 @@ from lumen_core.gateway.directives import (
     Release,
     Resume,
     Run,
+    Sampling,
     Stream,
 )
 from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
@@ -119,6 +120,15 @@ def _grants_from_pb(grants: Iterable[pb.HolderGrant]) -> tuple[HolderGrant, ...]
 # named in _FIELDS.
 
 
+def _sampling_to_pb(sampling: Sampling) -> pb.Sampling:
+    return pb.Sampling(temperature=sampling.temperature, seed=sampling.seed)
+
+
+def _sampling_from_pb(m: pb.Sampling) -> Sampling:
+    """An unset message reads as zeros: greedy."""
+    return Sampling(m.temperature, m.seed)
+
+
 def _run_to_pb(d: Run) -> pb.Run:
     return pb.Run(
         request_id=d.request_id,
@@ -127,6 +137,7 @@ def _run_to_pb(d: Run) -> pb.Run:
         prompt_token_ids=list(d.prompt_token_ids),
         max_new_tokens=d.max_new_tokens,
         reason=d.reason,
+        sampling=_sampling_to_pb(d.sampling),
     )
 
 
@@ -138,6 +149,7 @@ def _run_from_pb(m: pb.Run) -> Run:
         tuple(m.prompt_token_ids),
         m.max_new_tokens,
         m.reason,
+        _sampling_from_pb(m.sampling),
     )
 
 
@@ -151,6 +163,7 @@ def _resume_to_pb(d: Resume) -> pb.Resume:
         output_token_ids=list(d.output_token_ids),
         max_new_tokens=d.max_new_tokens,
         reason=d.reason,
+        sampling=_sampling_to_pb(d.sampling),
     )
     if d.source is not None:
         out.source.CopyFrom(_grant_to_pb(d.source))
@@ -170,6 +183,7 @@ def _resume_from_pb(m: pb.Resume) -> Resume:
         tuple(m.output_token_ids),
         m.max_new_tokens,
         m.reason,
+        _sampling_from_pb(m.sampling),
     )
 
 

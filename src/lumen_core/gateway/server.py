@@ -550,6 +550,9 @@ class GatewayServer:
             options=[("grpc.so_reuseport", 0)],
         )
         pb_grpc.add_GatewayServicer_to_server(_Servicer(self), self._grpc)
+        # What the metrics endpoint serves; the HTTP front door adds its counters to it.
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(self))  # type: ignore[arg-type]
         self._stop_reaper = threading.Event()
         self._reaper: threading.Thread | None = None
         self._httpd: Any = None
@@ -620,10 +623,8 @@ class GatewayServer:
         self._reaper = threading.Thread(target=self._reap, name="lumen-gateway-leases", daemon=True)
         self._reaper.start()
         if self._metrics_port is not None:
-            registry = CollectorRegistry()
-            registry.register(_Collector(self))  # type: ignore[arg-type]
             self._httpd, self._http_thread = start_http_server(
-                self._metrics_port, addr=self._host, registry=registry
+                self._metrics_port, addr=self._host, registry=self.registry
             )
             self.metrics_port = self._httpd.server_address[1]
         return self

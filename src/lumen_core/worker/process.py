@@ -424,7 +424,11 @@ class Worker:
         self.engine.add_request(
             key,
             list(directive.prompt_token_ids),
-            SamplingParams(max_tokens=directive.max_new_tokens),
+            SamplingParams(
+                max_tokens=directive.max_new_tokens,
+                temperature=directive.sampling.temperature,
+                seed=directive.sampling.seed,
+            ),
             output_token_ids=outputs,
         )
 
