@@ -7,8 +7,8 @@ call signing and verification, the server lock):
 - ``report_tokens``: one token report of a running request;
 - ``report_step_x8``: one engine step's reports of 8 requests in one call (what a worker
   sends per step), against 8 direct calls;
-- ``auth``: signing and verifying one call (``sign_call`` + ``CallVerifier.verify``), against
-  one plain HMAC-SHA256 of the same bytes.
+- ``auth``: signing and verifying one call with a 96-byte body (``sign_call`` +
+  ``CallVerifier.verify``), against one plain HMAC-SHA256 of the same bytes.
 Correctness is checked once before timing (the reply carries no fence, the tokens are
 counted). Output: one JSON row per op with ``op, p50_us, p99_us, per_s`` (calls per second of
 wall-clock time; the client and the server share the machine) and ``baseline_p50_us`` and
@@ -17,8 +17,8 @@ wall-clock time; the client and the server share the machine) and ``baseline_p50
 Directive latency (``--delivery``), each delivery measured on a gateway of its own in the same
 run, with workers heartbeating every ``--heartbeat-s`` (0.25 s) through ``HeartbeatLoop``:
 - ``admission``: from calling Submit to the serving worker's handler receiving its RUN;
-- ``resume``: from calling ReportExit for the serving worker (the failure is declared when
-  the gateway handles it) to the survivor's handler receiving the RESUME.
+- ``resume``: from the serving worker calling ReportExit (the failure is declared when the
+  gateway handles it) to the survivor's handler receiving the RESUME.
 ``heartbeat`` is the delivery before the pushed channel (the gateway refuses directive
 streams, replies carry them); ``pushed`` the Directives stream (heartbeats still run).
 Submissions are spread uniformly over a heartbeat period so neither is phase-locked with the
@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lumen_core.auth import CallVerifier, sign_call
+from lumen_core.auth import CLUSTER_PRINCIPAL, CallVerifier, new_instance_id, sign_call
 from lumen_core.gateway.client import GatewayClient, RequestTokens
 from lumen_core.gateway.coordinator import Coordinator, GatewayConfig
 from lumen_core.gateway.directives import Directive, Resume, Run
@@ -122,7 +122,7 @@ def delivery_latency(pushed: bool, num_trials: int, heartbeat_s: float, seed: in
             submitter = GatewayClient(server.address, SECRET, timeout_s=10.0)
             clients.append(submitter)
 
-            def start_worker(worker_id: int, report: WorkerReport) -> _Arrivals:
+            def start_worker(worker_id: int, report: WorkerReport) -> tuple[GatewayClient, _Arrivals]:
                 client = GatewayClient(server.address, SECRET, timeout_s=10.0)
                 clients.append(client)
                 arrivals = _Arrivals()
@@ -131,13 +131,13 @@ def delivery_latency(pushed: bool, num_trials: int, heartbeat_s: float, seed: in
                     client, lambda: report, arrivals, lambda reason: None, pushed=pushed
                 ).start()
                 loops.append(loop)
-                return arrivals
+                return client, arrivals
 
-            survivor = start_worker(1, WorkerReport(num_running=1000))
+            _, survivor = start_worker(1, WorkerReport(num_running=1000))
             time.sleep(2 * heartbeat_s)  # its queue is known: admissions go to the new workers
             for trial in range(num_trials):
                 worker_id = trial + 2
-                victim = start_worker(worker_id, WorkerReport())
+                victim_client, victim = start_worker(worker_id, WorkerReport())
                 time.sleep(rng.uniform(0.0, heartbeat_s))  # a random phase of the heartbeats
                 started = time.perf_counter()
                 stream = submitter.submit([1, 2, 3], 1_000_000, timeout_s=600.0)
@@ -145,7 +145,7 @@ def delivery_latency(pushed: bool, num_trials: int, heartbeat_s: float, seed: in
                 admission[trial] = victim.wait(Run, request_id) - started
                 time.sleep(rng.uniform(0.0, heartbeat_s))
                 started = time.perf_counter()
-                if not submitter.report_exit(worker_id, 1, "bench"):
+                if not victim_client.report_exit(worker_id, 1, "bench"):  # signed with its call key
                     raise RuntimeError(f"worker {worker_id} was not failed")
                 resume[trial] = survivor.wait(Resume, request_id) - started
                 stream.close()
@@ -292,13 +292,21 @@ def main() -> None:
             for client in [*clients, submitter]:
                 client.close()
 
-    verifier = CallVerifier(SECRET)
+    instance_id = new_instance_id()
+    verifier = CallVerifier(instance_id)
     method = "/lumen.gateway.v1.Gateway/Heartbeat"
     message = b"x" * 96
+
+    def sign_and_verify() -> str:
+        value = sign_call(
+            SECRET, instance_id=instance_id, principal=CLUSTER_PRINCIPAL, method=method, body=message
+        )
+        return verifier.verify(method, value, message, lambda principal: SECRET)
+
     results.append(
         row(
             "auth",
-            timed(lambda: verifier.verify(method, sign_call(SECRET, method)), args.calls),
+            timed(sign_and_verify, args.calls),
             timed(lambda: hmac.new(SECRET, message, hashlib.sha256).hexdigest(), args.calls),
         )
     )

@@ -1,9 +1,7 @@
-"""lumen_core.auth: cluster secret files, the capability issuer, call signatures and assist
-seals, with their wire bytes pinned (a changed label would break peers of another build)."""
+"""lumen_core.auth: cluster secret files and the capability issuer, with their wire bytes pinned
+(a changed label would break peers of another build). Call signatures, call keys and assist
+seals: tests/test_auth_gateway.py."""
 
-import hashlib
-import hmac
-import json
 import os
 import stat
 
@@ -11,15 +9,11 @@ import pytest
 
 from lumen_core import _native
 from lumen_core.auth import (
-    CallVerifier,
     CapabilityFields,
     CapabilityIssuer,
     Rights,
     check_secret,
     read_secret_file,
-    seal,
-    sign_call,
-    unseal,
     verify_capability,
     write_secret_file,
 )
@@ -27,7 +21,6 @@ from lumen_core.auth import (
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"0123456789abcdef-cluster"
-METHOD = "/lumen.gateway.v1.Gateway/Heartbeat"
 
 # RFC 8032 section 7.1, test 1: the issuer's keys are plain Ed25519 keys.
 RFC8032_SECRET_KEY = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
@@ -101,60 +94,36 @@ def test_secret_file_refused_when_others_can_read_it_or_it_is_short(tmp_path):
     assert check_secret(bytearray(SECRET)) == SECRET
 
 
-def test_call_signature_accepted_once_and_only_with_the_secret():
-    verifier = CallVerifier(SECRET, max_skew_s=30.0)
-    value = sign_call(SECRET, METHOD, now_s=1000.0)
-    assert verifier.verify(METHOD, value, now_s=1010.0) is None
-    assert verifier.verify(METHOD, value, now_s=1010.0) == "nonce replayed"
-    assert verifier.verify(
-        "/lumen.gateway.v1.Gateway/Register", sign_call(SECRET, METHOD, now_s=1000.0), now_s=1000.0
-    ) == ("bad MAC: the caller does not hold the cluster secret")  # signed for another method
-    forged = sign_call(b"some-other-secret-entirely", METHOD, now_s=1000.0)
-    assert verifier.verify(METHOD, forged, now_s=1000.0).startswith("bad MAC")
-    late = sign_call(SECRET, METHOD, now_s=1000.0)
-    assert "more than 30.0 s from now" in verifier.verify(METHOD, late, now_s=1031.0)
-    assert verifier.verify(METHOD, None) == "missing lumen-auth-v1 metadata"
-    assert verifier.verify(METHOD, "a.b.c") == "malformed lumen-auth-v1 metadata"
-    assert verifier.num_refused == 6
+def test_secret_file_that_is_a_link_is_refused_even_to_a_private_file(tmp_path):
+    target = tmp_path / "real.secret"
+    write_secret_file(target)
+    link = tmp_path / "link.secret"
+    link.symlink_to(target)
+    with pytest.raises(PermissionError, match="`path` must not be a symbolic link"):
+        read_secret_file(link)
+    fifo = tmp_path / "fifo.secret"
+    os.mkfifo(fifo, 0o600)
+    with pytest.raises(PermissionError, match="`path` must be a regular file"):
+        read_secret_file(fifo)  # opened without blocking, refused on what was opened
 
 
-def test_call_verifier_forgets_old_nonces_but_still_refuses_old_calls():
-    verifier = CallVerifier(SECRET, max_skew_s=1.0)
-    first = sign_call(SECRET, METHOD, now_s=0.0)
-    assert verifier.verify(METHOD, first, now_s=0.0) is None
-    for _ in range(4100):
-        assert verifier.verify(METHOD, sign_call(SECRET, METHOD, now_s=10.0), now_s=10.0) is None
-    assert verifier.num_nonces < 4200
-    assert verifier.verify(METHOD, first, now_s=10.0).startswith("timestamp")
-    with pytest.raises(ValueError, match="`max_skew_s` must be > 0, got 0"):
-        CallVerifier(SECRET, max_skew_s=0)
-    with pytest.raises(TypeError, match="`max_skew_s` must be a number, got str"):
-        CallVerifier(SECRET, max_skew_s="30")
+def test_secret_file_in_a_directory_others_can_write_is_refused_unless_sticky(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    write_secret_file(shared / "cluster.secret")
+    for mode in (0o777, 0o770):
+        os.chmod(shared, mode)
+        with pytest.raises(PermissionError, match=f"cannot write to \\(or a sticky one\\), got {oct(mode)}"):
+            read_secret_file(shared / "cluster.secret")
+    os.chmod(shared, 0o1777)  # as /tmp: nobody else can rename or replace the file
+    assert len(read_secret_file(shared / "cluster.secret")) == 32
+    os.chmod(shared, 0o700)
 
 
-def test_call_mac_covers_the_label_method_time_and_nonce():
-    value = sign_call(SECRET, METHOD, now_s=1234.5)
-    seconds, fraction, nonce, mac = value.split(".")
-    timestamp = f"{seconds}.{fraction}"
-    message = b"lumen-gateway-v1|" + METHOD.encode() + b"|" + timestamp.encode() + b"|" + nonce.encode()
-    assert timestamp == "1234.500000" and len(nonce) == 32
-    assert mac == hmac.new(SECRET, message, hashlib.sha256).hexdigest()
-
-
-def test_seal_is_the_mac_of_the_label_and_payload_then_the_payload():
-    message = {"r": [[1, 0, [5, 6], 0, 0]], "f": []}
-    sealed = seal(SECRET, message)
-    payload = json.dumps(message).encode()
-    assert sealed == hmac.new(SECRET, b"lumen-assist-v1|" + payload, hashlib.sha256).digest() + payload
-
-
-def test_seal_round_trip_and_refusals():
-    message = {"r": [[1, 0, [5, 6], 0, 0]], "f": []}
-    sealed = seal(SECRET, message)
-    assert unseal(SECRET, sealed) == message
-    assert unseal(b"another-cluster-secret-000000", sealed) is None
-    tampered = sealed[:-2] + b"9]"
-    assert unseal(SECRET, tampered) is None
-    assert unseal(SECRET, sealed[:10]) is None
-    assert unseal(SECRET, seal(SECRET, {"r": []})[:32] + b"not json") is None
-    assert unseal(SECRET, seal(SECRET, {"r": []})[:32] + b"[1, 2]") is None  # MAC'd but no object
+@pytest.mark.skipif(os.geteuid() != 0, reason="making a file another user's owns takes root")
+def test_secret_file_owned_by_another_user_is_refused(tmp_path):
+    path = tmp_path / "theirs.secret"
+    write_secret_file(path)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(PermissionError, match="`path` must be owned by this user"):
+        read_secret_file(path)

@@ -45,15 +45,29 @@ ALLOWED: dict[str, frozenset[str]] = {
         # transport moves bytes only; stream knows records and holders; neither knows policy
         "transport": {"_native", "_validate", "auth"},
         "stream": {"_native", "_validate", "auth", "engine", "layouts", "ops", "transport"},
+        # the engine-neutral connector core over stream's streamer and holders
+        "connector": {"_validate", "auth", "layouts", "stream", "transport"},
         "engine": {"_validate", "layouts", "ops", "rng", "verify"},
         # the two drivers of the policy driver; they import nothing of each other
         "sim": {"_validate", "cost", "eventlog", "metrics", "policy", "rng"},
         "gateway": {"_validate", "auth", "eventlog", "metrics", "policy"},
         # engine steps paced to the cost model (the engine's StepOutput for its type only)
         "pacing": {"cost", "engine"},
-        "worker": {"_validate", "auth", "engine", "gateway", "metrics", "pacing", "policy", "sim", "stream"},
+        "worker": {
+            "_validate",
+            "auth",
+            "connector",
+            "engine",
+            "gateway",
+            "integrations",
+            "metrics",
+            "pacing",
+            "policy",
+            "sim",
+            "stream",
+        },  # fmt: skip
         # engine adapters: each speaks one engine's API over the data plane
-        "integrations": {"auth", "layouts", "stream", "transport"},
+        "integrations": {"auth", "connector", "engine", "layouts", "stream", "transport"},
         # entry points
         "cli": {"auth", "gateway", "policy", "sim", "stream", "transport", "worker"},
         "__init__": {"_native", "policy"},

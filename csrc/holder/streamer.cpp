@@ -23,6 +23,13 @@ std::chrono::steady_clock::time_point deadline_after(double timeout_s) {
              std::chrono::duration<double>(timeout_s));
 }
 
+// Records of record_bytes one append may carry under limits (0: not even one).
+uint64_t tokens_per_append(const transport::WireLimits& limits, uint64_t record_bytes) {
+  if (record_bytes > limits.max_record_bytes) return 0;
+  return std::min<uint64_t>(limits.max_tokens_per_message,
+                            limits.max_payload_bytes / (record_bytes + 8));
+}
+
 }  // namespace
 
 Streamer::Streamer(const StreamerOptions& options)
@@ -375,10 +382,15 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
       continue;  // down (counted there): tried again with a later step
     } else {
       try {
-        durable = item.holder->client->open(item.request_id, options_.shard, item.epoch,
-                                            options_.record_bytes, options_.fingerprints.data(),
-                                            item.capability, item.expected_tokens,
-                                            options_.ack_timeout_s);
+        // A holder whose limits cannot carry one record refuses this replica for good.
+        if (tokens_per_append(item.holder->client->limits(), options_.record_bytes) == 0) {
+          status = Status::kRejected;
+        } else {
+          durable = item.holder->client->open(item.request_id, options_.shard, item.epoch,
+                                              options_.record_bytes, options_.fingerprints.data(),
+                                              item.capability, item.expected_tokens,
+                                              options_.ack_timeout_s);
+        }
       } catch (const TransportError& e) {
         status = e.status();
       }
@@ -488,7 +500,6 @@ void Streamer::process_step(const Work& work) {
     gathered_fence_ = std::max(gathered_fence_, work.fence);
   }
   changed_.notify_all();
-  const uint64_t max_tokens = options_.limits.max_tokens_per_message;
   for (const Range& range : ranges) {
     uint32_t epoch = 0;
     std::vector<std::pair<Holder*, transport::CapabilityBytes>> capabilities;  // by replica
@@ -506,6 +517,11 @@ void Streamer::process_step(const Work& work) {
                               [holder = holder](const auto& c) { return c.first == holder; });
       if (cap == capabilities.end()) continue;  // moved to another holder meanwhile
       const bool connected = connect(holder);
+      // The holder's limits and ours (the connection has both): it opened, so at least 1.
+      const uint64_t max_tokens =
+          connected
+              ? std::max<uint64_t>(1, tokens_per_append(holder->client->limits(), record_bytes))
+              : 1;
       bool ok = connected;
       uint64_t sent_to = first;
       uint64_t started = 0;
@@ -533,6 +549,8 @@ void Streamer::process_step(const Work& work) {
           pos += count;
           sent_to = pos;
         } catch (const TransportError&) {
+          ok = false;
+        } catch (const std::invalid_argument&) {  // a reconnection that announced smaller limits
           ok = false;
         }
       }

@@ -41,11 +41,12 @@ Nonce random_nonce() {
 }
 
 Mac handshake_mac(const std::string& secret, const char* role, const uint8_t* first,
-                  const uint8_t* second) {
+                  const uint8_t* second, const uint8_t* announced, size_t announced_bytes) {
   const std::string label = std::string("lumen-auth-v1-") + role;
   std::vector<uint8_t> message(label.begin(), label.end());
   message.insert(message.end(), first, first + kNonceBytes);
   message.insert(message.end(), second, second + kNonceBytes);
+  if (announced_bytes > 0) message.insert(message.end(), announced, announced + announced_bytes);
   return hmac_sha256(secret, message);
 }
 

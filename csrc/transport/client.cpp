@@ -42,7 +42,7 @@ struct RequestContext {
 };
 
 Client::Client(const ClientOptions& options)
-    : options_(options), worker_(WorkerOptions{options.tls}) {
+    : options_(options), limits_(options.limits), worker_(WorkerOptions{options.tls}) {
   check_secret(options_.secret);
   check_timeout("connect_timeout_s", options_.connect_timeout_s);
   socklen_t address_length = 0;
@@ -103,14 +103,14 @@ double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_
   const uint64_t num_tokens = message_bytes / std::max<uint64_t>(record_bytes, 1);
   uint64_t payload_bytes = 0;
   if (window == 0) throw std::invalid_argument("window must be >= 1, got 0");
-  if (count == 0 || num_tokens == 0 || num_tokens > options_.limits.max_tokens_per_message ||
+  if (count == 0 || num_tokens == 0 || num_tokens > limits_.max_tokens_per_message ||
+      record_bytes > limits_.max_record_bytes ||
       !append_payload_bytes(&payload_bytes, num_tokens, record_bytes) ||
-      payload_bytes > options_.limits.max_payload_bytes) {
-    throw std::invalid_argument("message_bytes and count must give 1 to " +
-                                std::to_string(options_.limits.max_tokens_per_message) +
-                                " records per message and count >= 1, got " +
-                                std::to_string(message_bytes) + " bytes x " +
-                                std::to_string(count));
+      payload_bytes > limits_.max_payload_bytes) {
+    throw std::invalid_argument(
+        "message_bytes and count must give 1 to " + std::to_string(limits_.max_tokens_per_message) +
+        " records per message and count >= 1, got " + std::to_string(message_bytes) + " bytes x " +
+        std::to_string(count));
   }
   std::vector<uint8_t> records(num_tokens * record_bytes, 0);
   std::vector<uint32_t> token_ids(num_tokens, 0);
@@ -162,6 +162,8 @@ std::vector<std::pair<std::string, std::string>> Client::transports() {
   });
   return out;
 }
+
+WireLimits Client::limits() const { return limits_; }
 
 bool Client::connected() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -339,6 +341,11 @@ uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint3
                       const uint8_t* fingerprints, const CapabilityBytes& capability,
                       uint64_t reserve_tokens, double timeout_s) {
   check_timeout("timeout_s", timeout_s);
+  if (record_bytes == 0 || record_bytes > limits_.max_record_bytes) {
+    throw std::invalid_argument("record_bytes must be in [1, " +
+                                std::to_string(limits_.max_record_bytes) + "], got " +
+                                std::to_string(record_bytes));
+  }
   OpPtr op = new_op(MessageKind::kOpen);
   op->owned_payload.assign(fingerprints, fingerprints + 2 * kFingerprintBytes);
   WireHeader h = request_header(MessageKind::kOpen, op->id, request_id, shard, epoch, capability);
@@ -351,7 +358,7 @@ uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint3
 
 uint64_t Client::start_append(const AppendArgs& a) {
   uint64_t payload_bytes = 0;
-  const WireLimits& limits = options_.limits;
+  const WireLimits& limits = limits_;
   if (a.num_tokens == 0 || a.num_tokens > limits.max_tokens_per_message) {
     throw std::invalid_argument("append must hold 1 to " +
                                 std::to_string(limits.max_tokens_per_message) + " tokens, got " +
@@ -363,11 +370,11 @@ uint64_t Client::start_append(const AppendArgs& a) {
                                 std::to_string(a.record_bytes));
   }
   if (!append_payload_bytes(&payload_bytes, a.num_tokens, a.record_bytes) ||
-      payload_bytes > options_.limits.max_payload_bytes) {
+      payload_bytes > limits.max_payload_bytes) {
     throw std::invalid_argument("append must hold 1 to " +
-                                std::to_string(options_.limits.max_payload_bytes) +
-                                " payload bytes, got " + std::to_string(a.num_tokens) +
-                                " tokens of " + std::to_string(a.record_bytes) + " bytes");
+                                std::to_string(limits.max_payload_bytes) + " payload bytes, got " +
+                                std::to_string(a.num_tokens) + " tokens of " +
+                                std::to_string(a.record_bytes) + " bytes");
   }
   OpPtr op = new_op(MessageKind::kAppend);
   op->payload_bytes = payload_bytes;
@@ -421,18 +428,17 @@ void Client::release(uint64_t request_id, uint32_t shard, uint32_t epoch,
 
 ReadReply Client::read(const ReadArgs& args, double timeout_s) {
   check_timeout("timeout_s", timeout_s);
-  if (args.max_tokens == 0 || args.max_tokens > options_.limits.max_tokens_per_message) {
+  if (args.max_tokens == 0 || args.max_tokens > limits_.max_tokens_per_message) {
     throw std::invalid_argument("max_tokens must be in [1, " +
-                                std::to_string(options_.limits.max_tokens_per_message) + "], got " +
+                                std::to_string(limits_.max_tokens_per_message) + "], got " +
                                 std::to_string(args.max_tokens));
   }
   uint64_t reply_bytes = 0;
-  if (args.record_bytes == 0 || args.record_bytes > options_.limits.max_record_bytes ||
+  if (args.record_bytes == 0 || args.record_bytes > limits_.max_record_bytes ||
       !append_payload_bytes(&reply_bytes, args.max_tokens, args.record_bytes) ||
-      reply_bytes + 2 * kFingerprintBytes > options_.limits.max_payload_bytes) {
+      reply_bytes + 2 * kFingerprintBytes > limits_.max_payload_bytes) {
     // The reply would be refused as malformed on arrival, dropping the connection.
-    throw std::invalid_argument("read reply must fit " +
-                                std::to_string(options_.limits.max_payload_bytes) +
+    throw std::invalid_argument("read reply must fit " + std::to_string(limits_.max_payload_bytes) +
                                 " payload bytes, got " + std::to_string(args.max_tokens) +
                                 " tokens of " + std::to_string(args.record_bytes) + " bytes");
   }
@@ -598,13 +604,20 @@ void Client::handle_challenge(const uint8_t* server_nonce) {
   submit(op, h, nullptr, &iov, 1);
 }
 
-void Client::handle_auth_ok(const uint8_t* proof) {
-  const Mac expected =
-      handshake_mac(options_.secret, "server", client_nonce_.data(), server_nonce_.data());
-  if (!mac_equal(expected.data(), proof)) {
+void Client::handle_auth_ok(const uint8_t* payload) {
+  const uint8_t* announced = payload + kMacBytes;
+  const Mac expected = handshake_mac(options_.secret, "server", client_nonce_.data(),
+                                     server_nonce_.data(), announced, kLimitsBytes);
+  if (!mac_equal(expected.data(), payload)) {
     fail_connection(Status::kRejected, "the server did not prove the cluster secret");
     return;
   }
+  WireLimits server_limits;
+  if (!decode_limits(&server_limits, announced)) {
+    fail_connection(Status::kMalformed, "the server announced a limit of 0");
+    return;
+  }
+  limits_ = min_limits(options_.limits, server_limits);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     connected_ = true;

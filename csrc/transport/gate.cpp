@@ -103,6 +103,11 @@ void Gate::stop() {
   ::close(wake_fd_);
 }
 
+bool Gate::relays(uint16_t relay_port) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return relay_ports_.count(relay_port) > 0;
+}
+
 void Gate::authenticated(uint16_t relay_port) {
   std::lock_guard<std::mutex> lock(mutex_);
   authenticated_ports_.insert(relay_port);
@@ -114,6 +119,10 @@ GateStats Gate::stats() const {
 }
 
 void Gate::close_relay(Relay* relay) {
+  if (relay->relay_port != 0) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    relay_ports_.erase(relay->relay_port);
+  }
   if (relay->outside >= 0) ::close(relay->outside);
   if (relay->inside >= 0) ::close(relay->inside);
   relay->outside = relay->inside = -1;
@@ -155,6 +164,12 @@ void Gate::admit(int fd) {
   }
   relay.connected = rc == 0;
   relay.relay_port = local_port(relay.inside);
+  {
+    // Before any byte is relayed: the upstream listener asks about it at the connection
+    // request, which comes through this relay.
+    std::lock_guard<std::mutex> lock(mutex_);
+    relay_ports_.insert(relay.relay_port);
+  }
   relays_.push_back(std::move(relay));
 }
 

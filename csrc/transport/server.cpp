@@ -165,9 +165,18 @@ void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   conn->accepted_at = std::chrono::steady_clock::now();
   ucp_conn_request_attr_t request_attr{};
   request_attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(request, &request_attr) == UCS_OK) {
-    conn->relay_port =
-        ntohs(reinterpret_cast<const sockaddr_in*>(&request_attr.client_address)->sin_port);
+  if (ucp_conn_request_query(request, &request_attr) == UCS_OK &&
+      request_attr.client_address.ss_family == AF_INET) {
+    const auto* client = reinterpret_cast<const sockaddr_in*>(&request_attr.client_address);
+    if (client->sin_addr.s_addr == htonl(INADDR_LOOPBACK))
+      conn->relay_port = ntohs(client->sin_port);
+  }
+  // The listener is on a loopback port a local process can reach around the gate: only the
+  // gate's relays, which bound and time unauthenticated connections, get in.
+  if (conn->relay_port == 0 || !self->gate_->relays(conn->relay_port)) {
+    self->stats_.connections_direct++;
+    ucp_listener_reject(self->listener_, request);
+    return;
   }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -453,12 +462,17 @@ void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload
   conn->authenticated = true;
   gate_->authenticated(conn->relay_port);
   stats_.handshakes_ok++;
-  const Mac proof = handshake_mac(options_.secret, "server", client_nonce, conn->nonce.data());
+  // The proof, then the limits it covers: the client sends nothing these would refuse.
+  auto proof_and_limits = std::make_shared<std::vector<uint8_t>>(kMacBytes + kLimitsBytes);
+  encode_limits(proof_and_limits->data() + kMacBytes, options_.limits);
+  const Mac proof = handshake_mac(options_.secret, "server", client_nonce, conn->nonce.data(),
+                                  proof_and_limits->data() + kMacBytes, kLimitsBytes);
+  std::copy(proof.begin(), proof.end(), proof_and_limits->begin());
   WireHeader ok;
   ok.kind = MessageKind::kAuthOk;
   ok.op_id = h.op_id;
-  ok.payload_bytes = kMacBytes;
-  send(conn, ok, std::make_shared<std::vector<uint8_t>>(proof.begin(), proof.end()));
+  ok.payload_bytes = proof_and_limits->size();
+  send(conn, ok, proof_and_limits);
 }
 
 ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, bool rndv) {

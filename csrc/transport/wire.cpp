@@ -1,6 +1,7 @@
 // Encoding and validation of WireHeader (byte layout in lumen/transport/wire.h).
 #include "lumen/transport/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "lumen/checksum.h"
@@ -75,6 +76,33 @@ const char* kind_name(MessageKind kind) {
       return "error";
   }
   return "unknown";
+}
+
+void encode_limits(uint8_t* out, const WireLimits& limits) {
+  put_le<uint32_t>(out + 0, limits.max_tokens_per_message);
+  put_le<uint32_t>(out + 4, limits.max_record_bytes);
+  put_le<uint64_t>(out + 8, limits.max_payload_bytes);
+}
+
+bool decode_limits(WireLimits* out, const uint8_t* in) {
+  WireLimits limits;
+  limits.max_tokens_per_message = get_le<uint32_t>(in + 0);
+  limits.max_record_bytes = get_le<uint32_t>(in + 4);
+  limits.max_payload_bytes = get_le<uint64_t>(in + 8);
+  if (limits.max_tokens_per_message == 0 || limits.max_record_bytes == 0 ||
+      limits.max_payload_bytes == 0) {
+    return false;
+  }
+  *out = limits;
+  return true;
+}
+
+WireLimits min_limits(const WireLimits& a, const WireLimits& b) {
+  WireLimits out;
+  out.max_tokens_per_message = std::min(a.max_tokens_per_message, b.max_tokens_per_message);
+  out.max_record_bytes = std::min(a.max_record_bytes, b.max_record_bytes);
+  out.max_payload_bytes = std::min(a.max_payload_bytes, b.max_payload_bytes);
+  return out;
 }
 
 bool append_payload_bytes(uint64_t* out, uint64_t num_tokens, uint64_t record_bytes) {
@@ -160,8 +188,10 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
   uint64_t expected = 0;
   switch (h.kind) {
     case MessageKind::kChallenge:
+      expected = kNonceBytes;
+      break;
     case MessageKind::kAuthOk:
-      expected = kMacBytes;
+      expected = kMacBytes + kLimitsBytes;
       break;
     case MessageKind::kAuth:
       expected = kNonceBytes + kMacBytes;

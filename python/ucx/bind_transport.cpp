@@ -38,6 +38,7 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["connections_accepted"] = s.connections_accepted;
   d["connections_refused"] = s.connections_refused;
   d["connections_unauthenticated"] = s.connections_unauthenticated;
+  d["connections_direct"] = s.connections_direct;
   d["connections_active"] = s.connections_active;
   d["handshakes_ok"] = s.handshakes_ok;
   d["handshakes_failed"] = s.handshakes_failed;
@@ -434,6 +435,12 @@ void bind_transport(py::module_& m) {
              return c.client->transports();
            })
       .def_property_readonly("connected", [](PyClient& c) { return c.client->connected(); })
+      .def_property_readonly("limits",
+                             [](PyClient& c) {
+                               const lt::WireLimits l = c.client->limits();
+                               return py::make_tuple(l.max_tokens_per_message, l.max_record_bytes,
+                                                     l.max_payload_bytes);
+                             })
       .def("stats",
            [](PyClient& c) {
              const lt::ClientStats s = c.client->stats();

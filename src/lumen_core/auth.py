@@ -1,22 +1,30 @@
-"""The cluster secret, every HMAC scheme keyed by it, and the issuer of data-plane capabilities
-(DESIGN.md section 3.3, docs/security.md).
+"""The cluster secret, the keys derived from it or issued beside it, and every MAC scheme
+(DESIGN.md section 3.3; docs/security.md has the threat model).
 
 - The cluster secret has no default: ``write_secret_file`` writes 32 random bytes to a new
-  0600 file, ``read_secret_file`` refuses a file others can access or a secret under 16 bytes.
+  0600 file; ``read_secret_file`` opens it once (no symbolic link), then checks on what it
+  opened that the caller owns it, that only the owner can access it, and that its directory
+  cannot be written by others (unless sticky), and reads it from that same descriptor.
 - Capabilities are not keyed by the secret: a ``CapabilityIssuer`` (the gateway, or a
   gateway-less vLLM server) signs them with an Ed25519 key no worker holds, through the
   native transport's one implementation (``csrc/transport/capability.cpp``); holders verify
   them with its public key. Key files: ``write_issuer_key_file`` / ``read_issuer_key_file``
   (the private key, a 0600 file like the secret's) and ``write_issuer_public_key_file`` /
   ``read_issuer_public_key_file`` (hex, for holders).
-- Gateway calls: every gRPC call carries ``lumen-auth-v1: <unix time>.<nonce hex>.<mac hex>``
-  with ``mac = HMAC-SHA256(secret, "lumen-gateway-v1|" method "|" time "|" nonce)``. The
-  gateway accepts a timestamp within ``max_skew_s`` of its clock and each nonce once, so a
-  captured header cannot be replayed and a peer without the secret cannot call at all. The
-  message bodies are neither encrypted nor MAC'd (no TLS): the cluster network must keep
-  them private.
-- Assist datagrams: ``seal`` prefixes a JSON payload with
-  ``HMAC-SHA256(secret, "lumen-assist-v1|" || payload)``; ``unseal`` drops one that fails.
+- Gateway calls: every gRPC call carries ``lumen-call-v2: <instance>.<principal>.<time
+  us>.<nonce>.<mac>`` with ``mac = HMAC-SHA256(key, "lumen-gateway-v2|" instance "|"
+  principal "|" method "|" time "|" nonce "|" body)``, ``body`` the serialized request.
+  ``principal`` names the key: ``cluster`` (the cluster secret: registrations and the client
+  API) or ``worker-<id>-<epoch>`` (the call key the gateway issued that worker incarnation
+  at registration, sent wrapped by ``wrap_call_key``: its every later call). ``instance``
+  is the gateway's random id: a
+  restarted gateway refuses what was signed for the one before. ``CallVerifier`` accepts a
+  timestamp within ``max_skew_s`` of its clock and each nonce once. Bodies are MAC'd, not
+  encrypted (no TLS): the cluster network must keep them private.
+- Assist datagrams: ``DatagramSeal`` prefixes JSON with
+  ``HMAC-SHA256(secret, "lumen-assist-v2|" || payload)``; the payload names its sender and a
+  counter, and a datagram whose counter is not above the last one opened from that sender is
+  dropped (a replay).
 
 The labels below are wire bytes: peers of another build must compute the same MACs.
 Standard library only but for the issuer, which needs the UCX module when it signs (importing
@@ -25,6 +33,7 @@ this module never does), so the transport, the stream and the gateway all import
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import json
@@ -33,6 +42,7 @@ import secrets
 import stat
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
@@ -42,45 +52,60 @@ from lumen_core import _native
 from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_int, check_number
 
 __all__ = [
-    "AUTH_METADATA_KEY",
+    "CALL_METADATA_KEY",
     "CAPABILITY_BYTES",
+    "CLUSTER_PRINCIPAL",
     "DEFAULT_CAPABILITY_TTL_S",
+    "INSTANCE_METADATA_KEY",
     "ISSUER_KEY_BYTES",
     "MIN_SECRET_BYTES",
     "SECRET_FILE_BYTES",
+    "CallRefused",
     "CallVerifier",
     "CapabilityFields",
     "CapabilityIssuer",
+    "CredentialTable",
+    "DatagramSeal",
     "Rights",
     "check_secret",
+    "new_instance_id",
+    "parse_worker_principal",
     "read_issuer_key_file",
     "read_issuer_public_key_file",
     "read_secret_file",
-    "seal",
     "sign_call",
-    "unseal",
+    "unwrap_call_key",
     "verify_capability",
+    "worker_principal",
+    "wrap_call_key",
     "write_issuer_key_file",
     "write_issuer_public_key_file",
     "write_secret_file",
 ]
 
 # One label per scheme, so that a MAC of one scheme is never valid in another.
-_CALL_LABEL = b"lumen-gateway-v1|"
-_SEAL_LABEL = b"lumen-assist-v1|"
+_CALL_LABEL = b"lumen-gateway-v2|"
+_SEAL_LABEL = b"lumen-assist-v2|"
+_CALL_KEY_LABEL = b"lumen-call-key-v1|"
 
-AUTH_METADATA_KEY = "lumen-auth-v1"
+CALL_METADATA_KEY = "lumen-call-v2"
+# Trailing metadata of a call refused for naming another gateway instance: the current one.
+INSTANCE_METADATA_KEY = "lumen-gateway-instance"
+CLUSTER_PRINCIPAL = "cluster"
 MIN_SECRET_BYTES = 16
 SECRET_FILE_BYTES = 32
 _MAX_SECRET_FILE_BYTES = 1 << 20
 _MAC_BYTES = 32
 _NONCE_BYTES = 16
+_INSTANCE_BYTES = 16
+_CALL_KEY_BYTES = 32
 _MAX_REMEMBERED_NONCES = 4096
 CAPABILITY_BYTES = 128  # kCapabilityBytes in lumen/transport/capability.h
 ISSUER_KEY_BYTES = 32  # an Ed25519 private key (seed) or public key
 # Long enough for any request the tests and the demo run; a longer one is renewed by opening
 # its checkpoint again at the same epoch with a fresh capability.
 DEFAULT_CAPABILITY_TTL_S = 3600.0
+_EPOCHS_KEPT = 2  # a superseded incarnation still authenticates, so it learns that it is fenced
 
 
 # ---- the cluster secret ---------------------------------------------------------------------
@@ -108,13 +133,53 @@ def write_secret_file(path: str | os.PathLike[str], *, num_bytes: int = SECRET_F
 
 
 def read_secret_file(path: str | os.PathLike[str]) -> bytes:
-    """The cluster secret stored in ``path``. Raises FileNotFoundError, PermissionError for a
-    file its group or others can access, ValueError for a secret under 16 bytes."""
+    """The cluster secret stored in ``path``, read from one descriptor opened without
+    following a final symbolic link, after checking on what was opened that the file is a
+    regular file owned by the caller with no group or other permission bits, in a directory
+    owned by the caller or root that its group and others cannot write to (a sticky one such
+    as /tmp excepted: there nobody else can rename or replace the caller's file, and a file
+    planted there first fails the owner check). Raises FileNotFoundError, PermissionError
+    for a link or a check that fails, ValueError for a secret under 16 bytes."""
     file = Path(path)
-    mode = file.stat().st_mode
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PermissionError(f"`path` must be accessible by its owner only (0600), got {oct(mode & 0o777)}")
-    return check_secret(file.read_bytes())
+    dir_fd = os.open(file.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _check_secret_directory(os.fstat(dir_fd))
+        try:  # O_NONBLOCK: a FIFO planted in its place must not block the open
+            fd = os.open(file.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise PermissionError(
+                    f"`path` must not be a symbolic link, got {os.fspath(path)!r}"
+                ) from None
+            raise
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as handle:
+        _check_secret_inode(os.fstat(handle.fileno()))
+        return check_secret(handle.read(_MAX_SECRET_FILE_BYTES + 1))
+
+
+def _check_secret_directory(info: os.stat_result) -> None:
+    if info.st_uid not in (os.geteuid(), 0):
+        raise PermissionError(
+            f"`path` must be in a directory owned by this user ({os.geteuid()}) or root, got owner {info.st_uid}"
+        )
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
+        raise PermissionError(
+            "`path` must be in a directory its group and others cannot write to (or a sticky one), "
+            f"got {oct(stat.S_IMODE(info.st_mode))}"
+        )
+
+
+def _check_secret_inode(info: os.stat_result) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise PermissionError(f"`path` must be a regular file, got mode {oct(info.st_mode)}")
+    if info.st_uid != os.geteuid():
+        raise PermissionError(f"`path` must be owned by this user ({os.geteuid()}), got owner {info.st_uid}")
+    if info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PermissionError(
+            f"`path` must be accessible by its owner only (0600), got {oct(stat.S_IMODE(info.st_mode))}"
+        )
 
 
 # ---- capabilities ---------------------------------------------------------------------------
@@ -244,27 +309,85 @@ def read_issuer_public_key_file(path: str | os.PathLike[str]) -> bytes:
 
 
 # ---- gateway calls --------------------------------------------------------------------------
-def _call_mac(secret: bytes, method: str, timestamp: str, nonce: str) -> str:
-    message = _CALL_LABEL + method.encode() + b"|" + timestamp.encode() + b"|" + nonce.encode()
-    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+def new_instance_id() -> str:
+    """A gateway instance's random id (hex): what its call MACs are bound to."""
+    return secrets.token_hex(_INSTANCE_BYTES)
 
 
-def sign_call(secret: bytes, method: str, *, now_s: float | None = None) -> str:
-    """The ``lumen-auth-v1`` metadata value for one call of ``method`` (the full gRPC method
-    name, e.g. "/lumen.gateway.v1.Gateway/Heartbeat")."""
-    key = check_secret(secret)
-    timestamp = f"{time.time() if now_s is None else now_s:.6f}"
+def worker_principal(worker_id: int, epoch: int) -> str:
+    """The principal of the call key issued to worker incarnation (``worker_id``, ``epoch``).
+    Raises TypeError/ValueError for an id outside [0, 2**31) or an epoch outside u32."""
+    worker_id = check_int("worker_id", worker_id, 0, 2**31 - 1)
+    return f"worker-{worker_id}-{check_int('epoch', epoch, 0, U32_MAX)}"
+
+
+def parse_worker_principal(principal: str) -> tuple[int, int] | None:
+    """(worker id, epoch) of a worker principal; None for any other string."""
+    prefix, _, rest = principal.partition("-")
+    worker, _, epoch = rest.partition("-")
+    if prefix != "worker" or not worker.isdigit() or not epoch.isdigit():
+        return None
+    if f"worker-{int(worker)}-{int(epoch)}" != principal or int(epoch) > U32_MAX:
+        return None  # one spelling per principal: no leading zeros
+    return int(worker), int(epoch)
+
+
+def _call_mac(
+    key: bytes, instance_id: str, principal: str, method: str, timestamp: str, nonce: str, body: bytes
+) -> str:
+    # No field can hold "|" (hex, digits, principals, gRPC method paths), and the body comes
+    # last: the message parses one way only.
+    head = f"{instance_id}|{principal}|{method}|{timestamp}|{nonce}".encode()
+    return hmac.new(key, _CALL_LABEL + head + b"|" + body, hashlib.sha256).hexdigest()
+
+
+def sign_call(
+    key: bytes,
+    *,
+    instance_id: str,
+    principal: str,
+    method: str,
+    body: bytes,
+    now_s: float | None = None,
+) -> str:
+    """The ``lumen-call-v2`` metadata value for one call of ``method`` (the full gRPC method
+    name, e.g. "/lumen.gateway.v1.Gateway/Heartbeat") with serialized request ``body``, to
+    gateway ``instance_id``, under ``key`` (the cluster secret for ``CLUSTER_PRINCIPAL``, a
+    worker's call key for its ``worker_principal``). Raises TypeError for a key or body that
+    is not bytes, ValueError for a key under 16 bytes or an id or principal with a "." or "|"."""
+    key = check_secret(key)
+    body = check_bytes("body", body)
+    for name, value in (("instance_id", instance_id), ("principal", principal), ("method", method)):
+        if not isinstance(value, str):
+            raise TypeError(f"`{name}` must be a str, got {type(value).__name__}")
+        if not value or "|" in value or ("." in value and name != "method"):
+            raise ValueError(f"`{name}` must be non-empty without '.' or '|', got {value!r}")
+    timestamp = str(int((time.time() if now_s is None else now_s) * 1e6))
     nonce = secrets.token_hex(_NONCE_BYTES)
-    return f"{timestamp}.{nonce}.{_call_mac(key, method, timestamp, nonce)}"
+    mac = _call_mac(key, instance_id, principal, method, timestamp, nonce, body)
+    return f"{instance_id}.{principal}.{timestamp}.{nonce}.{mac}"
+
+
+class CallRefused(Exception):
+    """A call that does not authenticate; ``stale_instance`` when it was signed for another
+    gateway instance (the caller learns the current one and, as a worker, registers again)."""
+
+    def __init__(self, reason: str, *, stale_instance: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.stale_instance = stale_instance
 
 
 class CallVerifier:
-    """Checks ``lumen-auth-v1`` values: valid MAC, timestamp within ``max_skew_s``, nonce
-    unseen. Thread-safe; remembers nonces for ``2 * max_skew_s`` (older ones fail the clock).
-    Raises as ``check_secret``, TypeError/ValueError unless ``max_skew_s`` is a number > 0."""
+    """Checks ``lumen-call-v2`` values for gateway ``instance_id``: this instance, a known
+    principal, a valid MAC over the header and the body, a timestamp within ``max_skew_s``,
+    an unseen nonce. Thread-safe; remembers nonces for ``2 * max_skew_s`` (older ones fail
+    the clock). Raises TypeError/ValueError unless ``max_skew_s`` is a number > 0."""
 
-    def __init__(self, secret: bytes, *, max_skew_s: float = 30.0) -> None:
-        self._secret = check_secret(secret)
+    def __init__(self, instance_id: str, *, max_skew_s: float = 30.0) -> None:
+        if not isinstance(instance_id, str) or not instance_id:
+            raise ValueError(f"`instance_id` must be a non-empty str, got {instance_id!r}")
+        self.instance_id = instance_id
         self.max_skew_s = check_number("max_skew_s", max_skew_s, positive=True)
         self._seen: dict[str, float] = {}
         self._lock = threading.Lock()
@@ -276,57 +399,171 @@ class CallVerifier:
         with self._lock:
             return len(self._seen)
 
-    def verify(self, method: str, value: str | None, *, now_s: float | None = None) -> str | None:
-        """None if the call is authentic, else why it is refused."""
-        reason = self._check(method, value, time.time() if now_s is None else now_s)
-        if reason is not None:
+    def verify(
+        self,
+        method: str,
+        value: str | None,
+        body: bytes,
+        key_of: Callable[[str], bytes | None],
+        *,
+        now_s: float | None = None,
+    ) -> str:
+        """The principal of an authentic call; raises CallRefused (counted in
+        ``num_refused``) otherwise. ``key_of(principal)`` is the key that principal holds,
+        or None for one this gateway does not know."""
+        try:
+            return self._check(method, value, body, key_of, time.time() if now_s is None else now_s)
+        except CallRefused:
             with self._lock:
                 self.num_refused += 1
-        return reason
+            raise
 
-    def _check(self, method: str, value: str | None, now_s: float) -> str | None:
+    def _check(
+        self, method: str, value: str | None, body: bytes, key_of: Callable[[str], bytes | None], now_s: float
+    ) -> str:
         if not value:
-            return f"missing {AUTH_METADATA_KEY} metadata"
+            raise CallRefused(f"missing {CALL_METADATA_KEY} metadata")
         parts = value.split(".")
-        if len(parts) != 4:  # the timestamp has one dot itself
-            return f"malformed {AUTH_METADATA_KEY} metadata"
-        timestamp, nonce, mac = f"{parts[0]}.{parts[1]}", parts[2], parts[3]
-        expected = _call_mac(self._secret, method, timestamp, nonce)
-        if not hmac.compare_digest(expected, mac):
-            return "bad MAC: the caller does not hold the cluster secret"
-        try:
-            sent_s = float(timestamp)
-        except ValueError:
-            return "malformed timestamp"
+        if len(parts) != 5:
+            raise CallRefused(f"malformed {CALL_METADATA_KEY} metadata")
+        instance_id, principal, timestamp, nonce, mac = parts
+        if instance_id != self.instance_id:
+            raise CallRefused(
+                f"signed for gateway instance {instance_id[:32]!r}, this is {self.instance_id}",
+                stale_instance=True,
+            )
+        key = key_of(principal)
+        if key is None:
+            raise CallRefused(f"unknown principal {principal[:40]!r} at this gateway instance")
+        if not hmac.compare_digest(
+            _call_mac(key, instance_id, principal, method, timestamp, nonce, body), mac
+        ):
+            raise CallRefused(f"bad MAC: the caller does not hold the key of {principal}")
+        if not timestamp.isdigit():
+            raise CallRefused("malformed timestamp")
+        sent_s = int(timestamp) / 1e6
         if abs(now_s - sent_s) > self.max_skew_s:
-            return f"timestamp {sent_s:.3f} is more than {self.max_skew_s} s from now ({now_s:.3f})"
+            raise CallRefused(
+                f"timestamp {sent_s:.3f} is more than {self.max_skew_s} s from now ({now_s:.3f})"
+            )
         with self._lock:
             if nonce in self._seen:
-                return "nonce replayed"
+                raise CallRefused("nonce replayed")
             self._seen[nonce] = sent_s
             if len(self._seen) > _MAX_REMEMBERED_NONCES:
                 horizon = now_s - 2 * self.max_skew_s
                 self._seen = {n: t for n, t in self._seen.items() if t >= horizon}
-        return None
+        return principal
+
+
+def _call_key_pad(secret: bytes, salt: bytes, instance_id: str, principal: str) -> bytes:
+    message = _CALL_KEY_LABEL + f"{instance_id}|{principal}|".encode() + salt
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def wrap_call_key(secret: bytes, key: bytes, *, instance_id: str, principal: str) -> tuple[bytes, bytes]:
+    """(salt, wrapped key) for sending a 32-byte call key to its worker: the key XOR
+    ``HMAC-SHA256(secret, "lumen-call-key-v1|" instance "|" principal "|" salt)`` with a fresh
+    random 16-byte salt (a pseudorandom one-time pad), so that who reads the reply without
+    the cluster secret does not learn the key. Raises as ``check_secret``, TypeError/ValueError
+    for a key that is not 32 bytes."""
+    key = check_bytes("key", key, _CALL_KEY_BYTES)
+    salt = secrets.token_bytes(_NONCE_BYTES)
+    pad = _call_key_pad(check_secret(secret), salt, instance_id, principal)
+    return salt, bytes(a ^ b for a, b in zip(key, pad, strict=True))
+
+
+def unwrap_call_key(secret: bytes, wrapped: bytes, salt: bytes, *, instance_id: str, principal: str) -> bytes:
+    """The call key ``wrap_call_key`` wrapped. Raises as ``check_secret``, TypeError/ValueError
+    for a wrapped key that is not 32 bytes or a salt that is not 16 (a tampered reply just
+    gives a key whose calls are refused)."""
+    wrapped = check_bytes("wrapped", wrapped, _CALL_KEY_BYTES)
+    pad = _call_key_pad(check_secret(secret), check_bytes("salt", salt, _NONCE_BYTES), instance_id, principal)
+    return bytes(a ^ b for a, b in zip(wrapped, pad, strict=True))
+
+
+class CredentialTable:
+    """The call keys a gateway instance issued: 32 random bytes per worker incarnation, the
+    newest ``_EPOCHS_KEPT`` incarnations of each worker id (a superseded one still
+    authenticates and is told it is fenced; older ones are refused). Thread-safe; held in
+    memory only, so a restarted gateway knows none (its workers register again)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[int, dict[int, bytes]] = {}
+        self._lock = threading.Lock()
+
+    def issue(self, worker_id: int, epoch: int) -> bytes:
+        """A new key for (``worker_id``, ``epoch``), replacing any it had. Raises as
+        ``worker_principal``."""
+        worker_principal(worker_id, epoch)
+        key = secrets.token_bytes(_CALL_KEY_BYTES)
+        with self._lock:
+            epochs = self._keys.setdefault(worker_id, {})
+            epochs[epoch] = key
+            for old in sorted(epochs)[:-_EPOCHS_KEPT]:
+                del epochs[old]
+        return key
+
+    def key_of(self, principal: str) -> bytes | None:
+        """The key of a worker principal, None if it names no incarnation kept here."""
+        parsed = parse_worker_principal(principal)
+        if parsed is None:
+            return None
+        with self._lock:
+            return self._keys.get(parsed[0], {}).get(parsed[1])
 
 
 # ---- assist datagrams -----------------------------------------------------------------------
-def seal(secret: bytes, message: dict[str, Any]) -> bytes:
-    """``message`` as JSON behind its HMAC-SHA256 under the cluster secret (32 bytes of MAC,
-    then the payload). ``secret`` is used as given: callers hold a checked one."""
-    payload = json.dumps(message).encode()
-    return hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest() + payload
+class DatagramSeal:
+    """One assist endpoint's seal and opener. ``seal`` gives a message as JSON behind its
+    HMAC-SHA256 under the cluster secret (32 bytes of MAC, then the payload
+    ``{"s": sender id, "n": counter, "m": message}``), counting up from 1 under this
+    endpoint's random sender id. ``open`` returns the message of a datagram whose MAC and
+    JSON are right and whose counter is above the last one opened from its sender; it drops
+    and counts the others (``num_refused``: MAC, JSON or shape; ``num_replayed``: an old
+    counter). Thread-safe. Raises as ``check_secret``."""
 
+    def __init__(self, secret: bytes) -> None:
+        self._secret = check_secret(secret)
+        self.sender_id = secrets.token_hex(8)
+        self._counter = 0
+        self._last: dict[str, int] = {}  # sender -> highest counter opened; MAC'd senders only
+        self._lock = threading.Lock()
+        self.num_refused = 0
+        self.num_replayed = 0
 
-def unseal(secret: bytes, data: bytes) -> dict[str, Any] | None:
-    """The message of a sealed datagram, or None if its MAC or its JSON is wrong, or the
-    JSON is not an object."""
-    mac, payload = data[:_MAC_BYTES], data[_MAC_BYTES:]
-    expected = hmac.new(secret, _SEAL_LABEL + payload, hashlib.sha256).digest()
-    if len(mac) != _MAC_BYTES or not hmac.compare_digest(mac, expected):
-        return None
-    try:
-        message = json.loads(payload)
-    except ValueError:
-        return None
-    return message if isinstance(message, dict) else None
+    def seal(self, message: dict[str, Any]) -> bytes:
+        with self._lock:
+            self._counter += 1
+            counter = self._counter
+        payload = json.dumps({"s": self.sender_id, "n": counter, "m": message}).encode()
+        return hmac.new(self._secret, _SEAL_LABEL + payload, hashlib.sha256).digest() + payload
+
+    def open(self, data: bytes) -> dict[str, Any] | None:
+        envelope = self._verified(data)
+        with self._lock:
+            if envelope is None:
+                self.num_refused += 1
+                return None
+            sender, counter, message = envelope
+            if counter <= self._last.get(sender, 0):
+                self.num_replayed += 1
+                return None
+            self._last[sender] = counter
+        return message
+
+    def _verified(self, data: bytes) -> tuple[str, int, dict[str, Any]] | None:
+        mac, payload = data[:_MAC_BYTES], data[_MAC_BYTES:]
+        expected = hmac.new(self._secret, _SEAL_LABEL + payload, hashlib.sha256).digest()
+        if len(mac) != _MAC_BYTES or not hmac.compare_digest(mac, expected):
+            return None
+        try:
+            envelope = json.loads(payload)
+        except ValueError:
+            return None
+        if not isinstance(envelope, dict):
+            return None
+        sender, counter, message = envelope.get("s"), envelope.get("n"), envelope.get("m")
+        if not isinstance(sender, str) or type(counter) is not int or not isinstance(message, dict):
+            return None
+        return sender, counter, message

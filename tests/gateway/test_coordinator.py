@@ -7,9 +7,9 @@ import pytest
 from lumen_core.auth import Rights, verify_capability
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
-from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Stream
+from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Sampling, Stream
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
-from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.placement import PlacementConfig
@@ -209,6 +209,35 @@ def test_refused_checkpoint_is_placed_elsewhere_and_evictions_are_recorded():
     assert coordinator.monitor.request(admission.request_id).holder_ids == ()
 
 
+def test_a_replica_its_streamer_lost_is_released_on_its_holder_and_placed_elsewhere():
+    coordinator = cluster(3, policy="LUMEN")
+    admission = coordinator.admit(0.0, [1] * 10, 4)
+    (holder,) = admission.placement.holder_ids
+    for w in range(3):
+        coordinator.take_directives(w)
+    rid, serving = admission.request_id, admission.worker_id
+    other = ({0, 1, 2} - {holder, serving}).pop()
+    ignored = [
+        (other, LostReplica(rid, holder)),  # not the serving worker (a stale incarnation's report)
+        (serving, LostReplica(rid, 7)),  # no such holder
+        (serving, LostReplica(999, holder)),  # no such request
+    ]
+    for reporter, lost in ignored:
+        coordinator.heartbeat(0.4, reporter, 1, WorkerReport(lost_replicas=(lost,)))
+    assert coordinator.monitor.request(rid).holder_ids == (holder,)
+    assert [coordinator.take_directives(w) for w in range(3)] == [[], [], []]
+    coordinator.heartbeat(0.5, serving, 1, WorkerReport(lost_replicas=(LostReplica(rid, holder),)))
+    assert coordinator.monitor.request(rid).holder_ids == (other,)
+    assert coordinator.monitor.refused_by(rid) == {holder}
+    (release,) = coordinator.take_directives(holder)
+    assert (type(release), release.request_id, release.epoch) == (Release, rid, 1)
+    assert kinds(coordinator.take_directives(other)) == [Hold]
+    (stream,) = coordinator.take_directives(serving)
+    assert (type(stream), [h.worker_id for h in stream.holders]) == (Stream, [other])
+    coordinator.heartbeat(0.6, serving, 1, WorkerReport(lost_replicas=(LostReplica(rid, holder),)))
+    assert [coordinator.take_directives(w) for w in range(3)] == [[], [], []]  # reported again
+
+
 def test_a_refused_checkpoint_with_no_other_holder_degrades_to_reprefill():
     coordinator = cluster(2, policy="LUMEN")
     admission = coordinator.admit(0.0, [1] * 10, 4)
@@ -361,3 +390,40 @@ def test_holds_of_requests_nobody_reports_running_are_released_after_a_lease():
     coordinator.register(3.5, 1, state="recovering", held=[HeldReport(7, 1, 12)])  # lost with its memory
     assert coordinator.monitor.request(7).holder_ids == ()
     assert Release in kinds(coordinator.take_directives(1))
+
+
+def test_cancel_stops_the_request_on_its_worker_and_releases_its_checkpoints():
+    coordinator = cluster(3, policy="FC")
+    admission = coordinator.admit(0.0, [1, 2], 8)
+    rid, w = admission.request_id, admission.worker_id
+    holder_ids = coordinator.monitor.request(rid).holder_ids
+    assert holder_ids
+    for worker_id in range(3):
+        coordinator.take_directives(worker_id)
+    coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5, 6])
+    with pytest.raises(IndexError, match="request_id 99 is not a known request"):
+        coordinator.cancel(0.2, 99, "client disconnected")
+    assert coordinator.cancel(0.2, rid, "client disconnected")
+    assert coordinator.take_directives(w) == [Cancel(rid, "client disconnected")]
+    for holder_id in holder_ids:
+        assert coordinator.take_directives(holder_id) == [Release(rid, 1, "finished")]
+    assert coordinator.tokens(rid) == ((5, 6), True, False)
+    assert not coordinator.monitor.has_request(rid)
+    assert not coordinator.cancel(0.3, rid, "again")  # ended already: nothing more is sent
+    assert all(coordinator.take_directives(worker_id) == [] for worker_id in range(3))
+
+
+def test_a_request_keeps_its_sampling_when_it_is_moved():
+    coordinator = cluster(3, policy="S&R")
+    sampling = Sampling(0.8, 12345)
+    with pytest.raises(TypeError, match="sampling must be a Sampling, got float"):
+        coordinator.admit(0.0, [1, 2], 8, sampling=0.8)
+    admission = coordinator.admit(0.0, [1, 2], 8, sampling=sampling)
+    rid, w = admission.request_id, admission.worker_id
+    (run,) = [d for d in coordinator.take_directives(w) if isinstance(d, Run)]
+    assert run.sampling == sampling
+    coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5, 6])
+    coordinator.fail(0.2, [w], cause="test")
+    target, _ = coordinator.request_worker(rid)
+    (resume,) = [d for d in coordinator.take_directives(target) if isinstance(d, Resume)]
+    assert (resume.sampling, resume.output_token_ids) == (sampling, (5, 6))

@@ -22,12 +22,13 @@ from lumen_core.gateway.directives import (
     Release,
     Resume,
     Run,
+    Sampling,
     Stream,
 )
 from lumen_core.gateway.inbox import DirectiveInbox
 from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.protocol import delivery_from_pb, delivery_to_pb, report_from_pb, report_to_pb
-from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,8 +37,10 @@ GRANT = HolderGrant(3, "127.0.0.1:7003", (b"\x01" * 32, b"\x02" * 32))
 OTHER = HolderGrant(4, "127.0.0.1:7004", (b"\x03" * 32,))
 # One of each kind, with every field away from its proto default (so a dropped field shows).
 EXAMPLES = [
-    Run(2**63 + 5, 7, (GRANT, OTHER), (1, 2, 2**40), 9, "placed"),
-    Resume(11, 2, RecoveryAction.REMOTE_RESTORE, (OTHER,), GRANT, (5, 6), (7,), 12, "routed"),
+    Run(2**63 + 5, 7, (GRANT, OTHER), (1, 2, 2**40), 9, "placed", Sampling(0.7, 2**64 - 1)),
+    Resume(
+        11, 2, RecoveryAction.REMOTE_RESTORE, (OTHER,), GRANT, (5, 6), (7,), 12, "routed", Sampling(1.5, 3)
+    ),
     Resume(12, 3, RecoveryAction.REPREFILL, (), None, (5,), (), 4, "no copy"),
     Hold(13, 4, GRANT, 4096, 1, "placed"),
     Stream(14, 5, (GRANT,), "re-placed"),
@@ -64,6 +67,18 @@ def test_every_kind_round_trips_through_its_proto_message(directive):
     assert delivery_from_pb(wire) == Delivery(41, directive)
 
 
+def test_sampling_validation_and_greedy_default():
+    assert Run(1, 1, (), (1,), 2).sampling == Sampling(0.0, 0)  # an unset message is greedy too
+    with pytest.raises(ValueError, match="`temperature` must be >= 0.0, got -0.5"):
+        Sampling(-0.5)
+    with pytest.raises(ValueError, match="`temperature` must be finite, got inf"):
+        Sampling(float("inf"))
+    with pytest.raises(TypeError, match="`temperature` must be a number, got str"):
+        Sampling("1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`seed` must be in \[0, 18446744073709551615\], got -1"):
+        Sampling(1.0, -1)
+
+
 def test_converters_refuse_what_is_not_a_directive():
     with pytest.raises(TypeError, match="directive must be one of the directive kinds, got HeldReport"):
         delivery_to_pb(Delivery(1, HeldReport(1, 1, 1)))  # type: ignore[arg-type]
@@ -84,6 +99,7 @@ def test_the_heartbeat_report_round_trips_except_running():
         assist_steps=4,
         proposed_draft_tokens=12,
         accepted_draft_tokens=9,
+        lost_replicas=(LostReplica(5, 1), LostReplica(2**63, 0)),
         running=(RunningReport(5, 2, (1,), (2,), 4, 4),),
     )
     wire = pb.WorkerReport.FromString(report_to_pb(report).SerializeToString())

@@ -10,9 +10,10 @@ import pytest
 
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
+from lumen_core.gateway.client import FencedError
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import Run
-from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
+from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import WorkerReport
 
@@ -148,7 +149,8 @@ def test_a_newer_stream_ends_the_older_and_a_fenced_epoch_gets_none(start_gatewa
     wait_until(lambda: server.num_directive_streams == 1)
     request_id = submit(connect(server))
     wait_until(lambda: runs(newer_received) == [request_id])
-    connect(server).register(0, budget_bytes=GIB)  # a new incarnation: the old epoch is fenced
+    assert server.report_exit(0, 1, "restarted")  # its supervisor: the old epoch is fenced
+    connect(server).register(0, budget_bytes=GIB)  # the new incarnation
     newer.join(10.0)
     assert not newer.is_alive() and "epoch 1 is fenced" in str(newer_errors[0])
     with pytest.raises(StaleEpochError, match="FAILED_PRECONDITION: worker 0 epoch 1 is fenced"):
@@ -163,22 +165,25 @@ def test_directive_streams_are_authenticated_validated_and_capped(start_gateway,
         GatewayServer(GatewayConfig(), b"directive-tests-secret-0123456789", max_workers=0)
     server = start_gateway(GatewayConfig(policy="S&R"), max_workers=1)
     signed = connect(server)
-    with pytest.raises(grpc.RpcError) as info:
-        next(
-            signed._stub.Directives(
-                pb.DirectivesRequest(worker_id=-1), metadata=signed._metadata("Directives")
-            )
-        )
-    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert info.value.details() == "`worker_id` must be >= 0, got -1"
-    rogue = connect(server, secret=b"not-the-cluster-secret-at-all!!")
-    rogue.worker_id = 0
-    with pytest.raises(AuthError, match="UNAUTHENTICATED: bad MAC"):
-        rogue.receive_directives(print)
+    signed.register(5, budget_bytes=GIB)
     with grpc.insecure_channel(server.address) as channel:
+        stub = pb_grpc.GatewayStub(channel)
+        for request, match in (
+            (pb.DirectivesRequest(worker_id=-1), "worker -1 epoch 0's call key, got worker-5-1's"),
+            (pb.DirectivesRequest(worker_id=0, epoch=1), "worker 0 epoch 1's call key, got worker-5-1's"),
+        ):
+            metadata = signed.signed_metadata("Directives", request.SerializeToString())
+            with pytest.raises(grpc.RpcError) as info:
+                next(stub.Directives(request, metadata=metadata))
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert match in info.value.details()
         with pytest.raises(grpc.RpcError) as info:
-            next(pb_grpc.GatewayStub(channel).Directives(pb.DirectivesRequest(), timeout=5.0))
+            next(stub.Directives(pb.DirectivesRequest(), timeout=5.0))
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    rogue = connect(server)
+    rogue.worker_id = 0
+    with pytest.raises(FencedError, match="receive_directives before register"):
+        rogue.receive_directives(print)
     first, second = connect(server), connect(server)
     first.register(0, budget_bytes=GIB)
     second.register(1, budget_bytes=GIB)

@@ -212,7 +212,7 @@ def test_a_live_gateways_event_log_replays_to_the_same_decisions(tmp_path):
                 directives = worker.heartbeat(WorkerReport(num_running=1)).directives
                 held = tuple(HeldReport(d.request_id, 1, 50) for d in directives if isinstance(d, Hold))
                 worker.heartbeat(WorkerReport(num_running=2, held=held))
-            assert client.report_exit(0, 1, "SIGKILL")
+            assert workers[0].report_exit(0, 1, "SIGKILL")
             workers[0].register(0, state=WorkerState.RECOVERING)
             workers[0].heartbeat(
                 WorkerReport(assist_steps=3, proposed_draft_tokens=6, accepted_draft_tokens=4)

@@ -86,7 +86,7 @@ def test_a_client_without_the_secret_is_refused(start_gateway, connect):
         with pytest.raises(grpc.RpcError) as info:
             pb_grpc.GatewayStub(channel).Status(pb.StatusRequest(), timeout=5.0)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "missing lumen-auth-v1" in info.value.details()
+        assert "missing lumen-call-v2" in info.value.details()
     assert server.num_refused_calls == 3
     assert server.coordinator.worker_ids() == []
     assert connect(server).status().workers == []  # the real secret still works
@@ -142,8 +142,12 @@ def test_a_stale_epoch_is_refused_and_the_old_incarnation_is_fenced(start_gatewa
     request_id = next(stream).request_id
     assert directives_of(old, Run)[0].request_id == request_id
     old.report_tokens(request_id, 1, 0, [7])
-    # The worker process restarted and registered again before its lease ran out.
+    # The worker process restarted before its lease ran out: the cluster secret alone does
+    # not let the new process take the live worker id over; its supervisor reports the exit.
     new = connect(server)
+    with pytest.raises(GatewayError, match="ALREADY_EXISTS: worker 0 epoch 1 is live"):
+        new.register(0, budget_bytes=GIB)
+    assert server.report_exit(0, 1, "restarted")
     assert new.register(0, budget_bytes=GIB).epoch == 2
     assert old.lease_valid()  # it has not heard yet
     with pytest.raises(StaleEpochError, match="FAILED_PRECONDITION: worker 0 epoch 1 is fenced"):
@@ -218,8 +222,9 @@ def test_process_exit_routes_restores_and_replaces_a_dead_holders_checkpoints(st
         worker.heartbeat(WorkerReport(held=held))
     first, second = request_ids
     # The serving worker of the first request exits: it is restored on its holder.
-    assert client.report_exit(serving[first], 1, "SIGKILL")
-    assert not client.report_exit(serving[first], 1, "SIGKILL")  # already failed
+    # Each exit is reported with the incarnation's own call key (its supervisor's copy).
+    assert workers[serving[first]].report_exit(serving[first], 1, "SIGKILL")
+    assert not workers[serving[first]].report_exit(serving[first], 1, "SIGKILL")  # already failed
     (failure,) = server.coordinator.failures
     assert "process exited: SIGKILL" in failure.cause
     route = next(r for r in failure.routes if r.request_id == first)
@@ -229,7 +234,7 @@ def test_process_exit_routes_restores_and_replaces_a_dead_holders_checkpoints(st
     # A holder that dies leaves its checkpoints re-placed and streamed again in full.
     live_holder = holders[second]
     assert live_holder not in (serving[first], serving[second])  # LoadAware spread them
-    assert client.report_exit(live_holder, 1, "SIGKILL")
+    assert workers[live_holder].report_exit(live_holder, 1, "SIGKILL")
     replaced = [d for d in server.coordinator.failures[-1].replacements if d.request_id == second]
     assert replaced and replaced[0].new_holder_ids and live_holder not in replaced[0].holder_ids
     new_holder = replaced[0].new_holder_ids[0]
@@ -244,7 +249,7 @@ def test_assist_pairing_then_switch_over(start_gateway, connect):
     workers = register_workers(server, connect, 3)
     workers[2].heartbeat(WorkerReport(num_running=6))
     workers[1].heartbeat(WorkerReport(num_running=2))
-    assert connect(server).report_exit(0, 1, "SIGKILL")
+    assert workers[0].report_exit(0, 1, "SIGKILL")
     restarted = connect(server)
     registration = restarted.register(0, state=WorkerState.RECOVERING, holder_address="127.0.0.1:7100")
     assert registration.epoch == 2
@@ -328,7 +333,7 @@ def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, conne
     assert next(watched).token_ids == (1, 2, 3)
     workers[serving_id].report_tokens(request_id, 1, 3, [4])  # same request epoch: accepted
     assert next(watched).token_ids == (4,)
-    assert connect(second).report_exit(serving_id, workers[serving_id].epoch, "SIGKILL")
+    assert workers[serving_id].report_exit(serving_id, workers[serving_id].epoch, "SIGKILL")
     (failure_route,) = second.coordinator.failures[0].routes
     assert failure_route.action is RecoveryAction.RESTORE and failure_route.restorable_tokens == 6
     resumed = [d for d in workers[holder_id].heartbeat().directives if isinstance(d, Resume)]
@@ -345,7 +350,7 @@ def test_a_request_whose_last_worker_dies_ends_its_stream_with_unavailable(start
     request_id = next(stream).request_id
     worker.report_tokens(request_id, 1, 0, [6])
     assert next(stream).token_ids == (6,)
-    assert connect(server).report_exit(0, 1, "SIGKILL")
+    assert worker.report_exit(0, 1, "SIGKILL")
     with pytest.raises(GatewayError, match=f"UNAVAILABLE: request {request_id} lost"):
         next(stream)
 
@@ -533,7 +538,7 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
     server = start_gateway(GatewayConfig(policy="LUMEN", lease_s=2.0, heartbeat_s=0.05))
     survivors = register_workers(server, connect, 2)
     survivors[1].heartbeat(WorkerReport(num_running=4))
-    assert connect(server).report_exit(0, 1, "SIGKILL")
+    assert server.report_exit(0, 1, "SIGKILL")  # a supervisor beside the gateway
     assistant = connect(server)
     registration = assistant.register(0, state=WorkerState.RECOVERING)
     assert [type(d) for d in registration.directives] == [AssistDraft]

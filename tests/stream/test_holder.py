@@ -313,6 +313,65 @@ def test_a_local_restore_writes_nothing_past_the_verified_prefix(secret: bytes, 
         rig.close()
 
 
+def _wide_cache(seed: int) -> KVLayout:
+    """256 slots of 32 KiB records: 8 MiB, a restore large enough to verify on a second thread
+    (kPipelineBytes in csrc/include/lumen/holder/verified_write.h), in batches of 30 records."""
+    return make_paged_cache(
+        "vllm_flash",
+        num_layers=8,
+        num_blocks=16,
+        block_size=16,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        seed=seed,
+    )
+
+
+@pytest.mark.parametrize(
+    "corrupt_at,wrong_token_at", [(None, None), (0, None), (100, None), (255, None), (None, 200), (150, 120)]
+)
+def test_a_pipelined_local_restore_writes_only_verified_records(
+    issuer: CapabilityIssuer, secret: bytes, corrupt_at: int | None, wrong_token_at: int | None
+) -> None:
+    source, n = _wide_cache(0), 256
+    assert n * source.record_bytes >= 8 << 20
+    store = HolderStore()
+    tokens = np.arange(n, dtype=np.uint32)
+    slots = torch.arange(n, dtype=torch.int64)
+    records = gather_tokens(source, slots).clone()
+    crcs = checksum(records).numpy()
+    if corrupt_at is not None:
+        records[corrupt_at, 5] ^= 0x01
+    cap = issuer.issue(1, SHARD, EPOCH, holder_id=0)
+    fp = fingerprint_bytes(source, MODEL)
+    with (
+        store.serve(secret, tls=TLS, verify_records=False, issuer_public_key=issuer.public_key) as server,
+        Client("127.0.0.1", server.port, secret, tls=TLS) as client,
+    ):
+        client.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
+        assert client.append(1, SHARD, EPOCH, 0, tokens, crcs, records.numpy(), cap) == n
+    expected = tokens.copy()
+    if wrong_token_at is not None:
+        expected[wrong_token_at] += 1
+    target, untouched = _wide_cache(5), _wide_cache(5)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))  # other slots
+    result = store.restore(1, target, order, token_ids=expected, model_fingerprint=MODEL)
+    good = min((i for i in (corrupt_at, wrong_token_at) if i is not None), default=n)
+    status = (
+        RestoreStatus.COMPLETE
+        if good == n
+        else RestoreStatus.CRC_MISMATCH
+        if good == corrupt_at
+        else RestoreStatus.TOKEN_MISMATCH
+    )
+    assert (result.status, result.restored_tokens) == (status, good)
+    if good > 0:
+        assert_kv_equal(source, slots[:good], target, order[:good])
+    if good < n:
+        assert_kv_equal(untouched, order[good:], target, order[good:])
+
+
 def test_remote_restore_matches_local(rig: Rig) -> None:
     rig.open(6)
     rig.append(6, 0, 45)

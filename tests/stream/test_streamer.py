@@ -17,9 +17,15 @@ import torch
 from lumen_core.auth import CapabilityIssuer, read_issuer_key_file
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import gather_tokens, scatter_tokens
-from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore, restorable_tokens
+from lumen_core.stream import (
+    CheckpointStreamer,
+    HolderStore,
+    RestoreStatus,
+    remote_restore,
+    restorable_tokens,
+)
 from lumen_core.testing import make_paged_cache
-from lumen_core.transport import Client
+from lumen_core.transport import Client, WireLimits
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
@@ -432,6 +438,32 @@ def test_holder_that_cannot_reserve_the_expected_size_is_a_lost_replica(
         streamer.add_request(
             63, [("127.0.0.1", h.port)], [issuer.issue(63, 0, 0, holder_id=0)], expected_tokens=-2
         )
+
+
+def test_appends_fit_the_limits_the_holder_announces(
+    issuer: CapabilityIssuer, make_streamer: Any, secret: bytes
+) -> None:
+    """The streamer's own limits allow 65,536 tokens an append; these holders take 4 (appends
+    are split to fit) and records of at most 128 bytes (the replica is refused for good)."""
+    record_bytes = cache().record_bytes  # 256
+    narrow = WireLimits(max_tokens_per_message=4, max_record_bytes=record_bytes)
+    small = WireLimits(max_record_bytes=record_bytes // 2)
+    with (
+        HolderStore().serve(secret, tls=TLS, limits=narrow, issuer_public_key=issuer.public_key) as a,
+        HolderStore().serve(secret, tls=TLS, limits=small, issuer_public_key=issuer.public_key) as b,
+    ):
+        streamer = make_streamer(connect_timeout_s=10.0, ack_timeout_s=10.0)  # a loaded machine
+        add(streamer, issuer, 71, a.port)
+        add(streamer, issuer, 72, b.port)
+        loop = Loop(streamer, [71, 72])
+        loop.step(new=10)
+        assert streamer.flush(timeout_s=10)
+        stats = streamer.stats()
+        assert stats.durable == {71: 10, 72: 0}
+        assert stats.lost == ((72, ("127.0.0.1", b.port)),)
+        assert stats.counters["appends_started"] == 3  # 4 + 4 + 2 tokens
+        assert a.stats()["malformed"] == b.stats()["malformed"] == 0
+        loop.check_holder(a.port, secret, issuer, 71)
 
 
 @pytest.mark.parametrize("eviction", ["none", "shortest_prefix"])

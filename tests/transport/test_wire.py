@@ -21,7 +21,7 @@ U32 = st.integers(0, 2**32 - 1)
 U64 = st.integers(0, 2**64 - 1)
 
 # Kind -> payload length it needs (num_tokens=4, record_bytes=16 where they matter).
-KINDS = {1: 32, 2: 64, 3: 32, 4: 64, 5: 4 * (8 + 16), 6: 0, 7: 0, 8: 0, 9: 64 + 4 * 24, 10: 0}
+KINDS = {1: 32, 2: 64, 3: 48, 4: 64, 5: 4 * (8 + 16), 6: 0, 7: 0, 8: 0, 9: 64 + 4 * 24, 10: 0}
 
 
 def _native_module():
@@ -75,7 +75,7 @@ def test_append_header_round_trips_little_endian(
     # The layout is fixed little-endian (wire.h): check it byte by byte.
     assert struct.unpack_from("<IHHQQIIQIIQQI", header) == (
         0x4E4D554C,
-        2,
+        3,  # the version: signed 128-byte capabilities (2 added the limits in AUTH_OK)
         5,
         request_id,
         op_id,
@@ -98,7 +98,7 @@ def test_append_header_round_trips_little_endian(
 
 
 @settings(max_examples=200, deadline=None)
-@given(position=st.integers(0, 103), flip=st.integers(1, 255))
+@given(position=st.integers(0, 199), flip=st.integers(1, 255))
 def test_any_corrupted_byte_is_refused(position: int, flip: int) -> None:
     header = bytearray(_header(5))
     header[position] ^= flip
@@ -109,7 +109,7 @@ def test_any_corrupted_byte_is_refused(position: int, flip: int) -> None:
 @pytest.mark.parametrize(
     "header_fields,payload,why",
     [
-        (dict(kind=5, version=1), KINDS[5], "unsupported version"),
+        (dict(kind=5, version=2), KINDS[5], "unsupported version"),  # the 104-byte header's
         (dict(kind=11), 0, "unknown kind"),
         (dict(kind=0), 0, "unknown kind"),
         (dict(kind=5), KINDS[5] - 1, "payload is"),

@@ -74,7 +74,7 @@ def reference(model: Path) -> dict[str, list[int]]:
 
 
 def _run_and_kill(
-    model: Path, secret_file: Path, issuer_key_file: Path, port: int, requests: dict[str, dict[str, Any]],
+    model: Path, secret_file: Path, issuer_key_file: Path, server: Any, requests: dict[str, dict[str, Any]],
     client: Client, issuer: CapabilityIssuer, *, epoch: int, multiprocess: bool = False,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """An engine in its own process group (engine_proc.py; ``multiprocess``: vLLM's default
@@ -83,7 +83,7 @@ def _run_and_kill(
     per request (tokens, num_cached_tokens)."""
     job = {
         "model": str(model), "secret_file": str(secret_file), "issuer_key_file": str(issuer_key_file),
-        "port": port, "requests": requests,
+        "port": server.port, "requests": requests,
     }  # fmt: skip
     env = {
         **os.environ,
@@ -133,7 +133,7 @@ def _run_and_kill(
     ends = {r: (len(e["tokens"]), e["finish_reason"]) for r, e in emitted.items()}
     assert killed, (
         f"the engine ended first (exit {proc.returncode}): durable past prompt {short}, "
-        f"emitted and finish reasons {ends}; its last lines:\n{''.join(log)}"
+        f"emitted and finish reasons {ends}; holder {server.ask('stats')}; its last lines:\n{''.join(log)}"
     )
     _assert_group_gone(proc.pid)
     return emitted
@@ -189,7 +189,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
         run = _run_and_kill(
-            model, secret_file, issuer_key_file, server.port, _first_run(prompts), client, issuer, epoch=0
+            model, secret_file, issuer_key_file, server, _first_run(prompts), client, issuer, epoch=0
         )
         emitted = {r: run[r]["tokens"] for r in prompts}
         durable = {r: durable_tokens(client, issuer, r) for r in prompts}
@@ -257,7 +257,7 @@ def test_two_failures_in_a_row_resume(
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
         run_a = _run_and_kill(
-            model, secret_file, issuer_key_file, server.port, _first_run(prompts), client, issuer, epoch=0
+            model, secret_file, issuer_key_file, server, _first_run(prompts), client, issuer, epoch=0
         )
         requests_b = {}
         for r, p in prompts.items():
@@ -269,7 +269,7 @@ def test_two_failures_in_a_row_resume(
             model,
             secret_file,
             issuer_key_file,
-            server.port,
+            server,
             requests_b,
             client,
             issuer,
@@ -281,7 +281,9 @@ def test_two_failures_in_a_row_resume(
         client.close()
     for r, q in requests_b.items():
         assert run_b[r]["num_cached_tokens"] == min(durable_a[r], len(q["prompt"]) - 1), r
-        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, r
+        assert durable_b[r] >= len(q["prompt"]) + DECODED_BEFORE_KILL, (
+            r, q["max_tokens"], len(run_b[r]["tokens"]), run_b[r]["finish_reason"], server.ask("stats")
+        )  # fmt: skip
 
     llm = LLM(
         **engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, issuer_key_file, server.port))

@@ -21,12 +21,11 @@ import grpc
 import numpy as np
 import torch
 
-from lumen_core.auth import AUTH_METADATA_KEY, sign_call
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.directives import Run
-from lumen_core.gateway.protocol import method, parse_address
+from lumen_core.gateway.protocol import parse_address
 from lumen_core.ops import checksum
 from lumen_core.auth import read_secret_file
 from lumen_core.transport import Client, TransportError
@@ -97,7 +96,8 @@ def main() -> int:
                     pb.RequestTokens(request_id=r, epoch=grants[r][0], token_ids=FAKE_TOKENS) for r in grants
                 ],
             )
-            metadata = ((AUTH_METADATA_KEY, sign_call(secret, method("ReportTokens"))),)
+            # Signed with its own call key: the client itself sends nothing once fenced.
+            metadata = client.signed_metadata("ReportTokens", report.SerializeToString())
             try:
                 stub.ReportTokens(report, metadata=metadata, timeout=5.0)
                 reported = "accepted"

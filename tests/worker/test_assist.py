@@ -93,3 +93,29 @@ def test_assistant_drops_datagrams_without_the_secret() -> None:
         rogue.close()
         forged.close()
         assistant.stop()
+
+
+def test_assistant_drops_a_replayed_sync_and_counts_it() -> None:
+    _, draft = _pair()
+    assistant = Assistant(draft, "127.0.0.1", 0, lambda: 3, secret=SECRET).start()
+    address = ("127.0.0.1", assistant.socket.getsockname()[1])
+    tap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # what an eavesdropper captured
+    tap.bind(("127.0.0.1", 0))
+    tap.settimeout(10)
+    survivor = AssistedRequests(tap.getsockname(), peer_worker_id=1, secret=SECRET)
+    try:
+        survivor.sync({1: [1, 2, 3]}, {1: (3, 2)})
+        captured = tap.recv(65536)
+        for _ in range(3):  # delivered once, then replayed twice
+            tap.sendto(captured, address)
+        deadline = time.monotonic() + 10
+        while assistant.steps < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # the replays have arrived by now
+        # The replays counted nothing twice: one sync's drafted / accepted figures.
+        assert (assistant.proposed, assistant.accepted) == (3, 2)
+        assert (assistant.num_replayed, assistant.num_refused) == (2, 0)
+    finally:
+        tap.close()
+        survivor.close()
+        assistant.stop()

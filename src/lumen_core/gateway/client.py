@@ -1,14 +1,18 @@
 """GatewayClient: what worker processes and clients call the gateway with.
 
-Every call is signed with the cluster secret (``auth.sign_call``) and has a deadline (the
-pushed directive stream excepted: it stays open). Worker side: ``register``, then
+Every call is signed (``auth.sign_call``) over its serialized request for the gateway's
+instance (learnt with Hello, again when a call is refused as signed for another instance):
+registrations and the client API with the cluster secret, every later call of a worker with
+the call key its registration returned. Every call has a deadline (the pushed directive
+stream excepted: it stays open). Worker side: ``register``, then
 ``heartbeat`` every ``heartbeat_s`` and ``receive_directives`` on a thread of its own (the
 pushed delivery); both deliver through the client's ``DirectiveInbox``, so each directive
 reaches the handler once and in order whichever path brought it. The lease is the worker's to
 watch: ``lease_valid()`` turns False once a heartbeat reply says ``fenced`` or once no
 heartbeat has been acknowledged for ``lease_s`` (measured from when the last acknowledged one
 was sent, so the worker's deadline is never later than the gateway's). A worker whose lease
-is not valid must stop serving (fence itself) and register again as a new incarnation.
+is not valid must stop serving (fence itself) and register again as a new incarnation. A
+restarted gateway knows no call key: a heartbeat then answers ``reregister``.
 Client side: ``submit`` streams a request's tokens, ``watch`` re-attaches to one.
 """
 
@@ -24,13 +28,21 @@ from typing import Any
 import grpc
 
 from lumen_core._validate import check_number
-from lumen_core.auth import AUTH_METADATA_KEY, check_secret, sign_call
+from lumen_core.auth import (
+    CALL_METADATA_KEY,
+    CLUSTER_PRINCIPAL,
+    INSTANCE_METADATA_KEY,
+    check_secret,
+    sign_call,
+    unwrap_call_key,
+    worker_principal,
+)
 from lumen_core.gateway import lumen_pb2 as pb
-from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.directives import Directive
 from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.inbox import DirectiveHandler, DirectiveInbox
 from lumen_core.gateway.protocol import (
+    CLUSTER_SIGNED,
     delivery_from_pb,
     held_to_pb,
     method,
@@ -53,9 +65,42 @@ _CHANNEL_OPTIONS = (
 
 _NO_REPORT = WorkerReport()
 
+# The reply message of each call, and whether it streams: the client sends bytes it
+# serialized itself (what it signed) and decodes the replies with these.
+_REPLIES: dict[str, tuple[Any, bool]] = {
+    "Hello": (pb.HelloReply, False),
+    "Register": (pb.RegisterReply, False),
+    "Heartbeat": (pb.HeartbeatReply, False),
+    "Directives": (pb.Directive, True),
+    "ReportTokens": (pb.TokenAcks, False),
+    "ReportExit": (pb.ExitReply, False),
+    "ModelLoaded": (pb.ModelLoadedReply, False),
+    "Submit": (pb.TokenChunk, True),
+    "Watch": (pb.TokenChunk, True),
+    "Status": (pb.StatusReply, False),
+}
+
+
+@dataclass(frozen=True)
+class _Credential:
+    """A worker incarnation's call key, issued by gateway instance ``instance_id``: one object,
+    so a call's body and its signature always name the same incarnation."""
+
+    worker_id: int
+    epoch: int
+    key: bytes
+    instance_id: str
+
 
 class FencedError(RuntimeError):
     """A call that needs a valid lease was made after the lease was lost."""
+
+
+def _current_instance(error: grpc.RpcError) -> str | None:
+    """The gateway instance a refusal names (a call signed for another instance), or None."""
+    if error.code() != grpc.StatusCode.UNAUTHENTICATED:
+        return None
+    return dict(error.trailing_metadata() or ()).get(INSTANCE_METADATA_KEY)
 
 
 def _translate(error: grpc.RpcError) -> GatewayError:
@@ -144,8 +189,15 @@ class GatewayClient:
             raise TypeError(f"on_issuer_key must be callable, got {type(on_issuer_key).__name__}")
         self.on_issuer_key = on_issuer_key
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._stub = pb_grpc.GatewayStub(self._channel)
+        self._calls = {
+            name: (self._channel.unary_stream if streams else self._channel.unary_unary)(
+                method(name), response_deserializer=reply.FromString
+            )
+            for name, (reply, streams) in _REPLIES.items()
+        }
         self._lock = threading.Lock()
+        self._instance_id = ""  # the gateway instance calls are signed for ("": ask with Hello)
+        self._credential: _Credential | None = None  # set by register
         self.worker_id = -1
         self.epoch = 0
         self.lease_s = math.nan
@@ -158,14 +210,63 @@ class GatewayClient:
         self.inbox = DirectiveInbox()
         self._pushed: Any = None  # the open Directives call, cancelled by cancel_directives
 
-    def _metadata(self, name: str) -> tuple[tuple[str, str], ...]:
-        return ((AUTH_METADATA_KEY, sign_call(self._secret, method(name))),)
+    def signed_metadata(self, name: str, body: bytes) -> tuple[tuple[str, str], ...]:
+        """The metadata of one call of Gateway method ``name`` with serialized request
+        ``body``: signed for the gateway instance this client knows, with the cluster secret
+        (registrations, the client API) or this worker incarnation's call key. Raises
+        FencedError for a worker's call before ``register``, grpc.RpcError when the gateway
+        cannot be asked for its instance."""
+        return self._sign(name, body, self._credential)
 
-    def _call(self, name: str, request: object) -> object:
+    def _worker_credential(self, name: str) -> _Credential:
+        credential = self._credential
+        if credential is None:
+            raise FencedError(f"{name} before register: this client holds no call key")
+        return credential
+
+    def _sign(self, name: str, body: bytes, credential: _Credential | None) -> tuple[tuple[str, str], ...]:
+        if not self._instance_id:
+            reply = self._calls["Hello"](b"", timeout=self.timeout_s)
+            self._instance_id = reply.instance_id
+        if name in CLUSTER_SIGNED:
+            key, principal = self._secret, CLUSTER_PRINCIPAL
+        else:
+            credential = self._worker_credential(name) if credential is None else credential
+            key, principal = credential.key, worker_principal(credential.worker_id, credential.epoch)
+        value = sign_call(
+            key, instance_id=self._instance_id, principal=principal, method=method(name), body=body
+        )
+        return ((CALL_METADATA_KEY, value),)
+
+    def _learn_instance(self, error: grpc.RpcError) -> bool:
+        """Take a refusal's current gateway instance; True if it is news (re-sign, retry)."""
+        instance_id = _current_instance(error)
+        if instance_id is None or instance_id == self._instance_id:
+            return False
+        self._instance_id = instance_id
+        return True
+
+    def _call(self, name: str, request: Any, credential: _Credential | None = None) -> Any:
+        """One unary call (a worker's signed with ``credential``, by default the current one);
+        a call of the cluster secret's refused for naming an older gateway instance is signed
+        again for the current one and sent once more."""
+        body = request.SerializeToString()
         try:
-            return getattr(self._stub, name)(request, timeout=self.timeout_s, metadata=self._metadata(name))
+            for attempt in range(2):
+                try:
+                    return self._calls[name](
+                        body, timeout=self.timeout_s, metadata=self._sign(name, body, credential)
+                    )
+                except grpc.RpcError as error:
+                    if not (self._learn_instance(error) and name in CLUSTER_SIGNED and attempt == 0):
+                        raise
         except grpc.RpcError as error:
             raise _translate(error) from None
+        raise AssertionError("unreachable: the second attempt returns or raises")
+
+    def _stale(self, credential: _Credential) -> bool:
+        """Whether the gateway restarted since ``credential`` was issued (the key is gone)."""
+        return credential.instance_id != self._instance_id
 
     # ---- worker side -----------------------------------------------------------------------
     def register(
@@ -204,6 +305,14 @@ class GatewayClient:
         with self._lock:
             self.worker_id = worker_id
             self.epoch = reply.epoch
+            key = unwrap_call_key(
+                self._secret,
+                reply.wrapped_call_key,
+                reply.call_key_salt,
+                instance_id=self._instance_id,
+                principal=worker_principal(worker_id, reply.epoch),
+            )
+            self._credential = _Credential(worker_id, reply.epoch, key, self._instance_id)
             self.lease_s = reply.lease_s
             self.heartbeat_s = reply.heartbeat_s
             self._lease_deadline_s = sent_s + reply.lease_s
@@ -250,21 +359,33 @@ class GatewayClient:
     ) -> HeartbeatResult:
         """Renew the lease, send ``report`` (with the state it registered in or switched over
         to) and acknowledge the directives the inbox applied; a ``fenced`` reply fences this
-        client. The reply's directives go through the inbox to ``on_directives``."""
-        if self.worker_id < 0:
+        client. The reply's directives go through the inbox to ``on_directives``. A gateway
+        that restarted since ``register`` knows no call key of this worker: the result then
+        says ``reregister`` (it was not sent, or refused as signed for the old instance)."""
+        credential = self._credential
+        if credential is None:
             raise FencedError("heartbeat before register")
+        restarted = HeartbeatResult(False, True, "the gateway restarted: re-register", (), 0)
+        if self._stale(credential):
+            return restarted
         sent_s = time.monotonic()
-        epoch = self.epoch
-        reply = self._call(
-            "Heartbeat",
-            pb.HeartbeatRequest(
-                worker_id=self.worker_id,
-                epoch=epoch,
-                state=state_to_pb(self.state),
-                report=report_to_pb(report),
-                acked_sequence=self.inbox.sequence,
-            ),
-        )
+        epoch = credential.epoch
+        try:
+            reply = self._call(
+                "Heartbeat",
+                pb.HeartbeatRequest(
+                    worker_id=credential.worker_id,
+                    epoch=epoch,
+                    state=state_to_pb(self.state),
+                    report=report_to_pb(report),
+                    acked_sequence=self.inbox.sequence,
+                ),
+                credential,
+            )
+        except AuthError:
+            if self._stale(credential):
+                return restarted
+            raise
         assert isinstance(reply, pb.HeartbeatReply)
         with self._lock:
             if reply.fenced:
@@ -284,13 +405,22 @@ class GatewayClient:
         inbox applied and hand what arrives to ``on_directives`` (through the inbox) until the
         stream ends. Returns when the gateway ends it, ``cancel_directives`` is called or
         ``stop`` is set (set it before calling ``cancel_directives``: then no stream opened
-        concurrently stays open); raises GatewayError when it cannot be opened or breaks
+        concurrently stays open), and at once while a ``register`` is under way (the inbox is
+        not at the new epoch yet: call again); raises GatewayError when it cannot be opened or breaks
         (StaleEpochError: this epoch is fenced), FencedError before ``register``."""
-        if self.worker_id < 0:
+        credential = self._credential
+        if credential is None:
             raise FencedError("receive_directives before register")
-        epoch, after_sequence = self.inbox.position()  # not self.epoch: a register may be under way
-        request = pb.DirectivesRequest(worker_id=self.worker_id, epoch=epoch, after_sequence=after_sequence)
-        call = self._stub.Directives(request, metadata=self._metadata("Directives"))
+        epoch, after_sequence = self.inbox.position()
+        if epoch != credential.epoch:
+            return  # a register is under way: its epoch's stream opens on the next call
+        body = pb.DirectivesRequest(
+            worker_id=credential.worker_id, epoch=epoch, after_sequence=after_sequence
+        ).SerializeToString()
+        try:
+            call = self._calls["Directives"](body, metadata=self._sign("Directives", body, credential))
+        except grpc.RpcError as error:  # Hello failed: the gateway is unreachable
+            raise _translate(error) from None
         self._pushed = call
         if stop is not None and stop.is_set():
             call.cancel()
@@ -298,6 +428,7 @@ class GatewayClient:
             for message in call:
                 self.inbox.accept(epoch, [delivery_from_pb(message)], on_directives)
         except grpc.RpcError as error:
+            self._learn_instance(error)
             if error.code() != grpc.StatusCode.CANCELLED:
                 raise _translate(error) from None
         finally:
@@ -347,15 +478,16 @@ class GatewayClient:
         gateway refuses gets an ack with a non-zero ``code``; the others are accepted. Not
         sent (FencedError) once this client knows its lease is lost; StaleEpochError when the
         gateway has fenced this worker epoch."""
+        credential = self._worker_credential("ReportTokens")
         if not self.lease_valid():
             raise FencedError(
-                f"worker {self.worker_id} epoch {self.epoch} holds no lease: {self.fence_reason}"
+                f"worker {credential.worker_id} epoch {credential.epoch} holds no lease: {self.fence_reason}"
             )
         reply = self._call(
             "ReportTokens",
             pb.TokenReport(
-                worker_id=self.worker_id,
-                worker_epoch=self.epoch,
+                worker_id=credential.worker_id,
+                worker_epoch=credential.epoch,
                 requests=[
                     pb.RequestTokens(
                         request_id=r.request_id,
@@ -367,6 +499,7 @@ class GatewayClient:
                     for r in reports
                 ],
             ),
+            credential,
         )
         assert isinstance(reply, pb.TokenAcks)
         return [
@@ -375,8 +508,10 @@ class GatewayClient:
         ]
 
     def report_exit(self, worker_id: int, epoch: int, reason: str = "") -> bool:
-        """A supervisor reports that the process of (worker, epoch) exited; True if the
-        gateway failed that incarnation now (False: already failed or superseded)."""
+        """Report that the process of (worker, epoch) exited: this client's own incarnation
+        (the call is signed with its call key; the gateway refuses any other with
+        PERMISSION_DENIED). True if the gateway failed that incarnation now (False: already
+        failed or superseded)."""
         reply = self._call("ReportExit", pb.ExitReport(worker_id=worker_id, epoch=epoch, reason=reason))
         assert isinstance(reply, pb.ExitReply)
         return reply.failed
@@ -384,25 +519,37 @@ class GatewayClient:
     def model_loaded(self, *, budget_bytes: int, domain: str = "") -> int | None:
         """Switch-over: this recovering worker's full model is loaded. Returns the survivor it
         assisted, or None."""
+        credential = self._worker_credential("ModelLoaded")
         reply = self._call(
             "ModelLoaded",
             pb.ModelLoadedRequest(
-                worker_id=self.worker_id, epoch=self.epoch, budget_bytes=budget_bytes, domain=domain
+                worker_id=credential.worker_id,
+                epoch=credential.epoch,
+                budget_bytes=budget_bytes,
+                domain=domain,
             ),
+            credential,
         )
         assert isinstance(reply, pb.ModelLoadedReply)
         self.state = WorkerState.SERVING
         return None if reply.freed_survivor_id < 0 else reply.freed_survivor_id
 
     # ---- client side -----------------------------------------------------------------------
-    def _stream(self, name: str, request: object, timeout_s: float) -> Iterator[TokenChunk]:
-        try:
-            for chunk in getattr(self._stub, name)(request, timeout=timeout_s, metadata=self._metadata(name)):
-                yield TokenChunk(
-                    chunk.request_id, chunk.start_position, tuple(chunk.token_ids), chunk.finished
-                )
-        except grpc.RpcError as error:
-            raise _translate(error) from None
+    def _stream(self, name: str, request: Any, timeout_s: float) -> Iterator[TokenChunk]:
+        body = request.SerializeToString()
+        for attempt in range(2):
+            try:
+                call = self._calls[name](body, timeout=timeout_s, metadata=self.signed_metadata(name, body))
+                for chunk in call:
+                    yield TokenChunk(
+                        chunk.request_id, chunk.start_position, tuple(chunk.token_ids), chunk.finished
+                    )
+                return
+            except grpc.RpcError as error:
+                # Refused before anything streamed (signed for an older gateway instance):
+                # sign again for the current one, once.
+                if not (self._learn_instance(error) and attempt == 0):
+                    raise _translate(error) from None
 
     def submit(
         self,

@@ -7,6 +7,11 @@ import signal
 import sys
 import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the front door's modules (and the http extra) only load when it is served
+    from lumen_core.gateway.http.config import FrontDoorConfig
+    from lumen_core.gateway.http.text import Tokenizer
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -50,6 +55,24 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
         help="first request id (after a restart: above any id the workers may still hold)",
     )
     parser.add_argument("--event-log", default=None, metavar="PATH", help="JSON lines of every policy call")
+    http = parser.add_argument_group(
+        "OpenAI front door", "HTTP API for clients (docs/front_door.md; needs the lumen_core[http] extra)"
+    )
+    http.add_argument("--http-port", type=int, default=None, help="serve /v1/* on this port (0: a free one)")
+    http.add_argument(
+        "--api-key-file", default=None, metavar="PATH", help="client API keys, one a line (0600)"
+    )
+    http.add_argument(
+        "--tokenizer", default=None, metavar="DIR", help="a saved transformers tokenizer (text)"
+    )
+    http.add_argument("--model-name", default="lumen", help="the model id clients name (default: lumen)")
+    http.add_argument(
+        "--vocab-size", type=int, default=None, help="token ids must be below it (default: the tokenizer's)"
+    )
+    http.add_argument("--max-model-len", type=int, default=4096, help="bound on prompt + max_tokens")
+    http.add_argument(
+        "--max-concurrent-requests", type=int, default=64, help="HTTP requests in flight; more get 429"
+    )
     parser.set_defaults(func=run_gateway)
     return parser
 
@@ -89,6 +112,13 @@ def run_gateway(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"lumen gateway: {exc}", file=sys.stderr)
         return 2
+    front_door_config = None
+    if args.http_port is not None:
+        try:
+            front_door_config, api_keys, tokenizer = _front_door(args)
+        except (OSError, ValueError, ImportError) as exc:
+            print(f"lumen gateway: cannot serve the front door: {exc}", file=sys.stderr)
+            return 2
     if args.host not in LOOPBACK:
         print(
             f"warning: listening on {args.host}: calls are authenticated but not encrypted",
@@ -109,7 +139,19 @@ def run_gateway(args: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: stop.set())
     server.start()
+    door = None
     try:
+        if front_door_config is not None:
+            from lumen_core.gateway.http.front_door import FrontDoor
+
+            door = FrontDoor(
+                server, front_door_config, api_keys, tokenizer=tokenizer, host=args.host, port=args.http_port
+            )
+            try:
+                door.start()
+            except (OSError, RuntimeError) as exc:  # the port is taken, or uvicorn did not come up
+                print(f"lumen gateway: cannot serve the front door: {exc}", file=sys.stderr)
+                return 2
         metrics = (
             f"; metrics on http://{args.host}:{server.metrics_port}/metrics"
             if metrics_port is not None
@@ -120,11 +162,43 @@ def run_gateway(args: argparse.Namespace) -> int:
             f"heartbeat {config.heartbeat_s} s){metrics}",
             flush=True,
         )
+        if door is not None:
+            print(f"OpenAI front door on {door.url} (model {door.config.model_name})", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
+        if door is not None:
+            door.stop()
         server.stop()
         if event_log is not None:
             event_log.close()
     print("gateway stopped", flush=True)
     return 0
+
+
+def _front_door(args: argparse.Namespace) -> tuple[FrontDoorConfig, frozenset[str], Tokenizer | None]:
+    """The front door's config, API keys and tokenizer from the flags. Raises ValueError for a
+    flag that is missing or wrong, OSError for an unreadable key file, ImportError without the
+    ``http`` extra."""
+    from lumen_core.gateway.http.config import FrontDoorConfig
+    from lumen_core.gateway.http.keys import read_api_key_file
+    from lumen_core.gateway.http.text import Tokenizer
+
+    if args.api_key_file is None:
+        raise ValueError("--http-port needs --api-key-file: there are no default client keys")
+    api_keys = read_api_key_file(args.api_key_file)
+    tokenizer = None if args.tokenizer is None else Tokenizer(args.tokenizer)
+    vocab_size = args.vocab_size
+    if vocab_size is None:
+        if tokenizer is None:
+            raise ValueError(
+                "--http-port needs --vocab-size or --tokenizer (token ids are checked against it)"
+            )
+        vocab_size = tokenizer.vocab_size
+    config = FrontDoorConfig(
+        args.model_name,
+        vocab_size,
+        max_model_len=args.max_model_len,
+        max_concurrent_requests=args.max_concurrent_requests,
+    )
+    return config, api_keys, tokenizer

@@ -33,6 +33,7 @@ from lumen_core._validate import check_int
 from lumen_core.auth import CapabilityIssuer, Rights, check_secret
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
+    GREEDY,
     AssistDraft,
     AssistStop,
     AssistVerify,
@@ -44,6 +45,7 @@ from lumen_core.gateway.directives import (
     Release,
     Resume,
     Run,
+    Sampling,
     Stream,
 )
 from lumen_core.gateway.errors import StaleEpochError
@@ -160,6 +162,7 @@ class _Request:
     epoch: int
     arrival_s: float
     tokens: list[int] = field(default_factory=list)
+    sampling: Sampling = GREEDY
     finished: bool = False
     lost: bool = False
     first_token_s: float = math.nan
@@ -462,6 +465,26 @@ class Coordinator:
             self._send(request.worker_id, Stream(request_id, request.epoch, (), decision.reason))
         return decision
 
+    def report_lost(
+        self, now_s: float, worker_id: int, request_id: int, holder_id: int
+    ) -> PlacementDecision | None:
+        """The serving worker's streamer lost the replica on ``holder_id`` for good (gave up on
+        an unreachable holder, or was refused): handled as that holder's refusal (placed
+        again, avoiding it), and the holder is told to release what it kept of the copy. A
+        report from a worker that does not serve the request (a stale incarnation), about an
+        unknown holder, or reported again changes nothing."""
+        request = self._requests.get(request_id)
+        if (
+            request is None
+            or request.finished
+            or request.worker_id != worker_id
+            or holder_id not in self._workers
+            or holder_id in self.monitor.refused_by(request_id)
+        ):
+            return None
+        self._send(holder_id, Release(request_id, request.epoch, "replica lost: placed again"))
+        return self.report_dropped(now_s, holder_id, request_id, refused=True)
+
     def _stream_to_new(self, request: _Request, decision: PlacementDecision) -> None:
         """HOLD to the new holders; STREAM to the serving worker naming every holder the
         request has now (the surviving replicas too: the worker streams to the list it is
@@ -526,6 +549,8 @@ class Coordinator:
             self.report_dropped(now_s, worker_id, request_id, refused=True)
         for request_id in report.evicted_request_ids:
             self.report_dropped(now_s, worker_id, request_id, refused=False)
+        for lost in report.lost_replicas:
+            self.report_lost(now_s, worker_id, lost.request_id, lost.holder_worker_id)
         k = self.assist_report(
             now_s,
             worker_id,
@@ -636,6 +661,7 @@ class Coordinator:
             tuple(request.tokens),
             request.max_new_tokens,
             decision.reason,
+            request.sampling,
         )
 
     # ---- requests ----------------------------------------------------------------------------
@@ -656,9 +682,13 @@ class Coordinator:
         expected_output_tokens: int = 0,
         worker_id: int | None = None,
         request_id: int | None = None,
+        sampling: Sampling = GREEDY,
     ) -> AdmissionPlan:
         """Admit a client request on ``worker_id`` (default: join-shortest-queue), place its
-        checkpoint and queue RUN to the worker and HOLD to its holders."""
+        checkpoint and queue RUN to the worker and HOLD to its holders. ``sampling`` goes with
+        the request wherever it is moved (RUN and every RESUME carry it)."""
+        if not isinstance(sampling, Sampling):
+            raise TypeError(f"sampling must be a Sampling, got {type(sampling).__name__}")
         prompt = _check_tokens("prompt_token_ids", prompt_token_ids)
         if not prompt:
             raise ValueError("prompt_token_ids must not be empty, got 0 tokens")
@@ -673,7 +703,9 @@ class Coordinator:
             raise ValueError(f"request_id must be new, got {request_id}")
         self._next_request_id = max(self._next_request_id, request_id + 1)
         plan = self.driver.admit(now_s, request_id, worker_id, len(prompt), expected)
-        request = _Request(request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s)
+        request = _Request(
+            request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s, sampling=sampling
+        )
         self._requests[request_id] = request
         placement = plan.placement
         self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
@@ -686,6 +718,7 @@ class Coordinator:
                 prompt,
                 max_new_tokens,
                 placement.reason,
+                sampling,
             ),
         )
         return plan
@@ -752,6 +785,20 @@ class Coordinator:
         self._close(now_s, request)
         for holder_id in self.driver.finish(now_s, request_id):
             self._send(holder_id, Release(request_id, request.epoch, "finished"))
+
+    def cancel(self, now_s: float, request_id: int, reason: str) -> bool:
+        """The client gave up on a request (it disconnected, or the front door ended it at a
+        stop sequence): CANCEL to its serving worker, RELEASE to its holders (a checkpoint is
+        released only on the gateway's word), and the request ends with the tokens it has.
+        Returns False when it had ended already. Raises IndexError for an unknown request."""
+        request = self._requests.get(check_int("request_id", request_id, low=0))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        if request.finished:
+            return False
+        self._send(request.worker_id, Cancel(request_id, reason))
+        self.finish_request(now_s, request_id)
+        return True
 
     def _close(self, now_s: float, request: _Request) -> None:
         """A request's own accounting at its end (finished or lost)."""

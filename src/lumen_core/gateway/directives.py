@@ -9,8 +9,10 @@ logs only).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from lumen_core._validate import U64_MAX, check_int, check_number
 from lumen_core.policy.events import RecoveryAction
 
 
@@ -24,6 +26,26 @@ class HolderGrant:
 
 
 @dataclass(frozen=True)
+class Sampling:
+    """How a request samples: ``temperature`` 0 is greedy; above it, the token at output
+    position ``p`` is drawn keyed by ``(seed, p)`` (the engine's ``SamplingParams``), so a request
+    resumed elsewhere draws the same tokens. Raises TypeError/ValueError for a temperature that
+    is not a finite number >= 0 or a seed outside [0, 2**64)."""
+
+    temperature: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        temperature = check_number("temperature", self.temperature, low=0.0)
+        if math.isinf(temperature):
+            raise ValueError(f"`temperature` must be finite, got {self.temperature}")
+        check_int("seed", self.seed, low=0, high=U64_MAX)
+
+
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
 class Run:
     """Serve a new request, streaming its checkpoint to ``holders``."""
 
@@ -33,6 +55,7 @@ class Run:
     prompt_token_ids: tuple[int, ...]
     max_new_tokens: int
     reason: str = ""
+    sampling: Sampling = GREEDY
 
 
 @dataclass(frozen=True)
@@ -50,6 +73,7 @@ class Resume:
     output_token_ids: tuple[int, ...]
     max_new_tokens: int
     reason: str = ""
+    sampling: Sampling = GREEDY
 
 
 @dataclass(frozen=True)
@@ -118,7 +142,7 @@ class AssistStop:
 
 @dataclass(frozen=True)
 class Cancel:
-    """Stop serving ``request_id``: another worker serves it now."""
+    """Stop serving ``request_id``: another worker serves it now, or its client gave up."""
 
     request_id: int
     reason: str = ""

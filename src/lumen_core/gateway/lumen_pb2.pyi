@@ -37,24 +37,34 @@ class HolderGrant(_message.Message):
     capabilities: _containers.RepeatedScalarFieldContainer[bytes]
     def __init__(self, worker_id: _Optional[int] = ..., address: _Optional[str] = ..., capabilities: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
+class Sampling(_message.Message):
+    __slots__ = ("temperature", "seed")
+    TEMPERATURE_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    temperature: float
+    seed: int
+    def __init__(self, temperature: _Optional[float] = ..., seed: _Optional[int] = ...) -> None: ...
+
 class Run(_message.Message):
-    __slots__ = ("request_id", "epoch", "holders", "prompt_token_ids", "max_new_tokens", "reason")
+    __slots__ = ("request_id", "epoch", "holders", "prompt_token_ids", "max_new_tokens", "reason", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     HOLDERS_FIELD_NUMBER: _ClassVar[int]
     PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     epoch: int
     holders: _containers.RepeatedCompositeFieldContainer[HolderGrant]
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     reason: str
-    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    sampling: Sampling
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
 
 class Resume(_message.Message):
-    __slots__ = ("request_id", "epoch", "action", "holders", "source", "prompt_token_ids", "output_token_ids", "max_new_tokens", "reason")
+    __slots__ = ("request_id", "epoch", "action", "holders", "source", "prompt_token_ids", "output_token_ids", "max_new_tokens", "reason", "sampling")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     ACTION_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +74,7 @@ class Resume(_message.Message):
     OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     MAX_NEW_TOKENS_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     epoch: int
     action: RecoveryAction
@@ -73,7 +84,8 @@ class Resume(_message.Message):
     output_token_ids: _containers.RepeatedScalarFieldContainer[int]
     max_new_tokens: int
     reason: str
-    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., action: _Optional[_Union[RecoveryAction, str]] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., source: _Optional[_Union[HolderGrant, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    sampling: Sampling
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., action: _Optional[_Union[RecoveryAction, str]] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., source: _Optional[_Union[HolderGrant, _Mapping]] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., output_token_ids: _Optional[_Iterable[int]] = ..., max_new_tokens: _Optional[int] = ..., reason: _Optional[str] = ..., sampling: _Optional[_Union[Sampling, _Mapping]] = ...) -> None: ...
 
 class Hold(_message.Message):
     __slots__ = ("request_id", "epoch", "grant", "reserved_bytes", "serving_worker_id", "reason")
@@ -203,6 +215,14 @@ class HeldCheckpoint(_message.Message):
     durable_tokens: int
     def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., durable_tokens: _Optional[int] = ...) -> None: ...
 
+class LostReplica(_message.Message):
+    __slots__ = ("request_id", "holder_worker_id")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    holder_worker_id: int
+    def __init__(self, request_id: _Optional[int] = ..., holder_worker_id: _Optional[int] = ...) -> None: ...
+
 class RegisterRequest(_message.Message):
     __slots__ = ("worker_id", "state", "budget_bytes", "domain", "holder_address", "num_shards", "last_epoch", "running", "held")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -226,21 +246,35 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., budget_bytes: _Optional[int] = ..., domain: _Optional[str] = ..., holder_address: _Optional[str] = ..., num_shards: _Optional[int] = ..., last_epoch: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "issuer_public_key")
+    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "wrapped_call_key", "call_key_salt", "issuer_public_key")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     DIRECTIVES_FIELD_NUMBER: _ClassVar[int]
+    WRAPPED_CALL_KEY_FIELD_NUMBER: _ClassVar[int]
+    CALL_KEY_SALT_FIELD_NUMBER: _ClassVar[int]
     ISSUER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     lease_s: float
     heartbeat_s: float
     directives: _containers.RepeatedCompositeFieldContainer[Directive]
+    wrapped_call_key: bytes
+    call_key_salt: bytes
     issuer_public_key: bytes
-    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., issuer_public_key: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., wrapped_call_key: _Optional[bytes] = ..., call_key_salt: _Optional[bytes] = ..., issuer_public_key: _Optional[bytes] = ...) -> None: ...
+
+class HelloRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class HelloReply(_message.Message):
+    __slots__ = ("instance_id",)
+    INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
+    instance_id: str
+    def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens")
+    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens", "lost_replicas")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +284,7 @@ class WorkerReport(_message.Message):
     ASSIST_STEPS_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOST_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     held_bytes: int
@@ -259,7 +294,8 @@ class WorkerReport(_message.Message):
     assist_steps: int
     proposed_draft_tokens: int
     accepted_draft_tokens: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ...) -> None: ...
+    lost_replicas: _containers.RepeatedCompositeFieldContainer[LostReplica]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., lost_replicas: _Optional[_Iterable[_Union[LostReplica, _Mapping]]] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "epoch", "state", "report", "acked_sequence")

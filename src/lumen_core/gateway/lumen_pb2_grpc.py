@@ -34,6 +34,11 @@ class GatewayStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Hello = channel.unary_unary(
+                '/lumen.gateway.v1.Gateway/Hello',
+                request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.HelloRequest.SerializeToString,
+                response_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.HelloReply.FromString,
+                _registered_method=True)
         self.Register = channel.unary_unary(
                 '/lumen.gateway.v1.Gateway/Register',
                 request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.RegisterRequest.SerializeToString,
@@ -84,8 +89,18 @@ class GatewayStub:
 class GatewayServicer:
     """Missing associated documentation comment in .proto file."""
 
+    def Hello(self, request, context):
+        """The gateway's instance id, which every other call's signature names (no signature: the id
+        is not a secret; it keeps a call captured at one gateway instance from another).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Register(self, request, context):
-        """A worker process starts (or re-registers after a gateway restart); returns its epoch.
+        """A worker process starts (or re-registers after a gateway restart); returns its epoch and
+        call key. ALREADY_EXISTS while the worker id has a live incarnation (its lease must expire
+        or its exit be reported first).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -118,7 +133,7 @@ class GatewayServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReportExit(self, request, context):
-        """A supervisor (or the restarted process) reports that a worker process exited.
+        """A worker incarnation (or a supervisor holding its call key) reports that it exited.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -153,6 +168,11 @@ class GatewayServicer:
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Hello': grpc.unary_unary_rpc_method_handler(
+                    servicer.Hello,
+                    request_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.HelloRequest.FromString,
+                    response_serializer=lumen__core_dot_gateway_dot_lumen__pb2.HelloReply.SerializeToString,
+            ),
             'Register': grpc.unary_unary_rpc_method_handler(
                     servicer.Register,
                     request_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.RegisterRequest.FromString,
@@ -208,6 +228,33 @@ def add_GatewayServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Gateway:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Hello(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lumen.gateway.v1.Gateway/Hello',
+            lumen__core_dot_gateway_dot_lumen__pb2.HelloRequest.SerializeToString,
+            lumen__core_dot_gateway_dot_lumen__pb2.HelloReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Register(request,

@@ -1,11 +1,17 @@
 """Conversions between the gateway's message dataclasses (``directives``, ``reports``) and
-lumen.proto's messages: the one place either side's fields meet the wire."""
+lumen.proto's messages: the one place either side's fields meet the wire. Also who signs
+each call (``CLUSTER_SIGNED``, ``WORKER_SIGNED``) and the ranges a worker's registration and
+reports must keep to (``check_registration``, ``check_report``, ``check_model_loaded``): the
+wire's u64s are wider than the gateway's int64 and float64 arithmetic, so a value outside them
+is refused where it enters (INVALID_ARGUMENT for that call alone) instead of breaking a later
+call of someone else."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from lumen_core._validate import U32_MAX, check_int
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway.directives import (
     AssistDraft,
@@ -19,12 +25,37 @@ from lumen_core.gateway.directives import (
     Release,
     Resume,
     Run,
+    Sampling,
     Stream,
 )
-from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
 SERVICE = "lumen.gateway.v1.Gateway"
+
+# Who signs each call: the cluster secret admits registrations and the client API; every later
+# call of a worker is signed with its incarnation's call key, and its request must name that
+# incarnation in these fields (worker id, epoch). Hello alone is unsigned.
+UNSIGNED = frozenset({"Hello"})
+CLUSTER_SIGNED = frozenset({"Register", "Submit", "Watch", "Status"})
+WORKER_SIGNED: dict[str, tuple[str, str]] = {
+    "Heartbeat": ("worker_id", "epoch"),
+    "Directives": ("worker_id", "epoch"),
+    "ReportTokens": ("worker_id", "worker_epoch"),
+    "ReportExit": ("worker_id", "epoch"),
+    "ModelLoaded": ("worker_id", "epoch"),
+}
+
+# Ranges of the reported quantities: byte counts and counters within 2**53 (exact in the
+# float64 load arithmetic, far above any host's memory), token counts within u32 (the wire's
+# positions), epochs below u32's top (a re-route adds one), shards within MAX_SHARDS (each
+# grant carries a capability per shard), adopted request ids within int64 (the gateway numbers
+# new requests above every adopted one, and they must stay u64s).
+MAX_REPORTED_BYTES = 2**53
+MAX_REPORTED_COUNT = 2**53
+MAX_SHARDS = 1024
+MAX_WORKER_ID = 2**31 - 1
+MAX_REQUEST_ID = 2**63 - 1
 
 _ACTION_TO_PB = {
     RecoveryAction.RESTORE: pb.RESTORE,
@@ -89,6 +120,15 @@ def _grants_from_pb(grants: Iterable[pb.HolderGrant]) -> tuple[HolderGrant, ...]
 # named in _FIELDS.
 
 
+def _sampling_to_pb(sampling: Sampling) -> pb.Sampling:
+    return pb.Sampling(temperature=sampling.temperature, seed=sampling.seed)
+
+
+def _sampling_from_pb(m: pb.Sampling) -> Sampling:
+    """An unset message reads as zeros: greedy."""
+    return Sampling(m.temperature, m.seed)
+
+
 def _run_to_pb(d: Run) -> pb.Run:
     return pb.Run(
         request_id=d.request_id,
@@ -97,6 +137,7 @@ def _run_to_pb(d: Run) -> pb.Run:
         prompt_token_ids=list(d.prompt_token_ids),
         max_new_tokens=d.max_new_tokens,
         reason=d.reason,
+        sampling=_sampling_to_pb(d.sampling),
     )
 
 
@@ -108,6 +149,7 @@ def _run_from_pb(m: pb.Run) -> Run:
         tuple(m.prompt_token_ids),
         m.max_new_tokens,
         m.reason,
+        _sampling_from_pb(m.sampling),
     )
 
 
@@ -121,6 +163,7 @@ def _resume_to_pb(d: Resume) -> pb.Resume:
         output_token_ids=list(d.output_token_ids),
         max_new_tokens=d.max_new_tokens,
         reason=d.reason,
+        sampling=_sampling_to_pb(d.sampling),
     )
     if d.source is not None:
         out.source.CopyFrom(_grant_to_pb(d.source))
@@ -140,6 +183,7 @@ def _resume_from_pb(m: pb.Resume) -> Resume:
         tuple(m.output_token_ids),
         m.max_new_tokens,
         m.reason,
+        _sampling_from_pb(m.sampling),
     )
 
 
@@ -302,6 +346,10 @@ def report_to_pb(report: WorkerReport) -> pb.WorkerReport:
         assist_steps=report.assist_steps,
         proposed_draft_tokens=report.proposed_draft_tokens,
         accepted_draft_tokens=report.accepted_draft_tokens,
+        lost_replicas=[
+            pb.LostReplica(request_id=r.request_id, holder_worker_id=r.holder_worker_id)
+            for r in report.lost_replicas
+        ],
     )
 
 
@@ -316,4 +364,42 @@ def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
         assist_steps=message.assist_steps,
         proposed_draft_tokens=message.proposed_draft_tokens,
         accepted_draft_tokens=message.accepted_draft_tokens,
+        lost_replicas=tuple(LostReplica(r.request_id, r.holder_worker_id) for r in message.lost_replicas),
     )
+
+
+def _check_held(name: str, held: Iterable[pb.HeldCheckpoint]) -> None:
+    for h in held:
+        check_int(f"{name}.request_id", h.request_id, 0, MAX_REQUEST_ID)
+        check_int(f"{name}.epoch", h.epoch, 0, U32_MAX - 1)
+        check_int(f"{name}.durable_tokens", h.durable_tokens, 0, U32_MAX)
+
+
+def check_registration(request: pb.RegisterRequest) -> None:
+    """Raise ValueError for a RegisterRequest field outside the range the gateway can hold."""
+    check_int("worker_id", request.worker_id, 0, MAX_WORKER_ID)
+    check_int("budget_bytes", request.budget_bytes, 0, MAX_REPORTED_BYTES)
+    check_int("num_shards", request.num_shards, 0, MAX_SHARDS)
+    check_int("last_epoch", request.last_epoch, 0, U32_MAX - 1)  # the new epoch is one above
+    for r in request.running:
+        check_int("running.request_id", r.request_id, 0, MAX_REQUEST_ID)
+        check_int("running.epoch", r.epoch, 0, U32_MAX - 1)
+        if len(r.output_token_ids) > r.max_new_tokens:
+            raise ValueError(
+                f"`running.output_token_ids` must hold at most max_new_tokens={r.max_new_tokens} tokens, "
+                f"got {len(r.output_token_ids)}"
+            )
+    _check_held("held", request.held)
+
+
+def check_report(report: pb.WorkerReport) -> None:
+    """Raise ValueError for a heartbeat report field outside the range the gateway can hold."""
+    check_int("report.held_bytes", report.held_bytes, 0, MAX_REPORTED_BYTES)
+    for name in ("assist_steps", "proposed_draft_tokens", "accepted_draft_tokens"):
+        check_int(f"report.{name}", getattr(report, name), 0, MAX_REPORTED_COUNT)
+    _check_held("report.held", report.held)
+
+
+def check_model_loaded(request: pb.ModelLoadedRequest) -> None:
+    """Raise ValueError for a ModelLoadedRequest budget outside the range the gateway can hold."""
+    check_int("budget_bytes", request.budget_bytes, 0, MAX_REPORTED_BYTES)

@@ -28,9 +28,20 @@ class HeldReport:
 
 
 @dataclass(frozen=True)
+class LostReplica:
+    """A replica of a request the reporting worker serves that ``holder_worker_id`` lost for
+    good (the streamer gave up on that holder or was refused by it)."""
+
+    request_id: int
+    holder_worker_id: int
+
+
+@dataclass(frozen=True)
 class WorkerReport:
     """A worker's heartbeat report. ``refused_request_ids``: HOLDs it refused (budget);
-    ``evicted_request_ids``: checkpoints it evicted; the assist counters are cumulative since
+    ``evicted_request_ids``: checkpoints it evicted; ``lost_replicas``: replicas of the
+    requests it serves that their holders lost for good (the gateway places them again,
+    as after a refusal); the assist counters are cumulative since
     it registered. ``running`` travels only with a registration (after a gateway restart),
     never in a heartbeat."""
 
@@ -43,4 +54,5 @@ class WorkerReport:
     assist_steps: int = 0
     proposed_draft_tokens: int = 0
     accepted_draft_tokens: int = 0
+    lost_replicas: tuple[LostReplica, ...] = ()
     running: tuple[RunningReport, ...] = ()

@@ -1,8 +1,12 @@
 """gRPC service over the Coordinator, a lease reaper thread and a Prometheus endpoint.
 
 Every RPC takes one lock around the Coordinator, so the decision path stays single-threaded.
-Calls without a valid ``lumen-auth-v1`` value are refused with UNAUTHENTICATED before any
-handler runs. Listens on 127.0.0.1 unless told otherwise; port 0 picks a free port.
+Calls are authenticated before any handler runs (``lumen_core.auth``, docs/security.md): a
+call without a valid ``lumen-call-v2`` value for this gateway instance is refused with
+UNAUTHENTICATED; one signed by the wrong principal for its method (a worker's call key on the
+client API, the cluster secret on a worker's call) or naming another worker incarnation than
+its call key's is refused with PERMISSION_DENIED. Registration issues each worker incarnation
+its call key. Listens on 127.0.0.1 unless told otherwise; port 0 picks a free port.
 """
 
 from __future__ import annotations
@@ -15,10 +19,23 @@ from typing import Any
 
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from lumen_core._validate import check_int
-from lumen_core.auth import AUTH_METADATA_KEY, CallVerifier, CapabilityIssuer, check_secret
+from lumen_core.auth import (
+    CALL_METADATA_KEY,
+    CLUSTER_PRINCIPAL,
+    INSTANCE_METADATA_KEY,
+    CallRefused,
+    CallVerifier,
+    CapabilityIssuer,
+    CredentialTable,
+    check_secret,
+    new_instance_id,
+    parse_worker_principal,
+    worker_principal,
+    wrap_call_key,
+)
 from lumen_core.eventlog import EventLog
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
@@ -26,12 +43,19 @@ from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.protocol import (
+    CLUSTER_SIGNED,
+    UNSIGNED,
+    WORKER_SIGNED,
+    check_model_loaded,
+    check_registration,
+    check_report,
     delivery_to_pb,
     held_from_pb,
     report_from_pb,
     running_from_pb,
     state_from_pb,
 )
+from lumen_core.policy.events import WorkerState
 
 _STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
 _ERROR_CODES = {
@@ -54,30 +78,48 @@ def _details_of(exc: Exception) -> str:
     return exc.details if isinstance(exc, GatewayError) else str(exc)
 
 
+class _Forbidden(Exception):
+    """An authentic call its principal may not make (PERMISSION_DENIED)."""
+
+
 class _AuthInterceptor(grpc.ServerInterceptor):
-    def __init__(self, verifier: CallVerifier) -> None:
-        self._verifier = verifier
+    """Verifies each call's signature over the raw request bytes, then who signed it: the
+    handler is wrapped to take the bytes, so the MAC covers exactly what was sent."""
+
+    def __init__(self, server: GatewayServer) -> None:
+        self._server = server
 
     def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
-        metadata = dict(details.invocation_metadata or ())
-        reason = self._verifier.verify(details.method, metadata.get(AUTH_METADATA_KEY))
-        if reason is None or handler is None:
+        name = details.method.rpartition("/")[2]
+        if handler is None or name in UNSIGNED:
             return handler
+        value = dict(details.invocation_metadata or ()).get(CALL_METADATA_KEY)
+        behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
+        deserialize = handler.request_deserializer
+        server = self._server
 
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, reason)
+        def checked(body: bytes, context: grpc.ServicerContext) -> Any:
+            try:
+                principal = server.verifier.verify(details.method, value, body, server.key_of)
+                request = deserialize(body)
+                server.authorize(name, principal, request)
+            except CallRefused as exc:
+                if exc.stale_instance:
+                    context.set_trailing_metadata(((INSTANCE_METADATA_KEY, server.instance_id),))
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, exc.reason)
+            except _Forbidden as exc:
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+            except Exception as exc:  # noqa: BLE001 - authentic but not a message of this method
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {exc}")
+            return behavior(request, context)
 
         make = (
             grpc.unary_stream_rpc_method_handler
             if handler.response_streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        return make(
-            deny,
-            request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer,
-        )
+        return make(checked, response_serializer=handler.response_serializer)
 
 
 class _Servicer(pb_grpc.GatewayServicer):
@@ -98,8 +140,23 @@ class _Servicer(pb_grpc.GatewayServicer):
         except (StaleEpochError, NoWorkerError, IndexError, TypeError, ValueError) as exc:
             context.abort(_code_of(exc), _details_of(exc))
 
+    def Hello(self, request: pb.HelloRequest, context: grpc.ServicerContext) -> pb.HelloReply:
+        return pb.HelloReply(instance_id=self._server.instance_id)
+
     def Register(self, request: pb.RegisterRequest, context: grpc.ServicerContext) -> pb.RegisterReply:
         def register(c: Coordinator) -> pb.RegisterReply:
+            check_registration(request)
+            if (
+                request.worker_id in c.worker_ids()
+                and c.worker_state(request.worker_id) != WorkerState.FAILED
+            ):
+                # The cluster secret admits a registration, not a take-over: its current
+                # incarnation's lease must expire, or its exit be reported, first.
+                context.abort(
+                    grpc.StatusCode.ALREADY_EXISTS,
+                    f"worker {request.worker_id} epoch {c.worker_epoch(request.worker_id)} is live: a new "
+                    "incarnation registers once its lease expires or its exit is reported",
+                )
             registration = c.register(
                 self._now(),
                 request.worker_id,
@@ -112,7 +169,10 @@ class _Servicer(pb_grpc.GatewayServicer):
                 running=[running_from_pb(r) for r in request.running],
                 held=[held_from_pb(h) for h in request.held],
             )
+            salt, wrapped = self._server.issue_call_key(request.worker_id, registration.epoch)
             return pb.RegisterReply(
+                wrapped_call_key=wrapped,
+                call_key_salt=salt,
                 epoch=registration.epoch,
                 lease_s=c.config.lease_s,
                 heartbeat_s=c.config.heartbeat_s,
@@ -124,6 +184,7 @@ class _Servicer(pb_grpc.GatewayServicer):
 
     def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.ServicerContext) -> pb.HeartbeatReply:
         def heartbeat(c: Coordinator) -> pb.HeartbeatReply:
+            check_report(request.report)
             lease, deliveries, k = c.heartbeat(
                 self._now(),
                 request.worker_id,
@@ -146,7 +207,11 @@ class _Servicer(pb_grpc.GatewayServicer):
     def ReportTokens(self, request: pb.TokenReport, context: grpc.ServicerContext) -> pb.TokenAcks:
         def report(c: Coordinator) -> pb.TokenAcks:
             now_s = self._now()
-            c.check_worker_epoch(request.worker_id, request.worker_epoch)
+            try:
+                c.check_worker_epoch(request.worker_id, request.worker_epoch)
+            except StaleEpochError:
+                self._server.num_refused_token_reports += len(request.requests)
+                raise
             acks = []
             for entry in request.requests:
                 try:
@@ -161,6 +226,8 @@ class _Servicer(pb_grpc.GatewayServicer):
                         finished=entry.finished,
                     )
                 except (StaleEpochError, IndexError, TypeError, ValueError) as exc:
+                    if isinstance(exc, StaleEpochError):  # not this worker's at this epoch
+                        self._server.num_refused_token_reports += 1
                     code = _code_of(exc).value[0]
                     acks.append(pb.TokenAck(request_id=entry.request_id, code=code, details=_details_of(exc)))
                     continue
@@ -187,6 +254,7 @@ class _Servicer(pb_grpc.GatewayServicer):
         self, request: pb.ModelLoadedRequest, context: grpc.ServicerContext
     ) -> pb.ModelLoadedReply:
         def loaded(c: Coordinator) -> pb.ModelLoadedReply:
+            check_model_loaded(request)
             freed = c.model_loaded(
                 self._now(), request.worker_id, request.epoch, request.budget_bytes, request.domain
             )
@@ -376,6 +444,21 @@ class _Collector:
         yield GaugeMetricFamily(
             "lumen_failures", "Failures handled since the gateway started", value=m.num_failures
         )
+        server = self._server
+        for name, doc, value in (
+            ("lumen_refused_calls", "Calls refused as unauthenticated", server.num_refused_calls),
+            (
+                "lumen_forbidden_calls",
+                "Authentic calls refused: wrong principal for the method or another worker's identity",
+                server.num_forbidden_calls,
+            ),
+            (
+                "lumen_refused_token_reports",
+                "Request token reports refused: not the request's worker at its epoch, or a fenced worker",
+                server.num_refused_token_reports,
+            ),
+        ):
+            yield CounterMetricFamily(name, doc, value=value)
         for name, doc, values in (
             ("lumen_worker_load", "L(w) in queue-equivalents", m.worker_load),
             ("lumen_worker_queue_depth", "Running plus waiting requests", m.worker_queue_depth),
@@ -458,16 +541,24 @@ class GatewayServer:
         self._metrics_port = metrics_port
         self._reap_interval_s = config.lease_s / 10.0 if reap_interval_s is None else float(reap_interval_s)
         self._started_s = time.monotonic()
-        self._verifier = CallVerifier(secret)
+        self._secret = secret
+        self.instance_id = new_instance_id()
+        self.verifier = CallVerifier(self.instance_id)
+        self.credentials = CredentialTable()
+        self.num_forbidden_calls = 0
+        self.num_refused_token_reports = 0  # under self.condition (the servicer's lock)
         self._executor = futures.ThreadPoolExecutor(
             max_workers=max_streams + max_workers + control_threads, thread_name_prefix="lumen-gateway"
         )
         self._grpc = grpc.server(
             self._executor,
-            interceptors=[_AuthInterceptor(self._verifier)],
+            interceptors=[_AuthInterceptor(self)],
             options=[("grpc.so_reuseport", 0)],
         )
         pb_grpc.add_GatewayServicer_to_server(_Servicer(self), self._grpc)
+        # What the metrics endpoint serves; the HTTP front door adds its counters to it.
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(self))  # type: ignore[arg-type]
         self._stop_reaper = threading.Event()
         self._reaper: threading.Thread | None = None
         self._httpd: Any = None
@@ -481,8 +572,50 @@ class GatewayServer:
 
     @property
     def num_refused_calls(self) -> int:
-        """Calls refused for lack of a valid ``lumen-auth-v1`` value."""
-        return self._verifier.num_refused
+        """Calls refused for lack of a valid ``lumen-call-v2`` value."""
+        return self.verifier.num_refused
+
+    def key_of(self, principal: str) -> bytes | None:
+        """The key a principal signs with: the cluster secret, or the call key issued to a
+        worker incarnation; None for a principal this instance does not know."""
+        return self._secret if principal == CLUSTER_PRINCIPAL else self.credentials.key_of(principal)
+
+    def issue_call_key(self, worker_id: int, epoch: int) -> tuple[bytes, bytes]:
+        """A new call key for the worker incarnation, as (salt, wrapped key) for its reply."""
+        key = self.credentials.issue(worker_id, epoch)
+        principal = worker_principal(worker_id, epoch)
+        return wrap_call_key(self._secret, key, instance_id=self.instance_id, principal=principal)
+
+    def authorize(self, name: str, principal: str, request: Any) -> None:
+        """Raise _Forbidden (counted) unless ``principal`` may call method ``name`` with
+        ``request``: the cluster secret the methods of CLUSTER_SIGNED, a worker's call key
+        those of WORKER_SIGNED naming its own worker id and epoch."""
+        if name in CLUSTER_SIGNED and principal == CLUSTER_PRINCIPAL:
+            return
+        reason = f"{name} must be signed with the cluster secret, got {principal}'s key"
+        if name in WORKER_SIGNED:
+            id_field, epoch_field = WORKER_SIGNED[name]
+            named = (getattr(request, id_field), getattr(request, epoch_field))
+            caller = parse_worker_principal(principal)
+            if caller == named:
+                return
+            reason = (
+                f"{name} must be signed with worker {named[0]} epoch {named[1]}'s call key, got {principal}'s"
+            )
+        with self.condition:
+            self.num_forbidden_calls += 1
+            if name == "ReportTokens":
+                self.num_refused_token_reports += len(request.requests)
+        raise _Forbidden(reason)
+
+    def report_exit(self, worker_id: int, epoch: int, reason: str = "") -> bool:
+        """A supervisor in this process reports that worker incarnation (``worker_id``,
+        ``epoch``) exited (over gRPC, ReportExit needs that incarnation's call key); True if it
+        was failed now. Raises as ``Coordinator.process_exited``."""
+        with self.condition:
+            failed = self.coordinator.process_exited(self.now_s(), worker_id, epoch, reason) is not None
+            self.condition.notify_all()
+        return failed
 
     def now_s(self) -> float:
         """The gateway's clock: seconds since it was built (monotonic)."""
@@ -496,10 +629,8 @@ class GatewayServer:
         self._reaper = threading.Thread(target=self._reap, name="lumen-gateway-leases", daemon=True)
         self._reaper.start()
         if self._metrics_port is not None:
-            registry = CollectorRegistry()
-            registry.register(_Collector(self))  # type: ignore[arg-type]
             self._httpd, self._http_thread = start_http_server(
-                self._metrics_port, addr=self._host, registry=registry
+                self._metrics_port, addr=self._host, registry=self.registry
             )
             self.metrics_port = self._httpd.server_address[1]
         return self

@@ -13,7 +13,6 @@ from lumen_core.stream.holder import (
     restorable_tokens,
 )
 from lumen_core.stream.streamer import Address, CheckpointStreamer, ReplicaStats, StreamStats
-from lumen_core.stream.connector import RestoreSource, StreamGrant, StreamingConnector
 
 __all__ = [
     "Address",
@@ -23,12 +22,9 @@ __all__ = [
     "EvictionPolicy",
     "HolderStore",
     "ReplicaStats",
-    "RestoreSource",
     "RestoreResult",
     "RestoreStatus",
-    "StreamGrant",
     "StreamStats",
-    "StreamingConnector",
     "fingerprint_bytes",
     "remote_restore",
     "request_key",

@@ -23,6 +23,7 @@ from lumen_core.layouts import KVLayout
 from lumen_core.ops import checksum, scatter_tokens
 from lumen_core.stream._common import as_array, check_str, fingerprint_bytes
 from lumen_core.transport import Client, Rejected, Server, WireLimits
+from lumen_core.transport.wire import read_reply_bytes
 
 __all__ = [
     "CheckpointInfo",
@@ -321,12 +322,16 @@ def remote_restore(
 ) -> RestoreResult:
     """``HolderStore.restore`` for a checkpoint held by another process: reads it from the
     holder over ``client`` (``chunk_tokens`` at a time) and checks fingerprints, token ids and
-    crcs here before scattering the verified prefix into ``slot_ids``."""
+    crcs here before scattering the verified prefix into ``slot_ids``. Each read asks for at
+    most what one reply may carry under ``client.limits`` (the holder's included)."""
     if not isinstance(client, Client):
         raise TypeError(f"client must be a transport Client, got {type(client).__name__}")
     layout, slots, tokens, limit = _check_restore_args(layout, slot_ids, token_ids, max_tokens)
     check_str("model_fingerprint", model_fingerprint)
-    chunk = check_int("chunk_tokens", chunk_tokens, 1, client.limits.max_tokens_per_message)
+    check_int("chunk_tokens", chunk_tokens, 1, U32_MAX)
+    limits = client.limits
+    fit = (limits.max_payload_bytes - read_reply_bytes(0, 0)) // (layout.record_bytes + 8)
+    chunk = max(1, min(chunk_tokens, limits.max_tokens_per_message, fit))  # 0 fit: read refuses
 
     def read(start: int, records: torch.Tensor) -> _Chunk | None:
         try:

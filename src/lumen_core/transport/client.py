@@ -56,7 +56,9 @@ class Client:
     drops the connection, so the caller's arrays are never touched after the call returns),
     ``PeerGone`` when the connection fails (the server closed included), and
     ``Rejected``/``Conflict``/``StaleEpoch``/``Malformed``/``Aborted`` when the server refuses.
-    Arguments the limits would refuse on the wire are a ValueError before anything is sent.
+    Arguments the limits would refuse on the wire are a ValueError before anything is sent:
+    ``limits`` are what this end accepts; the server announces its own in the handshake, and
+    ``self.limits`` is then the smaller of the two, field by field.
     """
 
     def __init__(
@@ -75,9 +77,6 @@ class Client:
         check_int("port", port, 1, 65535)
         if not isinstance(limits, WireLimits):
             raise TypeError(f"limits must be a WireLimits, got {type(limits).__name__}")
-        self.limits = limits
-        self.address = address
-        self.port = int(port)
         self._native = _native.require_ucx().Client(
             address=address,
             port=port,
@@ -86,6 +85,9 @@ class Client:
             connect_timeout_s=check_timeout(connect_timeout_s, "connect_timeout_s"),
             **limits._kwargs(),
         )
+        # Field by field the smaller of ``limits`` and those the server announced in the
+        # handshake: what the calls below check before sending.
+        self.limits = WireLimits(*self._native.limits)
 
     @property
     def connected(self) -> bool:

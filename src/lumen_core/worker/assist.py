@@ -13,11 +13,14 @@ Assistant -> survivor: per request, how many tokens it now knows (the next ``bas
 ``k`` greedy draft tokens that follow them. The assistant keeps its own draft KV per request
 (``DraftProposer``: rolled back to the longest prefix that still matches).
 
-Every datagram is sealed with the cluster secret (``lumen_core.auth.seal``:
-``HMAC-SHA256(secret, label || payload)`` then the JSON payload). A datagram whose MAC does
-not verify, or that is not a JSON object, is dropped and counted (``num_refused``);
-verify_draft keeps the output exact whatever the drafts, so what the seal protects is the
-assistant's compute and the acceptance figures.
+Every datagram is sealed with the cluster secret (``lumen_core.auth.DatagramSeal``:
+``HMAC-SHA256(secret, label || payload)`` then the JSON payload, which names the sending
+endpoint and a counter). A datagram whose MAC does not verify, or that is not the sealed
+JSON object, is dropped and counted (``num_refused``); so is one whose counter is not above
+the last one taken from its sender (``num_replayed``: a replayed sync would make the
+assistant draft again and count its drafted / accepted figures twice). verify_draft keeps
+the output exact whatever the drafts, so what the seal protects is the assistant's compute
+and the acceptance figures.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from lumen_core.auth import check_secret, seal, unseal
+from lumen_core.auth import DatagramSeal
 from lumen_core.engine import DraftProposer
 from lumen_core.engine.config import CacheConfig
 from lumen_core.engine.model import Llama
@@ -53,8 +56,7 @@ class Assistant:
         secret: bytes,
         num_blocks: int = 1024,
     ) -> None:
-        self.secret = check_secret(secret)
-        self.num_refused = 0
+        self.seal = DatagramSeal(secret)
         self.proposer = DraftProposer(draft, CacheConfig(num_blocks=num_blocks))
         self.num_draft_tokens = num_draft_tokens
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -96,16 +98,21 @@ class Assistant:
                 continue
             reply = self.answer(messages, k)
             try:
-                self.socket.sendto(seal(self.secret, reply), sender)
+                self.socket.sendto(self.seal.seal(reply), sender)
             except OSError:
                 continue  # the survivor is gone; it decodes without us
 
+    @property
+    def num_refused(self) -> int:
+        return self.seal.num_refused
+
+    @property
+    def num_replayed(self) -> int:
+        return self.seal.num_replayed
+
     def _take(self, messages: list[dict[str, Any]], data: bytes) -> list[dict[str, Any]]:
-        message = unseal(self.secret, data)
-        if message is None:
-            self.num_refused += 1
-            return messages
-        return [*messages, message]
+        message = self.seal.open(data)
+        return messages if message is None else [*messages, message]
 
     def answer(self, messages: list[dict[str, list[list[object]]]], k: int) -> dict[str, list[list[object]]]:
         """Take the tokens of each sync in order, then draft ``k`` tokens for every request
@@ -140,11 +147,11 @@ class Assistant:
 
 
 class AssistedRequests:
-    """The survivor's side: ``sync`` after a step, ``drafts`` before the next (never blocks)."""
+    """The survivor's side: ``sync`` after a step, ``drafts`` before the next (never blocks).
+    ``num_refused`` / ``num_replayed`` count the datagrams dropped (as ``DatagramSeal``)."""
 
     def __init__(self, peer: Address, peer_worker_id: int, *, secret: bytes, max_requests: int = 32) -> None:
-        self.secret = check_secret(secret)
-        self.num_refused = 0
+        self.seal = DatagramSeal(secret)
         self.peer = peer
         self.peer_worker_id = peer_worker_id
         self.max_requests = max_requests
@@ -164,14 +171,21 @@ class AssistedRequests:
                 return out
             except OSError:
                 return out
-            message = unseal(self.secret, data)
+            message = self.seal.open(data)
             if message is None:
-                self.num_refused += 1
                 continue
             for request_id, have, tokens in message.get("r", []):
                 self._sent[int(request_id)] = min(self._sent.get(int(request_id), 0), int(have))
                 if tokens:
                     out[int(request_id)] = (int(have), [int(t) for t in tokens])
+
+    @property
+    def num_refused(self) -> int:
+        return self.seal.num_refused
+
+    @property
+    def num_replayed(self) -> int:
+        return self.seal.num_replayed
 
     def finished(self, request_id: int) -> None:
         if self._sent.pop(request_id, None) is not None:
@@ -186,7 +200,7 @@ class AssistedRequests:
             proposed, accepted = counts.get(request_id, (0, 0))
             entries.append([request_id, base, tokens[base:], proposed, accepted])
             self._sent[request_id] = len(tokens)
-        message = seal(self.secret, {"r": entries, "f": self._finished})
+        message = self.seal.seal({"r": entries, "f": self._finished})
         self._finished = []
         if len(message) > MAX_DATAGRAM:
             return  # too long to sync in one datagram this step: no drafts for now

@@ -77,7 +77,8 @@ class WorkerProcess:
 class LocalCluster:
     """See module doc. ``kv_bytes_per_token`` (the tiny model's record size) makes L(w)'s
     held-token term count real checkpoint sizes. ``router_config`` goes to the gateway (e.g.
-    ``remote_restore``)."""
+    ``remote_restore``); ``ack_timeout_s`` and ``give_up_after_s`` to every worker's
+    checkpoint streamer (None: the worker's defaults)."""
 
     def __init__(
         self,
@@ -95,6 +96,8 @@ class LocalCluster:
         budget_bytes: int = HOLDER_BUDGET_BYTES,
         start_timeout_s: float = 60.0,
         router_config: RouterConfig = RouterConfig(),
+        ack_timeout_s: float | None = None,
+        give_up_after_s: float | None = None,
     ) -> None:
         check_int("num_workers", num_workers, low=2)
         self.workdir = Path(workdir)
@@ -105,6 +108,9 @@ class LocalCluster:
         self.pace = pace
         self.time_scale = time_scale
         self.budget_bytes = budget_bytes
+        self.streamer_args = [] if ack_timeout_s is None else ["--ack-timeout-s", str(ack_timeout_s)]
+        if give_up_after_s is not None:
+            self.streamer_args += ["--give-up-after-s", str(give_up_after_s)]
         self.start_timeout_s = start_timeout_s
         self.secret_path = self.workdir / "cluster.secret"
         if not self.secret_path.exists():
@@ -154,6 +160,7 @@ class LocalCluster:
             command += ["--modelled-draft-load-s", str(self.modelled_draft_load_s)]
         if self.pace is not None:
             command += ["--pace", self.pace]
+        command += self.streamer_args
         if recovering:
             command.append("--recovering")
         stderr_path = self.workdir / f"worker{worker_id}-{len(self.exited)}.log"
@@ -206,7 +213,8 @@ class LocalCluster:
         failure_s = self.now_s()
         worker.process.wait(timeout=30)
         self.exited.append(worker)
-        self.client.report_exit(worker_id, epoch, "SIGKILL by the demo")
+        # In the gateway's process: over gRPC, ReportExit takes the dead incarnation's call key.
+        self.gateway.report_exit(worker_id, epoch, "SIGKILL by the demo")
         return failure_s
 
     def restart(self, worker_id: int) -> WorkerProcess:

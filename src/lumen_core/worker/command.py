@@ -63,6 +63,19 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
         help=f"modelled load time of the draft on restart, in real seconds (default: the --pace "
         f"setup's, times --time-scale; without --pace {MODELLED_DRAFT_LOAD_S:.2f}: 0.6B bf16 from NVMe)",
     )
+    parser.add_argument(
+        "--ack-timeout-s",
+        type=float,
+        default=2.0,
+        help="checkpoint streaming: a holder that acknowledges nothing this long has failed (default 2)",
+    )
+    parser.add_argument(
+        "--give-up-after-s",
+        type=float,
+        default=30.0,
+        help="checkpoint streaming: a holder failing this long has lost its replicas, which the "
+        "gateway places again (default 30)",
+    )
     parser.set_defaults(func=run_worker)
     return parser
 
@@ -95,6 +108,8 @@ def run_worker(args: argparse.Namespace) -> int:
             modelled_draft_load_s=MODELLED_DRAFT_LOAD_S if draft_load_s is None else draft_load_s,
             pace=args.pace,
             time_scale=args.time_scale,
+            ack_timeout_s=args.ack_timeout_s,
+            give_up_after_s=args.give_up_after_s,
         )
     except (OSError, ValueError) as exc:
         print(f"lumen worker: {exc}", file=sys.stderr)

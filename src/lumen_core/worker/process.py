@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lumen_core.connector import RestoreSource, StreamGrant
 from lumen_core.engine import (
     CacheConfig,
     Engine,
@@ -58,16 +59,11 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
-from lumen_core.gateway.reports import HeldReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, WorkerReport
+from lumen_core.integrations.reference import StreamingConnector
 from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
-from lumen_core.stream import (
-    HolderStore,
-    RestoreResult,
-    RestoreSource,
-    StreamGrant,
-    StreamingConnector,
-)
+from lumen_core.stream import HolderStore, RestoreResult
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
 from lumen_core.worker.engine_ids import engine_key, request_id_of
@@ -84,7 +80,9 @@ class WorkerConfig:
     checkpoints. holder_host: where the embedded holder listens. pace: a cost-model setup
     ("MODEL/GPUxTP", ``pacing.parse_pace``) every engine step and restore is paced to, each
     lasting ``time_scale`` times its modelled duration (None: unpaced). pushed_directives:
-    open the gateway's directive stream (False: heartbeat replies alone deliver them)."""
+    open the gateway's directive stream (False: heartbeat replies alone deliver them).
+    ack_timeout_s, give_up_after_s: the checkpoint streamer's (``CheckpointStreamer``); a
+    replica lost for good is reported to the gateway, which places it again."""
 
     worker_id: int
     gateway: str
@@ -102,6 +100,8 @@ class WorkerConfig:
     idle_wait_s: float = 0.02
     pace: str | None = None  # "MODEL/GPUxTP": engine steps paced to that setup (lumen_core.pacing)
     time_scale: float = 1.0  # paced durations stretched by this factor
+    ack_timeout_s: float = 2.0  # the streamer's: a holder silent this long has failed
+    give_up_after_s: float = 30.0  # the streamer's: a holder failing this long lost its replicas
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
@@ -118,8 +118,10 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {self.budget_bytes!r}")
-        if not isinstance(self.time_scale, (int, float)) or not 0 < self.time_scale < math.inf:
-            raise ValueError(f"time_scale must be a finite number > 0, got {self.time_scale!r}")
+        for name in ("time_scale", "ack_timeout_s", "give_up_after_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
         if self.pace is not None:
             parse_pace(self.pace)  # raises ValueError naming the presets
 
@@ -130,13 +132,6 @@ class _Served:
 
     epoch: int
     num_outputs: int
-
-
-def _grant(epoch: int, holders: tuple[HolderGrant, ...]) -> StreamGrant:
-    """Shard 0's capability on each holder (a worker streams one shard)."""
-    return StreamGrant(
-        epoch, tuple(parse_address(h.address) for h in holders), tuple(h.capabilities[0] for h in holders)
-    )
 
 
 class Worker:
@@ -174,6 +169,9 @@ class Worker:
         self._dropped_lock = threading.Lock()
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
+        # The worker id of every holder address a grant named: the streamer knows holders by
+        # address, the gateway by worker id (lost replicas are reported by id).
+        self._holder_ids: dict[tuple[str, int], int] = {}
         # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
         self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
         self._paced_restores: dict[str, RestoreResult] = {}
@@ -194,7 +192,14 @@ class Worker:
     def _build_engine(self) -> None:
         assert self.model is not None
         self.connector = StreamingConnector(
-            self.secret, model_fingerprint(self.model), store=self.store, key_for=request_id_of
+            self.secret,
+            model_fingerprint(self.model),
+            store=self.store,
+            key_for=request_id_of,
+            streamer_options={
+                "ack_timeout_s": self.config.ack_timeout_s,
+                "give_up_after_s": self.config.give_up_after_s,
+            },
         )
         self.engine = Engine(
             self.model,
@@ -205,7 +210,9 @@ class Worker:
 
     # ---- gateway -------------------------------------------------------------------------
     def report(self) -> WorkerReport:
-        """This heartbeat's report (refusals and evictions until the gateway has had them)."""
+        """This heartbeat's report (refusals and evictions until the gateway has had them;
+        the streamer's lost replicas until a STREAM directive re-places them, which the
+        gateway acts on once)."""
         checkpoints = self.store.checkpoints()
         held = tuple(
             HeldReport(c.request_id, c.epoch, c.durable_tokens)
@@ -219,6 +226,8 @@ class Worker:
         running = len(engine.scheduler.running) if engine is not None else 0
         waiting = len(engine.scheduler.waiting) if engine is not None else 0
         counts = self._assist_counts()
+        streamer = self.connector.streamer if self.connector is not None else None
+        lost = () if streamer is None else streamer.stats().lost
         return WorkerReport(
             num_running=running,
             num_waiting=waiting,
@@ -229,6 +238,11 @@ class Worker:
             assist_steps=counts["steps"],
             proposed_draft_tokens=counts["proposed"],
             accepted_draft_tokens=counts["accepted"],
+            lost_replicas=tuple(
+                LostReplica(request_id, self._holder_ids[holder])
+                for request_id, holder in lost
+                if holder in self._holder_ids
+            ),
         )
 
     def _reported(self, report: WorkerReport) -> None:
@@ -367,6 +381,14 @@ class Worker:
                 self._refused.add(request_id)
             self._evicted |= evicted
 
+    def _grant(self, epoch: int, holders: tuple[HolderGrant, ...]) -> StreamGrant:
+        """The connector's grant of a RUN, RESUME or STREAM (shard 0's capability on each
+        holder: a worker streams one shard); remembers each holder's worker id."""
+        addresses = tuple(parse_address(h.address) for h in holders)
+        for address, holder in zip(addresses, holders):
+            self._holder_ids[address] = holder.worker_id
+        return StreamGrant(epoch, addresses, tuple(h.capabilities[0] for h in holders))
+
     def _drop(self, request_id: int) -> None:
         self.served.pop(request_id, None)
         if self.engine is not None and engine_key(request_id) in self.engine.requests:
@@ -383,7 +405,7 @@ class Worker:
             self._report([RequestTokens(request_id, directive.epoch, len(outputs), (), True)])
             self.served.pop(request_id)
             return
-        self.connector.grant(key, _grant(directive.epoch, directive.holders))
+        self.connector.grant(key, self._grant(directive.epoch, directive.holders))
         if isinstance(directive, Resume):
             self.counters["resumed"] += 1
             if (
@@ -402,7 +424,11 @@ class Worker:
         self.engine.add_request(
             key,
             list(directive.prompt_token_ids),
-            SamplingParams(max_tokens=directive.max_new_tokens),
+            SamplingParams(
+                max_tokens=directive.max_new_tokens,
+                temperature=directive.sampling.temperature,
+                seed=directive.sampling.seed,
+            ),
             output_token_ids=outputs,
         )
 
@@ -416,7 +442,7 @@ class Worker:
         if request is None:
             return
         self.connector.request_finished(key)
-        self.connector.grant(key, _grant(directive.epoch, directive.holders))
+        self.connector.grant(key, self._grant(directive.epoch, directive.holders))
         n = request.num_computed_tokens
         if n:
             slots = self.engine.block_manager.slot_ids(request, 0, n)

@@ -129,8 +129,8 @@ class HolderStore final : public transport::RecordSink {
   // (2 * kFingerprintBytes), then walks the durable prefix in position order, stopping at the
   // first token whose id differs from expected_token_ids[i] or whose record no longer matches
   // its crc (or after num_expected / num_slots tokens), and scatters the verified prefix into
-  // slot_ids (each group of up to three records is verified before it is written: no slot
-  // past the verified prefix is written). planes: the cache
+  // slot_ids (each record is verified before it is written, by write_verified: no slot past
+  // the verified prefix is written). planes: the cache
   // (lumen/slot_index.h), already validated by the caller.
   RestoreReport restore_into(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
                              const uint32_t* expected_token_ids, uint64_t num_expected,
@@ -156,6 +156,10 @@ class HolderStore final : public transport::RecordSink {
     bool ok = false;
     uint64_t buffer_bytes = 0;
     std::unique_ptr<uint8_t[]> buffer;  // token ids, crcs, and the records unless in place
+    // Of buffer_bytes, what is in charged_bytes_ while the append is pending: all of an
+    // append received aside (its records are mapped twice until it commits), none of one
+    // in place (its token bytes are the checkpoint's own charge).
+    uint64_t charged_bytes = 0;
   };
   // Chunks detached from a checkpoint while a receive may still write into them; given back
   // to the arena when the last receive that could touch them has finished.
@@ -234,6 +238,9 @@ class HolderStore final : public transport::RecordSink {
                      std::vector<transport::AppendOutcome>* outcomes);
   std::unique_ptr<uint8_t[]> take_buffer(uint64_t bytes);
   void give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer);
+  // A pending append ended (committed, failed or aborted once received): its buffer and
+  // its charge return.
+  void give_back(Pending* pending);
 
   static constexpr uint64_t kMaxSpareBytes = 256ull << 20;
   // Released, evicted or expired checkpoints whose last epoch is remembered (oldest forgotten

@@ -25,8 +25,11 @@ Nonce random_nonce();
 
 // The proofs of the handshake: role is "client" or "server"; first and second are the nonces
 // in the order the role uses (client: server nonce then client nonce; server: the reverse).
+// The server's proof also covers what it announces with it (`announced`, announced_bytes:
+// its encoded limits), so no one in between can change them.
 Mac handshake_mac(const std::string& secret, const char* role, const uint8_t* first,
-                  const uint8_t* second);
+                  const uint8_t* second, const uint8_t* announced = nullptr,
+                  size_t announced_bytes = 0);
 
 // Constant-time comparison (CRYPTO_memcmp).
 bool mac_equal(const uint8_t* a, const uint8_t* b);

@@ -115,6 +115,10 @@ class Client {
   // The (transport, device) pairs UCX chose for this connection, e.g. ("tcp", "lo").
   std::vector<std::pair<std::string, std::string>> transports();
 
+  // What calls may send: field by field the smaller of options.limits and the limits the
+  // server announced in its handshake (options.limits alone without one); calls beyond them
+  // throw std::invalid_argument before sending.
+  WireLimits limits() const;
   bool connected() const;
   ClientStats stats() const;
   void close();
@@ -160,10 +164,12 @@ class Client {
   ucs_status_t handle(const WireHeader& h, void* data, bool rndv);
   ucs_status_t handle_read_data(const OpPtr& op, const WireHeader& h, void* data, bool rndv);
   void handle_challenge(const uint8_t* server_nonce);
-  void handle_auth_ok(const uint8_t* proof);
+  void handle_auth_ok(const uint8_t* payload);  // proof, then the server's limits
   void shutdown();
 
   ClientOptions options_;
+  // Written once, by the handshake, before the constructor returns: read freely after.
+  WireLimits limits_;
   Worker worker_;
   ucp_ep_h ep_ = nullptr;  // progress thread only
   bool ep_open_ = false;

@@ -47,6 +47,9 @@ class Gate {
   // The connection the upstream listener saw from 127.0.0.1:relay_port proved the secret: it
   // is no longer pending and has no deadline. Thread-safe.
   void authenticated(uint16_t relay_port);
+  // Whether 127.0.0.1:relay_port is one of the gate's relays to the upstream listener (a
+  // connection that did not come through the gate is refused there). Thread-safe.
+  bool relays(uint16_t relay_port) const;
   GateStats stats() const;
   // Closes the listener and every relayed connection and joins the thread (idempotent).
   void stop();
@@ -88,6 +91,7 @@ class Gate {
   std::vector<Relay> relays_;  // relay thread only
   mutable std::mutex mutex_;
   std::unordered_set<uint16_t> authenticated_ports_;  // guarded by mutex_; taken by the thread
+  std::unordered_set<uint16_t> relay_ports_;          // guarded by mutex_: open relays' ports
   GateStats stats_;                                   // guarded by mutex_
 };
 

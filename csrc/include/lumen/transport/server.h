@@ -48,6 +48,7 @@ struct ServerStats {
   uint64_t connections_accepted = 0;         // UCX connections (past the gate)
   uint64_t connections_refused = 0;          // closed at accept: max_unauthenticated were waiting
   uint64_t connections_unauthenticated = 0;  // accepted, not yet authenticated (now)
+  uint64_t connections_direct = 0;           // refused: reached UCX's listener around the gate
   uint64_t connections_active = 0;
   uint64_t handshakes_ok = 0;
   uint64_t handshakes_failed = 0;

@@ -24,7 +24,9 @@
 // Payloads:
 //   CHALLENGE   32-byte server nonce
 //   AUTH        32-byte client nonce + 32-byte HMAC(secret, "client" || server || client nonce)
-//   AUTH_OK     32-byte HMAC(secret, "server" || client nonce || server nonce)
+//   AUTH_OK     32-byte HMAC(secret, "server" || client nonce || server nonce || limits) +
+//               limits: the server's WireLimits (what it accepts in one message), 16 bytes:
+//               u32 max_tokens_per_message, u32 max_record_bytes, u64 max_payload_bytes
 //   OPEN        32-byte layout fingerprint + 32-byte model fingerprint
 //   APPEND      token_ids u32[n] + crc32c u32[n] + records u8[n * record_bytes]
 //   READ_DATA   fingerprints (64 bytes) + token_ids u32[n] + crcs u32[n] + records
@@ -40,12 +42,14 @@
 namespace lumen::transport {
 
 constexpr uint32_t kWireMagic = 0x4E4D554Cu;  // "LUMN" in little-endian byte order
-constexpr uint16_t kWireVersion = 2;          // 2: signed 128-byte capabilities
+// 2: AUTH_OK announces the server's limits; 3: signed 128-byte capabilities
+constexpr uint16_t kWireVersion = 3;
 constexpr size_t kHeaderBytes = 68 + kCapabilityBytes + 4;
 constexpr size_t kMacBytes = 32;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kFingerprintBytes = 32;
-constexpr uint16_t kAmId = 0x4C55;  // the active-message id every lumen message uses
+constexpr size_t kLimitsBytes = 16;  // WireLimits as AUTH_OK carries them
+constexpr uint16_t kAmId = 0x4C55;   // the active-message id every lumen message uses
 
 enum class MessageKind : uint16_t {
   kChallenge = 1,
@@ -97,6 +101,13 @@ struct WireLimits {
   uint32_t max_record_bytes = 1u << 24;
   uint64_t max_payload_bytes = 1ull << 30;
 };
+
+// The limits as AUTH_OK carries them (out: kLimitsBytes), and back. decode_limits returns
+// false when a field is 0 (no message could be sent).
+void encode_limits(uint8_t* out, const WireLimits& limits);
+bool decode_limits(WireLimits* out, const uint8_t* in);
+// Field by field, the smaller of a and b: what both ends accept.
+WireLimits min_limits(const WireLimits& a, const WireLimits& b);
 
 // Bytes of an APPEND payload (or the record part of READ_DATA) for n tokens; false on overflow.
 bool append_payload_bytes(uint64_t* out, uint64_t num_tokens, uint64_t record_bytes);

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1, KVConnectorRole
 
-from lumen_core.integrations.model_fingerprint import model_fingerprint
+from lumen_core.connector import model_fingerprint
 from lumen_core.integrations.vllm.metadata import LumenMetadata
 from lumen_core.integrations.vllm.params import ConnectorConfig
 from lumen_core.integrations.vllm.scheduler import SchedulerSide

@@ -1,6 +1,6 @@
 """What the scheduler side tells the worker side each step (pickled between processes in
 vLLM's multiprocess mode): requests to start streaming, restores to run before the forward,
-the step's computed tokens to save, and preempted requests."""
+the step's computed tokens to save, and preempted requests (streaming ones)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,18 @@ from dataclasses import dataclass, field
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from lumen_core.integrations.vllm.params import Address, RestorePlan
+from lumen_core.connector import Address, RestoreSource
 
 __all__ = ["LoadSpec", "LumenMetadata", "OpenSpec", "SaveSpec"]
 
 
 @dataclass(frozen=True)
 class OpenSpec:
-    """Start streaming ``req_id`` (wire key ``key``) to ``holders`` at ``epoch``; each holder
-    reserves ``expected_tokens`` records (prompt + max output)."""
+    """Start streaming ``req_id`` (LUMEN id ``request_id``, wire key ``key``) to ``holders`` at
+    ``epoch``; each holder reserves ``expected_tokens`` records (prompt + max output)."""
 
     req_id: str
+    request_id: str
     key: int
     holders: tuple[Address, ...]
     capabilities: tuple[bytes, ...]  # one per holder
@@ -38,7 +39,7 @@ class LoadSpec:
     slot_ids: list[int]
     token_ids: list[int]
     block_ids: list[int]
-    restore: RestorePlan
+    restore: RestoreSource
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,6 @@ class SaveSpec:
     restored tokens are streamed too)."""
 
     req_id: str
-    key: int
     start: int
     slot_ids: list[int]
     token_ids: list[int]
@@ -59,4 +59,4 @@ class LumenMetadata(KVConnectorMetadata):
     opens: list[OpenSpec] = field(default_factory=list)
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
-    preempted_keys: list[int] = field(default_factory=list)
+    preempted_req_ids: list[str] = field(default_factory=list)

@@ -4,12 +4,11 @@ and the per-step plan of what to restore and save (``LumenMetadata``)."""
 from __future__ import annotations
 
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from lumen_core.connector import RestoreLookup, RestoreSource
 from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, SaveSpec
-from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl, RestorePlan
-from lumen_core.transport import Client, ClientPool, Rejected, TransportError
+from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -32,12 +31,16 @@ class SchedulerSide:
         self.kv_cache_manager: KVCacheManager | None = None
         self._controls: dict[str, RequestControl] = {}
         self._requests: dict[str, Request] = {}
-        self._lookups: dict[str, Future[int]] = {}
+        self._sources: dict[str, RestoreSource] = {}  # requests to resume
         self._pending_loads: dict[str, int] = {}  # req_id -> tokens to restore this step
         self._opened: set[str] = set()
-        # One thread: lookups are one small read each, and never run on the scheduler's thread.
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lumen-lookup")
-        self._pool = ClientPool(config.secret, tls=config.tls, connect_timeout_s=config.connect_timeout_s)
+        # Lookups run on the lookup's own thread, never on the scheduler's.
+        self._lookup = RestoreLookup(
+            config.secret,
+            record_bytes=record_bytes,
+            tls=config.tls,
+            connect_timeout_s=config.connect_timeout_s,
+        )
 
     def on_new_request(self, request: Request) -> None:
         """Parse the request's control. A malformed ``kv_transfer_params`` is logged and the
@@ -49,44 +52,24 @@ class SchedulerSide:
             control = RequestControl(request.request_id, 0, 0, (), b"", None)
         self._controls[request.request_id] = control
         self._requests[request.request_id] = request
+        if control.restore is not None:
+            plan = control.restore
+            self._sources[request.request_id] = RestoreSource(plan.epoch, plan.address, plan.capability)
 
     # ---- restore --------------------------------------------------------------------------
-    def _durable_tokens(self, control: RequestControl, restore: RestorePlan) -> int:
-        """The durable length of the checkpoint at ``restore`` (0 when unreachable or absent).
-        Runs on the lookup thread, the only user of ``self._pool``."""
-
-        def lookup(client: Client) -> int:
-            result = client.read(
-                control.key, 0, restore.epoch, 0, 1, self.record_bytes, restore.capability,
-                timeout_s=self.config.connect_timeout_s,
-            )  # fmt: skip
-            return int(result.durable_tokens)
-
-        try:
-            return self._pool.call(restore.address, lookup)
-        except Rejected:  # no checkpoint of this request at this epoch
-            return 0
-        except TransportError as error:
-            logger.warning("lumen: lookup at %s failed (%s): recomputing", restore.address, error)
-            return 0
-
     def get_num_new_matched_tokens(
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        control = self._controls[request.request_id]
-        if control.restore is None or num_computed_tokens > 0:
+        source = self._sources.get(request.request_id)
+        if source is None or num_computed_tokens > 0:
             # Restores fill a request's blocks from position 0; a local prefix hit is kept.
             return 0, False
-        lookup = self._lookups.get(request.request_id)
-        if lookup is None:
-            self._lookups[request.request_id] = self._executor.submit(
-                self._durable_tokens, control, control.restore
-            )
-            return None, False
-        if not lookup.done():
+        control = self._controls[request.request_id]
+        durable = self._lookup.plan(request.request_id, control.key, source)
+        if durable is None:  # not known yet: vLLM asks again next step
             return None, False
         # At least one token is computed: vLLM needs a forward to sample from.
-        return min(lookup.result(), request.num_tokens - 1), False
+        return min(durable, request.num_tokens - 1), False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -108,7 +91,6 @@ class SchedulerSide:
         for req_id, num_tokens in self._pending_loads.items():
             request = self._requests[req_id]
             control = self._controls[req_id]
-            assert control.restore is not None
             slots = self._slots(req_id, 0, num_tokens)
             meta.loads.append(
                 LoadSpec(
@@ -118,7 +100,7 @@ class SchedulerSide:
                     slots,
                     list(request.all_token_ids[:num_tokens]),
                     sorted({s // self.block_size for s in slots}),
-                    control.restore,
+                    self._sources[req_id],
                 )
             )
         self._pending_loads.clear()
@@ -136,6 +118,7 @@ class SchedulerSide:
                 meta.opens.append(
                     OpenSpec(
                         req_id,
+                        control.request_id,
                         control.key,
                         control.holders,
                         control.capabilities,
@@ -147,13 +130,12 @@ class SchedulerSide:
                 start = 0
             if end > start:
                 meta.saves.append(
-                    SaveSpec(req_id, control.key, start, self._slots(req_id, start, end),
+                    SaveSpec(req_id, start, self._slots(req_id, start, end),
                              list(request.all_token_ids[start:end]))
                 )  # fmt: skip
         for req_id in scheduler_output.preempted_req_ids or ():
-            control = self._controls.get(req_id)
-            if control is not None and req_id in self._opened:
-                meta.preempted_keys.append(control.key)
+            if req_id in self._opened:
+                meta.preempted_req_ids.append(req_id)
         return meta
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
@@ -162,9 +144,8 @@ class SchedulerSide:
         req_id = request.request_id
         self._controls.pop(req_id, None)
         self._requests.pop(req_id, None)
-        lookup = self._lookups.pop(req_id, None)
-        if lookup is not None:
-            lookup.cancel()
+        self._sources.pop(req_id, None)
+        self._lookup.forget(req_id)
         self._pending_loads.pop(req_id, None)
         if req_id in self._opened:
             self._opened.discard(req_id)
@@ -172,6 +153,4 @@ class SchedulerSide:
         return False, None
 
     def shutdown(self) -> None:
-        # Pending lookups are cancelled; a running one ends within its deadlines.
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        self._pool.close()
+        self._lookup.close()

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from lumen_core.auth import CapabilityIssuer, Rights
+from lumen_core.connector import RestoreSource, StreamGrant
 from lumen_core.engine import (
     CacheConfig,
     Engine,
@@ -21,14 +22,8 @@ from lumen_core.engine import (
     model_fingerprint,
     random_weights,
 )
-from lumen_core.stream import (
-    HolderStore,
-    RestoreSource,
-    RestoreStatus,
-    StreamGrant,
-    StreamingConnector,
-)
-from lumen_core.transport import Client
+from lumen_core.integrations.reference import StreamingConnector
+from lumen_core.stream import HolderStore, RestoreStatus
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(90)]
 
@@ -86,13 +81,13 @@ def test_engine_restores_streamed_checkpoints_and_continues_identically(
     saver.close()
     del worker  # the worker dies with its KV cache
 
-    client = Client("127.0.0.1", port, secret, tls="tcp")
     try:
         restorer = StreamingConnector(
             secret,
             fingerprint,
-            restore_from=store if source == "local" else client,
+            restore_from=store if source == "local" else ("127.0.0.1", port),
             capability_for=lambda key, holder: issuer.issue(key, 0, 0, holder_id=0, rights=Rights.READ),
+            tls="tcp",
         )
         survivor = Engine(model, CacheConfig(128, 8), connector=restorer)
         after: dict[str, list[int]] = {rid: [] for rid in before}
@@ -110,8 +105,8 @@ def test_engine_restores_streamed_checkpoints_and_continues_identically(
         finish(survivor, after)
         for j, rid in enumerate(before):
             assert before[rid] + after[rid] == expected[j]
+        restorer.close()
     finally:
-        client.close()
         if server is not None:
             server.close()
 
@@ -269,13 +264,17 @@ def test_connector_arguments_are_checked(issuer: CapabilityIssuer, secret: bytes
         StreamingConnector(b"abc", "m")
     with pytest.raises(TypeError, match="`model_fingerprint` must be a non-empty str"):
         StreamingConnector(secret, "")
-    with pytest.raises(TypeError, match="restore_from must be a HolderStore or a Client"):
+    with pytest.raises(
+        TypeError, match=r"`restore_from` must be a HolderStore or an \(address, port\) tuple"
+    ):
         StreamingConnector(secret, "m", restore_from=object())  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="store must be a HolderStore, got dict"):
+    with pytest.raises(ValueError, match="`restore_from` must be `store` when both are HolderStores"):
+        StreamingConnector(secret, "m", restore_from=HolderStore(), store=HolderStore())
+    with pytest.raises(TypeError, match="`store` must be a HolderStore, got dict"):
         StreamingConnector(secret, "m", store={})  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="key_for must be callable, got int"):
+    with pytest.raises(TypeError, match="`key_for` must be callable, got int"):
         StreamingConnector(secret, "m", key_for=5)  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match="tls must be a str, got int"):
+    with pytest.raises(TypeError, match="`tls` must be a str, got int"):
         StreamingConnector(secret, "m", tls=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`connect_timeout_s` must be > 0, got 0"):
         StreamingConnector(secret, "m", connect_timeout_s=0)
@@ -284,24 +283,30 @@ def test_connector_arguments_are_checked(issuer: CapabilityIssuer, secret: bytes
     capability = issuer.issue(1, 0, 1, holder_id=0)
     with pytest.raises(ValueError, match=r"`epoch` must be in \[0, 4294967295\], got -1"):
         StreamGrant(-1, (), ())
-    with pytest.raises(TypeError, match="holders must be a tuple of"):
+    with pytest.raises(TypeError, match="`holders` must be a tuple of"):
         StreamGrant(1, [("127.0.0.1", 1)], (capability,))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`holders\[i\].port` must be in"):
         StreamGrant(1, (("127.0.0.1", 0),), (capability,))
-    with pytest.raises(ValueError, match="capability must be 128 bytes, got 3"):
-        StreamGrant(1, (("127.0.0.1", 1),), (b"cap",))
-    with pytest.raises(ValueError, match=r"capabilities must be a tuple of one capability per holder \(1\)"):
+    with pytest.raises(ValueError, match=r"`capabilities\[0\]` must be non-empty bytes"):
+        StreamGrant(1, (("127.0.0.1", 1),), (b"",))
+    with pytest.raises(
+        ValueError, match=r"`capabilities` must be a tuple of one capability per holder \(1\)"
+    ):
         StreamGrant(1, (("127.0.0.1", 1),), (capability, capability))
-    with pytest.raises(ValueError, match="capability_for must be given with holders"):
+    with pytest.raises(ValueError, match="`capability_for` must be given with `holders`"):
         StreamingConnector(secret, "m", holders=[("127.0.0.1", 1)])
-    with pytest.raises(TypeError, match="capability must be bytes, got str"):
+    with pytest.raises(ValueError, match="`capability_for` must be given with `holders`"):
+        StreamingConnector(secret, "m", restore_from=("127.0.0.1", 1))
+    with pytest.raises(TypeError, match="`capability_for` must be callable, got int"):
+        StreamingConnector(secret, "m", holders=[("127.0.0.1", 1)], capability_for=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`capability` must be bytes, got str"):
         RestoreSource(1, ("127.0.0.1", 1), "cap")  # type: ignore[arg-type]
     connector = StreamingConnector(secret, "m")
-    with pytest.raises(TypeError, match="grant must be a StreamGrant, got tuple"):
+    with pytest.raises(TypeError, match="`grant` must be a StreamGrant, got tuple"):
         connector.grant("1", (1, (), b""))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`request_id` must be a non-empty str"):
         connector.grant("", StreamGrant(1, (), ()))
-    with pytest.raises(TypeError, match="source must be a RestoreSource, got NoneType"):
+    with pytest.raises(TypeError, match="`source` must be a RestoreSource, got NoneType"):
         connector.set_restore_source("1", None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="source must name an address: this connector has no store"):
+    with pytest.raises(ValueError, match="`source` must name an address: this connector has no store"):
         connector.set_restore_source("1", RestoreSource(2, None, b""))

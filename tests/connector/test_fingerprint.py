@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lumen_core.integrations.model_fingerprint import model_fingerprint
+from lumen_core.connector import model_fingerprint
 
 
 @pytest.fixture

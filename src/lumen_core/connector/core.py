@@ -1,0 +1,326 @@
+"""``ConnectorCore``: one request's checkpoint lifecycle, engine-neutral (docs/connector.md).
+
+An engine adapter (the reference engine's ``StreamingConnector``, vLLM's ``LumenConnector``,
+a future SGLang one) maps its hooks onto these calls:
+
+- ``register(layout)`` once, with the layout of the engine's KV cache;
+- ``begin(request_id, key, grant)`` before a request's first save: where it streams;
+- ``save_step(steps)`` once per step, all requests' newly written tokens in one call; it only
+  enqueues (the gather, crc32c and sends run on the streamer's thread);
+- ``durable_tokens()`` / ``durable_lag_tokens()``: what the holders hold;
+- ``plan_restore(...)`` (never blocks: None = not known yet) and ``restore(...)`` into the
+  request's new slots, returning the blocks whose load failed (recompute them); the verified
+  prefix is streamed again to the request's holders, at its new epoch;
+- ``preempt(request_id)`` when the engine will rewrite a request's blocks (its checkpoint is
+  kept), ``finish(request_id)`` when it finished or the gateway said so (released).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from lumen_core._validate import U32_MAX, U64_MAX, check_int, check_number
+from lumen_core.auth import check_secret
+from lumen_core.connector.lookup import RestoreLookup
+from lumen_core.connector.requests import RestoreSource, StepTokens, StreamGrant
+from lumen_core.connector.sources import SourceReader
+from lumen_core.layouts import KVLayout
+from lumen_core.stream._common import check_str
+from lumen_core.stream.holder import HolderStore, RestoreResult
+from lumen_core.stream.streamer import CheckpointStreamer
+
+__all__ = ["ConnectorCore", "RestoreOutcome"]
+
+# Restore results kept for inspection (tests, stats, pacing), oldest dropped first.
+_KEPT_RESTORES = 1024
+# How long finish() waits for a request's last gather unless told otherwise.
+_FINISH_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class RestoreOutcome:
+    """``result``: how far the verified restore got and why it stopped; ``failed_block_ids``:
+    the blocks holding positions from ``result.restored_tokens`` on (the engine recomputes
+    them: a block that failed verification is never served)."""
+
+    result: RestoreResult
+    failed_block_ids: frozenset[int]
+
+
+@dataclass
+class _Streaming:
+    key: int
+    saved_tokens: int = 0  # positions [0, saved_tokens) handed to the streamer
+
+
+class ConnectorCore:
+    """The checkpoint lifecycle of an engine's requests (see module doc).
+
+    ``secret`` authenticates to holders; ``model_fingerprint`` names the model in every
+    record (``connector.model_fingerprint``); ``store`` is this process's ``HolderStore``
+    (sources without an address read from it); ``shard`` is this rank's tensor-parallel shard;
+    ``tls`` the UCX transports; ``connect_timeout_s`` bounds connecting to a restore source
+    (and a lookup); ``streamer_options`` go to ``CheckpointStreamer``, started with the first
+    request that streams. Request ids are the engine's (str); ``key`` is a request's u64 on
+    the wire.
+
+    ``counters``: ``restores``, ``restored_tokens``, ``restore_<status>`` (restores that
+    stopped early, by reason), ``saved_tokens``, ``save_gaps`` (saves after a gap, skipped),
+    ``released``. ``restores``: the last result of each of the latest requests restored.
+
+    Not thread-safe: one engine thread calls it (lookups run on their own thread).
+    """
+
+    def __init__(
+        self,
+        secret: bytes,
+        model_fingerprint: str,
+        *,
+        store: HolderStore | None = None,
+        shard: int = 0,
+        tls: str = "",
+        connect_timeout_s: float = 2.0,
+        streamer_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.secret = check_secret(secret)
+        self.model_fingerprint = check_str("model_fingerprint", model_fingerprint)
+        if store is not None and not isinstance(store, HolderStore):
+            raise TypeError(f"`store` must be a HolderStore, got {type(store).__name__}")
+        self.store = store
+        self.shard = check_int("shard", shard, 0, U32_MAX)
+        if not isinstance(tls, str):
+            raise TypeError(f"`tls` must be a str, got {type(tls).__name__}")
+        self.tls = tls
+        self.connect_timeout_s = check_number("connect_timeout_s", connect_timeout_s, positive=True)
+        if streamer_options is not None and not isinstance(streamer_options, dict):
+            raise TypeError(f"`streamer_options` must be a dict, got {type(streamer_options).__name__}")
+        self.streamer_options = dict(streamer_options or {})
+        self.streamer: CheckpointStreamer | None = None
+        self.counters: Counter[str] = Counter()
+        self.restores: dict[str, RestoreResult] = {}
+        self._layout: KVLayout | None = None
+        self._lookup: RestoreLookup | None = None
+        self._reader = SourceReader(
+            self.secret, store=store, shard=self.shard, tls=tls, connect_timeout_s=self.connect_timeout_s
+        )
+        self._streaming: dict[str, _Streaming] = {}
+
+    # ---- setup ------------------------------------------------------------------------------
+    def register(self, layout: KVLayout) -> None:
+        """The layout of the engine's KV cache (once, before any save or restore)."""
+        if not isinstance(layout, KVLayout):
+            raise TypeError(f"`layout` must be a KVLayout, got {type(layout).__name__}")
+        if self._layout is not None:
+            raise RuntimeError("register has already been called")
+        self._layout = layout
+
+    @property
+    def layout(self) -> KVLayout:
+        """The engine's KV layout; RuntimeError before ``register``."""
+        if self._layout is None:
+            raise RuntimeError("register has not been called")
+        return self._layout
+
+    def _streamer(self) -> CheckpointStreamer:
+        if self.streamer is None:
+            self.streamer = CheckpointStreamer(
+                self.layout,
+                self.secret,
+                model_fingerprint=self.model_fingerprint,
+                shard=self.shard,
+                tls=self.tls,
+                **self.streamer_options,
+            )
+        return self.streamer
+
+    # ---- streaming --------------------------------------------------------------------------
+    def begin(self, request_id: str, key: int, grant: StreamGrant) -> bool:
+        """Starts checkpointing ``request_id`` (wire key ``key``) as ``grant`` says; its saves
+        must then start at position 0. False (nothing streamed) when the grant names no
+        holders. ValueError if it is already streaming."""
+        check_str("request_id", request_id)
+        check_int("key", key, 0, U64_MAX)
+        if not isinstance(grant, StreamGrant):
+            raise TypeError(f"`grant` must be a StreamGrant, got {type(grant).__name__}")
+        if request_id in self._streaming:
+            raise ValueError(f"`request_id` must not be streaming already, got {request_id!r}")
+        if not grant.holders:
+            return False
+        self._streamer().add_request(
+            key,
+            list(grant.holders),
+            list(grant.capabilities),
+            epoch=grant.epoch,
+            expected_tokens=grant.expected_tokens,
+        )
+        self._streaming[request_id] = _Streaming(key)
+        return True
+
+    def is_streaming(self, request_id: str) -> bool:
+        """Whether ``request_id`` was begun (with holders) and not finished."""
+        return request_id in self._streaming
+
+    def save_step(self, steps: Sequence[StepTokens]) -> int:
+        """Enqueues one step's written tokens of every streaming request in one streamer call
+        (never waits for the gather or the holders). Positions already saved are skipped (a
+        recompute after preemption, a restored prefix); a save that starts past a request's
+        saved prefix would leave a gap and is skipped (``save_gaps``); requests not streaming
+        are ignored. Returns the number of tokens enqueued."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tokens: list[int] = []
+        for step in steps:
+            if not isinstance(step, StepTokens):
+                raise TypeError(f"`steps[i]` must be a StepTokens, got {type(step).__name__}")
+            state = self._streaming.get(step.request_id)
+            if state is None or not step.slot_ids:
+                continue
+            if step.start_position > state.saved_tokens:
+                self.counters["save_gaps"] += 1
+                continue
+            end = step.start_position + len(step.slot_ids)
+            if end <= state.saved_tokens:
+                continue
+            first = state.saved_tokens - step.start_position
+            ids += [state.key] * (end - state.saved_tokens)
+            positions += range(state.saved_tokens, end)
+            slots += step.slot_ids[first:]
+            tokens += step.token_ids[first:]
+            state.saved_tokens = end
+        if ids:
+            self._streamer().save_step(ids, positions, slots, tokens)
+            self.counters["saved_tokens"] += len(ids)
+        return len(ids)
+
+    def durable_tokens(self) -> dict[str, int]:
+        """Durable length (best live replica) of each streaming request."""
+        if self.streamer is None:
+            return {}
+        durable = self.streamer.stats().durable
+        return {r: durable.get(s.key, 0) for r, s in self._streaming.items()}
+
+    def durable_lag_tokens(self) -> int:
+        """Tokens saved but not yet durable on a live replica, all requests together (walks
+        every streaming request: sample it, do not call it every step)."""
+        if self.streamer is None:
+            return 0
+        stats = self.streamer.stats()
+        return sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
+
+    def wait_for_save(self, request_id: str, *, timeout_s: float = _FINISH_TIMEOUT_S) -> None:
+        """Returns once no pending gather reads ``request_id``'s slots (so the engine may free
+        or rewrite them); TimeoutError after ``timeout_s``."""
+        state = self._streaming.get(request_id)
+        if state is not None and self.streamer is not None:
+            self.streamer.wait_for_save(state.key, timeout_s=timeout_s)
+
+    def preempt(self, request_id: str) -> None:
+        """The engine preempts ``request_id`` and may rewrite its blocks: pending gathers of
+        them finish first. Its checkpoint is kept (a re-admitted request may restore from
+        it, and its later saves continue it)."""
+        self.wait_for_save(request_id)
+
+    def finish(self, request_id: str, *, timeout_s: float = _FINISH_TIMEOUT_S) -> bool:
+        """``request_id`` finished (or the gateway released it): once its last gather is done
+        its checkpoint is released on its holders and it is forgotten. False when the gather
+        is still pending after ``timeout_s`` (call again; the slots must not be reused yet);
+        True otherwise, also for a request that never streamed."""
+        if self._lookup is not None:
+            self._lookup.forget(request_id)
+        state = self._streaming.get(request_id)
+        if state is None:
+            return True
+        assert self.streamer is not None
+        try:
+            self.streamer.wait_for_save(state.key, timeout_s=timeout_s)
+        except TimeoutError:
+            return False
+        self.streamer.release(state.key)
+        del self._streaming[request_id]
+        self.counters["released"] += 1
+        return True
+
+    # ---- restore ----------------------------------------------------------------------------
+    def _planner(self) -> RestoreLookup:
+        if self._lookup is None:
+            self._lookup = RestoreLookup(
+                self.secret,
+                record_bytes=self.layout.record_bytes,
+                store=self.store,
+                shard=self.shard,
+                tls=self.tls,
+                connect_timeout_s=self.connect_timeout_s,
+            )
+        return self._lookup
+
+    def plan_restore(
+        self, request_id: str, key: int, source: RestoreSource, *, wait_s: float = 0.0
+    ) -> int | None:
+        """Durable tokens of ``request_id``'s checkpoint at ``source`` (at most what a restore
+        can load), or None while not known yet: the first call starts an asynchronous lookup
+        and returns at once unless ``wait_s`` > 0 (an engine that plans synchronously waits that
+        long). The answer is cached until ``restore`` or ``finish``."""
+        check_int("key", key, 0, U64_MAX)
+        wait_s = check_number("wait_s", wait_s, 0.0)
+        planner = self._planner()
+        answer = planner.plan(request_id, key, source)
+        if answer is None and wait_s > 0:
+            answer = planner.wait(request_id, wait_s)
+        return answer
+
+    def restore(
+        self,
+        request_id: str,
+        key: int,
+        source: RestoreSource,
+        slot_ids: Sequence[int],
+        token_ids: Sequence[int],
+    ) -> RestoreOutcome:
+        """Writes the verified prefix of ``request_id``'s checkpoint (wire key ``key``) at
+        ``source`` into ``slot_ids`` (its new slots, one per position from 0; ``token_ids`` its
+        first ``len(slot_ids)`` known tokens). Layout and model fingerprints, token ids and
+        crc32c are checked before a record is written, so no slot past the verified prefix
+        is touched. A streaming request's verified prefix is saved again (at the epoch it was
+        begun with), so a second failure also resumes.
+
+        Raises ValueError when ``slot_ids`` and ``token_ids`` differ in length (and what
+        ``KVLayout`` raises for slots outside the cache); a source that cannot serve the
+        checkpoint is not an error: nothing is restored and every block is reported failed.
+        """
+        check_str("request_id", request_id)
+        check_int("key", key, 0, U64_MAX)
+        if not isinstance(source, RestoreSource):
+            raise TypeError(f"`source` must be a RestoreSource, got {type(source).__name__}")
+        slots, tokens = [int(s) for s in slot_ids], [int(t) for t in token_ids]
+        if len(slots) != len(tokens):
+            raise ValueError(
+                f"`slot_ids` and `token_ids` must have one entry per token, got {len(slots)} and {len(tokens)}"
+            )
+        if self._lookup is not None:
+            self._lookup.forget(request_id)
+        result = self._reader.restore(key, source, self.layout, slots, tokens, self.model_fingerprint)
+        self.restores.pop(request_id, None)  # re-inserted as the latest: the oldest go first
+        self.restores[request_id] = result
+        while len(self.restores) > _KEPT_RESTORES:
+            self.restores.pop(next(iter(self.restores)))
+        restored = result.restored_tokens
+        self.counters["restores"] += 1
+        self.counters["restored_tokens"] += restored
+        if restored < len(slots):
+            self.counters[f"restore_{result.status.name.lower()}"] += 1
+        if restored:
+            self.save_step([StepTokens(request_id, 0, slots[:restored], tokens[:restored])])
+        block_size = self.layout.block_size
+        return RestoreOutcome(result, frozenset(s // block_size for s in slots[restored:]))
+
+    def close(self) -> None:
+        """Stops lookups, closes connections and the streamer (pending sends are dropped)."""
+        if self._lookup is not None:
+            self._lookup.close()
+        self._reader.close()
+        if self.streamer is not None:
+            self.streamer.close()

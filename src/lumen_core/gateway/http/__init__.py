@@ -1,0 +1,7 @@
+"""The OpenAI-compatible front door: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``,
+``/health`` and ``/metrics`` over HTTP (FastAPI on uvicorn), in the gateway's process.
+
+``FrontDoor`` serves an app (``app.build_app``) that admits each client request through the
+gateway's ``Coordinator`` and streams the tokens the coordinator keeps for it, so a stream goes
+on across a worker's failure. Needs the ``lumen_core[http]`` extra (docs/front_door.md).
+"""

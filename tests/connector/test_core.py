@@ -1,0 +1,301 @@
+"""ConnectorCore against a real holder in this process (a HolderStore served on loopback):
+the request lifecycle, verified restore with failed blocks, re-streaming at a new epoch,
+preemption keeping the checkpoint, non-blocking restore planning, and bad arguments."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+import torch
+
+from lumen_core.auth import CapabilityIssuer
+from lumen_core.connector import ConnectorCore, RestoreSource, StepTokens, StreamGrant
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import checksum, gather_tokens
+from lumen_core.stream import HolderStore, RestoreStatus, fingerprint_bytes, request_key
+from lumen_core.testing import assert_kv_equal, make_paged_cache, slots_for_blocks
+from lumen_core.transport import Client, Server
+
+pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
+
+MODEL = "model-under-test"
+BLOCK_SIZE = 16
+TLS = "tcp"
+NUM_TOKENS = 37  # two full blocks and a partial one
+
+
+def cache(seed: int) -> KVLayout:
+    return make_paged_cache("vllm_flash", num_layers=2, num_blocks=8, block_size=BLOCK_SIZE, seed=seed)
+
+
+def slots(block_ids: list[int], n: int = NUM_TOKENS) -> list[int]:
+    return slots_for_blocks(block_ids, block_size=BLOCK_SIZE, num_tokens=n).tolist()
+
+
+def tokens(n: int = NUM_TOKENS) -> list[int]:
+    return [(7 * i + 3) % 1000 for i in range(n)]
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class Holder:
+    """A HolderStore served on loopback (holder id 0), trusting ``issuer``'s capabilities."""
+
+    def __init__(self, secret: bytes, issuer: CapabilityIssuer, *, verify_records: bool = True) -> None:
+        self.store = HolderStore()
+        self.issuer = issuer
+        self.server: Server = self.store.serve(
+            secret, tls=TLS, verify_records=verify_records, issuer_public_key=issuer.public_key
+        )
+        self.address = ("127.0.0.1", self.server.port)
+
+    def capability(self, key: int, epoch: int) -> bytes:
+        """The issuer's capability of (key, shard 0, epoch) on this holder."""
+        return self.issuer.issue(key, 0, epoch, holder_id=0)
+
+    def durable(self, key: int, epoch: int | None = None) -> int:
+        held = [c for c in self.store.checkpoints() if c.request_id == key and epoch in (None, c.epoch)]
+        return held[0].durable_tokens if held else 0
+
+
+@pytest.fixture
+def holder(secret: bytes, issuer: CapabilityIssuer) -> Iterator[Holder]:
+    h = Holder(secret, issuer)
+    yield h
+    h.server.close()
+
+
+def core_for(secret: bytes, seed: int, **options: object) -> ConnectorCore:
+    core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0, **options)  # type: ignore[arg-type]
+    core.register(cache(seed))
+    return core
+
+
+def stream(core: ConnectorCore, secret: bytes, holder: Holder, request_id: str, block_ids: list[int]) -> int:
+    """Streams NUM_TOKENS tokens of ``request_id`` (a prefill step, then one token per step);
+    returns its wire key once they are durable."""
+    key = request_key(request_id)
+    assert core.begin(request_id, key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
+    s, t = slots(block_ids), tokens()
+    assert core.save_step([StepTokens(request_id, 0, s[:30], t[:30])]) == 30
+    for p in range(30, NUM_TOKENS):
+        assert core.save_step([StepTokens(request_id, p, s[p : p + 1], t[p : p + 1])]) == 1
+    assert core.streamer is not None and core.streamer.flush(timeout_s=10)
+    return key
+
+
+def test_a_request_streams_restores_bit_exact_and_is_released_on_finish(
+    secret: bytes, holder: Holder
+) -> None:
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    assert writer.durable_tokens() == {"r": NUM_TOKENS} and writer.durable_lag_tokens() == 0
+    assert writer.counters["saved_tokens"] == NUM_TOKENS
+
+    reader = core_for(secret, seed=1)
+    source = RestoreSource(0, holder.address, holder.capability(key, 0))
+    assert wait_until(lambda: reader.plan_restore("r", key, source) is not None)
+    assert reader.plan_restore("r", key, source) == NUM_TOKENS
+    target = [5, 3, 7]  # other blocks, in another order
+    outcome = reader.restore("r", key, source, slots(target), tokens())
+    assert outcome.result.status is RestoreStatus.COMPLETE and outcome.failed_block_ids == frozenset()
+    assert reader.restores["r"].restored_tokens == NUM_TOKENS
+    assert_kv_equal(writer.layout, torch.tensor(slots([0, 1, 2])), reader.layout, torch.tensor(slots(target)))
+
+    assert writer.finish("r")
+    assert not writer.is_streaming("r") and writer.counters["released"] == 1
+    assert wait_until(lambda: holder.durable(key) == 0)  # released on the holder
+    writer.close()
+    reader.close()
+
+
+def test_a_corrupted_record_fails_its_blocks_and_nothing_past_it_is_written(
+    secret: bytes, issuer: CapabilityIssuer
+) -> None:
+    holder = Holder(secret, issuer, verify_records=False)  # keeps what arrives: the restore must catch it
+    try:
+        source_cache = cache(seed=0)
+        key = request_key("r")
+        capability = holder.capability(key, 0)
+        fingerprints = fingerprint_bytes(source_cache, MODEL)
+        records = gather_tokens(source_cache, torch.tensor(slots([0, 1, 2]))).clone()
+        crcs = checksum(records).numpy()
+        records[20, 5] ^= 0x10  # position 20: in block 1 of the request
+        with Client(*holder.address, secret, tls=TLS) as client:
+            client.open(
+                key, 0, 0, source_cache.record_bytes, fingerprints[:32], fingerprints[32:], capability
+            )
+            ids = np.asarray(tokens(), dtype=np.uint32)
+            client.append(key, 0, 0, 0, ids, crcs, records.numpy(), capability)
+
+        reader = core_for(secret, seed=1)
+        before = gather_tokens(reader.layout, torch.tensor(slots([4, 5, 6]))).clone()
+        outcome = reader.restore(
+            "r", key, RestoreSource(0, holder.address, capability), slots([4, 5, 6]), tokens()
+        )
+        assert outcome.result.status is RestoreStatus.CRC_MISMATCH
+        assert outcome.result.restored_tokens == 20
+        assert outcome.failed_block_ids == {5, 6}  # positions 20.. are in blocks 5 and 6
+        after = gather_tokens(reader.layout, torch.tensor(slots([4, 5, 6])))
+        assert torch.equal(after[:20], records[:20]) and torch.equal(after[20:], before[20:])
+        assert reader.counters["restore_crc_mismatch"] == 1
+        reader.close()
+    finally:
+        holder.server.close()
+
+
+def test_a_restored_prefix_is_streamed_again_at_the_new_epoch(secret: bytes, holder: Holder) -> None:
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    writer.close()  # the first incarnation dies
+
+    next_holder = Holder(secret, holder.issuer)
+    try:
+        survivor = core_for(secret, seed=1)
+        grant = StreamGrant(1, (next_holder.address,), (next_holder.capability(key, 1),))
+        assert survivor.begin("r", key, grant)
+        source = RestoreSource(1, holder.address, holder.capability(key, 1))
+        outcome = survivor.restore("r", key, source, slots([6, 2, 4]), tokens())
+        assert outcome.result.restored_tokens == NUM_TOKENS
+        assert survivor.streamer is not None and survivor.streamer.flush(timeout_s=10)
+        [checkpoint] = next_holder.store.checkpoints()
+        assert (checkpoint.request_id, checkpoint.epoch, checkpoint.durable_tokens) == (key, 1, NUM_TOKENS)
+        # The next decoded token continues the checkpoint; the restored positions are not sent twice.
+        s, t = slots([6, 2, 4], NUM_TOKENS + 1), tokens(NUM_TOKENS + 1)
+        assert survivor.save_step([StepTokens("r", 0, s, t)]) == 1
+        assert survivor.streamer.flush(timeout_s=10)
+        assert next_holder.durable(key, epoch=1) == NUM_TOKENS + 1
+        survivor.close()
+    finally:
+        next_holder.server.close()
+
+
+def test_preemption_keeps_the_checkpoint_and_later_saves_continue_it(secret: bytes, holder: Holder) -> None:
+    core = core_for(secret, seed=0)
+    key = stream(core, secret, holder, "r", [0, 1, 2])
+    core.preempt("r")
+    assert core.is_streaming("r") and core.counters["released"] == 0
+    assert holder.durable(key) == NUM_TOKENS
+    # Re-admitted, it recomputes from position 0 into other blocks: only the new token is sent.
+    s, t = slots([3, 4, 5], NUM_TOKENS + 1), tokens(NUM_TOKENS + 1)
+    assert core.save_step([StepTokens("r", 0, s, t)]) == 1
+    assert core.streamer is not None and core.streamer.flush(timeout_s=10)
+    assert holder.durable(key) == NUM_TOKENS + 1
+    # A save past the saved prefix would leave a gap: skipped and counted.
+    assert core.save_step([StepTokens("r", NUM_TOKENS + 5, s[:1], t[:1])]) == 0
+    assert core.counters["save_gaps"] == 1
+    core.close()
+
+
+def test_a_lookup_never_blocks_the_caller(secret: bytes, holder: Holder) -> None:
+    # A TCP listener that never speaks: connecting to it stalls until the connect timeout.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        core = core_for(secret, seed=0)
+        stalled = RestoreSource(0, silent.getsockname(), holder.capability(1, 0))
+        started = time.monotonic()
+        assert core.plan_restore("a", 1, stalled) is None  # not known yet
+        assert core.plan_restore("a", 1, stalled) is None
+        assert time.monotonic() - started < 0.5
+        assert core.plan_restore("a", 1, stalled, wait_s=10) == 0  # unreachable: nothing to restore
+        core.close()
+
+
+def test_a_source_in_this_process_is_answered_at_once(secret: bytes, holder: Holder) -> None:
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    reader = core_for(secret, seed=1, store=holder.store)
+    assert reader.plan_restore("r", key, RestoreSource(0, None, b"")) == NUM_TOKENS
+    outcome = reader.restore("r", key, RestoreSource(0, None, b""), slots([3, 4, 5]), tokens())
+    assert outcome.result.status is RestoreStatus.COMPLETE
+    writer.close()
+    reader.close()
+
+
+def test_a_refused_capability_restores_nothing_and_fails_every_block(secret: bytes, holder: Holder) -> None:
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    reader = core_for(secret, seed=1)
+    not_the_holders_issuer = CapabilityIssuer.generate()
+    forged = RestoreSource(0, holder.address, not_the_holders_issuer.issue(key, 0, 0, holder_id=0))
+    assert reader.plan_restore("r", key, forged, wait_s=10) == 0
+    outcome = reader.restore("r", key, forged, slots([3, 4, 5]), tokens())
+    assert outcome.result.restored_tokens == 0 and outcome.failed_block_ids == {3, 4, 5}
+    assert reader.counters["restore_missing"] == 1
+    writer.close()
+    reader.close()
+
+
+def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
+    with pytest.raises(TypeError, match="`secret` must be bytes"):
+        ConnectorCore("s", MODEL)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`model_fingerprint` must be a non-empty str"):
+        ConnectorCore(secret, "")
+    with pytest.raises(TypeError, match="`store` must be a HolderStore, got dict"):
+        ConnectorCore(secret, MODEL, store={})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`tls` must be a str, got int"):
+        ConnectorCore(secret, MODEL, tls=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`connect_timeout_s` must be > 0"):
+        ConnectorCore(secret, MODEL, connect_timeout_s=0)
+    with pytest.raises(TypeError, match="`streamer_options` must be a dict, got list"):
+        ConnectorCore(secret, MODEL, streamer_options=[])  # type: ignore[arg-type]
+    core = ConnectorCore(secret, MODEL, tls=TLS)
+    with pytest.raises(RuntimeError, match="register has not been called"):
+        core.restore("r", 1, RestoreSource(0, holder.address, b"cap"), [0], [1])
+    with pytest.raises(TypeError, match="`layout` must be a KVLayout, got str"):
+        core.register("cache")  # type: ignore[arg-type]
+    core.register(cache(seed=0))
+    with pytest.raises(RuntimeError, match="register has already been called"):
+        core.register(cache(seed=0))
+    grant = StreamGrant(0, (holder.address,), (holder.capability(1, 0),))
+    with pytest.raises(TypeError, match="`grant` must be a StreamGrant, got tuple"):
+        core.begin("r", 1, (0, (), b""))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`key` must be in \[0, 18446744073709551615\], got -1"):
+        core.begin("r", -1, grant)
+    with pytest.raises(TypeError, match="`request_id` must be a non-empty str"):
+        core.begin("", 1, grant)
+    assert not core.begin("r", 1, StreamGrant(0, (), ()))  # no holders: not checkpointed
+    assert core.begin("r", 1, grant)
+    with pytest.raises(ValueError, match="`request_id` must not be streaming already, got 'r'"):
+        core.begin("r", 1, grant)
+    with pytest.raises(TypeError, match=r"`steps\[i\]` must be a StepTokens, got tuple"):
+        core.save_step([("r", 0, [0], [1])])  # type: ignore[list-item]
+    with pytest.raises(
+        ValueError, match="`slot_ids` and `token_ids` must have one entry per token, got 2 and 1"
+    ):
+        StepTokens("r", 0, [0, 1], [1])
+    with pytest.raises(
+        ValueError, match="`slot_ids` and `token_ids` must have one entry per token, got 1 and 2"
+    ):
+        core.restore("r", 1, RestoreSource(0, holder.address, b"cap"), [0], [1, 2])
+    with pytest.raises(TypeError, match="`source` must be a RestoreSource, got NoneType"):
+        core.restore("r", 1, None, [0], [1])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`source.address` must name a holder: this connector has no store"):
+        core.restore("r", 1, RestoreSource(0, None, b""), [0], [1])
+    with pytest.raises(IndexError):  # a slot outside the cache: refused before anything is written
+        core.restore("r", 1, RestoreSource(0, holder.address, b"c"), [8 * BLOCK_SIZE], [1])
+    with pytest.raises(ValueError, match=r"`capabilities\[0\]` must be non-empty bytes"):
+        StreamGrant(0, (holder.address,), (b"",))
+    with pytest.raises(
+        ValueError, match=r"`capabilities` must be a tuple of one capability per holder \(1\)"
+    ):
+        StreamGrant(0, (holder.address,), ())
+    with pytest.raises(TypeError, match="`capability` must be bytes, got str"):
+        RestoreSource(0, holder.address, "cap")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`expected_tokens` must be in"):
+        StreamGrant(0, (), (), expected_tokens=-1)
+    with pytest.raises(ValueError, match=r"`wait_s` must be"):
+        core.plan_restore("q", 1, RestoreSource(0, holder.address, b"c"), wait_s=float("nan"))
+    core.close()

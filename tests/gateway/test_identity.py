@@ -1,0 +1,238 @@
+"""The gateway plane's identities over real gRPC: the cluster secret only admits
+registrations (and the client API), each worker incarnation calls with its own call key and
+only as itself, token reports come from a request's worker at its epoch, calls are bound to
+the gateway instance and their whole body, and one out-of-range field fails its call alone."""
+
+import re
+import urllib.request
+
+import grpc
+import pytest
+
+from lumen_core.auth import CALL_METADATA_KEY, INSTANCE_METADATA_KEY, sign_call
+from lumen_core.gateway import lumen_pb2 as pb
+from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
+from lumen_core.gateway.client import RequestTokens
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.directives import Run
+from lumen_core.gateway.errors import GatewayError
+from lumen_core.gateway.protocol import method
+from lumen_core.gateway.reports import HeldReport, WorkerReport
+
+pytestmark = pytest.mark.timeout(60)
+
+SECRET = b"gateway-tests-secret-0123456789abcdef"  # as conftest.py
+GIB = 1 << 30
+
+
+def raw_call(server, client, name, request, metadata=None):
+    """Send ``request`` as Gateway method ``name`` over a channel of its own, signed by
+    ``client`` as its principal for that method (or with ``metadata`` as given)."""
+    if metadata is None:
+        metadata = client.signed_metadata(name, request.SerializeToString())
+    with grpc.insecure_channel(server.address) as channel:
+        call = getattr(pb_grpc.GatewayStub(channel), name)
+        reply = call(request, metadata=metadata, timeout=5.0)
+        return next(reply) if name in ("Directives", "Submit", "Watch") else reply
+
+
+def signed_with(server, key, principal, name, request):
+    """Metadata signed by hand for ``server``'s instance."""
+    value = sign_call(
+        key,
+        instance_id=server.instance_id,
+        principal=principal,
+        method=method(name),
+        body=request.SerializeToString(),
+    )
+    return ((CALL_METADATA_KEY, value),)
+
+
+def refused(server, client, name, request, metadata=None):
+    with pytest.raises(grpc.RpcError) as info:
+        raw_call(server, client, name, request, metadata)
+    return info.value.code(), info.value.details()
+
+
+def metrics(server):
+    url = f"http://127.0.0.1:{server.metrics_port}/metrics"
+    text = urllib.request.urlopen(url, timeout=5).read().decode()
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("lumen_")
+    }
+
+
+def test_a_worker_cannot_register_as_another_live_worker(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="S&R"))
+    victim = connect(server)
+    victim.register(0, budget_bytes=GIB, holder_address="127.0.0.1:7000")
+    # The call key travels wrapped: the reply's bytes do not hold it.
+    reply = raw_call(server, victim, "Register", pb.RegisterRequest(worker_id=5, state=pb.SERVING))
+    assert server.credentials.key_of("worker-5-1") not in reply.SerializeToString()
+    rogue = connect(server)  # holds the cluster secret, like every worker
+    with pytest.raises(GatewayError, match="ALREADY_EXISTS: worker 0 epoch 1 is live"):
+        rogue.register(0, budget_bytes=GIB, holder_address="127.0.0.1:9")
+    assert not victim.heartbeat().fenced and server.coordinator.worker_epoch(0) == 1
+    # Once the incarnation is gone (its exit reported, or its lease expired), the id is free.
+    assert server.report_exit(0, 1, "SIGKILL")
+    assert rogue.register(0, budget_bytes=GIB).epoch == 2
+
+
+def test_a_worker_cannot_call_as_another_worker(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="S&R"), metrics_port=0)
+    victim, rogue = connect(server), connect(server)
+    victim.register(0, budget_bytes=GIB)
+    rogue.register(1, budget_bytes=GIB)
+    # With its own call key, naming the victim: every worker call is refused.
+    for name, request in (
+        ("Heartbeat", pb.HeartbeatRequest(worker_id=0, epoch=1, state=pb.SERVING)),
+        ("Directives", pb.DirectivesRequest(worker_id=0, epoch=1)),
+        ("ReportExit", pb.ExitReport(worker_id=0, epoch=1)),
+        ("ModelLoaded", pb.ModelLoadedRequest(worker_id=0, epoch=1)),
+        ("Heartbeat", pb.HeartbeatRequest(worker_id=1, epoch=2, state=pb.SERVING)),  # its own next epoch
+    ):
+        code, details = refused(server, rogue, name, request)
+        assert code == grpc.StatusCode.PERMISSION_DENIED, name
+        assert (
+            f"{name} must be signed with worker {request.worker_id} epoch {request.epoch}'s call key"
+            in details
+        )
+    with pytest.raises(
+        GatewayError, match="PERMISSION_DENIED: ReportExit must be signed with worker 0 epoch 1"
+    ):
+        rogue.report_exit(0, 1, "forged")
+    # Claiming the victim's principal takes the victim's key, which it does not hold.
+    own_key = server.credentials.key_of("worker-1-1")
+    request = pb.HeartbeatRequest(worker_id=0, epoch=1, state=pb.SERVING)
+    metadata = signed_with(server, own_key, "worker-0-1", "Heartbeat", request)
+    code, details = refused(server, None, "Heartbeat", request, metadata)
+    assert code == grpc.StatusCode.UNAUTHENTICATED
+    assert details == "bad MAC: the caller does not hold the key of worker-0-1"
+    # The cluster secret, which every worker holds, does not sign a worker's call.
+    request = pb.HeartbeatRequest(worker_id=0, epoch=1, state=pb.SERVING)
+    code, details = refused(
+        server, None, "Heartbeat", request, signed_with(server, SECRET, "cluster", "Heartbeat", request)
+    )
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "got cluster's" in details
+    assert server.coordinator.worker_state(0) == "serving" and not victim.heartbeat().fenced
+    assert metrics(server)["lumen_forbidden_calls_total"] == 7
+
+
+def test_a_worker_cannot_put_a_token_into_a_request_it_does_not_serve(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="S&R"), metrics_port=0)
+    victim, rogue = connect(server), connect(server)
+    victim.register(0, budget_bytes=GIB)
+    rogue.register(1, budget_bytes=GIB)
+    stream = connect(server).submit([1, 2], 4, timeout_s=30.0)
+    request_id = next(stream).request_id
+    assert [d.request_id for d in victim.heartbeat().directives if isinstance(d, Run)] == [request_id]
+    # As itself: the request is not its own (acked refused, counted).
+    ack = rogue.report_tokens_batch([RequestTokens(request_id, 1, 0, (66,))])[0]
+    assert ack.code == grpc.StatusCode.FAILED_PRECONDITION.value[0] and "is stale" in ack.details
+    # Naming the victim in the body, signed with its own key: the whole call is refused.
+    report = pb.TokenReport(
+        worker_id=0,
+        worker_epoch=1,
+        requests=[pb.RequestTokens(request_id=request_id, epoch=1, token_ids=[66])],
+    )
+    code, details = refused(server, rogue, "ReportTokens", report)
+    assert code == grpc.StatusCode.PERMISSION_DENIED and "got worker-1-1's" in details
+    # Claiming the victim's principal: it does not hold the victim's key.
+    metadata = signed_with(
+        server, server.credentials.key_of("worker-1-1"), "worker-0-1", "ReportTokens", report
+    )
+    code, details = refused(server, None, "ReportTokens", report, metadata)
+    assert code == grpc.StatusCode.UNAUTHENTICATED and details.startswith("bad MAC")
+    victim.report_tokens(request_id, 1, 0, [7, 8], finished=True)
+    assert [t for chunk in stream for t in chunk.token_ids] == [7, 8]
+    values = metrics(server)
+    assert values["lumen_refused_token_reports_total"] == 2
+    assert server.num_refused_token_reports == 2 and server.num_refused_calls == 1
+
+
+def test_a_call_captured_at_one_gateway_is_refused_by_its_restarted_successor(start_gateway, connect):
+    first = start_gateway(GatewayConfig(policy="S&R"))
+    client, worker = connect(first), connect(first)
+    worker.register(5, budget_bytes=GIB)
+    request = pb.RegisterRequest(worker_id=0, state=pb.SERVING, budget_bytes=GIB)
+    captured = client.signed_metadata("Register", request.SerializeToString())
+    raw_call(first, None, "Register", request, captured)
+    code, details = refused(first, None, "Register", request, captured)
+    assert code == grpc.StatusCode.UNAUTHENTICATED and details == "nonce replayed"
+    port = first.port
+    first.stop(grace_s=0.1)
+    restarted = start_gateway(GatewayConfig(policy="S&R"), port=port)
+    with grpc.insecure_channel(restarted.address) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.GatewayStub(channel).Register(request, metadata=captured, timeout=5.0)
+    error = info.value
+    assert error.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert f"this is {restarted.instance_id}" in error.details()
+    assert dict(error.trailing_metadata())[INSTANCE_METADATA_KEY] == restarted.instance_id
+    assert restarted.coordinator.worker_ids() == []
+    # The body is covered too: the captured header with another body is refused.
+    other = pb.RegisterRequest(worker_id=1, state=pb.SERVING, budget_bytes=GIB)
+    fresh = connect(restarted).signed_metadata("Register", request.SerializeToString())
+    code, details = refused(restarted, None, "Register", other, fresh)
+    assert code == grpc.StatusCode.UNAUTHENTICATED and details.startswith("bad MAC")
+    # A client of the old instance signs again for the new one, and its worker registers again.
+    assert client.status().workers == []
+    assert worker.heartbeat().reregister
+    assert worker.register_again().epoch == 2  # above the epoch it reports having held
+    assert not worker.heartbeat().fenced
+
+
+def test_one_out_of_range_field_fails_its_call_alone(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="S&R"))
+    worker, bad = connect(server), connect(server)
+    worker.register(0, budget_bytes=GIB)
+    for request, match in (
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, budget_bytes=2**63),
+            r"`budget_bytes` must be in \[0, 9007199254740992\]",
+        ),
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, budget_bytes=2**64 - 1),
+            "got 18446744073709551615",
+        ),
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, last_epoch=2**32 - 1),
+            r"`last_epoch` must be in \[0, 4294967294\]",
+        ),
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, num_shards=2**20),
+            r"`num_shards` must be in \[0, 1024\]",
+        ),
+        (
+            pb.RegisterRequest(
+                worker_id=1, held=[pb.HeldCheckpoint(request_id=1, epoch=1, durable_tokens=2**63)]
+            ),
+            r"`held.durable_tokens` must be in \[0, 4294967295\]",
+        ),
+        (  # new requests are numbered above it: the next Submit could not be answered
+            pb.RegisterRequest(
+                worker_id=1, state=pb.SERVING, running=[pb.RunningRequest(request_id=2**64 - 1, epoch=1)]
+            ),
+            r"`running.request_id` must be in \[0, 9223372036854775807\]",
+        ),
+        (
+            pb.RegisterRequest(
+                worker_id=1, state=pb.SERVING, running=[pb.RunningRequest(request_id=9, epoch=2**32 - 1)]
+            ),
+            r"`running.epoch` must be in \[0, 4294967294\]",
+        ),
+    ):
+        code, details = refused(server, bad, "Register", request)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and re.search(match, details), details
+    with pytest.raises(GatewayError, match=r"INVALID_ARGUMENT: `report.held.durable_tokens` must be in"):
+        worker.heartbeat(WorkerReport(held=(HeldReport(1, 1, 2**63 - 1),)))
+    with pytest.raises(GatewayError, match=r"INVALID_ARGUMENT: `report.held_bytes` must be in"):
+        worker.heartbeat(WorkerReport(held_bytes=2**64 - 1))
+    # Nothing of the bad calls stayed behind: everyone else is served as before.
+    assert server.coordinator.worker_ids() == [0]
+    assert [(w.worker_id, w.epoch) for w in connect(server).status().workers] == [(0, 1)]
+    stream = connect(server).submit([1, 2], 2, timeout_s=30.0)
+    request_id = next(stream).request_id
+    worker.report_tokens(request_id, 1, 0, [3, 4], finished=True)
+    assert [t for chunk in stream for t in chunk.token_ids] == [3, 4]
