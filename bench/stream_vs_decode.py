@@ -31,6 +31,7 @@ tenants of a shared machine do not inflate (wall-clock latency includes their pr
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -43,10 +44,11 @@ import numpy as np
 import torch
 
 from lumen_core import _native
+from lumen_core.auth import CapabilityIssuer, write_issuer_public_key_file
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import checksum, gather_tokens, scatter_tokens
 from lumen_core.stream import CheckpointStreamer, HolderStore, RestoreStatus, fingerprint_bytes
-from lumen_core.transport import Client, issue_capability
+from lumen_core.transport import Client
 
 LAYERS, HEADS, HEAD_DIM, BLOCK_SIZE = 32, 8, 128, 16
 MODEL = "bench-model"
@@ -137,6 +139,12 @@ class Decode:
         return max(1, round(reps + (step_ms / 1000 - t_reps) / per_rep))
 
 
+@functools.cache
+def _issuer() -> CapabilityIssuer:
+    """This run's capability issuer (the holder trusts its public key); holder id 0."""
+    return CapabilityIssuer.generate()
+
+
 def process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process pid, all threads."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -157,7 +165,9 @@ def run(
     rids = np.arange(request_base, request_base + decode.num_requests, dtype=np.uint64)
     if streamer is not None:
         for rid in rids:
-            streamer.add_request(int(rid), [("127.0.0.1", port)], issue_capability(secret, int(rid), 0, 0))
+            streamer.add_request(
+                int(rid), [("127.0.0.1", port)], [_issuer().issue(int(rid), 0, 0, holder_id=0)]
+            )
         acked_before = streamer.stats().counters["bytes_acked"]
     token_ids = np.zeros(decode.num_requests, dtype=np.uint32)
     latencies = []
@@ -198,14 +208,14 @@ def check_stream_once(layout: KVLayout, secret: bytes, port: int, tls: str) -> N
     )
     with CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=tls) as streamer:
         for r in range(8):
-            streamer.add_request(r, [("127.0.0.1", port)], issue_capability(secret, r, 0, 0))
+            streamer.add_request(r, [("127.0.0.1", port)], [_issuer().issue(r, 0, 0, holder_id=0)])
         ids = np.repeat(np.arange(8, dtype=np.uint64), 20)
         pos = np.tile(np.arange(20, dtype=np.uint64), 8)
         streamer.save_step(ids, pos, slots.numpy(), np.zeros(160, dtype=np.uint32))
         assert streamer.flush(timeout_s=30) and streamer.stats().coverage == 1.0
         with Client("127.0.0.1", port, secret, tls=tls) as client:
             for r in range(8):
-                got = client.read(r, 0, 0, 0, 20, layout.record_bytes, issue_capability(secret, r, 0, 0))
+                got = client.read(r, 0, 0, 0, 20, layout.record_bytes, _issuer().issue(r, 0, 0, holder_id=0))
                 expected = gather_tokens(layout, slots[r * 20 : (r + 1) * 20]).cpu().numpy()
                 assert np.array_equal(got.records, expected)
         for r in range(8):
@@ -232,8 +242,11 @@ def bench_restore(num_tokens: int, layers: int, repeats: int, tls: str, device: 
     store = HolderStore()
     fp = fingerprint_bytes(source, MODEL)
     tokens = np.arange(num_tokens, dtype=np.uint32)
-    cap = issue_capability(secret, 1, 0, 0)
-    with store.serve(secret, tls=tls) as server, Client("127.0.0.1", server.port, secret, tls=tls) as client:
+    cap = _issuer().issue(1, 0, 0, holder_id=0)
+    with (
+        store.serve(secret, issuer_public_key=_issuer().public_key, tls=tls) as server,
+        Client("127.0.0.1", server.port, secret, tls=tls) as client,
+    ):
         client.open(1, 0, 0, source.record_bytes, fp[:32], fp[32:], cap)
         for start in range(0, num_tokens, 256):
             records = gather_tokens(source, slots[start : start + 256]).cpu()
@@ -328,6 +341,8 @@ def main() -> int:
         secret_file = Path(tmp) / "secret"
         secret_file.write_bytes(secret)
         secret_file.chmod(0o600)
+        issuer_public_key_file = Path(tmp) / "issuer.pub"
+        write_issuer_public_key_file(issuer_public_key_file, _issuer().public_key)
         data_core = {1} if len(CORES) >= 2 else None  # --no-pin: CORES is empty
         holder = subprocess.Popen(
             [
@@ -341,6 +356,8 @@ def main() -> int:
                 str(64 << 30),
                 "--secret-file",
                 str(secret_file),
+                "--issuer-key-file",
+                str(issuer_public_key_file),
                 "--tls",
                 args.tls,
             ],

@@ -44,6 +44,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -116,21 +117,29 @@ def perftest_gb_per_s(tls: str, size: int, iterations: int, peer_errors: bool) -
     return numbers[-1] * size / 1e9
 
 
-def _serve(tls: str, secret_file: str, verify: bool) -> None:
-    from lumen_core.stream import HolderStore
+def _serve(tls: str, secret_file: str, issuer_public_key: str, verify: bool) -> None:
     from lumen_core.auth import read_secret_file
+    from lumen_core.stream import HolderStore
     from lumen_core.transport import Server
 
-    with Server(read_secret_file(secret_file), store=HolderStore(), tls=tls, verify_records=verify) as server:
+    with Server(
+        read_secret_file(secret_file),
+        store=HolderStore(),
+        issuer_public_key=bytes.fromhex(issuer_public_key),
+        tls=tls,
+        verify_records=verify,
+    ) as server:
         print(server.port, flush=True)
         sys.stdin.read()  # until the parent closes stdin
 
 
 @contextlib.contextmanager
-def served(tls: str, secret_file: str, verify: bool = False) -> Iterator[int]:
-    """A Server in its own process (``_serve``) for the duration; yields its port."""
+def served(tls: str, secret_file: str, issuer: Any, verify: bool = False) -> Iterator[int]:
+    """A Server in its own process (``_serve``), trusting ``issuer``, for the duration; yields
+    its port."""
     server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", tls, secret_file] + (["--verify"] if verify else []),
+        [sys.executable, __file__, "--serve", tls, secret_file, issuer.public_key.hex()]
+        + (["--verify"] if verify else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -163,11 +172,13 @@ def ours_gb_per_s(
     verify: bool,
     secret: bytes,
     secret_file: str,
+    issuer: Any,
 ) -> tuple[float, float, list[tuple[str, str]]]:
     """GB/s of appends driven by the client's C++ loop and from Python, and the transports."""
-    from lumen_core.transport import Client, issue_capability
+    from lumen_core.transport import Client
+    from lumen_core.transport.client import SELF_TEST_REQUEST_ID
 
-    with served(tls, secret_file, verify) as port:
+    with served(tls, secret_file, issuer, verify) as port:
         token_ids, crcs, records = prepared_append(size)
         num_tokens = len(token_ids)
         payload = num_tokens * (RECORD_BYTES + 8)  # records, token ids and crcs
@@ -176,7 +187,7 @@ def ours_gb_per_s(
             transports = client.transports()
 
             def run_round(request_id: int, count: int, check: bool) -> None:
-                cap = issue_capability(secret, request_id, 0, 1)
+                cap = issuer.issue(request_id, 0, 1, holder_id=0)
                 client.open(request_id, 0, 1, RECORD_BYTES, fingerprint, fingerprint, cap)
                 ops_in_flight = []
                 for i in range(count):
@@ -202,9 +213,10 @@ def ours_gb_per_s(
             # per append and an open and a release per round, reported beside it.
             counts = [min(per_round, iterations - done) for done in range(0, iterations, per_round)]
             native_s = 0.0
-            for count in counts:
+            for shard, count in enumerate(counts):  # a scratch checkpoint (shard) per round
+                cap = issuer.issue(SELF_TEST_REQUEST_ID, shard, 0, holder_id=0)
                 measured = client.self_test(
-                    message_bytes=size, count=count, window=window, expected_gb_per_s=0
+                    cap, shard=shard, message_bytes=size, count=count, window=window, expected_gb_per_s=0
                 )
                 native_s += count * payload / (measured.gb_per_s * 1e9)
             start = time.perf_counter()
@@ -216,7 +228,7 @@ def ours_gb_per_s(
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--serve":
-        _serve(sys.argv[2], sys.argv[3], "--verify" in sys.argv)
+        _serve(sys.argv[2], sys.argv[3], sys.argv[4], "--verify" in sys.argv)
         return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="write result rows here")
@@ -241,7 +253,10 @@ def main() -> None:
     variants = [("", args.round_mib, False), ("/verify", args.round_mib, True)]
     if args.cold_round_mib:
         variants.append(("/cold", args.cold_round_mib, False))
+    from lumen_core.auth import CapabilityIssuer
+
     secret = os.urandom(32)
+    issuer = CapabilityIssuer.generate()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         secret_file = os.path.join(tmp, "secret")
@@ -277,6 +292,7 @@ def main() -> None:
                             verify,
                             secret,
                             secret_file,
+                            issuer,
                         )
                         ours[suffix] = max(ours[suffix], value)
                         from_python[suffix] = max(from_python[suffix], python_value)
@@ -308,16 +324,21 @@ def test_append_1mib_tcp(benchmark, tmp_path) -> None:  # type: ignore[no-untype
     import pytest
 
     pytest.importorskip("lumen_core._C_ucx", reason="the UCX transport is not built")
-    from lumen_core.transport import Client, issue_capability
+    from lumen_core.auth import CapabilityIssuer
+    from lumen_core.transport import Client
 
     secret = os.urandom(32)
+    issuer = CapabilityIssuer.generate()
     secret_file = tmp_path / "secret"
     secret_file.write_bytes(secret)
     secret_file.chmod(0o600)
     token_ids, crcs, records = prepared_append(1 << 20)
     num_tokens = len(token_ids)
-    cap = issue_capability(secret, 1, 0, 1)
-    with served("tcp", str(secret_file)) as port, Client("127.0.0.1", port, secret, tls="tcp") as client:
+    cap = issuer.issue(1, 0, 1, holder_id=0)
+    with (
+        served("tcp", str(secret_file), issuer) as port,
+        Client("127.0.0.1", port, secret, tls="tcp") as client,
+    ):
         client.open(1, 0, 1, RECORD_BYTES, bytes(32), bytes(32), cap)
         position = [0]
 

@@ -1,5 +1,5 @@
-"""Fixtures shared by every test area: the UCX module requirement, the cluster secret, and
-helper processes that speak JSON lines (killed and reaped after every test)."""
+"""Fixtures shared by every test area: the UCX module requirement, the cluster secret, the
+capability issuer, and helper processes that speak JSON lines (killed and reaped after every test)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,12 @@ from typing import Any
 import pytest
 
 from lumen_core import _native
+from lumen_core.auth import (
+    CapabilityIssuer,
+    read_issuer_key_file,
+    write_issuer_key_file,
+    write_issuer_public_key_file,
+)
 
 
 @pytest.fixture
@@ -35,6 +41,28 @@ def secret_file(tmp_path: Path, secret: bytes) -> Path:
     path = tmp_path / "secret"
     path.write_bytes(secret)
     path.chmod(0o600)
+    return path
+
+
+@pytest.fixture
+def issuer_key_file(tmp_path: Path, ucx_module: None) -> Path:
+    """A fresh issuer private key (0600), for the helper processes that issue capabilities."""
+    path = tmp_path / "issuer.key"
+    write_issuer_key_file(path)
+    return path
+
+
+@pytest.fixture
+def issuer(issuer_key_file: Path) -> CapabilityIssuer:
+    """The capability issuer of issuer_key_file: what the gateway is to a test's holders."""
+    return CapabilityIssuer(read_issuer_key_file(issuer_key_file))
+
+
+@pytest.fixture
+def issuer_public_key_file(tmp_path: Path, issuer: CapabilityIssuer) -> Path:
+    """The issuer's public key as `lumen holder --issuer-key-file` reads it."""
+    path = tmp_path / "issuer.pub"
+    write_issuer_public_key_file(path, issuer.public_key)
     return path
 
 

@@ -1,5 +1,5 @@
-"""lumen_core.auth: cluster secret files and capabilities, with their wire bytes pinned (a
-changed label would break peers of another build). Call signatures, call keys and assist
+"""lumen_core.auth: cluster secret files and the capability issuer, with their wire bytes pinned
+(a changed label would break peers of another build). Call signatures, call keys and assist
 seals: tests/test_auth_gateway.py."""
 
 import os
@@ -8,68 +8,60 @@ import stat
 import pytest
 
 from lumen_core import _native
-from lumen_core.auth import check_secret, issue_capability, read_secret_file, write_secret_file
+from lumen_core.auth import (
+    CapabilityFields,
+    CapabilityIssuer,
+    Rights,
+    check_secret,
+    read_secret_file,
+    verify_capability,
+    write_secret_file,
+)
 
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"0123456789abcdef-cluster"
 
-# Produced by the native transport (lumen_core.transport.issue_capability over OpenSSL).
-KNOWN_CAPABILITIES = [
-    ((SECRET, 123456789012, 3, 7), "da2158404feccd232bf8218b44f27ce020a3da9a76dc75319ebdd22925e0081c"),
-    (
-        (bytes(range(32)), 2**64 - 1, 2**32 - 1, 0),
-        "331e3018a70cbefaa9b99377fbd0ec65b5b66696bb742555c9ba20eb4ff7751e",
-    ),
-]
-
-
-@pytest.mark.parametrize(("args", "expected"), KNOWN_CAPABILITIES)
-def test_capability_matches_the_native_transports_bytes(args, expected):
-    assert issue_capability(*args).hex() == expected
+# RFC 8032 section 7.1, test 1: the issuer's keys are plain Ed25519 keys.
+RFC8032_SECRET_KEY = bytes.fromhex("9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60")
+RFC8032_PUBLIC_KEY = "d75a980182b10ab7d54bfed3c964073a0ee172f3daa62325af021a68f707511a"
+# The capability that key issues for (123456789012, shard 3, epoch 7) on holder 9, write and
+# read, expiring at 1.8e9 + 60 s: Ed25519 is deterministic, so these bytes are wire format.
+KNOWN_CAPABILITY = (
+    "6c756d656e636170141a99be1c000000030000000700000009000000000000000300000000000000603a5d18a301"
+    "0000000000000000000000000000000000002ce98daf02f240e1c976b16790aa4be49af704b37da7f6b0b249a488"
+    "90aaa24837ed388436771c3f63519f9ab1be4eed6c02625549b2428610f1564e54f56d01"
+)
 
 
 @pytest.mark.ucx
 @pytest.mark.skipif(not _native.HAS_UCX, reason="native UCX transport not built")
-def test_capability_equals_the_native_one_over_many_keys():
-    from lumen_core.transport import issue_capability as native_issue_capability
-
-    for request_id, shard, epoch in [
-        (0, 0, 0),
-        (1, 0, 1),
-        (2**40 + 5, 7, 123),
-        (2**64 - 1, 2**32 - 1, 2**32 - 1),
-    ]:
-        assert issue_capability(SECRET, request_id, shard, epoch) == native_issue_capability(
-            SECRET, request_id, shard, epoch
-        )
+def test_capability_bytes_are_pinned():
+    issuer = CapabilityIssuer(RFC8032_SECRET_KEY, ttl_s=60.0)
+    assert issuer.public_key.hex() == RFC8032_PUBLIC_KEY
+    capability = issuer.issue(123456789012, 3, 7, holder_id=9, rights=Rights.WRITE | Rights.READ, now_s=1.8e9)
+    assert capability.hex() == KNOWN_CAPABILITY
+    assert verify_capability(issuer.public_key, capability) == CapabilityFields(
+        123456789012, 3, 7, 9, Rights.WRITE | Rights.READ, 1_800_000_060_000
+    )
 
 
-def test_capability_binds_every_field():
-    base = issue_capability(SECRET, 5, 0, 1)
-    assert len(base) == 32
-    others = {
-        issue_capability(SECRET, 6, 0, 1),
-        issue_capability(SECRET, 5, 1, 1),
-        issue_capability(SECRET, 5, 0, 2),
-    }
-    others.add(issue_capability(SECRET + b"x", 5, 0, 1))
-    assert base not in others and len(others) == 4
-
-
+@pytest.mark.ucx
+@pytest.mark.skipif(not _native.HAS_UCX, reason="native UCX transport not built")
 def test_capability_validation():
-    with pytest.raises(ValueError, match="`secret` must be given, got None: there is no default"):
-        issue_capability(None, 1, 0, 1)
-    with pytest.raises(TypeError, match="`secret` must be bytes, got str"):
-        issue_capability("secret-as-a-string", 1, 0, 1)
-    with pytest.raises(ValueError, match="`secret` must be at least 16 bytes, got 3"):
-        issue_capability(b"abc", 1, 0, 1)
+    issuer = CapabilityIssuer(RFC8032_SECRET_KEY)
+    with pytest.raises(TypeError, match="`private_key` must be bytes, got str"):
+        CapabilityIssuer("a-key")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`request_id` must be an int, got float"):
-        issue_capability(SECRET, 1.0, 0, 1)
+        issuer.issue(1.0, 0, 1, holder_id=0)
     with pytest.raises(ValueError, match=r"`shard` must be in \[0, 4294967295\], got -1"):
-        issue_capability(SECRET, 1, -1, 1)
+        issuer.issue(1, -1, 1, holder_id=0)
     with pytest.raises(ValueError, match=r"`epoch` must be in \[0, 4294967295\], got 4294967296"):
-        issue_capability(SECRET, 1, 0, 2**32)
+        issuer.issue(1, 0, 2**32, holder_id=0)
+    with pytest.raises(ValueError, match="`capability` must be 128 bytes, got 32"):
+        verify_capability(issuer.public_key, bytes(32))
+    with pytest.raises(TypeError, match="missing 1 required keyword-only argument: 'holder_id'"):
+        issuer.issue(1, 0, 1)  # type: ignore[call-arg]
 
 
 def test_secret_file_is_private_random_and_never_overwritten(tmp_path):

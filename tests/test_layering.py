@@ -32,7 +32,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "cost": set(),
         "eventlog": {"policy"},
         "layouts": set(),
-        "auth": {"_validate"},
+        "auth": {"_native", "_validate"},
         # the data-plane ops and their specification
         "_tensors": {"_validate"},
         "ops": {"_native", "_tensors", "_validate", "layouts"},

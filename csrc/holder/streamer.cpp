@@ -88,21 +88,26 @@ Streamer::Holder* Streamer::holder_for(const HolderAddress& address) {
 }
 
 void Streamer::add_request(uint64_t request_id, const std::vector<HolderAddress>& holders,
-                           const transport::Mac& capability, uint32_t epoch,
-                           uint64_t expected_tokens) {
+                           const std::vector<transport::CapabilityBytes>& capabilities,
+                           uint32_t epoch, uint64_t expected_tokens) {
   if (holders.empty()) throw std::invalid_argument("holders must name at least one holder");
+  if (capabilities.size() != holders.size()) {
+    throw std::invalid_argument("capabilities must be one per holder (" +
+                                std::to_string(holders.size()) + "), got " +
+                                std::to_string(capabilities.size()));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   if (requests_.count(request_id) > 0) {
     throw std::invalid_argument("request_id " + std::to_string(request_id) +
                                 " is already registered");
   }
   Request& request = requests_[request_id];
-  request.capability = capability;
   request.epoch = epoch;
   request.expected_tokens = expected_tokens;
-  for (const HolderAddress& address : holders) {
+  for (size_t i = 0; i < holders.size(); ++i) {
     Replica replica;
-    replica.holder = holder_for(address);
+    replica.holder = holder_for(holders[i]);
+    replica.capability = capabilities[i];
     request.replicas.push_back(replica);
   }
 }
@@ -218,7 +223,7 @@ void Streamer::release(uint64_t request_id) {
   for (const Replica& replica : it->second.replicas) {
     // A replica on a holder that is down may still be held there: released too.
     if (!replica.lost && (replica.opened || replica.holder->down)) {
-      work.releases.push_back({replica.holder, {it->second.capability, it->second.epoch}});
+      work.releases.push_back({replica.holder, {replica.capability, it->second.epoch}});
     }
   }
   requests_.erase(it);
@@ -228,18 +233,44 @@ void Streamer::release(uint64_t request_id) {
   changed_.notify_all();
 }
 
-uint64_t Streamer::replace_holder(const HolderAddress& old_holder,
-                                  const HolderAddress& new_holder) {
+void Streamer::renew(uint64_t request_id,
+                     const std::vector<transport::CapabilityBytes>& capabilities) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = requests_.find(request_id);
+  if (it == requests_.end()) {
+    throw std::invalid_argument("request_id " + std::to_string(request_id) + " was not added");
+  }
+  std::vector<Replica>& replicas = it->second.replicas;
+  if (capabilities.size() != replicas.size()) {
+    throw std::invalid_argument("capabilities must be one per replica (" +
+                                std::to_string(replicas.size()) + "), got " +
+                                std::to_string(capabilities.size()));
+  }
+  for (size_t i = 0; i < replicas.size(); ++i) {
+    replicas[i].capability = capabilities[i];
+    replicas[i].opened = false;  // re-opened (same epoch) with it before the next append
+  }
+}
+
+uint64_t Streamer::replace_holder(
+    const HolderAddress& old_holder, const HolderAddress& new_holder,
+    const std::map<uint64_t, transport::CapabilityBytes>& capabilities) {
   std::lock_guard<std::mutex> lock(mutex_);
   Holder* fresh = holder_for(new_holder);
   uint64_t moved = 0;
   for (auto& [id, request] : requests_) {
     for (Replica& replica : request.replicas) {
-      if (replica.holder->address == old_holder) {
-        replica = Replica();
-        replica.holder = fresh;
-        ++moved;
+      if (!(replica.holder->address == old_holder) || replica.lost) continue;
+      auto cap = capabilities.find(id);
+      if (cap == capabilities.end()) {
+        replica.lost = true;  // the old holder's capability is not valid on the new one
+        ++stats_.replicas_lost;
+        continue;
       }
+      replica = Replica();
+      replica.holder = fresh;
+      replica.capability = cap->second;
+      ++moved;
     }
   }
   ++stats_.replacements;
@@ -325,7 +356,7 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
     uint64_t request_id;
     size_t replica;
     Holder* holder;
-    transport::Mac capability;
+    transport::CapabilityBytes capability;
     uint32_t epoch;
     uint64_t expected_tokens;
   };
@@ -338,7 +369,7 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
       for (size_t r = 0; r < it->second.replicas.size(); ++r) {
         const Replica& replica = it->second.replicas[r];
         if (!replica.opened && !replica.lost && !replica.holder->gone) {  // down: connect says
-          to_open.push_back({id, r, replica.holder, it->second.capability, it->second.epoch,
+          to_open.push_back({id, r, replica.holder, replica.capability, it->second.epoch,
                              it->second.expected_tokens});
         }
       }
@@ -470,14 +501,21 @@ void Streamer::process_step(const Work& work) {
   }
   changed_.notify_all();
   for (const Range& range : ranges) {
-    auto it_cap = std::make_pair(transport::Mac{}, uint32_t{0});
+    uint32_t epoch = 0;
+    std::vector<std::pair<Holder*, transport::CapabilityBytes>> capabilities;  // by replica
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = requests_.find(range.request_id);
       if (it == requests_.end()) continue;
-      it_cap = {it->second.capability, it->second.epoch};
+      epoch = it->second.epoch;
+      for (const Replica& replica : it->second.replicas) {
+        capabilities.push_back({replica.holder, replica.capability});
+      }
     }
     for (const auto& [holder, first] : range.targets) {
+      auto cap = std::find_if(capabilities.begin(), capabilities.end(),
+                              [holder = holder](const auto& c) { return c.first == holder; });
+      if (cap == capabilities.end()) continue;  // moved to another holder meanwhile
       const bool connected = connect(holder);
       // The holder's limits and ours (the connection has both): it opened, so at least 1.
       const uint64_t max_tokens =
@@ -494,14 +532,14 @@ void Streamer::process_step(const Work& work) {
         transport::AppendArgs args;
         args.request_id = range.request_id;
         args.shard = options_.shard;
-        args.epoch = it_cap.second;
+        args.epoch = epoch;
         args.start_pos = pos;
         args.num_tokens = static_cast<uint32_t>(count);
         args.record_bytes = static_cast<uint32_t>(record_bytes);
         args.token_ids = batch.token_ids.data() + index;
         args.crcs = batch.crcs.data() + index;
         args.records = records + index * record_bytes;
-        args.capability = it_cap.first;
+        args.capability = cap->second;
         try {
           const uint64_t op_id = holder->client->start_append(args);
           batch.ops.push_back({holder, holder->client, range.request_id, op_id, pos + count,

@@ -1,4 +1,4 @@
-// HMAC-SHA256 proofs and capabilities over OpenSSL (lumen/transport/auth.h).
+// HMAC-SHA256 handshake proofs over OpenSSL (lumen/transport/auth.h).
 #include "lumen/transport/auth.h"
 
 #include <openssl/crypto.h>
@@ -23,10 +23,6 @@ Mac hmac_sha256(const std::string& secret, const std::vector<uint8_t>& message) 
   return mac;
 }
 
-void append_le(std::vector<uint8_t>* out, uint64_t value, size_t num_bytes) {
-  for (size_t i = 0; i < num_bytes; ++i) out->push_back(static_cast<uint8_t>(value >> (8 * i)));
-}
-
 }  // namespace
 
 void check_secret(const std::string& secret) {
@@ -42,16 +38,6 @@ Nonce random_nonce() {
     throw std::runtime_error("RAND_bytes failed in OpenSSL");
   }
   return nonce;
-}
-
-Mac issue_capability(const std::string& secret, uint64_t request_id, uint32_t shard,
-                     uint32_t epoch) {
-  static const std::string kLabel = "lumen-cap-v1";
-  std::vector<uint8_t> message(kLabel.begin(), kLabel.end());
-  append_le(&message, request_id, 8);
-  append_le(&message, shard, 4);
-  append_le(&message, epoch, 4);
-  return hmac_sha256(secret, message);
 }
 
 Mac handshake_mac(const std::string& secret, const char* role, const uint8_t* first,

@@ -22,7 +22,7 @@ std::chrono::nanoseconds to_duration(double seconds) {
 
 // The header of a request about checkpoint (request_id, shard) at epoch.
 WireHeader request_header(MessageKind kind, uint64_t op_id, uint64_t request_id, uint32_t shard,
-                          uint32_t epoch, const Mac& capability) {
+                          uint32_t epoch, const CapabilityBytes& capability) {
   WireHeader h;
   h.kind = kind;
   h.request_id = request_id;
@@ -95,7 +95,8 @@ void Client::close() {
 }
 
 double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t window,
-                                 uint32_t shard, double timeout_s) {
+                                 uint32_t shard, const CapabilityBytes& capability,
+                                 double timeout_s) {
   check_timeout("timeout_s", timeout_s);
   constexpr uint64_t kSelfTestRequest = ~uint64_t{0};
   const uint64_t record_bytes = std::min<uint64_t>(message_bytes, 32768);
@@ -114,7 +115,6 @@ double Client::measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_
   std::vector<uint8_t> records(num_tokens * record_bytes, 0);
   std::vector<uint32_t> token_ids(num_tokens, 0);
   std::vector<uint32_t> crcs(num_tokens, crc32c(records.data(), record_bytes));
-  const Mac capability = issue_capability(options_.secret, kSelfTestRequest, shard, 0);
   const std::vector<uint8_t> fingerprints(2 * kFingerprintBytes, 0);
   open(kSelfTestRequest, shard, 0, static_cast<uint32_t>(record_bytes), fingerprints.data(),
        capability, /*reserve_tokens=*/0, timeout_s);
@@ -338,8 +338,8 @@ uint64_t Client::run(const OpPtr& op, const WireHeader& h, const void* header_by
 }
 
 uint64_t Client::open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint32_t record_bytes,
-                      const uint8_t* fingerprints, const Mac& capability, uint64_t reserve_tokens,
-                      double timeout_s) {
+                      const uint8_t* fingerprints, const CapabilityBytes& capability,
+                      uint64_t reserve_tokens, double timeout_s) {
   check_timeout("timeout_s", timeout_s);
   if (record_bytes == 0 || record_bytes > limits_.max_record_bytes) {
     throw std::invalid_argument("record_bytes must be in [1, " +
@@ -417,8 +417,8 @@ uint64_t Client::append(const AppendArgs& args, double timeout_s) {
   return wait(start_append(args), timeout_s);
 }
 
-void Client::release(uint64_t request_id, uint32_t shard, uint32_t epoch, const Mac& capability,
-                     double timeout_s) {
+void Client::release(uint64_t request_id, uint32_t shard, uint32_t epoch,
+                     const CapabilityBytes& capability, double timeout_s) {
   check_timeout("timeout_s", timeout_s);
   OpPtr op = new_op(MessageKind::kRelease);
   const WireHeader h =

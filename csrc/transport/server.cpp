@@ -1,4 +1,4 @@
-// Server: listener, handshake, capability and epoch checks, appends into a RecordSink
+// Server: listener, handshake, capability checks, appends into a RecordSink
 // (lumen/transport/server.h). Everything below runs on the worker's progress thread except
 // the constructor's setup call, stats() and close().
 #include "lumen/transport/server.h"
@@ -65,6 +65,9 @@ bool is_request(MessageKind kind) {
 Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
     : options_(options), sink_(std::move(sink)), worker_(WorkerOptions{options.tls}) {
   check_secret(options_.secret);
+  if (options_.issuer_public_key) {
+    verifier_ = std::make_unique<CapabilityVerifier>(*options_.issuer_public_key);
+  }
   if (!sink_) throw std::invalid_argument("sink must be a RecordSink, got null");
   check_timeout("handshake_timeout_s", options_.handshake_timeout_s);
   check_timeout("receive_timeout_s", options_.receive_timeout_s);
@@ -106,6 +109,11 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
 }
 
 Server::~Server() { close(); }
+
+void Server::trust_issuer(const IssuerKey& public_key) {
+  auto verifier = std::make_unique<CapabilityVerifier>(public_key);
+  worker_.call([&] { verifier_ = std::move(verifier); });
+}
 
 void Server::close() {
   worker_.stop();  // its flushing closes reach the clients through the gate
@@ -346,12 +354,17 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
     drop(conn, /*force=*/true);
     return UCS_OK;
   }
-  const Mac expected = issue_capability(options_.secret, h.request_id, h.shard, h.epoch);
-  if (!mac_equal(expected.data(), h.capability.data())) {
-    stats_.bad_capability++;
+  // Signatures are verified once per open, read or release; an append only repeats what its
+  // connection's open verified, so the data path does no public-key work.
+  const uint32_t needed = h.kind == MessageKind::kRead ? kRightRead : kRightWrite;
+  Capability capability;
+  const bool granted = h.kind == MessageKind::kAppend ? check_granted(*conn, h)
+                                                      : check_capability(&capability, h, needed);
+  if (!granted) {
     reply(conn, h, MessageKind::kError, Status::kRejected, 0);
     return UCS_OK;  // drops an unreceived rendezvous payload
   }
+  const std::tuple<uint64_t, uint32_t, uint32_t> key{h.request_id, h.shard, h.epoch};
   switch (h.kind) {
     case MessageKind::kOpen: {
       uint64_t durable = 0;
@@ -360,6 +373,7 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
       settle(fenced);
       if (status == Status::kOk) {
         stats_.opens++;
+        conn->grants[key] = Grant{capability, h.capability};  // a re-open renews it
         reply(conn, h, MessageKind::kAck, status, durable);
       } else {
         count_refusal(status);
@@ -373,6 +387,7 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
       std::vector<AppendOutcome> outcomes;
       const Status status = sink_->release(h, &outcomes);
       settle(outcomes);
+      conn->grants.erase(key);
       if (status == Status::kOk) {
         stats_.releases++;
         reply(conn, h, MessageKind::kAck, status, 0);
@@ -410,6 +425,28 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
     default:
       return UCS_OK;  // unreachable: is_request() above
   }
+}
+
+bool Server::check_capability(Capability* out, const WireHeader& h, uint32_t needed) {
+  std::string why;
+  if (verifier_ == nullptr || !verifier_->verify(out, &why, h.capability)) {
+    stats_.bad_capability++;
+    return false;
+  }
+  if (!check_grant(&why, *out, h.request_id, h.shard, h.epoch, options_.holder_id, needed,
+                   unix_now_ms())) {
+    stats_.capability_refused++;
+    return false;
+  }
+  return true;
+}
+
+bool Server::check_granted(const Conn& conn, const WireHeader& h) {
+  auto it = conn.grants.find({h.request_id, h.shard, h.epoch});
+  const bool granted = it != conn.grants.end() && it->second.bytes == h.capability &&
+                       unix_now_ms() < it->second.capability.expires_at_ms;
+  if (!granted) stats_.capability_refused++;
+  return granted;
 }
 
 void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload) {

@@ -128,7 +128,7 @@ void encode_header(uint8_t* out, const WireHeader& h) {
   put_le<uint64_t>(out + 48, h.payload_bytes);
   put_le<uint64_t>(out + 56, h.durable_tokens);
   put_le<uint32_t>(out + 64, static_cast<uint32_t>(h.status));
-  std::memcpy(out + 68, h.capability.data(), kMacBytes);
+  std::memcpy(out + 68, h.capability.data(), kCapabilityBytes);
   put_le<uint32_t>(out + kCrcOffset, crc32c(out, kCrcOffset));
 }
 
@@ -161,7 +161,7 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
   h.payload_bytes = get_le<uint64_t>(in + 48);
   h.durable_tokens = get_le<uint64_t>(in + 56);
   const uint32_t status = get_le<uint32_t>(in + 64);
-  std::memcpy(h.capability.data(), in + 68, kMacBytes);
+  std::memcpy(h.capability.data(), in + 68, kCapabilityBytes);
 
   if (h.payload_bytes != payload_length) {
     return fail(why, "payload is " + std::to_string(payload_length) + " bytes, header says " +

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -72,14 +73,27 @@ void bind_streamer(py::module_& m) {
       .def(
           "add_request",
           [](lh::Streamer& s, uint64_t request_id, const std::vector<Address>& holders,
-             const py::bytes& capability, uint32_t epoch, uint64_t expected_tokens) {
-            const lt::Mac mac = lumen_bind::to_mac(capability, "capability");
+             const std::vector<py::bytes>& capabilities, uint32_t epoch, uint64_t expected_tokens) {
+            std::vector<lt::CapabilityBytes> caps;
+            for (const py::bytes& c : capabilities) {
+              caps.push_back(lumen_bind::to_capability(c, "capability"));
+            }
             std::vector<lh::HolderAddress> addresses;
             for (const Address& a : holders) addresses.push_back(to_address(a));
-            s.add_request(request_id, addresses, mac, epoch, expected_tokens);
+            s.add_request(request_id, addresses, caps, epoch, expected_tokens);
           },
-          py::arg("request_id"), py::arg("holders"), py::arg("capability"), py::arg("epoch"),
+          py::arg("request_id"), py::arg("holders"), py::arg("capabilities"), py::arg("epoch"),
           py::arg("expected_tokens"))
+      .def(
+          "renew",
+          [](lh::Streamer& s, uint64_t request_id, const std::vector<py::bytes>& capabilities) {
+            std::vector<lt::CapabilityBytes> caps;
+            for (const py::bytes& c : capabilities) {
+              caps.push_back(lumen_bind::to_capability(c, "capability"));
+            }
+            s.renew(request_id, caps);
+          },
+          py::arg("request_id"), py::arg("capabilities"))
       .def(
           "save_step",
           [](lh::Streamer& s, const U64Array& request_ids, const U64Array& positions,
@@ -106,10 +120,15 @@ void bind_streamer(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def(
           "replace_holder",
-          [](lh::Streamer& s, const Address& old_holder, const Address& new_holder) {
-            return s.replace_holder(to_address(old_holder), to_address(new_holder));
+          [](lh::Streamer& s, const Address& old_holder, const Address& new_holder,
+             const std::map<uint64_t, py::bytes>& capabilities) {
+            std::map<uint64_t, lt::CapabilityBytes> caps;
+            for (const auto& [request_id, c] : capabilities) {
+              caps[request_id] = lumen_bind::to_capability(c, "capability");
+            }
+            return s.replace_holder(to_address(old_holder), to_address(new_holder), caps);
           },
-          py::arg("old_holder"), py::arg("new_holder"))
+          py::arg("old_holder"), py::arg("new_holder"), py::arg("capabilities"))
       .def("stats",
            [](lh::Streamer& s) {
              const lh::StreamerStats st = s.stats();

@@ -1,6 +1,6 @@
 // Bindings of the native transport: Server (made over a HolderStore by bind_holder.cpp), Client,
-// capabilities and the wire header codec. Unpack, check cheap invariants, release the GIL, call
-// csrc.
+// Ed25519 capabilities and the wire header codec. Unpack, check cheap invariants, release the GIL,
+// call csrc.
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -9,9 +9,11 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "lumen/transport/auth.h"
+#include "lumen/transport/capability.h"
 #include "lumen/transport/client.h"
 #include "lumen/transport/error.h"
 #include "lumen/transport/server.h"
@@ -27,8 +29,9 @@ namespace {
 using U32Array = py::array_t<uint32_t, py::array::c_style>;
 using U8Array = py::array_t<uint8_t, py::array::c_style>;
 
+using lumen_bind::to_bytes;
+using lumen_bind::to_capability;
 using lumen_bind::to_limits;
-using lumen_bind::to_mac;
 
 py::dict stats_dict(const lt::ServerStats& s) {
   py::dict d;
@@ -43,6 +46,7 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["malformed"] = s.malformed;
   d["unauthenticated"] = s.unauthenticated;
   d["bad_capability"] = s.bad_capability;
+  d["capability_refused"] = s.capability_refused;
   d["stale_epoch"] = s.stale_epoch;
   d["rejected"] = s.rejected;
   d["conflicts"] = s.conflicts;
@@ -96,16 +100,61 @@ void bind_transport(py::module_& m) {
   m.attr("WIRE_VERSION") = lt::kWireVersion;
   m.attr("MIN_SECRET_BYTES") = lt::kMinSecretBytes;
 
+  m.attr("CAPABILITY_BYTES") = lt::kCapabilityBytes;
+  m.attr("ISSUER_KEY_BYTES") = lt::kIssuerKeyBytes;
+  m.attr("RIGHT_WRITE") = static_cast<uint32_t>(lt::kRightWrite);
+  m.attr("RIGHT_READ") = static_cast<uint32_t>(lt::kRightRead);
+
   m.def(
-      "issue_capability",
-      [](const py::bytes& secret, uint64_t request_id, uint32_t shard, uint32_t epoch) {
-        const std::string key = secret;
-        lt::check_secret(key);
-        const lt::Mac mac = lt::issue_capability(key, request_id, shard, epoch);
-        return py::bytes(reinterpret_cast<const char*>(mac.data()), mac.size());
+      "generate_issuer_key", [] { return to_bytes(lt::generate_issuer_key()); },
+      "A fresh 32-byte Ed25519 private key (the issuer's).");
+
+  py::class_<lt::CapabilityIssuer>(m, "CapabilityIssuer")
+      .def(py::init([](const py::bytes& private_key) {
+             return std::make_unique<lt::CapabilityIssuer>(
+                 lumen_bind::to_byte_array<lt::kIssuerKeyBytes>(private_key, "private_key"));
+           }),
+           py::arg("private_key"))
+      .def_property_readonly("public_key",
+                             [](const lt::CapabilityIssuer& i) { return to_bytes(i.public_key()); })
+      .def(
+          "issue",
+          [](const lt::CapabilityIssuer& issuer, uint64_t request_id, uint32_t shard,
+             uint32_t epoch, uint64_t holder_id, uint32_t rights, uint64_t expires_at_ms) {
+            lt::Capability c;
+            c.request_id = request_id;
+            c.shard = shard;
+            c.epoch = epoch;
+            c.holder_id = holder_id;
+            c.rights = rights;
+            c.expires_at_ms = expires_at_ms;
+            return to_bytes(issuer.issue(c));
+          },
+          py::kw_only(), py::arg("request_id"), py::arg("shard"), py::arg("epoch"),
+          py::arg("holder_id"), py::arg("rights"), py::arg("expires_at_ms"),
+          "The signed capability bytes (lumen/transport/capability.h has the layout).");
+
+  m.def(
+      "verify_capability",
+      [](const py::bytes& public_key, const py::bytes& capability) {
+        const lt::CapabilityVerifier verifier(
+            lumen_bind::to_byte_array<lt::kIssuerKeyBytes>(public_key, "public_key"));
+        lt::Capability c;
+        std::string why;
+        if (!verifier.verify(&c, &why, to_capability(capability, "capability"))) {
+          throw py::value_error("capability must be signed by the issuer, got: " + why);
+        }
+        py::dict d;
+        d["request_id"] = c.request_id;
+        d["shard"] = c.shard;
+        d["epoch"] = c.epoch;
+        d["holder_id"] = c.holder_id;
+        d["rights"] = c.rights;
+        d["expires_at_ms"] = c.expires_at_ms;
+        return d;
       },
-      py::arg("secret"), py::arg("request_id"), py::arg("shard"), py::arg("epoch"),
-      "HMAC-SHA256(secret, request_id, shard, epoch): the 32-byte capability of a checkpoint.");
+      py::arg("public_key"), py::arg("capability"),
+      "The fields of a capability whose signature public_key verifies; ValueError otherwise.");
 
   m.def(
       "encode_header",
@@ -125,7 +174,7 @@ void bind_transport(py::module_& m) {
         h.payload_bytes = payload_bytes;
         h.durable_tokens = durable_tokens;
         h.status = static_cast<lt::Status>(status);
-        h.capability = to_mac(capability, "capability");
+        h.capability = to_capability(capability, "capability");
         std::string out(lt::kHeaderBytes, '\0');
         lt::encode_header(reinterpret_cast<uint8_t*>(out.data()), h);
         return py::bytes(out);
@@ -133,7 +182,8 @@ void bind_transport(py::module_& m) {
       py::arg("kind"), py::arg("request_id") = 0, py::arg("op_id") = 0, py::arg("shard") = 0,
       py::arg("epoch") = 0, py::arg("start_pos") = 0, py::arg("num_tokens") = 0,
       py::arg("record_bytes") = 0, py::arg("payload_bytes") = 0, py::arg("durable_tokens") = 0,
-      py::arg("status") = 0, py::arg("capability") = py::bytes(std::string(lt::kMacBytes, '\0')),
+      py::arg("status") = 0,
+      py::arg("capability") = py::bytes(std::string(lt::kCapabilityBytes, '\0')),
       py::arg("version") = lt::kWireVersion,
       "Encodes any field values (valid or not) into a wire header with a correct crc.");
 
@@ -171,12 +221,19 @@ void bind_transport(py::module_& m) {
   // What serve_holder_store (bind_holder.cpp) builds a Server with; Python checked each value,
   // the Server re-checks the secret and the deadlines.
   py::class_<lt::ServerOptions>(m, "ServerOptions")
-      .def(py::init([](const py::bytes& secret, const std::string& address, uint16_t port,
-                       const std::string& tls, uint32_t max_tokens, uint32_t max_record_bytes,
-                       uint64_t max_payload_bytes, bool verify_records, double handshake_timeout_s,
+      .def(py::init([](const py::bytes& secret, uint64_t holder_id,
+                       const std::optional<py::bytes>& issuer_public_key,
+                       const std::string& address, uint16_t port, const std::string& tls,
+                       uint32_t max_tokens, uint32_t max_record_bytes, uint64_t max_payload_bytes,
+                       bool verify_records, double handshake_timeout_s,
                        uint32_t max_unauthenticated, double receive_timeout_s) {
              lt::ServerOptions options;
              options.secret = secret;
+             options.holder_id = holder_id;
+             if (issuer_public_key) {
+               options.issuer_public_key = lumen_bind::to_byte_array<lt::kIssuerKeyBytes>(
+                   *issuer_public_key, "issuer_public_key");
+             }
              options.address = address;
              options.port = port;
              options.tls = tls;
@@ -187,14 +244,24 @@ void bind_transport(py::module_& m) {
              options.receive_timeout_s = receive_timeout_s;
              return options;
            }),
-           py::kw_only(), py::arg("secret"), py::arg("address"), py::arg("port"), py::arg("tls"),
-           py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
-           py::arg("max_payload_bytes"), py::arg("verify_records"), py::arg("handshake_timeout_s"),
-           py::arg("max_unauthenticated"), py::arg("receive_timeout_s"));
+           py::kw_only(), py::arg("secret"), py::arg("holder_id"), py::arg("issuer_public_key"),
+           py::arg("address"), py::arg("port"), py::arg("tls"), py::arg("max_tokens_per_message"),
+           py::arg("max_record_bytes"), py::arg("max_payload_bytes"), py::arg("verify_records"),
+           py::arg("handshake_timeout_s"), py::arg("max_unauthenticated"),
+           py::arg("receive_timeout_s"));
 
   // Constructed by serve_holder_store (bind_holder.cpp) over its HolderStore.
   py::class_<lt::Server>(m, "Server")
       .def_property_readonly("port", &lt::Server::port)
+      .def(
+          "trust_issuer",
+          [](lt::Server& s, const py::bytes& public_key) {
+            const lt::IssuerKey key =
+                lumen_bind::to_byte_array<lt::kIssuerKeyBytes>(public_key, "public_key");
+            py::gil_scoped_release release;
+            s.trust_issuer(key);
+          },
+          py::arg("public_key"))
       .def("stats",
            [](lt::Server& s) {
              lt::ServerStats stats;
@@ -237,7 +304,7 @@ void bind_transport(py::module_& m) {
               throw py::value_error("fingerprints must be 64 bytes, got " +
                                     std::to_string(fp.size()));
             }
-            const lt::Mac cap = to_mac(capability, "capability");
+            const lt::CapabilityBytes cap = to_capability(capability, "capability");
             py::gil_scoped_release release;
             return c.client->open(request_id, shard, epoch, record_bytes,
                                   reinterpret_cast<const uint8_t*>(fp.data()), cap, reserve_tokens,
@@ -267,7 +334,7 @@ void bind_transport(py::module_& m) {
             a.token_ids = token_ids.data();
             a.crcs = crcs.data();
             a.records = records.data();
-            a.capability = to_mac(capability, "capability");
+            a.capability = to_capability(capability, "capability");
             uint64_t op_id = 0;
             {
               py::gil_scoped_release release;
@@ -298,7 +365,7 @@ void bind_transport(py::module_& m) {
           "release",
           [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch,
              const py::bytes& capability, double timeout_s) {
-            const lt::Mac cap = to_mac(capability, "capability");
+            const lt::CapabilityBytes cap = to_capability(capability, "capability");
             py::gil_scoped_release release;
             c.client->release(request_id, shard, epoch, cap, timeout_s);
           },
@@ -326,7 +393,7 @@ void bind_transport(py::module_& m) {
             a.crcs = crcs.mutable_data();
             a.records = records.mutable_data();
             a.fingerprints = reinterpret_cast<uint8_t*>(fingerprints.data());
-            a.capability = to_mac(capability, "capability");
+            a.capability = to_capability(capability, "capability");
             lt::ReadReply reply;
             {
               py::gil_scoped_release release;
@@ -355,12 +422,13 @@ void bind_transport(py::module_& m) {
       .def(
           "measure_bandwidth",
           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t window, uint32_t shard,
-             double timeout_s) {
+             const py::bytes& capability, double timeout_s) {
+            const lt::CapabilityBytes cap = to_capability(capability, "capability");
             py::gil_scoped_release release;
-            return c.client->measure_bandwidth(message_bytes, count, window, shard, timeout_s);
+            return c.client->measure_bandwidth(message_bytes, count, window, shard, cap, timeout_s);
           },
           py::arg("message_bytes"), py::arg("count"), py::arg("window"), py::arg("shard"),
-          py::arg("timeout_s"))
+          py::arg("capability"), py::arg("timeout_s"))
       .def("transports",
            [](PyClient& c) {
              py::gil_scoped_release release;

@@ -4,29 +4,40 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <array>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "lumen/slot_index.h"
-#include "lumen/transport/auth.h"
+#include "lumen/transport/capability.h"
 #include "lumen/transport/wire.h"
 
 namespace lumen_bind {
 
 namespace py = pybind11;
 
-// A 32-byte capability or MAC; ValueError "<name> must be 32 bytes, got N" otherwise.
-inline lumen::transport::Mac to_mac(const py::bytes& value, const char* name) {
+// value as a fixed-size byte array; ValueError "<name> must be N bytes, got M" otherwise.
+template <size_t N>
+std::array<uint8_t, N> to_byte_array(const py::bytes& value, const char* name) {
   const std::string bytes = value;
-  if (bytes.size() != lumen::transport::kMacBytes) {
-    throw py::value_error(std::string(name) + " must be " +
-                          std::to_string(lumen::transport::kMacBytes) + " bytes, got " +
+  if (bytes.size() != N) {
+    throw py::value_error(std::string(name) + " must be " + std::to_string(N) + " bytes, got " +
                           std::to_string(bytes.size()));
   }
-  lumen::transport::Mac mac{};
-  std::memcpy(mac.data(), bytes.data(), mac.size());
-  return mac;
+  std::array<uint8_t, N> out{};
+  std::memcpy(out.data(), bytes.data(), N);
+  return out;
+}
+
+// A capability (kCapabilityBytes) as the wire carries it.
+inline lumen::transport::CapabilityBytes to_capability(const py::bytes& value, const char* name) {
+  return to_byte_array<lumen::transport::kCapabilityBytes>(value, name);
+}
+
+template <size_t N>
+py::bytes to_bytes(const std::array<uint8_t, N>& value) {
+  return py::bytes(reinterpret_cast<const char*>(value.data()), N);
 }
 
 inline lumen::transport::WireLimits to_limits(uint32_t max_tokens, uint32_t max_record_bytes,

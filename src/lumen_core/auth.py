@@ -5,9 +5,12 @@
   0600 file; ``read_secret_file`` opens it once (no symbolic link), then checks on what it
   opened that the caller owns it, that only the owner can access it, and that its directory
   cannot be written by others (unless sticky), and reads it from that same descriptor.
-- Capabilities: ``issue_capability`` reproduces the native transport's capability bytes
-  (``csrc/transport/auth.cpp``) in pure Python:
-  ``HMAC-SHA256(secret, "lumen-cap-v1" || request_id u64 LE || shard u32 LE || epoch u32 LE)``.
+- Capabilities are not keyed by the secret: a ``CapabilityIssuer`` (the gateway, or a
+  gateway-less vLLM server) signs them with an Ed25519 key no worker holds, through the
+  native transport's one implementation (``csrc/transport/capability.cpp``); holders verify
+  them with its public key. Key files: ``write_issuer_key_file`` / ``read_issuer_key_file``
+  (the private key, a 0600 file like the secret's) and ``write_issuer_public_key_file`` /
+  ``read_issuer_public_key_file`` (hex, for holders).
 - Gateway calls: every gRPC call carries ``lumen-call-v2: <instance>.<principal>.<time
   us>.<nonce>.<mac>`` with ``mac = HMAC-SHA256(key, "lumen-gateway-v2|" instance "|"
   principal "|" method "|" time "|" nonce "|" body)``, ``body`` the serialized request.
@@ -24,7 +27,8 @@
   dropped (a replay).
 
 The labels below are wire bytes: peers of another build must compute the same MACs.
-Standard library only, so the transport, the stream and the gateway all import it.
+Standard library only but for the issuer, which needs the UCX module when it signs (importing
+this module never does), so the transport, the stream and the gateway all import it.
 """
 
 from __future__ import annotations
@@ -36,39 +40,50 @@ import json
 import os
 import secrets
 import stat
-import struct
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import IntFlag
 from pathlib import Path
 from typing import Any
 
+from lumen_core import _native
 from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_int, check_number
 
 __all__ = [
     "CALL_METADATA_KEY",
+    "CAPABILITY_BYTES",
     "CLUSTER_PRINCIPAL",
+    "DEFAULT_CAPABILITY_TTL_S",
     "INSTANCE_METADATA_KEY",
+    "ISSUER_KEY_BYTES",
     "MIN_SECRET_BYTES",
     "SECRET_FILE_BYTES",
     "CallRefused",
     "CallVerifier",
+    "CapabilityFields",
+    "CapabilityIssuer",
     "CredentialTable",
     "DatagramSeal",
+    "Rights",
     "check_secret",
-    "issue_capability",
     "new_instance_id",
     "parse_worker_principal",
+    "read_issuer_key_file",
+    "read_issuer_public_key_file",
     "read_secret_file",
     "sign_call",
     "unwrap_call_key",
+    "verify_capability",
     "worker_principal",
     "wrap_call_key",
+    "write_issuer_key_file",
+    "write_issuer_public_key_file",
     "write_secret_file",
 ]
 
 # One label per scheme, so that a MAC of one scheme is never valid in another.
-_CAPABILITY_LABEL = b"lumen-cap-v1"  # also kLabel in csrc/transport/auth.cpp
 _CALL_LABEL = b"lumen-gateway-v2|"
 _SEAL_LABEL = b"lumen-assist-v2|"
 _CALL_KEY_LABEL = b"lumen-call-key-v1|"
@@ -85,6 +100,11 @@ _NONCE_BYTES = 16
 _INSTANCE_BYTES = 16
 _CALL_KEY_BYTES = 32
 _MAX_REMEMBERED_NONCES = 4096
+CAPABILITY_BYTES = 128  # kCapabilityBytes in lumen/transport/capability.h
+ISSUER_KEY_BYTES = 32  # an Ed25519 private key (seed) or public key
+# Long enough for any request the tests and the demo run; a longer one is renewed by opening
+# its checkpoint again at the same epoch with a fresh capability.
+DEFAULT_CAPABILITY_TTL_S = 3600.0
 _EPOCHS_KEPT = 2  # a superseded incarnation still authenticates, so it learns that it is fenced
 
 
@@ -163,18 +183,129 @@ def _check_secret_inode(info: os.stat_result) -> None:
 
 
 # ---- capabilities ---------------------------------------------------------------------------
-def issue_capability(secret: bytes, request_id: int, shard: int, epoch: int) -> bytes:
-    """The 32-byte capability that lets a peer open, append to, read and release exactly the
-    checkpoint (request_id, shard) at this epoch; byte-identical to the native transport's.
-    Raises as ``check_secret``, TypeError/ValueError for an id outside u64/u32."""
-    key = check_secret(secret)
-    message = _CAPABILITY_LABEL + struct.pack(
-        "<QII",
-        check_int("request_id", request_id, 0, U64_MAX),
-        check_int("shard", shard, 0, U32_MAX),
-        check_int("epoch", epoch, 0, U32_MAX),
+class Rights(IntFlag):
+    """What a capability lets its bearer do (kRightWrite / kRightRead in the native header)."""
+
+    WRITE = 1  # open, append, release; opening at a newer epoch fences the older writer
+    READ = 2  # read; reading at a newer epoch fences the older writer too
+
+
+@dataclass(frozen=True)
+class CapabilityFields:
+    """What a verified capability names; ``expires_at_ms`` is unix time in ms."""
+
+    request_id: int
+    shard: int
+    epoch: int
+    holder_id: int
+    rights: Rights
+    expires_at_ms: int
+
+
+def _check_rights(rights: object) -> Rights:
+    if isinstance(rights, bool) or not isinstance(rights, int):
+        raise TypeError(f"`rights` must be a Rights, got {type(rights).__name__}")
+    if not 0 < rights <= Rights.WRITE | Rights.READ:
+        raise ValueError(
+            f"`rights` must be a non-empty combination of Rights.WRITE and Rights.READ, got {rights}"
+        )
+    return Rights(rights)
+
+
+class CapabilityIssuer:
+    """Signs capabilities with an Ed25519 private key: each lets its bearer do ``rights`` on
+    exactly one checkpoint (request_id, shard) at one epoch, on one holder (``holder_id``),
+    until it expires ``ttl_s`` after it is issued (on this process's wall clock: holders
+    read theirs, so clocks must agree to well within ``ttl_s``).
+
+    Raises TypeError/ValueError for a key that is not 32 bytes, RuntimeError when the UCX
+    module (the one home of the signing code) is missing.
+    """
+
+    def __init__(self, private_key: bytes, *, ttl_s: float = DEFAULT_CAPABILITY_TTL_S) -> None:
+        key = check_bytes("private_key", private_key, ISSUER_KEY_BYTES)
+        self.ttl_s = check_number("ttl_s", ttl_s, positive=True)
+        self._native = _native.require_ucx().CapabilityIssuer(key)
+
+    @classmethod
+    def generate(cls, *, ttl_s: float = DEFAULT_CAPABILITY_TTL_S) -> CapabilityIssuer:
+        """An issuer with a fresh random key (one gateway run; holders learn its public key)."""
+        return cls(bytes(_native.require_ucx().generate_issuer_key()), ttl_s=ttl_s)
+
+    @property
+    def public_key(self) -> bytes:
+        """The 32-byte Ed25519 public key holders verify with."""
+        return bytes(self._native.public_key)
+
+    def issue(
+        self,
+        request_id: int,
+        shard: int,
+        epoch: int,
+        *,
+        holder_id: int,
+        rights: Rights = Rights.WRITE | Rights.READ,
+        now_s: float | None = None,
+    ) -> bytes:
+        """The CAPABILITY_BYTES-byte capability; ``now_s`` (unix time, default the clock) plus
+        ``ttl_s`` is its expiry. Raises TypeError/ValueError for ids outside u64/u32 or bad
+        ``rights``."""
+        issued_s = time.time() if now_s is None else check_number("now_s", now_s)
+        return bytes(
+            self._native.issue(
+                request_id=check_int("request_id", request_id, 0, U64_MAX),
+                shard=check_int("shard", shard, 0, U32_MAX),
+                epoch=check_int("epoch", epoch, 0, U32_MAX),
+                holder_id=check_int("holder_id", holder_id, 0, U64_MAX),
+                rights=int(_check_rights(rights)),
+                expires_at_ms=max(0, min(U64_MAX, int((issued_s + self.ttl_s) * 1000))),
+            )
+        )
+
+
+def verify_capability(public_key: bytes, capability: bytes) -> CapabilityFields:
+    """What ``capability`` names, if ``public_key`` verifies its signature (what a holder checks
+    first; the holder then compares the fields with the request). Raises ValueError for a
+    capability not signed by that key, tampered with, or not CAPABILITY_BYTES long."""
+    fields = _native.require_ucx().verify_capability(
+        check_bytes("public_key", public_key, ISSUER_KEY_BYTES),
+        check_bytes("capability", capability, CAPABILITY_BYTES),
     )
-    return hmac.new(key, message, hashlib.sha256).digest()
+    return CapabilityFields(**{**fields, "rights": Rights(fields["rights"])})
+
+
+def write_issuer_key_file(path: str | os.PathLike[str]) -> bytes:
+    """Create ``path`` (0600, must not exist) holding a fresh issuer private key; return it.
+    Raises FileExistsError rather than overwrite a key in use."""
+    key = bytes(_native.require_ucx().generate_issuer_key())
+    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(key)
+    return key
+
+
+def read_issuer_key_file(path: str | os.PathLike[str]) -> bytes:
+    """The issuer private key in ``path``, checked as ``read_secret_file`` checks a secret
+    (PermissionError for a file others can access), ValueError unless it is 32 bytes."""
+    return check_bytes("issuer key", read_secret_file(path), ISSUER_KEY_BYTES)
+
+
+def write_issuer_public_key_file(path: str | os.PathLike[str], public_key: bytes) -> None:
+    """Write ``public_key`` to ``path`` as one line of hex (public: any mode)."""
+    Path(path).write_text(check_bytes("public_key", public_key, ISSUER_KEY_BYTES).hex() + "\n")
+
+
+def read_issuer_public_key_file(path: str | os.PathLike[str]) -> bytes:
+    """The issuer public key written by ``write_issuer_public_key_file``. Raises
+    FileNotFoundError, ValueError unless the file holds 64 hex digits."""
+    text = Path(path).read_text().strip()
+    try:
+        key = bytes.fromhex(text)
+    except ValueError:
+        raise ValueError(
+            f"issuer public key file must hold {2 * ISSUER_KEY_BYTES} hex digits, got {text[:80]!r}"
+        ) from None
+    return check_bytes("issuer public key", key, ISSUER_KEY_BYTES)
 
 
 # ---- gateway calls --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The ``lumen`` command. Subcommands: ``sim`` (the cluster simulator's experiments),
 ``gateway`` (the live control plane, ``gateway.command``), ``holder`` (a checkpoint holder: a
-HolderStore behind a transport server)."""
+HolderStore behind a transport server), ``keygen`` (a capability issuer's key pair)."""
 
 from __future__ import annotations
 
@@ -108,12 +108,14 @@ def _holder(args: argparse.Namespace) -> int:
     import select
     import signal
 
-    from lumen_core.auth import read_secret_file
+    from lumen_core.auth import read_issuer_public_key_file, read_secret_file
     from lumen_core.stream import EvictionPolicy, HolderStore
 
     store = HolderStore(args.budget_bytes, eviction=EvictionPolicy[args.eviction.upper()])
     server = store.serve(
         read_secret_file(args.secret_file),
+        holder_id=args.holder_id,
+        issuer_public_key=read_issuer_public_key_file(args.issuer_key_file),
         address=args.address,
         port=args.port,
         tls=args.tls,
@@ -142,6 +144,22 @@ def _holder(args: argparse.Namespace) -> int:
                 last_sweep = time.monotonic()
     finally:
         server.close()
+    return 0
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    """Writes a new issuer private key (0600, must not exist) and its public half."""
+    from lumen_core.auth import (
+        CapabilityIssuer,
+        read_issuer_key_file,
+        write_issuer_key_file,
+        write_issuer_public_key_file,
+    )
+
+    write_issuer_key_file(args.issuer_key)
+    public_key = CapabilityIssuer(read_issuer_key_file(args.issuer_key)).public_key
+    write_issuer_public_key_file(args.public_key, public_key)
+    print(json.dumps({"issuer_key": args.issuer_key, "public_key": args.public_key, "hex": public_key.hex()}))
     return 0
 
 
@@ -194,11 +212,23 @@ def build_parser() -> argparse.ArgumentParser:
     holder.add_argument("--address", default="127.0.0.1", help="listen address (loopback default)")
     holder.add_argument("--budget-bytes", type=int, required=True, help="byte budget of the store")
     holder.add_argument("--secret-file", required=True, help="cluster secret, a 0600 file")
+    holder.add_argument(
+        "--issuer-key-file",
+        required=True,
+        help="public key of the capability issuer (hex, as `lumen keygen` writes it)",
+    )
+    holder.add_argument("--holder-id", type=int, default=0, help="the id capabilities name this holder by")
     holder.add_argument("--eviction", default="shortest_prefix", choices=("shortest_prefix", "lru", "none"))
     holder.add_argument("--idle-expiry-s", type=float, default=600.0, help="expire idle checkpoints")
     holder.add_argument("--tls", default="", help="UCX_TLS of the server ('' leaves UCX's choice)")
     holder.add_argument("--no-verify-records", action="store_true", help="skip crc checks on receipt")
     holder.set_defaults(func=_holder)
+    keygen = commands.add_parser("keygen", help="write a capability issuer's key pair (gateway-less mode)")
+    keygen.add_argument(
+        "--issuer-key", required=True, metavar="PATH", help="private key, 0600, held by the issuer"
+    )
+    keygen.add_argument("--public-key", required=True, metavar="PATH", help="public key (hex), for holders")
+    keygen.set_defaults(func=_keygen)
     add_gateway_parser(commands)
     add_worker_parser(commands)
     add_demo_parser(commands)
@@ -222,6 +252,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--budget-bytes must be >= 0, got {args.budget_bytes}")
         if args.idle_expiry_s <= 0:
             parser.error(f"--idle-expiry-s must be > 0, got {args.idle_expiry_s}")
+        if not 0 <= args.holder_id < 2**64:
+            parser.error(f"--holder-id must be in [0, 2**64), got {args.holder_id}")
     return int(args.func(args))
 
 

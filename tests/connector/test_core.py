@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from lumen_core.auth import CapabilityIssuer
 from lumen_core.connector import ConnectorCore, RestoreSource, StepTokens, StreamGrant
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import checksum, gather_tokens
 from lumen_core.stream import HolderStore, RestoreStatus, fingerprint_bytes, request_key
 from lumen_core.testing import assert_kv_equal, make_paged_cache, slots_for_blocks
-from lumen_core.transport import Client, Server, issue_capability
+from lumen_core.transport import Client, Server
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
@@ -49,12 +50,19 @@ def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
 
 
 class Holder:
-    """A HolderStore served on loopback."""
+    """A HolderStore served on loopback (holder id 0), trusting ``issuer``'s capabilities."""
 
-    def __init__(self, secret: bytes, *, verify_records: bool = True) -> None:
+    def __init__(self, secret: bytes, issuer: CapabilityIssuer, *, verify_records: bool = True) -> None:
         self.store = HolderStore()
-        self.server: Server = self.store.serve(secret, tls=TLS, verify_records=verify_records)
+        self.issuer = issuer
+        self.server: Server = self.store.serve(
+            secret, tls=TLS, verify_records=verify_records, issuer_public_key=issuer.public_key
+        )
         self.address = ("127.0.0.1", self.server.port)
+
+    def capability(self, key: int, epoch: int) -> bytes:
+        """The issuer's capability of (key, shard 0, epoch) on this holder."""
+        return self.issuer.issue(key, 0, epoch, holder_id=0)
 
     def durable(self, key: int, epoch: int | None = None) -> int:
         held = [c for c in self.store.checkpoints() if c.request_id == key and epoch in (None, c.epoch)]
@@ -62,8 +70,8 @@ class Holder:
 
 
 @pytest.fixture
-def holder(secret: bytes) -> Iterator[Holder]:
-    h = Holder(secret)
+def holder(secret: bytes, issuer: CapabilityIssuer) -> Iterator[Holder]:
+    h = Holder(secret, issuer)
     yield h
     h.server.close()
 
@@ -78,7 +86,7 @@ def stream(core: ConnectorCore, secret: bytes, holder: Holder, request_id: str, 
     """Streams NUM_TOKENS tokens of ``request_id`` (a prefill step, then one token per step);
     returns its wire key once they are durable."""
     key = request_key(request_id)
-    assert core.begin(request_id, key, StreamGrant(0, (holder.address,), issue_capability(secret, key, 0, 0)))
+    assert core.begin(request_id, key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
     s, t = slots(block_ids), tokens()
     assert core.save_step([StepTokens(request_id, 0, s[:30], t[:30])]) == 30
     for p in range(30, NUM_TOKENS):
@@ -96,7 +104,7 @@ def test_a_request_streams_restores_bit_exact_and_is_released_on_finish(
     assert writer.counters["saved_tokens"] == NUM_TOKENS
 
     reader = core_for(secret, seed=1)
-    source = RestoreSource(0, holder.address, issue_capability(secret, key, 0, 0))
+    source = RestoreSource(0, holder.address, holder.capability(key, 0))
     assert wait_until(lambda: reader.plan_restore("r", key, source) is not None)
     assert reader.plan_restore("r", key, source) == NUM_TOKENS
     target = [5, 3, 7]  # other blocks, in another order
@@ -112,12 +120,14 @@ def test_a_request_streams_restores_bit_exact_and_is_released_on_finish(
     reader.close()
 
 
-def test_a_corrupted_record_fails_its_blocks_and_nothing_past_it_is_written(secret: bytes) -> None:
-    holder = Holder(secret, verify_records=False)  # keeps what arrives: the restore must catch it
+def test_a_corrupted_record_fails_its_blocks_and_nothing_past_it_is_written(
+    secret: bytes, issuer: CapabilityIssuer
+) -> None:
+    holder = Holder(secret, issuer, verify_records=False)  # keeps what arrives: the restore must catch it
     try:
         source_cache = cache(seed=0)
         key = request_key("r")
-        capability = issue_capability(secret, key, 0, 0)
+        capability = holder.capability(key, 0)
         fingerprints = fingerprint_bytes(source_cache, MODEL)
         records = gather_tokens(source_cache, torch.tensor(slots([0, 1, 2]))).clone()
         crcs = checksum(records).numpy()
@@ -150,12 +160,12 @@ def test_a_restored_prefix_is_streamed_again_at_the_new_epoch(secret: bytes, hol
     key = stream(writer, secret, holder, "r", [0, 1, 2])
     writer.close()  # the first incarnation dies
 
-    next_holder = Holder(secret)
+    next_holder = Holder(secret, holder.issuer)
     try:
         survivor = core_for(secret, seed=1)
-        grant = StreamGrant(1, (next_holder.address,), issue_capability(secret, key, 0, 1))
+        grant = StreamGrant(1, (next_holder.address,), (next_holder.capability(key, 1),))
         assert survivor.begin("r", key, grant)
-        source = RestoreSource(1, holder.address, issue_capability(secret, key, 0, 1))
+        source = RestoreSource(1, holder.address, holder.capability(key, 1))
         outcome = survivor.restore("r", key, source, slots([6, 2, 4]), tokens())
         assert outcome.result.restored_tokens == NUM_TOKENS
         assert survivor.streamer is not None and survivor.streamer.flush(timeout_s=10)
@@ -194,7 +204,7 @@ def test_a_lookup_never_blocks_the_caller(secret: bytes, holder: Holder) -> None
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         core = core_for(secret, seed=0)
-        stalled = RestoreSource(0, silent.getsockname(), issue_capability(secret, 1, 0, 0))
+        stalled = RestoreSource(0, silent.getsockname(), holder.capability(1, 0))
         started = time.monotonic()
         assert core.plan_restore("a", 1, stalled) is None  # not known yet
         assert core.plan_restore("a", 1, stalled) is None
@@ -218,7 +228,8 @@ def test_a_refused_capability_restores_nothing_and_fails_every_block(secret: byt
     writer = core_for(secret, seed=0)
     key = stream(writer, secret, holder, "r", [0, 1, 2])
     reader = core_for(secret, seed=1)
-    forged = RestoreSource(0, holder.address, issue_capability(b"another-secret-0123456789abcdef", key, 0, 0))
+    not_the_holders_issuer = CapabilityIssuer.generate()
+    forged = RestoreSource(0, holder.address, not_the_holders_issuer.issue(key, 0, 0, holder_id=0))
     assert reader.plan_restore("r", key, forged, wait_s=10) == 0
     outcome = reader.restore("r", key, forged, slots([3, 4, 5]), tokens())
     assert outcome.result.restored_tokens == 0 and outcome.failed_block_ids == {3, 4, 5}
@@ -248,14 +259,14 @@ def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
     core.register(cache(seed=0))
     with pytest.raises(RuntimeError, match="register has already been called"):
         core.register(cache(seed=0))
-    grant = StreamGrant(0, (holder.address,), issue_capability(secret, 1, 0, 0))
+    grant = StreamGrant(0, (holder.address,), (holder.capability(1, 0),))
     with pytest.raises(TypeError, match="`grant` must be a StreamGrant, got tuple"):
         core.begin("r", 1, (0, (), b""))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`key` must be in \[0, 18446744073709551615\], got -1"):
         core.begin("r", -1, grant)
     with pytest.raises(TypeError, match="`request_id` must be a non-empty str"):
         core.begin("", 1, grant)
-    assert not core.begin("r", 1, StreamGrant(0, (), b""))  # no holders: not checkpointed
+    assert not core.begin("r", 1, StreamGrant(0, (), ()))  # no holders: not checkpointed
     assert core.begin("r", 1, grant)
     with pytest.raises(ValueError, match="`request_id` must not be streaming already, got 'r'"):
         core.begin("r", 1, grant)
@@ -275,12 +286,16 @@ def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
         core.restore("r", 1, RestoreSource(0, None, b""), [0], [1])
     with pytest.raises(IndexError):  # a slot outside the cache: refused before anything is written
         core.restore("r", 1, RestoreSource(0, holder.address, b"c"), [8 * BLOCK_SIZE], [1])
-    with pytest.raises(ValueError, match="`capability` must be non-empty bytes"):
-        StreamGrant(0, (holder.address,), b"")
+    with pytest.raises(ValueError, match=r"`capabilities\[0\]` must be non-empty bytes"):
+        StreamGrant(0, (holder.address,), (b"",))
+    with pytest.raises(
+        ValueError, match=r"`capabilities` must be a tuple of one capability per holder \(1\)"
+    ):
+        StreamGrant(0, (holder.address,), ())
     with pytest.raises(TypeError, match="`capability` must be bytes, got str"):
         RestoreSource(0, holder.address, "cap")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`expected_tokens` must be in"):
-        StreamGrant(0, (), b"", expected_tokens=-1)
+        StreamGrant(0, (), (), expected_tokens=-1)
     with pytest.raises(ValueError, match=r"`wait_s` must be"):
         core.plan_restore("q", 1, RestoreSource(0, holder.address, b"c"), wait_s=float("nan"))
     core.close()

@@ -6,7 +6,7 @@ import urllib.request
 import grpc
 import pytest
 
-from lumen_core.auth import issue_capability
+from lumen_core.auth import Rights, verify_capability
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import FencedError
@@ -39,13 +39,24 @@ def wait_until(predicate, timeout_s=10.0, poll_s=0.02):
         time.sleep(poll_s)
 
 
+def granted(public_key: bytes, capabilities: tuple[bytes, ...]) -> list[tuple[int, int, int, int, Rights]]:
+    """What each capability grants: (request_id, shard, epoch, holder_id, rights), signature checked."""
+    out = []
+    for capability in capabilities:
+        f = verify_capability(public_key, capability)
+        out.append((f.request_id, f.shard, f.epoch, f.holder_id, f.rights))
+    return out
+
+
 def register_workers(server, connect, num_workers, **kwargs):
     workers = []
     for worker_id in range(num_workers):
         client = connect(server)
-        client.register(
+        registered = client.register(
             worker_id, budget_bytes=64 * GIB, holder_address=f"127.0.0.1:{7000 + worker_id}", **kwargs
         )
+        # every holder learns the key the gateway's capabilities verify with
+        assert registered.issuer_public_key == server.coordinator.issuer_public_key
         workers.append(client)
     return workers
 
@@ -93,7 +104,10 @@ def test_submit_streams_tokens_once_per_position_and_grants_capabilities(start_g
     assert run.request_id == request_id and run.prompt_token_ids == (11, 12, 13) and run.epoch == 1
     (grant,) = run.holders
     assert grant.worker_id != serving_id and grant.address == f"127.0.0.1:{7000 + grant.worker_id}"
-    assert grant.capabilities == (issue_capability(SECRET, request_id, 0, 1),)
+    key = server.coordinator.issuer_public_key
+    assert granted(key, grant.capabilities) == [
+        (request_id, 0, 1, grant.worker_id, Rights.WRITE | Rights.READ)
+    ]
     holds = of_kind(got[grant.worker_id], Hold)
     assert [h.request_id for h in holds] == [request_id] and holds[0].serving_worker_id == serving_id
 
@@ -184,7 +198,9 @@ def test_lease_expiry_fences_a_live_worker_and_its_requests_move(start_gateway, 
     assert resume.action is RecoveryAction.RESTORE
     assert server.coordinator.failures[0].routes[0].restorable_tokens == 6
     assert resume.source.worker_id == server.coordinator.request_worker(request_id)[0]
-    assert resume.source.capabilities == (issue_capability(SECRET, request_id, 0, 2),)
+    assert granted(server.coordinator.issuer_public_key, resume.source.capabilities) == [
+        (request_id, 0, 2, resume.source.worker_id, Rights.READ)
+    ]
     holder.report_tokens(request_id, 2, 0, [2, 7, 1, 8], finished=True)
     assert [t for c in stream for t in c.token_ids] == [2, 7, 1, 8]
     metrics = server.coordinator.metrics()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from lumen_core.auth import Rights, verify_capability
 from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl, RestorePlan
 from lumen_core.stream import request_key
-from lumen_core.transport import issue_capability
 
 
 @pytest.fixture(autouse=True)
@@ -17,32 +17,57 @@ def _ucx_module(ucx_module: None) -> None:
 
 
 @pytest.fixture
-def config(secret_file: Path) -> ConnectorConfig:
+def config(secret_file: Path, issuer_key_file: Path) -> ConnectorConfig:
     return ConnectorConfig.from_extra_config(
         {
             "secret_file": str(secret_file),
-            "holders": ["127.0.0.1:7001", {"address": "10.0.0.2", "port": 7002}],
+            "issuer_key_file": str(issuer_key_file),
+            "holders": ["127.0.0.1:7001", {"address": "10.0.0.2", "port": 7002, "holder_id": 4}],
         }
     )
 
 
-def test_config_reads_secret_and_holders(config: ConnectorConfig, secret: bytes) -> None:
+def _grants(
+    config: ConnectorConfig, capabilities: tuple[bytes, ...]
+) -> list[tuple[int, int, int, int, Rights]]:
+    assert config.issuer is not None
+    fields = [verify_capability(config.issuer.public_key, c) for c in capabilities]
+    return [(f.request_id, f.shard, f.epoch, f.holder_id, f.rights) for f in fields]
+
+
+def test_config_reads_secret_issuer_and_holders(config: ConnectorConfig, secret: bytes, issuer) -> None:
     assert config.secret == secret
-    assert config.holders == (("127.0.0.1", 7001), ("10.0.0.2", 7002))
+    assert config.issuer is not None and config.issuer.public_key == issuer.public_key
+    assert config.holders == (("127.0.0.1", 7001), ("10.0.0.2", 7002)) and config.holder_ids == (0, 4)
     assert (config.tls, config.model_fingerprint, config.connect_timeout_s) == ("", None, 2.0)
 
 
-def test_defaults_without_params(config: ConnectorConfig, secret: bytes) -> None:
+def test_defaults_without_params(config: ConnectorConfig) -> None:
     control = RequestControl.parse("cmpl-7", None, config)
     key = request_key("cmpl-7")
     assert (control.request_id, control.key, control.epoch) == ("cmpl-7", key, 0)
     assert control.holders == config.holders
-    assert control.capability == issue_capability(secret, key, 0, 0)
+    # one capability per holder, each valid on that holder only
+    assert _grants(config, control.capabilities) == [
+        (key, 0, 0, 0, Rights.WRITE | Rights.READ),
+        (key, 0, 0, 4, Rights.WRITE | Rights.READ),
+    ]
     assert control.restore is None
 
 
+def test_without_an_issuer_a_request_must_bring_its_capabilities(secret_file: Path) -> None:
+    bare = ConnectorConfig.from_extra_config({"secret_file": str(secret_file), "holders": ["127.0.0.1:7001"]})
+    with pytest.raises(ValueError, match=r"`capabilities` must be given: no `issuer_key_file`"):
+        RequestControl.parse("r", None, bare)
+    with pytest.raises(ValueError, match=r"`restore.capability` must be given: no `issuer_key_file`"):
+        RequestControl.parse("r", {"lumen": {"holders": [], "restore": {}}}, bare)
+    capability = bytes(128)
+    control = RequestControl.parse("r", {"lumen": {"capabilities": [capability.hex()]}}, bare)
+    assert control.capabilities == (capability,)
+
+
 def test_explicit_params(config: ConnectorConfig, secret: bytes) -> None:
-    capability = bytes(range(32))
+    capability = bytes(range(128))
     control = RequestControl.parse(
         "engine-id",
         {
@@ -50,14 +75,14 @@ def test_explicit_params(config: ConnectorConfig, secret: bytes) -> None:
                 "request_id": "lumen-9",
                 "epoch": 3,
                 "holders": [{"address": "10.0.0.5", "port": 9000}],
-                "capability": capability.hex(),
+                "capabilities": [capability.hex()],
                 "restore": {"address": "10.0.0.6", "port": 9001, "epoch": 3, "capability": capability.hex()},
             }
         },
         config,
     )
     assert (control.request_id, control.key, control.epoch) == ("lumen-9", request_key("lumen-9"), 3)
-    assert control.holders == (("10.0.0.5", 9000),) and control.capability == capability
+    assert control.holders == (("10.0.0.5", 9000),) and control.capabilities == (capability,)
     assert control.restore == RestorePlan(("10.0.0.6", 9001), 3, capability)
 
 
@@ -65,9 +90,12 @@ def test_restore_defaults_to_first_holder_at_the_request_epoch(
     config: ConnectorConfig, secret: bytes
 ) -> None:
     control = RequestControl.parse("r", {"lumen": {"epoch": 2, "restore": {}}}, config)
-    assert control.restore == RestorePlan(
-        ("127.0.0.1", 7001), 2, issue_capability(secret, request_key("r"), 0, 2)
-    )
+    assert control.restore is not None and control.restore.address == ("127.0.0.1", 7001)
+    assert control.restore.epoch == 2
+    assert _grants(config, (control.restore.capability,)) == [(request_key("r"), 0, 2, 0, Rights.READ)]
+    # a restore from a configured holder is granted on that holder's id
+    control = RequestControl.parse("r", {"lumen": {"restore": {"address": "10.0.0.2", "port": 7002}}}, config)
+    assert _grants(config, (control.restore.capability,)) == [(request_key("r"), 0, 0, 4, Rights.READ)]
 
 
 def test_empty_holders_means_not_checkpointed(config: ConnectorConfig) -> None:
@@ -84,9 +112,19 @@ def test_empty_holders_means_not_checkpointed(config: ConnectorConfig) -> None:
         ({"holders": "127.0.0.1:1"}, TypeError, r"`holders` must be a list"),
         ({"holders": [{"address": "h", "port": 0}]}, ValueError, r"`holders\[0\].port` must be an int in"),
         ({"holders": [{"host": "h"}]}, ValueError, r"`holders\[0\]` must be"),
-        ({"capability": "zz"}, ValueError, r"`capability` must be 32 bytes as hex"),
-        ({"capability": "00"}, ValueError, r"`capability` must be 32 bytes as hex, got 1 bytes"),
-        ({"capability": 5}, TypeError, r"`capability` must be 32 bytes as hex, got int"),
+        ({"capabilities": ["zz", "00"]}, ValueError, r"`capabilities\[0\]` must be 128 bytes as hex"),
+        (
+            {"capabilities": ["00", "00"]},
+            ValueError,
+            r"`capabilities\[0\]` must be 128 bytes as hex, got 1 bytes",
+        ),
+        ({"capabilities": [5, 5]}, TypeError, r"`capabilities\[0\]` must be 128 bytes as hex, got int"),
+        ({"capabilities": ["00"]}, ValueError, r"`capabilities` must be a list of one capability per holder"),
+        (
+            {"holders": [{"address": "h", "port": 1, "holder_id": -1}]},
+            ValueError,
+            r"`holders\[0\].holder_id` must be",
+        ),
         ({"restore": {"where": 1}}, ValueError, r"`restore` must be a dict of"),
     ],
 )

@@ -6,11 +6,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
-
 from typing import Any
 
 import pytest
-
 
 TLS = "tcp"
 
@@ -21,9 +19,11 @@ def _ucx_module(ucx_module: None) -> None:
 
 
 @pytest.fixture
-def holders(spawn: Callable[[list[str]], Any], secret_file: Path) -> Callable[..., list[Any]]:
-    """holders(n, budget_bytes=..., *extra) -> n `lumen holder` processes started together;
-    .port is each one's port."""
+def holders(
+    spawn: Callable[[list[str]], Any], secret_file: Path, issuer_public_key_file: Path
+) -> Callable[..., list[Any]]:
+    """holders(n, budget_bytes=..., *extra) -> n `lumen holder` processes started together,
+    trusting the `issuer` fixture, each holder id 0; .port is each one's port."""
 
     def _holders(n: int, budget_bytes: int = 1 << 30, *extra: str) -> list[Any]:
         procs = [
@@ -39,6 +39,8 @@ def holders(spawn: Callable[[list[str]], Any], secret_file: Path) -> Callable[..
                     str(budget_bytes),
                     "--secret-file",
                     str(secret_file),
+                    "--issuer-key-file",
+                    str(issuer_public_key_file),
                     "--tls",
                     TLS,
                     *extra,

@@ -1,7 +1,9 @@
-"""`lumen holder`: argument checks, and idle checkpoints expiring in a running holder."""
+"""`lumen holder`: argument checks, idle checkpoints expiring in a running holder, the holder id
+capabilities name it by; `lumen keygen`."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -10,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
+from lumen_core.auth import CapabilityIssuer, read_issuer_key_file, read_issuer_public_key_file
 from lumen_core.cli import main
 from lumen_core.ops import checksum
-from lumen_core.transport import Client, issue_capability
+from lumen_core.transport import Client, Rejected
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
@@ -23,20 +26,27 @@ pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
         (["--port", "70000"], "--port must be in"),
         (["--budget-bytes", "-1"], "--budget-bytes must be >= 0"),
         (["--idle-expiry-s", "0"], "--idle-expiry-s must be > 0"),
+        (["--holder-id", "-1"], "--holder-id must be in [0, 2**64)"),
     ],
 )
 def test_holder_arguments_are_checked(
-    secret_file: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+    issuer: CapabilityIssuer,
+    secret_file: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    message: str,
 ) -> None:
-    base = ["holder", "--budget-bytes", "1024", "--secret-file", str(secret_file)]
+    base = ["holder", "--budget-bytes", "1024", "--secret-file", str(secret_file), "--issuer-key-file", "-"]
     with pytest.raises(SystemExit):
         main(base + args)
     assert message in capsys.readouterr().err
 
 
-def test_idle_checkpoints_expire_and_are_counted(holder: Any, secret: bytes) -> None:
+def test_idle_checkpoints_expire_and_are_counted(
+    issuer: CapabilityIssuer, holder: Any, secret: bytes
+) -> None:
     h = holder(1 << 20, "--idle-expiry-s", "0.3")
-    cap = issue_capability(secret, 5, 0, 0)
+    cap = issuer.issue(5, 0, 0, holder_id=0)
     records = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
     crcs = checksum(torch.from_numpy(records)).numpy()
     with Client("127.0.0.1", h.port, secret, tls="tcp") as client:
@@ -49,3 +59,27 @@ def test_idle_checkpoints_expire_and_are_counted(holder: Any, secret: bytes) -> 
             time.sleep(0.2)
         store = h.ask("stats")["store"]
         assert store["checkpoints"] == 0 and store["bytes_charged"] == 0
+
+
+def test_keygen_writes_a_key_pair_a_holder_trusts(
+    issuer: CapabilityIssuer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_path, public_path = tmp_path / "gateway.key", tmp_path / "gateway.pub"
+    assert main(["keygen", "--issuer-key", str(key_path), "--public-key", str(public_path)]) == 0
+    assert key_path.stat().st_mode & 0o777 == 0o600
+    issuer = CapabilityIssuer(read_issuer_key_file(key_path))
+    assert read_issuer_public_key_file(public_path) == issuer.public_key
+    assert json.loads(capsys.readouterr().out)["hex"] == issuer.public_key.hex()
+    with pytest.raises(FileExistsError):  # a key in use is never overwritten
+        main(["keygen", "--issuer-key", str(key_path), "--public-key", str(public_path)])
+
+
+def test_a_holder_refuses_capabilities_for_another_holder_id(
+    issuer: CapabilityIssuer, holder: Any, secret: bytes
+) -> None:
+    h = holder(1 << 20, "--holder-id", "7")
+    with Client("127.0.0.1", h.port, secret, tls="tcp") as client:
+        with pytest.raises(Rejected):
+            client.open(5, 0, 0, 64, b"L" * 32, b"M" * 32, issuer.issue(5, 0, 0, holder_id=0))
+        assert client.open(5, 0, 0, 64, b"L" * 32, b"M" * 32, issuer.issue(5, 0, 0, holder_id=7)) == 0
+    assert h.ask("stats")["server"]["capability_refused"] == 1

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from lumen_core.auth import CapabilityIssuer
 from lumen_core.ops import gather_tokens
 from lumen_core.stream import RestoreStatus, remote_restore
-from lumen_core.transport import Client, Rejected, issue_capability
+from lumen_core.transport import Client, Rejected
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(90)]
 
@@ -34,10 +35,10 @@ def _load_worker() -> ModuleType:
     return module
 
 
-def _durable(client: Client, secret: bytes, rid: int, record_bytes: int) -> int:
+def _durable(client: Client, issuer: CapabilityIssuer, rid: int, record_bytes: int) -> int:
     """The holder's durable length of rid (0 while the worker has not opened it yet)."""
     try:
-        result = client.read(rid, 0, 0, 0, 1, record_bytes, issue_capability(secret, rid, 0, 0))
+        result = client.read(rid, 0, 0, 0, 1, record_bytes, issuer.issue(rid, 0, 0, holder_id=0))
     except Rejected:
         return 0
     return result.durable_tokens
@@ -45,7 +46,13 @@ def _durable(client: Client, secret: bytes, rid: int, record_bytes: int) -> int:
 
 @pytest.mark.parametrize("also_kill_a_holder", [False, True])
 def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
-    holders: Any, spawn: Any, secret: bytes, secret_file: Path, also_kill_a_holder: bool
+    issuer: CapabilityIssuer,
+    holders: Any,
+    spawn: Any,
+    secret: bytes,
+    secret_file: Path,
+    issuer_key_file: Path,
+    also_kill_a_holder: bool,
 ) -> None:
     """The worker streams to one holder, or to two replicas of which one dies with it."""
     w = _load_worker()
@@ -59,6 +66,8 @@ def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
             *(str(p.port) for p in procs),
             "--secret-file",
             str(secret_file),
+            "--issuer-key-file",
+            str(issuer_key_file),
             "--requests",
             str(NUM_REQUESTS),
             "--max-tokens",
@@ -75,7 +84,7 @@ def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
         assert worker.read()["step"] == 1  # streaming has started
         deadline = time.monotonic() + 30
         while True:
-            durable = [_durable(client, secret, r, record_bytes) for r in rids]
+            durable = [_durable(client, issuer, r, record_bytes) for r in rids]
             if min(durable) >= MIN_DURABLE:
                 break
             assert time.monotonic() < deadline, f"durable lengths stuck at {durable}"
@@ -86,7 +95,7 @@ def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
             procs[0].proc.send_signal(signal.SIGKILL)
         worker.proc.wait(timeout=10)
         time.sleep(0.2)  # whatever was in flight is settled (committed or aborted) by now
-        held = [_durable(client, secret, r, record_bytes) for r in rids]
+        held = [_durable(client, issuer, r, record_bytes) for r in rids]
         assert all(MIN_DURABLE <= d < MAX_TOKENS for d in held), held
 
         # A fresh engine cache (other contents, other page size): restore, check, compare.
@@ -100,7 +109,7 @@ def test_worker_killed_mid_stream_leaves_restorable_bit_exact_prefixes(
                 slots,
                 token_ids=w.tokens_for(rid, MAX_TOKENS),
                 model_fingerprint=w.MODEL,
-                capability=issue_capability(secret, rid, 0, 0),
+                capability=issuer.issue(rid, 0, 0, holder_id=0),
                 chunk_tokens=128,
             )
             assert result.status is RestoreStatus.COMPLETE

@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from lumen_core import _native
+from lumen_core.auth import CapabilityIssuer
+from lumen_core.layouts import KVLayout
 from lumen_core.ops import checksum, gather_tokens
 from lumen_core.stream import (
     Eviction,
@@ -23,11 +25,8 @@ from lumen_core.stream import (
     remote_restore,
     restorable_tokens,
 )
-from lumen_core.testing import assert_kv_equal, slots_for_blocks
-from lumen_core.transport import Client, Conflict, Rejected, Server, StaleEpoch, issue_capability
-
-from lumen_core.layouts import KVLayout
-from lumen_core.testing import make_paged_cache
+from lumen_core.testing import assert_kv_equal, make_paged_cache, slots_for_blocks
+from lumen_core.transport import Client, Conflict, Rejected, Server, StaleEpoch
 
 MODEL = "test-model"
 TLS = "tcp"
@@ -58,14 +57,21 @@ class Rig:
     def __init__(self, secret: bytes, store: HolderStore, *, verify_records: bool = True) -> None:
         self.secret = secret
         self.store = store
-        self.server: Server = store.serve(secret, tls=TLS, verify_records=verify_records)
+        self.issuer = CapabilityIssuer.generate()
+        self.caps: dict[tuple[int, int], bytes] = {}
+        self.server: Server = store.serve(
+            secret, issuer_public_key=self.issuer.public_key, tls=TLS, verify_records=verify_records
+        )
         self.client = Client("127.0.0.1", self.server.port, secret, tls=TLS)
         self.layout = small_cache(seed=0)
         fp = fingerprint_bytes(self.layout, MODEL)
         self.layout_fp, self.model_fp = fp[:32], fp[32:]
 
-    def cap(self, rid: int) -> bytes:
-        return issue_capability(self.secret, rid, SHARD, EPOCH)
+    def cap(self, rid: int, epoch: int = EPOCH) -> bytes:
+        """rid's capability at epoch, issued once: an append repeats the bytes its open verified."""
+        if (rid, epoch) not in self.caps:
+            self.caps[rid, epoch] = self.issuer.issue(rid, SHARD, epoch, holder_id=0)
+        return self.caps[rid, epoch]
 
     def open(self, rid: int) -> int:
         return self.client.open(
@@ -326,7 +332,7 @@ def _wide_cache(seed: int) -> KVLayout:
     "corrupt_at,wrong_token_at", [(None, None), (0, None), (100, None), (255, None), (None, 200), (150, 120)]
 )
 def test_a_pipelined_local_restore_writes_only_verified_records(
-    secret: bytes, corrupt_at: int | None, wrong_token_at: int | None
+    issuer: CapabilityIssuer, secret: bytes, corrupt_at: int | None, wrong_token_at: int | None
 ) -> None:
     source, n = _wide_cache(0), 256
     assert n * source.record_bytes >= 8 << 20
@@ -337,10 +343,10 @@ def test_a_pipelined_local_restore_writes_only_verified_records(
     crcs = checksum(records).numpy()
     if corrupt_at is not None:
         records[corrupt_at, 5] ^= 0x01
-    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    cap = issuer.issue(1, SHARD, EPOCH, holder_id=0)
     fp = fingerprint_bytes(source, MODEL)
     with (
-        store.serve(secret, tls=TLS, verify_records=False) as server,
+        store.serve(secret, tls=TLS, verify_records=False, issuer_public_key=issuer.public_key) as server,
         Client("127.0.0.1", server.port, secret, tls=TLS) as client,
     ):
         client.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
@@ -395,7 +401,9 @@ def test_restorable_tokens_is_the_shortest_shard() -> None:
         restorable_tokens([3, -1])
 
 
-def test_records_straddling_chunks_round_trip_and_memory_is_reused(secret: bytes) -> None:
+def test_records_straddling_chunks_round_trip_and_memory_is_reused(
+    issuer: CapabilityIssuer, secret: bytes
+) -> None:
     # 384-byte records in 4 KiB chunks: every 32 records, 11 straddle a chunk boundary.
     def layout(seed: int) -> KVLayout:
         return make_paged_cache(
@@ -413,12 +421,15 @@ def test_records_straddling_chunks_round_trip_and_memory_is_reused(secret: bytes
     assert source.record_bytes == 384
     store = HolderStore(chunk_bytes=4096)
     fp = fingerprint_bytes(source, MODEL)
-    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    cap = issuer.issue(1, SHARD, EPOCH, holder_id=0)
     slots = torch.arange(3, 203, dtype=torch.int64)
     records = gather_tokens(source, slots)
     crcs = checksum(records).numpy()
     tokens = np.arange(200, dtype=np.uint32)
-    with store.serve(secret, tls=TLS) as server, Client("127.0.0.1", server.port, secret, tls=TLS) as c:
+    with (
+        store.serve(secret, issuer_public_key=issuer.public_key, tls=TLS) as server,
+        Client("127.0.0.1", server.port, secret, tls=TLS) as c,
+    ):
         c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
         for start, end in [(0, 5), (5, 120), (100, 130), (130, 200)]:  # (100, 130) overlaps
             c.append(
@@ -441,7 +452,7 @@ def test_records_straddling_chunks_round_trip_and_memory_is_reused(secret: bytes
         assert after["arena_free_bytes"] == after["arena_bytes"] == stats["arena_bytes"]
 
 
-def test_store_arguments_are_checked(rig: Rig) -> None:
+def test_store_arguments_are_checked(issuer: CapabilityIssuer, rig: Rig) -> None:
     with pytest.raises(TypeError, match="eviction must be an EvictionPolicy"):
         HolderStore(eviction="lru")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`budget_bytes` must be in"):
@@ -462,7 +473,7 @@ def test_store_arguments_are_checked(rig: Rig) -> None:
     with pytest.raises(ValueError, match="`max_idle_s` must be > 0"):
         rig.store.expire_idle(0)
     with pytest.raises(TypeError, match="store must be a HolderStore"):
-        Server(rig.secret, store=object())
+        Server(rig.secret, issuer_public_key=issuer.public_key, store=object())
     target = small_cache(seed=2)
     with pytest.raises(IndexError, match="slot_ids must be in"):
         rig.store.restore(1, target, [0, 10**6], token_ids=[1, 2], model_fingerprint=MODEL)
@@ -483,9 +494,10 @@ def hold_checkpoint(
     holder does not check crcs on receipt, so a restore is what catches a bad record)."""
     store = HolderStore()
     fp = fingerprint_bytes(source, MODEL)
-    cap = issue_capability(secret, 1, SHARD, EPOCH)
+    issuer = CapabilityIssuer.generate()
+    cap = issuer.issue(1, SHARD, EPOCH, holder_id=0)
     with (
-        store.serve(secret, tls=TLS, verify_records=False) as server,
+        store.serve(secret, issuer_public_key=issuer.public_key, tls=TLS, verify_records=False) as server,
         Client("127.0.0.1", server.port, secret, tls=TLS) as c,
     ):
         c.open(1, SHARD, EPOCH, source.record_bytes, fp[:32], fp[32:], cap)
@@ -632,13 +644,15 @@ import json, resource
 import numpy as np, torch
 from lumen_core.ops import checksum
 from lumen_core.stream import HolderStore
-from lumen_core.transport import Client, Rejected, issue_capability
+from lumen_core.auth import CapabilityIssuer
+from lumen_core.transport import Client, Rejected
 
 secret, record_bytes = b"s" * 32, 64 << 10
+issuer = CapabilityIssuer.generate()
 store = HolderStore(budget_bytes=1 << 30)  # 32 MiB slabs of 2 MiB chunks
-server = store.serve(secret, tls="tcp")
+server = store.serve(secret, issuer_public_key=issuer.public_key, tls="tcp")
 client = Client("127.0.0.1", server.port, secret, tls="tcp")
-cap = issue_capability(secret, 1, 0, 0)
+cap = issuer.issue(1, 0, 0, holder_id=0)
 client.open(1, 0, 0, record_bytes, b"L" * 32, b"M" * 32, cap)
 records = np.full((1024, record_bytes), 7, np.uint8)
 crcs = checksum(torch.from_numpy(records)).numpy()
@@ -707,7 +721,7 @@ def open_reserving(rig: Rig, rid: int, reserve_tokens: int, epoch: int = EPOCH) 
         rig.layout.record_bytes,
         rig.layout_fp,
         rig.model_fp,
-        issue_capability(rig.secret, rid, SHARD, epoch),
+        rig.cap(rid, epoch),
         reserve_tokens=reserve_tokens,
     )
 

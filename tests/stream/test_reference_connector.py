@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 
+from lumen_core.auth import CapabilityIssuer, Rights
 from lumen_core.connector import RestoreSource, StreamGrant
 from lumen_core.engine import (
     CacheConfig,
@@ -23,7 +24,6 @@ from lumen_core.engine import (
 )
 from lumen_core.integrations.reference import StreamingConnector
 from lumen_core.stream import HolderStore, RestoreStatus
-from lumen_core.transport import issue_capability
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(90)]
 
@@ -52,19 +52,22 @@ def finish(engine: Engine, outputs: dict[str, list[int]]) -> None:
 
 @pytest.mark.parametrize("source", ["remote", "local"])
 def test_engine_restores_streamed_checkpoints_and_continues_identically(
-    model: Llama, holder: Any, secret: bytes, source: str
+    issuer: CapabilityIssuer, model: Llama, holder: Any, secret: bytes, source: str
 ) -> None:
     params = SamplingParams(temperature=0.7, seed=5, max_tokens=24)
     expected = Engine(model).generate(PROMPTS, params)
     fingerprint = model_fingerprint(model)
 
     store = HolderStore()
-    server = store.serve(secret, tls="tcp") if source == "local" else None
+    server = (
+        store.serve(secret, issuer_public_key=issuer.public_key, tls="tcp") if source == "local" else None
+    )
     port = server.port if server is not None else holder().port
     saver = StreamingConnector(
         secret,
         fingerprint,
         holders=[("127.0.0.1", port)],
+        capability_for=lambda key, holder: issuer.issue(key, 0, 0, holder_id=0),
         tls="tcp",
         streamer_options={"max_queued_steps": 256},
     )
@@ -80,7 +83,11 @@ def test_engine_restores_streamed_checkpoints_and_continues_identically(
 
     try:
         restorer = StreamingConnector(
-            secret, fingerprint, restore_from=store if source == "local" else ("127.0.0.1", port), tls="tcp"
+            secret,
+            fingerprint,
+            restore_from=store if source == "local" else ("127.0.0.1", port),
+            capability_for=lambda key, holder: issuer.issue(key, 0, 0, holder_id=0, rights=Rights.READ),
+            tls="tcp",
         )
         survivor = Engine(model, CacheConfig(128, 8), connector=restorer)
         after: dict[str, list[int]] = {rid: [] for rid in before}
@@ -104,16 +111,19 @@ def test_engine_restores_streamed_checkpoints_and_continues_identically(
             server.close()
 
 
-def test_mismatched_model_falls_back_to_reprefill(model: Llama, secret: bytes) -> None:
+def test_mismatched_model_falls_back_to_reprefill(
+    issuer: CapabilityIssuer, model: Llama, secret: bytes
+) -> None:
     params = SamplingParams(max_tokens=16)
     expected = Engine(model).generate(PROMPTS[:1], params)[0]
     store = HolderStore()
-    server = store.serve(secret, tls="tcp")
+    server = store.serve(secret, issuer_public_key=issuer.public_key, tls="tcp")
     try:
         saver = StreamingConnector(
             secret,
             model_fingerprint(model),
             holders=[("127.0.0.1", server.port)],
+            capability_for=lambda key, holder: issuer.issue(key, 0, 0, holder_id=0),
             tls="tcp",
             streamer_options={"max_queued_steps": 256},
         )
@@ -146,13 +156,15 @@ def _gateway_connector(secret: bytes, model: Llama, **options: Any) -> Streaming
     return StreamingConnector(secret, model_fingerprint(model), key_for=int, tls="tcp", **options)
 
 
-def _interrupted(model: Llama, secret: bytes, holder_port: int) -> tuple[list[int], int]:
+def _interrupted(
+    model: Llama, secret: bytes, issuer: CapabilityIssuer, holder_port: int
+) -> tuple[list[int], int]:
     """Request 1 runs 20 steps streaming to the holder at epoch 1 as granted; request 2 has
     an empty grant (not checkpointed). Request 1's outputs so far and its durable length."""
     connector = _gateway_connector(secret, model)
     engine = Engine(model, connector=connector)
-    connector.grant("1", StreamGrant(1, (("127.0.0.1", holder_port),), issue_capability(secret, 1, 0, 1)))
-    connector.grant("2", StreamGrant(1, (), b""))
+    connector.grant("1", StreamGrant(1, (("127.0.0.1", holder_port),), (issuer.issue(1, 0, 1, holder_id=0),)))
+    connector.grant("2", StreamGrant(1, (), ()))
     params = SamplingParams(max_tokens=GATEWAY_MAX_TOKENS)
     engine.add_request("1", GATEWAY_PROMPT, params)
     engine.add_request("2", GATEWAY_PROMPT[:7], params)
@@ -177,25 +189,25 @@ def _resume(model: Llama, connector: StreamingConnector, outputs: list[int]) -> 
 
 @pytest.mark.parametrize("remote", [True, False])
 def test_granted_request_resumes_at_its_next_epoch_and_is_streamed_again(
-    model: Llama, secret: bytes, remote: bool
+    issuer: CapabilityIssuer, model: Llama, secret: bytes, remote: bool
 ) -> None:
     reference = Engine(model).generate([GATEWAY_PROMPT], SamplingParams(max_tokens=GATEWAY_MAX_TOKENS))[0]
     holder = HolderStore()
-    server = holder.serve(secret, tls="tcp")
+    server = holder.serve(secret, issuer_public_key=issuer.public_key, tls="tcp")
     next_holder = HolderStore()
-    next_server = next_holder.serve(secret, tls="tcp")
+    next_server = next_holder.serve(secret, issuer_public_key=issuer.public_key, tls="tcp")
     try:
-        outputs, durable = _interrupted(model, secret, server.port)
+        outputs, durable = _interrupted(model, secret, issuer, server.port)
         assert durable >= len(GATEWAY_PROMPT) + len(outputs) - 2 > 0
         if remote:  # a survivor pulls the checkpoint at the request's next epoch
             connector = _gateway_connector(secret, model)
-            source = RestoreSource(2, ("127.0.0.1", server.port), issue_capability(secret, 1, 0, 2))
+            source = RestoreSource(2, ("127.0.0.1", server.port), issuer.issue(1, 0, 2, holder_id=0))
         else:  # the holder itself resumes the request from its own store
             connector = _gateway_connector(secret, model, store=holder)
             source = RestoreSource(2, None, b"")
         connector.set_restore_source("1", source)
         connector.grant(
-            "1", StreamGrant(2, (("127.0.0.1", next_server.port),), issue_capability(secret, 1, 0, 2))
+            "1", StreamGrant(2, (("127.0.0.1", next_server.port),), (issuer.issue(1, 0, 2, holder_id=0),))
         )
         tokens, engine = _resume(model, connector, outputs)
         restored = connector.restores["1"].restored_tokens
@@ -217,22 +229,22 @@ def test_granted_request_resumes_at_its_next_epoch_and_is_streamed_again(
 
 @pytest.mark.parametrize("source", ["forged capability", "unreachable holder"])
 def test_a_source_that_cannot_serve_the_checkpoint_means_reprefill(
-    model: Llama, secret: bytes, source: str
+    issuer: CapabilityIssuer, model: Llama, secret: bytes, source: str
 ) -> None:
     reference = Engine(model).generate([GATEWAY_PROMPT], SamplingParams(max_tokens=GATEWAY_MAX_TOKENS))[0]
     holder = HolderStore()
-    server = holder.serve(secret, tls="tcp")
+    server = holder.serve(secret, issuer_public_key=issuer.public_key, tls="tcp")
     try:
-        outputs, _ = _interrupted(model, secret, server.port)
+        outputs, _ = _interrupted(model, secret, issuer, server.port)
         connector = _gateway_connector(secret, model, connect_timeout_s=0.5)
         if source == "forged capability":
             address = ("127.0.0.1", server.port)
-            capability = issue_capability(b"another-secret-0123456789abcdefgh", 1, 0, 2)
+            capability = CapabilityIssuer.generate().issue(1, 0, 2, holder_id=0)  # not the holder's issuer
         else:
-            closed = HolderStore().serve(secret, tls="tcp")
+            closed = HolderStore().serve(secret, issuer_public_key=issuer.public_key, tls="tcp")
             address = ("127.0.0.1", closed.port)
             closed.close()
-            capability = issue_capability(secret, 1, 0, 2)
+            capability = issuer.issue(1, 0, 2, holder_id=0)
         connector.set_restore_source("1", RestoreSource(2, address, capability))
         tokens, engine = _resume(model, connector, outputs)
         while engine.has_unfinished():
@@ -245,7 +257,7 @@ def test_a_source_that_cannot_serve_the_checkpoint_means_reprefill(
         server.close()
 
 
-def test_connector_arguments_are_checked(secret: bytes) -> None:
+def test_connector_arguments_are_checked(issuer: CapabilityIssuer, secret: bytes) -> None:
     with pytest.raises(TypeError, match="`secret` must be bytes, got str"):
         StreamingConnector("s", "m")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`secret` must be at least 16 bytes, got 3"):
@@ -268,22 +280,32 @@ def test_connector_arguments_are_checked(secret: bytes) -> None:
         StreamingConnector(secret, "m", connect_timeout_s=0)
     with pytest.raises(TypeError, match=r"holders\[i\] must be an \(address, port\) tuple"):
         StreamingConnector(secret, "m", holders=["127.0.0.1:1"])  # type: ignore[list-item]
-    capability = issue_capability(secret, 1, 0, 1)
+    capability = issuer.issue(1, 0, 1, holder_id=0)
     with pytest.raises(ValueError, match=r"`epoch` must be in \[0, 4294967295\], got -1"):
-        StreamGrant(-1, (), b"")
+        StreamGrant(-1, (), ())
     with pytest.raises(TypeError, match="`holders` must be a tuple of"):
-        StreamGrant(1, [("127.0.0.1", 1)], capability)  # type: ignore[arg-type]
+        StreamGrant(1, [("127.0.0.1", 1)], (capability,))  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`holders\[i\].port` must be in"):
-        StreamGrant(1, (("127.0.0.1", 0),), capability)
-    with pytest.raises(ValueError, match="`capability` must be non-empty bytes"):
-        StreamGrant(1, (("127.0.0.1", 1),), b"")
+        StreamGrant(1, (("127.0.0.1", 0),), (capability,))
+    with pytest.raises(ValueError, match=r"`capabilities\[0\]` must be non-empty bytes"):
+        StreamGrant(1, (("127.0.0.1", 1),), (b"",))
+    with pytest.raises(
+        ValueError, match=r"`capabilities` must be a tuple of one capability per holder \(1\)"
+    ):
+        StreamGrant(1, (("127.0.0.1", 1),), (capability, capability))
+    with pytest.raises(ValueError, match="`capability_for` must be given with `holders`"):
+        StreamingConnector(secret, "m", holders=[("127.0.0.1", 1)])
+    with pytest.raises(ValueError, match="`capability_for` must be given with `holders`"):
+        StreamingConnector(secret, "m", restore_from=("127.0.0.1", 1))
+    with pytest.raises(TypeError, match="`capability_for` must be callable, got int"):
+        StreamingConnector(secret, "m", holders=[("127.0.0.1", 1)], capability_for=5)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`capability` must be bytes, got str"):
         RestoreSource(1, ("127.0.0.1", 1), "cap")  # type: ignore[arg-type]
     connector = StreamingConnector(secret, "m")
     with pytest.raises(TypeError, match="`grant` must be a StreamGrant, got tuple"):
         connector.grant("1", (1, (), b""))  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`request_id` must be a non-empty str"):
-        connector.grant("", StreamGrant(1, (), b""))
+        connector.grant("", StreamGrant(1, (), ()))
     with pytest.raises(TypeError, match="`source` must be a RestoreSource, got NoneType"):
         connector.set_restore_source("1", None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`source` must name an address: this connector has no store"):

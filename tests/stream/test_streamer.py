@@ -7,12 +7,14 @@ from __future__ import annotations
 import signal
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from lumen_core.auth import CapabilityIssuer, read_issuer_key_file
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import gather_tokens, scatter_tokens
 from lumen_core.stream import (
@@ -23,7 +25,7 @@ from lumen_core.stream import (
     restorable_tokens,
 )
 from lumen_core.testing import make_paged_cache
-from lumen_core.transport import Client, WireLimits, issue_capability
+from lumen_core.transport import Client, WireLimits
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
@@ -80,7 +82,7 @@ class Loop:
             self.length[rid] = end
         return self.streamer.save_step(ids, positions, torch.cat(slots), np.concatenate(tokens))
 
-    def check_holder(self, port: int, secret: bytes, rid: int) -> None:
+    def check_holder(self, port: int, secret: bytes, issuer: CapabilityIssuer, rid: int) -> None:
         """The holder at port restores rid's whole saved prefix bit-exact."""
         n = self.length[rid]
         target = cache(seed=3)
@@ -93,7 +95,7 @@ class Loop:
                 slots,
                 token_ids=self.tokens(rid, n),
                 model_fingerprint=MODEL,
-                capability=issue_capability(secret, rid, 0, 0),
+                capability=issuer.issue(rid, 0, 0, holder_id=0),
             )
         assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, n)
         assert torch.equal(gather_tokens(target, slots), gather_tokens(self.layout, self.slots(rid, 0, n)))
@@ -115,19 +117,21 @@ def make_streamer(secret: bytes) -> Iterator[Any]:
         s.close()
 
 
-def add(streamer: CheckpointStreamer, secret: bytes, rid: int, *ports: int) -> None:
-    streamer.add_request(rid, [("127.0.0.1", p) for p in ports], issue_capability(secret, rid, 0, 0))
+def add(streamer: CheckpointStreamer, issuer: CapabilityIssuer, rid: int, *ports: int) -> None:
+    """Streams rid to the holders on ports (each holder id 0), with the issuer's capabilities."""
+    caps = [issuer.issue(rid, 0, 0, holder_id=0) for _ in ports]
+    streamer.add_request(rid, [("127.0.0.1", p) for p in ports], caps)
 
 
 def test_replicated_stream_is_durable_on_every_holder_and_released(
-    holders: Any, make_streamer: Any, secret: bytes
+    issuer: CapabilityIssuer, holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
     a, b = holders(2)
     # No step dropped (every one is counted); a generous ack timeout for a loaded machine.
     streamer = make_streamer(max_queued_steps=64, ack_timeout_s=5.0)
     rids = [11, 12, 13, 14]
     for rid in rids:
-        add(streamer, secret, rid, a.port, b.port)
+        add(streamer, issuer, rid, a.port, b.port)
     loop = Loop(streamer, rids)
     fence = loop.step(new=20)
     streamer.wait_fence(fence)
@@ -145,7 +149,7 @@ def test_replicated_stream_is_durable_on_every_holder_and_released(
     assert c["steps_enqueued"] == 31 and c["steps_dropped"] == c["appends_failed"] == 0
     for port in (a.port, b.port):
         for rid in rids:
-            loop.check_holder(port, secret, rid)
+            loop.check_holder(port, secret, issuer, rid)
     for rid in rids:
         streamer.release(rid)
     assert streamer.flush(timeout_s=10)
@@ -154,12 +158,14 @@ def test_replicated_stream_is_durable_on_every_holder_and_released(
         assert store["checkpoints"] == 0 and store["releases"] == 4
 
 
-def test_full_staging_buffer_defers_then_catches_up(holder: Any, make_streamer: Any, secret: bytes) -> None:
+def test_full_staging_buffer_defers_then_catches_up(
+    issuer: CapabilityIssuer, holder: Any, make_streamer: Any, secret: bytes
+) -> None:
     h = holder()
     streamer = make_streamer(staging_buffers=1, staging_bytes=16 * cache().record_bytes)
     rids = [1, 2, 3, 4, 5, 6, 7, 8]
     for rid in rids:
-        add(streamer, secret, rid, h.port)
+        add(streamer, issuer, rid, h.port)
     loop = Loop(streamer, rids)
     loop.step(new=4)  # 32 tokens, room for 16: four requests wait
     assert streamer.flush(timeout_s=10)
@@ -172,7 +178,7 @@ def test_full_staging_buffer_defers_then_catches_up(holder: Any, make_streamer: 
     stats = streamer.stats()
     assert stats.coverage == 1.0 and stats.stale == ()
     for rid in rids:
-        loop.check_holder(h.port, secret, rid)
+        loop.check_holder(h.port, secret, issuer, rid)
 
 
 def catch_up(loop: Loop, streamer: CheckpointStreamer, timeout_s: float = 5.0) -> Any:
@@ -188,7 +194,7 @@ def catch_up(loop: Loop, streamer: CheckpointStreamer, timeout_s: float = 5.0) -
 
 
 def test_stalled_holder_drops_without_blocking_the_engine_then_catches_up(
-    holder: Any, make_streamer: Any, secret: bytes
+    issuer: CapabilityIssuer, holder: Any, make_streamer: Any, secret: bytes
 ) -> None:
     """A `lumen holder` SIGSTOPped for longer than the ack timeout: the engine never waits,
     and once it runs again the streamer reconnects and every request resumes from what the
@@ -197,7 +203,7 @@ def test_stalled_holder_drops_without_blocking_the_engine_then_catches_up(
     streamer = make_streamer(max_queued_steps=2, ack_timeout_s=0.5, reconnect_backoff_s=0.05)
     rids = [21, 22]
     for rid in rids:
-        add(streamer, secret, rid, h.port)
+        add(streamer, issuer, rid, h.port)
     loop = Loop(streamer, rids)
     loop.step(new=8)
     assert streamer.flush(timeout_s=10)
@@ -222,15 +228,15 @@ def test_stalled_holder_drops_without_blocking_the_engine_then_catches_up(
     assert stats.gone_holders == () and stats.lost == ()
     assert all(rep.live for reps in stats.replicas.values() for rep in reps)
     for rid in rids:
-        loop.check_holder(h.port, secret, rid)
+        loop.check_holder(h.port, secret, issuer, rid)
 
 
 def test_holder_failing_past_give_up_is_gone_for_good_and_its_replicas_lost(
-    holder: Any, make_streamer: Any, secret: bytes
+    issuer: CapabilityIssuer, holder: Any, make_streamer: Any, secret: bytes
 ) -> None:
     h = holder()
     streamer = make_streamer(ack_timeout_s=0.5, reconnect_backoff_s=0.05, give_up_after_s=1.0)
-    add(streamer, secret, 23, h.port)
+    add(streamer, issuer, 23, h.port)
     loop = Loop(streamer, [23])
     loop.step(new=4)
     assert streamer.flush(timeout_s=10)
@@ -247,14 +253,14 @@ def test_holder_failing_past_give_up_is_gone_for_good_and_its_replicas_lost(
 
 
 def test_killed_holder_is_reported_and_replacement_restores_coverage(
-    holders: Any, make_streamer: Any, secret: bytes
+    issuer: CapabilityIssuer, holders: Any, make_streamer: Any, secret: bytes
 ) -> None:
     a, b, c = holders(3)
     # Steps wait while A's failure is found; a generous ack timeout keeps a loaded B alive.
     streamer = make_streamer(max_queued_steps=64, ack_timeout_s=5.0)
     rids = [31, 32, 33, 34]
     for rid in rids:
-        add(streamer, secret, rid, a.port if rid % 2 else b.port)
+        add(streamer, issuer, rid, a.port if rid % 2 else b.port)
     loop = Loop(streamer, rids)
     loop.step(new=16)
     for _ in range(10):
@@ -273,19 +279,20 @@ def test_killed_holder_is_reported_and_replacement_restores_coverage(
     assert stats.counters["holder_failures"] >= 1 and stats.gone_holders == ()  # not given up yet
     assert set(stats.stale) == {31, 33} and stats.coverage < 1.0
     assert stats.durable[32] == stats.durable[34] == 46
-    assert streamer.replace_holder(("127.0.0.1", a.port), ("127.0.0.1", c.port)) == 2
+    moved = {rid: issuer.issue(rid, 0, 0, holder_id=0) for rid in (31, 33)}
+    assert streamer.replace_holder(("127.0.0.1", a.port), ("127.0.0.1", c.port), moved) == 2
     loop.step()
     assert streamer.flush(timeout_s=10)
     stats = streamer.stats()
     assert stats.coverage == 1.0 and stats.stale == ()
     assert stats.counters["replacements"] == 1
     for rid in (31, 33):
-        loop.check_holder(c.port, secret, rid)
+        loop.check_holder(c.port, secret, issuer, rid)
 
 
-def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> None:
+def test_streamer_arguments_are_checked(issuer: CapabilityIssuer, make_streamer: Any, secret: bytes) -> None:
     streamer = make_streamer()
-    cap = issue_capability(secret, 5, 0, 0)
+    cap = issuer.issue(5, 0, 0, holder_id=0)
     with pytest.raises(TypeError, match="`layout` must be a KVLayout"):
         CheckpointStreamer("cache", secret, model_fingerprint=MODEL)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`secret` must be bytes"):
@@ -303,14 +310,18 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
     with pytest.raises(ValueError, match="`staging_bytes` must be in"):
         CheckpointStreamer(cache(), secret, model_fingerprint=MODEL, staging_bytes=1)
     with pytest.raises(ValueError, match="holders must be a non-empty sequence"):
-        streamer.add_request(5, [], cap)
+        streamer.add_request(5, [], [])
     with pytest.raises(TypeError, match=r"holders\[i\] must be an \(address, port\) tuple"):
-        streamer.add_request(5, ["127.0.0.1:1"], cap)
-    with pytest.raises(ValueError, match="capability must be 32 bytes"):
-        streamer.add_request(5, [("127.0.0.1", 1)], b"x")
-    streamer.add_request(5, [("127.0.0.1", 1)], cap)
-    with pytest.raises(ValueError, match="already registered"):
+        streamer.add_request(5, ["127.0.0.1:1"], [cap])
+    with pytest.raises(ValueError, match=r"`capabilities\[0\]` must be 128 bytes, got 1"):
+        streamer.add_request(5, [("127.0.0.1", 1)], [b"x"])
+    with pytest.raises(ValueError, match=r"capabilities must be one per holder \(1\), got 2"):
+        streamer.add_request(5, [("127.0.0.1", 1)], [cap, cap])
+    with pytest.raises(TypeError, match="capabilities must be a sequence of bytes"):
         streamer.add_request(5, [("127.0.0.1", 1)], cap)
+    streamer.add_request(5, [("127.0.0.1", 1)], [cap])
+    with pytest.raises(ValueError, match="already registered"):
+        streamer.add_request(5, [("127.0.0.1", 1)], [cap])
     with pytest.raises(ValueError, match="was not added"):
         streamer.save_step([6], [0], [0], [1])
     with pytest.raises(ValueError, match="would have a gap"):
@@ -324,12 +335,16 @@ def test_streamer_arguments_are_checked(make_streamer: Any, secret: bytes) -> No
     with pytest.raises(ValueError, match="`timeout_s` must be > 0"):
         streamer.wait_for_save(5, timeout_s=0)
     with pytest.raises(TypeError, match="old_holder must be an"):
-        streamer.replace_holder("127.0.0.1", ("127.0.0.1", 2))  # type: ignore[arg-type]
+        streamer.replace_holder("127.0.0.1", ("127.0.0.1", 2), {})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="capabilities must be a mapping"):
+        streamer.replace_holder(("127.0.0.1", 1), ("127.0.0.1", 2), [cap])  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="request_ids must have 1 dimension"):
         streamer.save_step([[5]], [0], [0], [1])
 
 
-def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: bytes) -> None:
+def test_tensor_parallel_shards_restore_to_the_shortest(
+    issuer: CapabilityIssuer, holder: Any, secret: bytes
+) -> None:
     h = holder()
     ranks = [cache(seed=10 + r) for r in range(2)]  # each rank's own heads
     streamers = [
@@ -338,7 +353,7 @@ def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: byt
     ]
     try:
         for r, s in enumerate(streamers):
-            s.add_request(7, [("127.0.0.1", h.port)], issue_capability(secret, 7, r, 0))
+            s.add_request(7, [("127.0.0.1", h.port)], [issuer.issue(7, r, 0, holder_id=0)])
         lengths = (40, 29)  # rank 1 fell behind (its later steps were lost with it)
         for r, (s, n) in enumerate(zip(streamers, lengths, strict=True)):
             s.save_step([7] * n, list(range(n)), list(range(n)), list(range(n)))
@@ -346,7 +361,7 @@ def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: byt
         durable = []
         with Client("127.0.0.1", h.port, secret, tls=TLS) as client:
             for r in range(2):
-                cap = issue_capability(secret, 7, r, 0)
+                cap = issuer.issue(7, r, 0, holder_id=0)
                 durable.append(client.read(7, r, 0, 0, 1, ranks[r].record_bytes, cap).durable_tokens)
             assert durable == list(lengths)
             n = restorable_tokens(durable)
@@ -361,7 +376,7 @@ def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: byt
                     slots,
                     token_ids=list(range(40)),
                     model_fingerprint=MODEL,
-                    capability=issue_capability(secret, 7, r, 0),
+                    capability=issuer.issue(7, r, 0, holder_id=0),
                     shard=r,
                     max_tokens=n,
                 )
@@ -374,12 +389,14 @@ def test_tensor_parallel_shards_restore_to_the_shortest(holder: Any, secret: byt
             s.close()
 
 
-def test_backlog_in_freed_pages_is_never_sent(holder: Any, make_streamer: Any, secret: bytes) -> None:
+def test_backlog_in_freed_pages_is_never_sent(
+    issuer: CapabilityIssuer, holder: Any, make_streamer: Any, secret: bytes
+) -> None:
     h = holder()
     streamer = make_streamer(staging_buffers=1, staging_bytes=16 * cache().record_bytes)
     rids = [41, 42, 43, 44, 45, 46, 47, 48]
     for rid in rids:
-        add(streamer, secret, rid, h.port)
+        add(streamer, issuer, rid, h.port)
     loop = Loop(streamer, rids)
     loop.step(new=4)  # room for 16 tokens: the last four requests wait
     assert streamer.flush(timeout_s=10)
@@ -400,14 +417,14 @@ def test_backlog_in_freed_pages_is_never_sent(holder: Any, make_streamer: Any, s
 
 
 def test_holder_that_cannot_reserve_the_expected_size_is_a_lost_replica(
-    holder: Any, make_streamer: Any, secret: bytes
+    issuer: CapabilityIssuer, holder: Any, make_streamer: Any, secret: bytes
 ) -> None:
     per_token = cache().record_bytes + 8
     h = holder(50 * per_token, "--eviction", "none")
     streamer = make_streamer()
     for rid, expected in ((61, 40), (62, 20)):  # 40 fit; 20 more do not
         streamer.add_request(
-            rid, [("127.0.0.1", h.port)], issue_capability(secret, rid, 0, 0), expected_tokens=expected
+            rid, [("127.0.0.1", h.port)], [issuer.issue(rid, 0, 0, holder_id=0)], expected_tokens=expected
         )
     loop = Loop(streamer, [61, 62])
     loop.step(new=5)
@@ -419,23 +436,25 @@ def test_holder_that_cannot_reserve_the_expected_size_is_a_lost_replica(
     assert store["bytes_charged"] == 40 * per_token
     with pytest.raises(ValueError, match="`expected_tokens` must be in"):
         streamer.add_request(
-            63, [("127.0.0.1", h.port)], issue_capability(secret, 63, 0, 0), expected_tokens=-2
+            63, [("127.0.0.1", h.port)], [issuer.issue(63, 0, 0, holder_id=0)], expected_tokens=-2
         )
 
 
-def test_appends_fit_the_limits_the_holder_announces(make_streamer: Any, secret: bytes) -> None:
+def test_appends_fit_the_limits_the_holder_announces(
+    issuer: CapabilityIssuer, make_streamer: Any, secret: bytes
+) -> None:
     """The streamer's own limits allow 65,536 tokens an append; these holders take 4 (appends
     are split to fit) and records of at most 128 bytes (the replica is refused for good)."""
     record_bytes = cache().record_bytes  # 256
     narrow = WireLimits(max_tokens_per_message=4, max_record_bytes=record_bytes)
     small = WireLimits(max_record_bytes=record_bytes // 2)
     with (
-        HolderStore().serve(secret, tls=TLS, limits=narrow) as a,
-        HolderStore().serve(secret, tls=TLS, limits=small) as b,
+        HolderStore().serve(secret, tls=TLS, limits=narrow, issuer_public_key=issuer.public_key) as a,
+        HolderStore().serve(secret, tls=TLS, limits=small, issuer_public_key=issuer.public_key) as b,
     ):
         streamer = make_streamer(connect_timeout_s=10.0, ack_timeout_s=10.0)  # a loaded machine
-        add(streamer, secret, 71, a.port)
-        add(streamer, secret, 72, b.port)
+        add(streamer, issuer, 71, a.port)
+        add(streamer, issuer, 72, b.port)
         loop = Loop(streamer, [71, 72])
         loop.step(new=10)
         assert streamer.flush(timeout_s=10)
@@ -444,18 +463,18 @@ def test_appends_fit_the_limits_the_holder_announces(make_streamer: Any, secret:
         assert stats.lost == ((72, ("127.0.0.1", b.port)),)
         assert stats.counters["appends_started"] == 3  # 4 + 4 + 2 tokens
         assert a.stats()["malformed"] == b.stats()["malformed"] == 0
-        loop.check_holder(a.port, secret, 71)
+        loop.check_holder(a.port, secret, issuer, 71)
 
 
 @pytest.mark.parametrize("eviction", ["none", "shortest_prefix"])
 def test_full_holder_refuses_or_evicts_and_the_streamer_reports_it(
-    holder: Any, make_streamer: Any, secret: bytes, eviction: str
+    issuer: CapabilityIssuer, holder: Any, make_streamer: Any, secret: bytes, eviction: str
 ) -> None:
     per_token = cache().record_bytes + 8
     h = holder(50 * per_token, "--eviction", eviction)
     streamer = make_streamer(max_queued_steps=64)
-    add(streamer, secret, 51, h.port)
-    add(streamer, secret, 52, h.port)
+    add(streamer, issuer, 51, h.port)
+    add(streamer, issuer, 52, h.port)
     loop = Loop(streamer, [51, 52])
     loop.step(new=10, rids=[51])
     loop.step(new=30, rids=[52])
@@ -472,3 +491,31 @@ def test_full_holder_refuses_or_evicts_and_the_streamer_reports_it(
     else:  # the shorter checkpoint (51, 10 tokens) made room for 52
         assert store["evictions"] == 1 and store["evicted_tokens"] == 10
         assert stats.durable == {51: 0, 52: 45} and stats.stale == (51,)
+
+
+def test_renewed_capabilities_keep_a_long_request_streaming(
+    holder: Any, make_streamer: Any, issuer_key_file: Path
+) -> None:
+    short = CapabilityIssuer(read_issuer_key_file(issuer_key_file), ttl_s=2.0)  # the holder's issuer
+    h = holder()
+    streamer = make_streamer()
+    for rid in (71, 72):
+        streamer.add_request(rid, [("127.0.0.1", h.port)], [short.issue(rid, 0, 0, holder_id=0)])
+    loop = Loop(streamer, [71, 72])
+    loop.step(new=4)
+    assert streamer.flush(timeout_s=10)
+    streamer.renew(71, [short.issue(71, 0, 0, holder_id=0, now_s=time.time() + 3.0)])
+    time.sleep(2.2)  # 72's capability has expired; 71's renewal has not
+    loop.step(new=4)
+    assert streamer.flush(timeout_s=10)
+    stats = streamer.stats()
+    assert stats.durable[71] == 8
+    # 72's appends past its capability's expiry are refused: its replica is lost at 4 tokens
+    assert stats.counters["replicas_lost"] == 1 and 72 in stats.stale
+    assert h.ask("stats")["server"]["capability_refused"] >= 1
+    with pytest.raises(ValueError, match=r"capabilities must be one per replica \(1\), got 0"):
+        streamer.renew(71, [])
+    with pytest.raises(ValueError, match="request_id 99 was not added"):
+        streamer.renew(99, [short.issue(99, 0, 0, holder_id=0)])
+    with pytest.raises(TypeError, match="capabilities must be a sequence of bytes"):
+        streamer.renew(71, b"x")  # type: ignore[arg-type]

@@ -12,11 +12,12 @@ import pytest
 import torch
 
 from lumen_core import _native
+from lumen_core.auth import CapabilityIssuer
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import gather_tokens, scatter_tokens
 from lumen_core.stream import CheckpointStreamer, RestoreStatus, remote_restore
 from lumen_core.testing import make_paged_cache
-from lumen_core.transport import Client, issue_capability
+from lumen_core.transport import Client
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(120)]
 needs_gpu = pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
@@ -32,7 +33,9 @@ GEOMETRY: dict[str, Any] = {
 }
 
 
-def held_records(port: int, secret: bytes, rid: int, kind: str, n: int) -> torch.Tensor:
+def held_records(
+    port: int, secret: bytes, issuer: CapabilityIssuer, rid: int, kind: str, n: int
+) -> torch.Tensor:
     """The n records the holder at port keeps for rid, restored into a CPU cache of kind."""
     target = make_paged_cache(kind, seed=9, **GEOMETRY)
     slots = torch.arange(n, dtype=torch.int64)
@@ -44,15 +47,17 @@ def held_records(port: int, secret: bytes, rid: int, kind: str, n: int) -> torch
             slots,
             token_ids=np.arange(n, dtype=np.uint32),
             model_fingerprint=MODEL,
-            capability=issue_capability(secret, rid, 0, 0),
+            capability=issuer.issue(rid, 0, 0, holder_id=0),
         )
     assert (result.status, result.restored_tokens) == (RestoreStatus.COMPLETE, n)
     return gather_tokens(target, slots)
 
 
-def streamer_for(layout: KVLayout, secret: bytes, port: int, rid: int) -> CheckpointStreamer:
+def streamer_for(
+    layout: KVLayout, secret: bytes, issuer: CapabilityIssuer, port: int, rid: int
+) -> CheckpointStreamer:
     streamer = CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls=TLS, ack_timeout_s=10.0)
-    streamer.add_request(rid, [("127.0.0.1", port)], issue_capability(secret, rid, 0, 0))
+    streamer.add_request(rid, [("127.0.0.1", port)], [issuer.issue(rid, 0, 0, holder_id=0)])
     return streamer
 
 
@@ -63,11 +68,13 @@ def test_the_cuda_path_is_built_with_the_cuda_module() -> None:
 @pytest.mark.cuda
 @needs_gpu
 @pytest.mark.parametrize("kind", ["vllm_flash", "vllm_flash_hnd", "sglang", "mla"])
-def test_a_cuda_cache_streams_bit_exact(kind: str, holder: Any, secret: bytes) -> None:
+def test_a_cuda_cache_streams_bit_exact(
+    issuer: CapabilityIssuer, kind: str, holder: Any, secret: bytes
+) -> None:
     layout = make_paged_cache(kind, device="cuda", seed=1, **GEOMETRY)
     h = holder()
     slots = torch.randperm(layout.num_slots, generator=torch.Generator().manual_seed(2))[:40]
-    with streamer_for(layout, secret, h.port, 7) as streamer:
+    with streamer_for(layout, secret, issuer, h.port, 7) as streamer:
         for start in range(0, 40, 8):  # five steps of eight tokens
             end = start + 8
             streamer.save_step(
@@ -77,14 +84,14 @@ def test_a_cuda_cache_streams_bit_exact(kind: str, holder: Any, secret: bytes) -
         stats = streamer.stats()
     assert stats.durable == {7: 40} and stats.counters["gather_failures"] == 0
     expected = gather_tokens(layout, slots.to(layout.device)).cpu()
-    assert torch.equal(held_records(h.port, secret, 7, kind, 40), expected)
+    assert torch.equal(held_records(h.port, secret, issuer, 7, kind, 40), expected)
 
 
 @pytest.mark.cuda
 @needs_gpu
 @pytest.mark.parametrize("engine_on_side_stream", [False, True])
 def test_a_step_is_gathered_after_the_engines_queued_writes(
-    engine_on_side_stream: bool, holder: Any, secret: bytes
+    issuer: CapabilityIssuer, engine_on_side_stream: bool, holder: Any, secret: bytes
 ) -> None:
     layout = make_paged_cache("vllm_flash", device="cuda", seed=1, **GEOMETRY)
     h = holder()
@@ -95,7 +102,7 @@ def test_a_step_is_gathered_after_the_engines_queued_writes(
     ).to(layout.device)
     torch.cuda.synchronize()
     engine = torch.cuda.Stream() if engine_on_side_stream else torch.cuda.current_stream()
-    with streamer_for(layout, secret, h.port, 3) as streamer, torch.cuda.stream(engine):
+    with streamer_for(layout, secret, issuer, h.port, 3) as streamer, torch.cuda.stream(engine):
         # The engine's step: a long kernel, then the writes of the step's KV, all queued and
         # none done when save_step is called. A gather that did not wait would read old rows.
         torch.cuda._sleep(4_000_000_000)  # about two seconds of GPU time
@@ -107,4 +114,4 @@ def test_a_step_is_gathered_after_the_engines_queued_writes(
         streamer.wait_fence(fence, timeout_s=60)
         assert engine.query()  # the gather waited for it
         assert streamer.flush(timeout_s=30)
-    assert torch.equal(held_records(h.port, secret, 3, "vllm_flash", n), fresh.cpu())
+    assert torch.equal(held_records(h.port, secret, issuer, 3, "vllm_flash", n), fresh.cpu())

@@ -3,8 +3,10 @@ by step (a prefill chunk, then one token per request per step) and streamed with
 CheckpointStreamer to one holder. The KV and token ids are deterministic functions of
 (request, position), so a test can check what a holder kept after this process is killed.
 
-    python worker.py --port P [P ...] --secret-file F [--requests 8] [--max-tokens 480] [--step-ms 5]
-Each request is streamed to every holder port given (replicas).
+    python worker.py --port P [P ...] --secret-file F --issuer-key-file K [--requests 8]
+                     [--max-tokens 480] [--step-ms 5]
+Each request is streamed to every holder port given (replicas, each holder id 0), with
+capabilities the issuer key K signs.
 Prints one JSON line per step: {"step": k, "tokens": tokens per request}.
 """
 
@@ -18,12 +20,11 @@ import time
 import numpy as np
 import torch
 
+from lumen_core.auth import CapabilityIssuer, read_issuer_key_file, read_secret_file
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import scatter_tokens
 from lumen_core.stream import CheckpointStreamer
 from lumen_core.testing import make_paged_cache, slots_for_blocks
-from lumen_core.auth import read_secret_file
-from lumen_core.transport import issue_capability
 
 MODEL = "worker-model"
 BLOCK_SIZE = 16
@@ -66,11 +67,13 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, nargs="+", required=True)
     parser.add_argument("--secret-file", required=True)
+    parser.add_argument("--issuer-key-file", required=True)
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=480)
     parser.add_argument("--step-ms", type=float, default=5.0)
     args = parser.parse_args()
     secret = read_secret_file(args.secret_file)
+    issuer = CapabilityIssuer(read_issuer_key_file(args.issuer_key_file))
     blocks_per_request = -(-args.max_tokens // BLOCK_SIZE)
     layout = make_layout(args.requests * blocks_per_request)
     streamer = CheckpointStreamer(layout, secret, model_fingerprint=MODEL, tls="tcp")
@@ -80,7 +83,7 @@ def main() -> int:
     all_slots = [slots_for(i, args.max_tokens, blocks_per_request) for i in range(args.requests)]
     for rid in rids:
         holders = [("127.0.0.1", port) for port in args.port]
-        streamer.add_request(rid, holders, issue_capability(secret, rid, 0, 0))
+        streamer.add_request(rid, holders, [issuer.issue(rid, 0, 0, holder_id=0) for _ in holders])
     done = 0
     step = 0
     while done < args.max_tokens:

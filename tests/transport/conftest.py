@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-
 PEER_PATH = Path(__file__).with_name("peer.py")
 TLS = "tcp"  # the server's UCX_TLS; the tests' clients use the same
 
@@ -43,10 +42,11 @@ def spawn(spawn: Any) -> Any:
 
 
 @pytest.fixture
-def server(spawn: Any, secret_file: Path) -> Any:
-    """A server process over TLS; .port is its port."""
+def server(spawn: Any, secret_file: Path, issuer_public_key_file: Path) -> Any:
+    """A server process over TLS trusting the `issuer` fixture; .port is its port."""
     proc = spawn(
-        "serve", "--secret-file", str(secret_file), "--tls", TLS, "--max-payload-bytes", str(64 << 20)
+        *("serve", "--secret-file", str(secret_file), "--issuer-key-file", str(issuer_public_key_file)),
+        *("--tls", TLS, "--max-payload-bytes", str(64 << 20)),
     )
     proc.port = proc.read()["port"]
     return proc

@@ -1,12 +1,13 @@
 """Peer processes for the transport tests and benchmark (run by path, never imported by name).
 
-    python peer.py serve  --secret-file F [--tls T] [--max-payload-bytes B] [--no-verify]
+    python peer.py serve  --secret-file F --issuer-key-file PUB [--tls T] [--max-payload-bytes B]
+                          [--no-verify]
         prints {"port": P}, then answers stdin lines: "stats" -> one JSON line; "stop" or EOF
         -> exits.
-    python peer.py stream --port P --secret-file F --request-id R --num-appends K
-                          --tokens-per-append N --record-bytes RB [--window W] [--tls T]
-                          [--interval-s S]
-        opens R (shard 0, epoch 1) and appends make_append() data in order with W appends in
+    python peer.py stream --port P --secret-file F --capability HEX --request-id R
+                          --num-appends K --tokens-per-append N --record-bytes RB [--window W]
+                          [--tls T] [--interval-s S]
+        opens R (shard 0, epoch 1, with the capability the test issued) and appends make_append() data in order with W appends in
         flight (pausing S seconds between appends), printing {"durable": D} after each ack and
         {"done": true} at the end.
 
@@ -53,13 +54,14 @@ def _emit(obj: dict) -> None:
 
 
 def serve(args: argparse.Namespace) -> None:
+    from lumen_core.auth import read_issuer_public_key_file, read_secret_file
     from lumen_core.stream import HolderStore
-    from lumen_core.auth import read_secret_file
     from lumen_core.transport import Server, WireLimits
 
     limits = WireLimits(max_payload_bytes=args.max_payload_bytes)
     with Server(
         read_secret_file(args.secret_file),
+        issuer_public_key=read_issuer_public_key_file(args.issuer_key_file),
         store=HolderStore(),
         tls=args.tls,
         limits=limits,
@@ -76,10 +78,10 @@ def serve(args: argparse.Namespace) -> None:
 
 def stream(args: argparse.Namespace) -> None:
     from lumen_core.auth import read_secret_file
-    from lumen_core.transport import Client, issue_capability
+    from lumen_core.transport import Client
 
     secret = read_secret_file(args.secret_file)
-    capability = issue_capability(secret, args.request_id, SHARD, EPOCH)
+    capability = bytes.fromhex(args.capability)
     appends = [
         make_append(args.request_id, i * args.tokens_per_append, args.tokens_per_append, args.record_bytes)
         for i in range(args.num_appends)
@@ -114,12 +116,14 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     p_serve = sub.add_parser("serve")
     p_serve.add_argument("--secret-file", type=Path, required=True)
+    p_serve.add_argument("--issuer-key-file", type=Path, required=True)
     p_serve.add_argument("--tls", default="tcp")
     p_serve.add_argument("--max-payload-bytes", type=int, default=1 << 30)
     p_serve.add_argument("--no-verify", action="store_true")
     p_stream = sub.add_parser("stream")
     p_stream.add_argument("--port", type=int, required=True)
     p_stream.add_argument("--secret-file", type=Path, required=True)
+    p_stream.add_argument("--capability", required=True)
     p_stream.add_argument("--request-id", type=int, required=True)
     p_stream.add_argument("--num-appends", type=int, required=True)
     p_stream.add_argument("--tokens-per-append", type=int, required=True)

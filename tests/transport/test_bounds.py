@@ -17,6 +17,7 @@ import pytest
 
 from lumen_core import _native
 from lumen_core import transport as tp
+from lumen_core.auth import CapabilityIssuer
 from lumen_core.stream import HolderStore
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
@@ -27,10 +28,16 @@ LIMITS = tp.WireLimits(max_tokens_per_message=64, max_record_bytes=256, max_payl
 
 
 @pytest.fixture
-def pair() -> Iterator[tuple[tp.Server, tp.Client]]:
+def pair(issuer: CapabilityIssuer) -> Iterator[tuple[tp.Server, tp.Client]]:
     """An in-process server and a client connected to it, both with LIMITS."""
     with (
-        tp.Server(SECRET, store=HolderStore(), tls=TLS, limits=LIMITS) as server,
+        tp.Server(
+            SECRET,
+            issuer_public_key=issuer.public_key,
+            store=HolderStore(),
+            tls=TLS,
+            limits=LIMITS,
+        ) as server,
         tp.Client("127.0.0.1", server.port, SECRET, tls=TLS, limits=LIMITS) as client,
     ):
         yield server, client
@@ -41,9 +48,9 @@ def _append_args(num_tokens: int, record_bytes: int) -> tuple[np.ndarray, np.nda
     return ids, ids.copy(), np.zeros((num_tokens, record_bytes), np.uint8)
 
 
-def test_records_wider_than_32_bits_are_refused_not_truncated(pair) -> None:
+def test_records_wider_than_32_bits_are_refused_not_truncated(issuer: CapabilityIssuer, pair) -> None:
     server, client = pair
-    cap = tp.issue_capability(SECRET, 1, 0, 0)
+    cap = issuer.issue(1, 0, 0, holder_id=0)
     # 4 GiB + 16 bytes a record: np.zeros maps it lazily, nothing is touched.
     ids, crcs, _ = _append_args(1, 1)
     wide = np.zeros((1, 2**32 + 16), np.uint8)
@@ -52,9 +59,9 @@ def test_records_wider_than_32_bits_are_refused_not_truncated(pair) -> None:
     assert client.connected and server.stats()["malformed"] == 0
 
 
-def test_oversized_append_raises_before_sending(pair) -> None:
+def test_oversized_append_raises_before_sending(issuer: CapabilityIssuer, pair) -> None:
     server, client = pair
-    cap = tp.issue_capability(SECRET, 1, 0, 0)
+    cap = issuer.issue(1, 0, 0, holder_id=0)
     with pytest.raises(ValueError, match=r"records must have at most 256 bytes a record, got 257"):
         client.start_append(1, 0, 0, 0, *_append_args(1, 257), cap)
     # 32 tokens of 256 bytes: 8,448 payload bytes, over the 4,096 the receiver accepts.
@@ -63,9 +70,11 @@ def test_oversized_append_raises_before_sending(pair) -> None:
     assert client.connected and server.stats()["malformed"] == 0
 
 
-def test_read_whose_reply_could_exceed_the_limit_raises_before_sending(pair) -> None:
+def test_read_whose_reply_could_exceed_the_limit_raises_before_sending(
+    issuer: CapabilityIssuer, pair
+) -> None:
     server, client = pair
-    cap = tp.issue_capability(SECRET, 1, 0, 1)
+    cap = issuer.issue(1, 0, 1, holder_id=0)
     client.open(1, 0, 1, 256, bytes(32), bytes(32), cap)
     # The reply to 16 tokens of 256 bytes is 64 + 16 * 264 = 4,288 bytes: over 4,096.
     with pytest.raises(
@@ -77,16 +86,20 @@ def test_read_whose_reply_could_exceed_the_limit_raises_before_sending(pair) -> 
     assert client.connected and server.stats()["malformed"] == 0
 
 
-def test_the_client_takes_the_smaller_of_its_limits_and_those_the_holder_announces() -> None:
+def test_the_client_takes_the_smaller_of_its_limits_and_those_the_holder_announces(
+    issuer: CapabilityIssuer,
+) -> None:
     ours = tp.WireLimits(max_tokens_per_message=32, max_record_bytes=1 << 20, max_payload_bytes=1 << 20)
     with (
-        tp.Server(SECRET, store=HolderStore(), tls=TLS, limits=LIMITS) as server,
+        tp.Server(
+            SECRET, store=HolderStore(), tls=TLS, limits=LIMITS, issuer_public_key=issuer.public_key
+        ) as server,
         tp.Client("127.0.0.1", server.port, SECRET, tls=TLS) as client,
         tp.Client("127.0.0.1", server.port, SECRET, tls=TLS, limits=ours) as smaller,
     ):
         assert client.limits == LIMITS
         assert smaller.limits == tp.WireLimits(32, 256, 4096)
-        cap = tp.issue_capability(SECRET, 1, 0, 1)
+        cap = issuer.issue(1, 0, 1, holder_id=0)
         # What the holder would refuse as malformed (dropping the connection) is refused here.
         with pytest.raises(ValueError, match=r"`record_bytes` must be in \[1, 256\], got 512"):
             client.open(1, 0, 1, 512, bytes(32), bytes(32), cap)
@@ -101,9 +114,9 @@ def test_the_client_takes_the_smaller_of_its_limits_and_those_the_holder_announc
 
 
 @pytest.mark.parametrize("timeout_s", [float("inf"), 1e10, float("nan"), 0.0, -1.0])
-def test_timeouts_must_be_finite_and_bounded(pair, timeout_s: float) -> None:
+def test_timeouts_must_be_finite_and_bounded(issuer: CapabilityIssuer, pair, timeout_s: float) -> None:
     _, client = pair
-    cap = tp.issue_capability(SECRET, 1, 0, 0)
+    cap = issuer.issue(1, 0, 0, holder_id=0)
     refused = r"must be (in \(0, 1000000\.0\] seconds|a number other than NaN), got"
     with pytest.raises(ValueError, match=rf"`timeout_s` {refused}"):
         client.release(1, 0, 0, cap, timeout_s=timeout_s)
@@ -112,15 +125,15 @@ def test_timeouts_must_be_finite_and_bounded(pair, timeout_s: float) -> None:
     assert client.connected
 
 
-def test_a_long_but_finite_timeout_waits_for_the_answer(pair) -> None:
+def test_a_long_but_finite_timeout_waits_for_the_answer(issuer: CapabilityIssuer, pair) -> None:
     _, client = pair
-    cap = tp.issue_capability(SECRET, 1, 0, 1)
+    cap = issuer.issue(1, 0, 1, holder_id=0)
     assert client.open(1, 0, 1, 16, bytes(32), bytes(32), cap, timeout_s=1e6) == 0
 
 
-def test_closed_server_is_peer_gone_to_its_clients(pair) -> None:
+def test_closed_server_is_peer_gone_to_its_clients(issuer: CapabilityIssuer, pair) -> None:
     server, client = pair
-    cap = tp.issue_capability(SECRET, 1, 0, 1)
+    cap = issuer.issue(1, 0, 1, holder_id=0)
     client.open(1, 0, 1, 16, bytes(32), bytes(32), cap)
     server.close()
     started = time.monotonic()
@@ -160,11 +173,17 @@ def _closed_by_peer(sock: socket.socket, timeout_s: float) -> bool:
         return False
 
 
-def test_plain_tcp_connections_are_dropped_at_the_handshake_deadline() -> None:
+def test_plain_tcp_connections_are_dropped_at_the_handshake_deadline(issuer: CapabilityIssuer) -> None:
     """Sockets that never speak UCX (silent, or sending garbage) are closed once the handshake
     deadline passes after they were accepted, and counted as handshake timeouts."""
     # 2 s: time enough for a real client's handshake on a loaded machine.
-    with tp.Server(SECRET, store=HolderStore(), tls=TLS, handshake_timeout_s=2.0) as server:
+    with tp.Server(
+        SECRET,
+        issuer_public_key=issuer.public_key,
+        store=HolderStore(),
+        tls=TLS,
+        handshake_timeout_s=2.0,
+    ) as server:
         raw = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(6)]
         started = time.monotonic()
         for sock in raw[:3]:
@@ -180,9 +199,16 @@ def test_plain_tcp_connections_are_dropped_at_the_handshake_deadline() -> None:
             assert client.connected
 
 
-def test_unauthenticated_connections_are_bounded_in_number_and_the_server_recovers() -> None:
+def test_unauthenticated_connections_are_bounded_in_number_and_the_server_recovers(
+    issuer: CapabilityIssuer,
+) -> None:
     with tp.Server(
-        SECRET, store=HolderStore(), tls=TLS, handshake_timeout_s=2.0, max_unauthenticated=16
+        SECRET,
+        issuer_public_key=issuer.public_key,
+        store=HolderStore(),
+        tls=TLS,
+        handshake_timeout_s=2.0,
+        max_unauthenticated=16,
     ) as server:
         raw = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(200)]
         _wait_for(lambda: server.stats()["connections_refused"] == 184)
@@ -193,29 +219,40 @@ def test_unauthenticated_connections_are_bounded_in_number_and_the_server_recove
             sock.close()
         _wait_for(lambda: server.stats()["connections_unauthenticated"] == 0)
         with tp.Client("127.0.0.1", server.port, SECRET, tls=TLS) as client:
-            cap = tp.issue_capability(SECRET, 1, 0, 1)
+            cap = issuer.issue(1, 0, 1, holder_id=0)
             assert client.open(1, 0, 1, 16, bytes(32), bytes(32), cap) == 0
         assert server.stats()["handshakes_ok"] == 1
 
 
-def test_an_authenticated_connection_outlives_the_handshake_deadline() -> None:
+def test_an_authenticated_connection_outlives_the_handshake_deadline(issuer: CapabilityIssuer) -> None:
     with (
-        tp.Server(SECRET, store=HolderStore(), tls=TLS, handshake_timeout_s=2.0) as server,
+        tp.Server(
+            SECRET,
+            issuer_public_key=issuer.public_key,
+            store=HolderStore(),
+            tls=TLS,
+            handshake_timeout_s=2.0,
+        ) as server,
         tp.Client("127.0.0.1", server.port, SECRET, tls=TLS) as client,
     ):
         time.sleep(2.5)
-        cap = tp.issue_capability(SECRET, 1, 0, 1)
+        cap = issuer.issue(1, 0, 1, holder_id=0)
         assert client.open(1, 0, 1, 16, bytes(32), bytes(32), cap) == 0
         stats = server.stats()
         assert stats["handshake_timeouts"] == 0 and stats["connections_active"] == 1
 
 
-def test_a_timeout_with_a_transfer_in_flight_drops_the_connection() -> None:
+def test_a_timeout_with_a_transfer_in_flight_drops_the_connection(issuer: CapabilityIssuer) -> None:
     with (
-        tp.Server(SECRET, store=HolderStore(), tls=TLS) as server,
+        tp.Server(
+            SECRET,
+            issuer_public_key=issuer.public_key,
+            store=HolderStore(),
+            tls=TLS,
+        ) as server,
         tp.Client("127.0.0.1", server.port, SECRET, tls=TLS) as client,
     ):
-        cap = tp.issue_capability(SECRET, 2, 0, 1)
+        cap = issuer.issue(2, 0, 1, holder_id=0)
         client.open(2, 0, 1, 1 << 16, bytes(32), bytes(32), cap)
         # 64 MiB take far longer than 100 us over tcp: the send is still in flight.
         ids, crcs, records = _append_args(1024, 1 << 16)
@@ -226,14 +263,23 @@ def test_a_timeout_with_a_transfer_in_flight_drops_the_connection() -> None:
             client.release(2, 0, 1, cap)
 
 
-def test_a_stalled_writer_is_dropped_at_the_receive_deadline(spawn, peer, secret, secret_file) -> None:
+def test_a_stalled_writer_is_dropped_at_the_receive_deadline(
+    issuer: CapabilityIssuer, spawn, peer, secret, secret_file
+) -> None:
     """A writer stopped (SIGSTOP) in the middle of its appends: the receive that cannot finish
     times out, its connection is dropped, and a new epoch takes the checkpoint over."""
     request_id, n, record_bytes = 31, 1024, 32768  # 32 MiB appends, 4 in flight: always one
-    with tp.Server(secret, store=HolderStore(), tls=TLS, receive_timeout_s=1.0) as server:
+    with tp.Server(
+        secret,
+        issuer_public_key=issuer.public_key,
+        store=HolderStore(),
+        tls=TLS,
+        receive_timeout_s=1.0,
+    ) as server:
         streamer = spawn(
             "stream",
             *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
+            *("--capability", issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex()),
             *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
             *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
         )
@@ -242,7 +288,7 @@ def test_a_stalled_writer_is_dropped_at_the_receive_deadline(spawn, peer, secret
             _stop_mid_receive(server, streamer.proc.pid)
             _wait_for(lambda: server.stats()["connections_active"] == 0, timeout_s=10.0)
             assert server.stats()["receive_timeouts"] == 1
-            cap = tp.issue_capability(secret, request_id, peer.SHARD, 2)
+            cap = issuer.issue(request_id, peer.SHARD, 2, holder_id=0)
             with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
                 fingerprints = (peer.LAYOUT_FP, peer.MODEL_FP)
                 durable = client.open(request_id, peer.SHARD, 2, record_bytes, *fingerprints, cap)
@@ -259,17 +305,17 @@ RETIRED_EPOCHS = 65_536  # kMaxRetiredEpochs in csrc/holder/holder_store.cpp; th
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_holder_remembers_the_latest_retired_epochs(pair) -> None:
+def test_a_holder_remembers_the_latest_retired_epochs(issuer: CapabilityIssuer, pair) -> None:
     """A released checkpoint's epoch is remembered, so its old writer cannot re-create it, for
     the latest RETIRED_EPOCHS checkpoints: the oldest one is forgotten after one more."""
     _, client = pair
 
     def open_at(request_id: int, epoch: int) -> int:
-        cap = tp.issue_capability(SECRET, request_id, 0, epoch)
+        cap = issuer.issue(request_id, 0, epoch, holder_id=0)
         return client.open(request_id, 0, epoch, 16, bytes(32), bytes(32), cap)
 
     def release(request_id: int, epoch: int) -> None:
-        client.release(request_id, 0, epoch, tp.issue_capability(SECRET, request_id, 0, epoch))
+        client.release(request_id, 0, epoch, issuer.issue(request_id, 0, epoch, holder_id=0))
 
     open_at(0, 2)
     release(0, 2)
@@ -288,7 +334,7 @@ def test_a_holder_remembers_the_latest_retired_epochs(pair) -> None:
 
 
 def test_memory_a_stalled_receive_writes_into_counts_against_the_budget(
-    spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, spawn, peer, secret, secret_file
 ) -> None:
     """A writer stalls (SIGSTOP) with appends half received; a new epoch takes the checkpoint
     over and appends until the budget refuses. The chunks the stalled receives still write
@@ -297,17 +343,18 @@ def test_memory_a_stalled_receive_writes_into_counts_against_the_budget(
     request_id, n, record_bytes = 41, 1024, 32768  # 32 MiB appends, 4 in flight
     budget, chunk = 256 << 20, 2 << 20
     store = HolderStore(budget, chunk_bytes=chunk)
-    with tp.Server(secret, store=store, tls=TLS) as server:
+    with tp.Server(secret, issuer_public_key=issuer.public_key, store=store, tls=TLS) as server:
         streamer = spawn(
             "stream",
             *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
+            *("--capability", issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex()),
             *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
             *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
         )
         assert streamer.read()["durable"] >= n
         try:
             _stop_mid_receive(server, streamer.proc.pid)
-            cap = tp.issue_capability(secret, request_id, peer.SHARD, 2)
+            cap = issuer.issue(request_id, peer.SHARD, 2, holder_id=0)
             with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
                 fingerprints = (peer.LAYOUT_FP, peer.MODEL_FP)
                 pos = client.open(request_id, peer.SHARD, 2, record_bytes, *fingerprints, cap)
@@ -344,19 +391,25 @@ def _unauthenticated_peer(port: int):
     )
 
 
-def _open_header(request_id: int) -> bytes:
-    cap = tp.issue_capability(SECRET, request_id, 0, 1)
+def _open_header(issuer: CapabilityIssuer, request_id: int) -> bytes:
+    cap = issuer.issue(request_id, 0, 1, holder_id=0)
     return _native.require_ucx().encode_header(
         4, request_id=request_id, op_id=RAW_OP, epoch=1, record_bytes=16, payload_bytes=64, capability=cap
     )
 
 
-def test_a_request_before_the_handshake_is_counted_and_drops_the_connection() -> None:
-    with tp.Server(SECRET, store=HolderStore(), tls=TLS, limits=LIMITS) as server:
+def test_a_request_before_the_handshake_is_counted_and_drops_the_connection(issuer: CapabilityIssuer) -> None:
+    with tp.Server(
+        SECRET,
+        issuer_public_key=issuer.public_key,
+        store=HolderStore(),
+        tls=TLS,
+        limits=LIMITS,
+    ) as server:
         peer = _unauthenticated_peer(server.port)
         try:
             with pytest.raises((tp.PeerGone, tp.Timeout)):
-                peer.send_raw(_open_header(1), bytes(64), RAW_OP, 5.0)
+                peer.send_raw(_open_header(issuer, 1), bytes(64), RAW_OP, 5.0)
             _wait_for(lambda: server.stats()["connections_active"] == 0)
             stats = server.stats()
             assert stats["unauthenticated"] == 1 and stats["opens"] == 0
@@ -365,30 +418,39 @@ def test_a_request_before_the_handshake_is_counted_and_drops_the_connection() ->
             peer.close()
 
 
-def test_a_message_without_a_reply_endpoint_drops_the_unauthenticated_connections() -> None:
+def test_a_message_without_a_reply_endpoint_drops_the_unauthenticated_connections(
+    issuer: CapabilityIssuer,
+) -> None:
     """UCX does not say which connection such a message came on; no client of ours sends one,
     so the connections still in their handshake are dropped at once (long before their
     deadline), the authenticated ones kept."""
     with (
-        tp.Server(SECRET, store=HolderStore(), tls=TLS, limits=LIMITS, handshake_timeout_s=60.0) as server,
+        tp.Server(
+            SECRET,
+            issuer_public_key=issuer.public_key,
+            store=HolderStore(),
+            tls=TLS,
+            limits=LIMITS,
+            handshake_timeout_s=60.0,
+        ) as server,
         tp.Client("127.0.0.1", server.port, SECRET, tls=TLS, limits=LIMITS) as client,
     ):
         peers = [_unauthenticated_peer(server.port) for _ in range(2)]
         try:
             _wait_for(lambda: server.stats()["connections_active"] == 3)
             with pytest.raises((tp.PeerGone, tp.Timeout)):
-                peers[0].send_raw(_open_header(1), bytes(64), RAW_OP, 1.0, reply_ep=False)
+                peers[0].send_raw(_open_header(issuer, 1), bytes(64), RAW_OP, 1.0, reply_ep=False)
             _wait_for(lambda: server.stats()["connections_active"] == 1, timeout_s=5.0)
             stats = server.stats()
             assert stats["malformed"] == 1 and stats["handshake_timeouts"] == 0
-            cap = tp.issue_capability(SECRET, 1, 0, 1)
+            cap = issuer.issue(1, 0, 1, holder_id=0)
             assert client.open(1, 0, 1, 16, bytes(32), bytes(32), cap) == 0
         finally:
             for peer in peers:
                 peer.close()
 
 
-def test_appends_received_aside_count_against_the_budget(spawn, peer, secret, secret_file) -> None:
+def test_appends_received_aside_count_against_the_budget(spawn, peer, secret, secret_file, issuer) -> None:
     """Appends that overlap what is durable or pending are received into buffers of their
     own, which stay mapped until they commit (here: behind a stalled writer's receive). Those
     buffers are charged: once they would exceed the budget the holder refuses, and their
@@ -396,17 +458,18 @@ def test_appends_received_aside_count_against_the_budget(spawn, peer, secret, se
     request_id, n, record_bytes = 43, 1024, 32768  # 32 MiB appends, 4 in flight
     budget = 512 << 20
     store = HolderStore(budget, chunk_bytes=2 << 20)
-    with tp.Server(secret, store=store, tls=TLS) as server:
+    cap = issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0)
+    with tp.Server(secret, store=store, tls=TLS, issuer_public_key=issuer.public_key) as server:
         streamer = spawn(
             "stream",
             *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
+            *("--capability", cap.hex()),
             *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
             *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
         )
         assert streamer.read()["durable"] >= n
         try:
             _stop_mid_receive(server, streamer.proc.pid)
-            cap = tp.issue_capability(secret, request_id, peer.SHARD, peer.EPOCH)
             overlap = peer.make_append(request_id, 0, n, record_bytes)  # what the writer sent first
             with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
                 fingerprints = (peer.LAYOUT_FP, peer.MODEL_FP)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from lumen_core import _native
 from lumen_core import transport as tp
+from lumen_core.auth import CapabilityIssuer
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(120)]
 
@@ -30,11 +31,16 @@ def _wait_for(predicate, timeout_s: float = 15.0) -> None:
 
 
 def _check_prefix(
-    client: tp.Client, peer: Any, secret: bytes, request_id: int, tokens_per_append: int, record_bytes: int
+    client: tp.Client,
+    peer: Any,
+    issuer: CapabilityIssuer,
+    request_id: int,
+    tokens_per_append: int,
+    record_bytes: int,
 ) -> int:
     """Reads the whole durable prefix of request_id back and checks it append by append;
     returns its length."""
-    cap = tp.issue_capability(secret, request_id, peer.SHARD, peer.EPOCH)
+    cap = issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0)
     first = client.read(request_id, peer.SHARD, peer.EPOCH, 0, 1, record_bytes, cap)
     durable = first.durable_tokens
     assert durable % tokens_per_append == 0, "a partial append became durable"
@@ -48,7 +54,9 @@ def _check_prefix(
     return durable
 
 
-def test_killed_streamer_leaves_only_whole_verified_appends(server, spawn, peer, secret, secret_file) -> None:
+def test_killed_streamer_leaves_only_whole_verified_appends(
+    issuer: CapabilityIssuer, server, spawn, peer, secret, secret_file
+) -> None:
     request_id, n, record_bytes, num_appends = 21, 128, 32768, 48  # 4 MiB appends
     streamer = spawn(
         "stream",
@@ -56,6 +64,8 @@ def test_killed_streamer_leaves_only_whole_verified_appends(server, spawn, peer,
         str(server.port),
         "--secret-file",
         str(secret_file),
+        "--capability",
+        issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex(),
         "--request-id",
         str(request_id),
         "--num-appends",
@@ -81,7 +91,7 @@ def test_killed_streamer_leaves_only_whole_verified_appends(server, spawn, peer,
     streamer.proc.wait(timeout=10)
     _wait_for(lambda: server.ask("stats")["connections_active"] == 0)
     with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
-        durable = _check_prefix(client, peer, secret, request_id, n, record_bytes)
+        durable = _check_prefix(client, peer, issuer, request_id, n, record_bytes)
     assert reported <= durable < num_appends * n
     stats = server.ask("stats")
     assert stats["appends_committed"] == durable // n
@@ -89,7 +99,7 @@ def test_killed_streamer_leaves_only_whole_verified_appends(server, spawn, peer,
 
 
 def test_fenced_writer_resuming_mid_transfer_cannot_touch_the_new_epoch(
-    server, spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, server, spawn, peer, secret, secret_file
 ) -> None:
     """A writer stalls (SIGSTOP) with appends half received, a new epoch takes the checkpoint
     over and writes past them; when the old writer resumes, the rest of its payload lands,
@@ -101,6 +111,8 @@ def test_fenced_writer_resuming_mid_transfer_cannot_touch_the_new_epoch(
         str(server.port),
         "--secret-file",
         str(secret_file),
+        "--capability",
+        issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex(),
         "--request-id",
         str(request_id),
         "--num-appends",
@@ -118,7 +130,7 @@ def test_fenced_writer_resuming_mid_transfer_cannot_touch_the_new_epoch(
         pass
     os.kill(streamer.proc.pid, signal.SIGSTOP)
     try:
-        cap = tp.issue_capability(secret, request_id, peer.SHARD, 2)
+        cap = issuer.issue(request_id, peer.SHARD, 2, holder_id=0)
         with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
             durable = client.open(request_id, peer.SHARD, 2, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap)
             ours = [peer.make_append(request_id + 1, durable + i * n, n, record_bytes) for i in range(2)]
@@ -137,10 +149,10 @@ def test_fenced_writer_resuming_mid_transfer_cannot_touch_the_new_epoch(
             os.kill(streamer.proc.pid, signal.SIGCONT)
 
 
-def test_killed_server_is_peer_gone_not_a_hang(server, peer, secret) -> None:
+def test_killed_server_is_peer_gone_not_a_hang(issuer: CapabilityIssuer, server, peer, secret) -> None:
     request_id, n, record_bytes = 22, 128, 32768
     appends = [peer.make_append(request_id, i * n, n, record_bytes) for i in range(4)]
-    cap = tp.issue_capability(secret, request_id, peer.SHARD, peer.EPOCH)
+    cap = issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0)
     client = tp.Client("127.0.0.1", server.port, secret, tls=TLS)
     client.open(request_id, peer.SHARD, peer.EPOCH, record_bytes, peer.LAYOUT_FP, peer.MODEL_FP, cap)
     start = 0
@@ -207,7 +219,7 @@ def _malformed_messages() -> st.SearchStrategy[tuple[bytes, bytes]]:
 
 
 def test_malformed_messages_are_refused_while_another_client_streams(
-    server, spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, server, spawn, peer, secret, secret_file
 ) -> None:
     request_id, n, record_bytes, num_appends = 31, 16, 4096, 200
     streamer = spawn(
@@ -216,6 +228,8 @@ def test_malformed_messages_are_refused_while_another_client_streams(
         str(server.port),
         "--secret-file",
         str(secret_file),
+        "--capability",
+        issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex(),
         "--request-id",
         str(request_id),
         "--num-appends",
@@ -272,4 +286,4 @@ def test_malformed_messages_are_refused_while_another_client_streams(
     assert stats["handshakes_ok"] == len(sent) + 1
     assert stats["appends_committed"] == num_appends
     with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as client:
-        assert _check_prefix(client, peer, secret, request_id, n, record_bytes) == num_appends * n
+        assert _check_prefix(client, peer, issuer, request_id, n, record_bytes) == num_appends * n

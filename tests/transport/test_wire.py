@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import struct
 
 import numpy as np
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 
 from lumen_core import _native
 from lumen_core import transport as tp
+from lumen_core.auth import CapabilityIssuer
 from lumen_core.stream import HolderStore
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
@@ -39,7 +39,7 @@ def _header(kind: int, **fields: int) -> bytes:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_valid_header_of_every_kind_decodes(kind: int) -> None:
     header = _header(kind, request_id=7, op_id=9, shard=2, epoch=3, start_pos=11)
-    assert len(header) == _native_module().HEADER_BYTES == 104
+    assert len(header) == _native_module().HEADER_BYTES == 68 + tp.CAPABILITY_BYTES + 4 == 200
     decoded = _native_module().decode_header(header, KINDS[kind], **LIMITS)
     assert (decoded["kind"], decoded["request_id"], decoded["op_id"]) == (kind, 7, 9)
     assert (decoded["shard"], decoded["epoch"], decoded["start_pos"]) == (2, 3, 11)
@@ -54,7 +54,7 @@ def test_valid_header_of_every_kind_decodes(kind: int) -> None:
     start=st.integers(0, 2**63),
     num_tokens=st.integers(1, 1024),
     record_bytes=st.integers(1, 4096),
-    capability=st.binary(min_size=32, max_size=32),
+    capability=st.binary(min_size=128, max_size=128),
 )
 def test_append_header_round_trips_little_endian(
     request_id, op_id, shard, epoch, start, num_tokens, record_bytes, capability
@@ -75,7 +75,7 @@ def test_append_header_round_trips_little_endian(
     # The layout is fixed little-endian (wire.h): check it byte by byte.
     assert struct.unpack_from("<IHHQQIIQIIQQI", header) == (
         0x4E4D554C,
-        2,  # the version: AUTH_OK announces the server's limits
+        3,  # the version: signed 128-byte capabilities (2 added the limits in AUTH_OK)
         5,
         request_id,
         op_id,
@@ -88,7 +88,7 @@ def test_append_header_round_trips_little_endian(
         0,
         0,
     )
-    assert header[68:100] == capability
+    assert header[68:196] == capability
     decoded = _native_module().decode_header(header, payload, **LIMITS)
     assert (decoded["request_id"], decoded["num_tokens"], decoded["capability"]) == (
         request_id,
@@ -98,7 +98,7 @@ def test_append_header_round_trips_little_endian(
 
 
 @settings(max_examples=200, deadline=None)
-@given(position=st.integers(0, 103), flip=st.integers(1, 255))
+@given(position=st.integers(0, 199), flip=st.integers(1, 255))
 def test_any_corrupted_byte_is_refused(position: int, flip: int) -> None:
     header = bytearray(_header(5))
     header[position] ^= flip
@@ -109,7 +109,7 @@ def test_any_corrupted_byte_is_refused(position: int, flip: int) -> None:
 @pytest.mark.parametrize(
     "header_fields,payload,why",
     [
-        (dict(kind=5, version=0), KINDS[5], "unsupported version"),
+        (dict(kind=5, version=2), KINDS[5], "unsupported version"),  # the 104-byte header's
         (dict(kind=11), 0, "unknown kind"),
         (dict(kind=0), 0, "unknown kind"),
         (dict(kind=5), KINDS[5] - 1, "payload is"),
@@ -149,28 +149,6 @@ def test_random_bytes_are_refused(data: bytes, payload: int) -> None:
         _native_module().decode_header(data, payload, **LIMITS)
 
 
-def test_capability_binds_request_shard_epoch_and_secret() -> None:
-    secret = b"s" * 32
-    cap = tp.issue_capability(secret, 1, 2, 3)
-    assert len(cap) == 32 and cap == tp.issue_capability(secret, 1, 2, 3)
-    others = {
-        tp.issue_capability(secret, 2, 2, 3),
-        tp.issue_capability(secret, 1, 3, 3),
-        tp.issue_capability(secret, 1, 2, 4),
-        tp.issue_capability(b"t" * 32, 1, 2, 3),
-    }
-    assert cap not in others and len(others) == 4
-
-
-def test_capability_is_hmac_sha256() -> None:
-    import hashlib
-    import hmac
-
-    secret = os.urandom(32)
-    message = b"lumen-cap-v1" + struct.pack("<QII", 5, 1, 9)
-    assert tp.issue_capability(secret, 5, 1, 9) == hmac.new(secret, message, hashlib.sha256).digest()
-
-
 @pytest.mark.parametrize(
     "secret,error,match",
     [
@@ -180,13 +158,11 @@ def test_capability_is_hmac_sha256() -> None:
         ("a-string-secret-of-32-characters", TypeError, "`secret` must be bytes, got str"),
     ],
 )
-def test_no_default_or_short_secret(secret, error, match) -> None:
+def test_no_default_or_short_secret(issuer: CapabilityIssuer, secret, error, match) -> None:
     with pytest.raises(error, match=match):
-        tp.Server(secret, store=HolderStore())
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore())
     with pytest.raises(error, match=match):
         tp.Client("127.0.0.1", 1, secret)
-    with pytest.raises(error, match=match):
-        tp.issue_capability(secret, 1, 0, 0)
 
 
 def test_native_server_refuses_short_secret() -> None:
@@ -195,6 +171,8 @@ def test_native_server_refuses_short_secret() -> None:
         store = native.HolderStore(budget_bytes=1 << 20, policy=0, chunk_bytes=1 << 21, pinned=False)
         options = native.ServerOptions(
             secret=b"short",
+            holder_id=0,
+            issuer_public_key=None,
             address="127.0.0.1",
             port=0,
             tls="tcp",
@@ -220,22 +198,24 @@ def test_wire_limits_validation(field, value, error, match) -> None:
         tp.WireLimits(**{field: value})
 
 
-def test_server_argument_validation() -> None:
+def test_server_argument_validation(issuer: CapabilityIssuer) -> None:
     secret = b"k" * 32
     with pytest.raises(TypeError, match="address must be a str, got int"):
-        tp.Server(secret, store=HolderStore(), address=1)
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore(), address=1)
     with pytest.raises(ValueError, match=r"`port` must be in \[0, 65535\], got 70000"):
-        tp.Server(secret, store=HolderStore(), port=70000)
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore(), port=70000)
     with pytest.raises(TypeError, match="tls must be a str, got NoneType"):
-        tp.Server(secret, store=HolderStore(), tls=None)
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore(), tls=None)
     with pytest.raises(TypeError, match="limits must be a WireLimits, got dict"):
-        tp.Server(secret, store=HolderStore(), limits={})
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore(), limits={})
     with pytest.raises(ValueError, match="address must be a host name or IP address"):
-        tp.Server(secret, store=HolderStore(), address="no such host.invalid")
+        tp.Server(
+            secret, issuer_public_key=issuer.public_key, store=HolderStore(), address="no such host.invalid"
+        )
     with pytest.raises(ValueError, match=r"`handshake_timeout_s` must be in \(0, 1000000.0\] seconds, got 0"):
-        tp.Server(secret, store=HolderStore(), handshake_timeout_s=0)
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore(), handshake_timeout_s=0)
     with pytest.raises(TypeError, match="`handshake_timeout_s` must be a number, got str"):
-        tp.Server(secret, store=HolderStore(), handshake_timeout_s="1")
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore(), handshake_timeout_s="1")
 
 
 def test_client_argument_validation() -> None:
@@ -257,13 +237,13 @@ def test_connect_to_nothing_is_peer_gone_or_timeout() -> None:
         tp.Client("127.0.0.1", port, b"k" * 32, tls="tcp", connect_timeout_s=3.0)
 
 
-def test_invalid_arguments_never_reach_native() -> None:
+def test_invalid_arguments_never_reach_native(issuer: CapabilityIssuer) -> None:
     secret = b"k" * 32
     with (
-        tp.Server(secret, store=HolderStore(), tls="tcp") as server,
+        tp.Server(secret, issuer_public_key=issuer.public_key, store=HolderStore(), tls="tcp") as server,
         tp.Client("127.0.0.1", server.port, secret, tls="tcp") as client,
     ):
-        cap = tp.issue_capability(secret, 1, 0, 0)
+        cap = issuer.issue(1, 0, 0, holder_id=0)
         records = np.zeros((4, 16), dtype=np.uint8)
         ids = np.zeros(4, dtype=np.uint32)
         cases = [
@@ -278,7 +258,7 @@ def test_invalid_arguments_never_reach_native() -> None:
             (dict(records=[[0]]), TypeError, "records must be a numpy.ndarray, got list"),
             (dict(token_ids=ids.astype(np.int64)), ValueError, "token_ids must have dtype uint32"),
             (dict(crcs=ids[:3]), ValueError, "crcs must have 4 entries, got 3"),
-            (dict(capability=cap[:31]), ValueError, "`capability` must be 32 bytes, got 31"),
+            (dict(capability=cap[:31]), ValueError, "`capability` must be 128 bytes, got 31"),
             (dict(request_id=-1), ValueError, r"`request_id` must be in \[0, "),
             (dict(shard=2**32), ValueError, r"`shard` must be in \[0, "),
             (dict(epoch="1"), TypeError, "`epoch` must be an int, got str"),

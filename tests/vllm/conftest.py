@@ -39,13 +39,18 @@ def _ucx_module(ucx_module: None) -> None:
 
 
 @pytest.fixture
-def holder(spawn: Callable[[list[str]], Any], secret_file: Path) -> Callable[..., Any]:
-    """holder(budget_bytes, *extra) -> a `lumen holder` process on loopback; .port is its port."""
+def holder(
+    spawn: Callable[[list[str]], Any], secret_file: Path, issuer_public_key_file: Path
+) -> Callable[..., Any]:
+    """holder(budget_bytes, *extra) -> a `lumen holder` process on loopback (holder id 0,
+    trusting the `issuer` fixture, whose key file the engines are configured with); .port is
+    its port."""
 
     def _holder(budget_bytes: int = 1 << 30, *extra: str) -> Any:
         proc = spawn(
             [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0", "--budget-bytes", str(budget_bytes),
-             "--secret-file", str(secret_file), "--tls", "tcp", *extra]
+             "--secret-file", str(secret_file), "--issuer-key-file", str(issuer_public_key_file),
+             "--tls", "tcp", *extra]
         )  # fmt: skip
         proc.port = proc.read()["port"]
         return proc

@@ -21,7 +21,7 @@ PREFIX = "emitted "
 
 def main() -> None:
     job = json.loads(sys.argv[1])
-    config = transfer_config(Path(job["secret_file"]), job["port"])
+    config = transfer_config(Path(job["secret_file"]), Path(job["issuer_key_file"]), job["port"])
     engine = LLM(**engine_kwargs(Path(job["model"]), kv_transfer_config=config)).llm_engine
     for request_id, request in job["requests"].items():
         sampling = SamplingParams(

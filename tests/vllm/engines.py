@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from lumen_core.auth import CapabilityIssuer, Rights
 from lumen_core.stream import request_key
-from lumen_core.transport import Client, Rejected, issue_capability
+from lumen_core.transport import Client, Rejected
 
 VOCAB = 512
 NUM_LAYERS = 2
@@ -53,8 +54,11 @@ def record_bytes() -> int:
     return NUM_LAYERS * 2 * NUM_KV_HEADS * HEAD_DIM * 4  # fp32
 
 
-def transfer_config(secret_file: Path, port: int | None, **extra: Any) -> dict[str, Any]:
-    """``kv_transfer_config`` loading LumenConnector with one static holder (None: no holders)."""
+def transfer_config(
+    secret_file: Path, issuer_key_file: Path, port: int | None, **extra: Any
+) -> dict[str, Any]:
+    """``kv_transfer_config`` loading LumenConnector with one static holder (None: no holders),
+    issuing its own capabilities with the key in ``issuer_key_file`` (gateway-less mode)."""
     return {
         "kv_connector": "LumenConnector",
         "kv_connector_module_path": "lumen_core.integrations.vllm",
@@ -62,6 +66,7 @@ def transfer_config(secret_file: Path, port: int | None, **extra: Any) -> dict[s
         "kv_load_failure_policy": "recompute",
         "kv_connector_extra_config": {
             "secret_file": str(secret_file),
+            "issuer_key_file": str(issuer_key_file),
             "holders": [] if port is None else [f"127.0.0.1:{port}"],
             "tls": TLS,
             **extra,
@@ -81,11 +86,12 @@ def engine_kwargs(model: Path, **overrides: Any) -> dict[str, Any]:
     }
 
 
-def durable_tokens(client: Client, secret: bytes, request_id: str, *, epoch: int = 0) -> int:
+def durable_tokens(client: Client, issuer: CapabilityIssuer, request_id: str, *, epoch: int = 0) -> int:
     """The holder's durable length of ``request_id`` (0 when it holds none)."""
     key = request_key(request_id)
+    capability = issuer.issue(key, 0, epoch, holder_id=0, rights=Rights.READ)
     try:
-        result = client.read(key, 0, epoch, 0, 1, record_bytes(), issue_capability(secret, key, 0, epoch))
+        result = client.read(key, 0, epoch, 0, 1, record_bytes(), capability)
     except Rejected:
         return 0
     return int(result.durable_tokens)

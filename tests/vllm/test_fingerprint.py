@@ -13,11 +13,13 @@ from lumen_core.connector import model_fingerprint
 
 
 @pytest.mark.timeout(300)
-def test_the_connector_fingerprint_is_the_engine_neutral_one(tmp_path: Path, secret_file: Path) -> None:
+def test_the_connector_fingerprint_is_the_engine_neutral_one(
+    tmp_path: Path, secret_file: Path, issuer_key_file: Path
+) -> None:
     model = build_model(tmp_path / "model")
     # What the reference engine's adapter (or any other) computes for these files, without vLLM.
     expected = model_fingerprint(model, dtype="torch.float32", tensor_parallel_size=1, tensor_parallel_rank=0)
-    llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, None)))
+    llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, issuer_key_file, None)))
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     worker = get_kv_transfer_group().worker

@@ -16,14 +16,15 @@ from vllm import LLM, SamplingParams
 
 @pytest.mark.timeout(600)
 def test_finish_and_abort_release_their_checkpoints(
-    tmp_path: Path, holder: Callable[..., Any], secret_file: Path
+    tmp_path: Path, holder: Callable[..., Any], secret_file: Path, issuer_key_file: Path
 ) -> None:
     server = holder()
     streamed = {"holders": [{"address": "127.0.0.1", "port": server.port}]}
     # No default holders: only the requests that name the holder are checkpointed.
     llm = LLM(
         **engine_kwargs(
-            build_model(tmp_path / "model"), kv_transfer_config=transfer_config(secret_file, None)
+            build_model(tmp_path / "model"),
+            kv_transfer_config=transfer_config(secret_file, issuer_key_file, None),
         )
     )
     engine = llm.llm_engine

@@ -30,8 +30,9 @@ from engines import (
 )
 from vllm import LLM, SamplingParams
 
+from lumen_core.auth import CapabilityIssuer
 from lumen_core.stream import request_key
-from lumen_core.transport import Client, issue_capability
+from lumen_core.transport import Client
 
 HERE = Path(__file__).parent
 # Prompt lengths around vLLM's CPU block size (128) and across several blocks.
@@ -73,14 +74,17 @@ def reference(model: Path) -> dict[str, list[int]]:
 
 
 def _run_and_kill(
-    model: Path, secret_file: Path, server: Any, requests: dict[str, dict[str, Any]], client: Client, secret: bytes,
-    *, epoch: int, multiprocess: bool = False,
+    model: Path, secret_file: Path, issuer_key_file: Path, server: Any, requests: dict[str, dict[str, Any]],
+    client: Client, issuer: CapabilityIssuer, *, epoch: int, multiprocess: bool = False,
 ) -> dict[str, dict[str, Any]]:  # fmt: skip
     """An engine in its own process group (engine_proc.py; ``multiprocess``: vLLM's default
     mode, EngineCore in a child process), SIGKILLed once every request's checkpoint at
     ``epoch`` holds DECODED_BEFORE_KILL more tokens than its prompt; returns what it emitted
     per request (tokens, num_cached_tokens)."""
-    job = {"model": str(model), "secret_file": str(secret_file), "port": server.port, "requests": requests}
+    job = {
+        "model": str(model), "secret_file": str(secret_file), "issuer_key_file": str(issuer_key_file),
+        "port": server.port, "requests": requests,
+    }  # fmt: skip
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")]),
@@ -111,7 +115,7 @@ def _run_and_kill(
         while proc.poll() is None:
             short = {}
             for r, q in requests.items():
-                past_prompt = durable_tokens(client, secret, r, epoch=epoch) - len(q["prompt"])
+                past_prompt = durable_tokens(client, issuer, r, epoch=epoch) - len(q["prompt"])
                 if past_prompt < DECODED_BEFORE_KILL:
                     short[r] = past_prompt
                     break
@@ -151,51 +155,61 @@ def _first_run(prompts: dict[str, list[int]]) -> dict[str, dict[str, Any]]:
     return {r: {"prompt": p, "max_tokens": TOTAL_TOKENS, "lumen": {}} for r, p in prompts.items()}
 
 
-def _corrupt(client: Client, secret: bytes, request_id: str, position: int) -> None:
+def _corrupt(client: Client, issuer: CapabilityIssuer, request_id: str, position: int) -> None:
     """Rewrites ``request_id``'s checkpoint on the holder with one byte of the record at
     ``position`` flipped and its crc kept (the holder runs with --no-verify-records, so only
     the restore's checks can catch it; a holder never overwrites durable records in place).
     The planted checkpoint is at epoch 1, the epoch the resuming engine reads and writes: a
     released checkpoint is re-created only at a newer epoch."""
     key = request_key(request_id)
-    capability = issue_capability(secret, key, 0, 0)
-    durable = durable_tokens(client, secret, request_id)
+    capability = issuer.issue(key, 0, 0, holder_id=0)
+    durable = durable_tokens(client, issuer, request_id)
     read = client.read(key, 0, 0, 0, durable, record_bytes(), capability)
     assert len(read.token_ids) == durable
     records = read.records.copy()
     records[position] ^= 0x40  # every value's exponent: served, it would change the output
     client.release(key, 0, 0, capability)
-    planted = issue_capability(secret, key, 0, 1)
+    planted = issuer.issue(key, 0, 1, holder_id=0)
     client.open(key, 0, 1, record_bytes(), read.layout_fingerprint, read.model_fingerprint, planted)
     assert client.append(key, 0, 1, 0, read.token_ids, read.crcs, records, planted) == durable
 
 
 @pytest.mark.timeout(900)
 def test_resume_after_sigkill_equals_uninterrupted_run(
-    model: Path, reference: dict[str, list[int]], holder: Callable[..., Any], secret: bytes, secret_file: Path
+    model: Path,
+    reference: dict[str, list[int]],
+    holder: Callable[..., Any],
+    secret: bytes,
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
 ) -> None:
     prompts = _prompts()
     server = holder(1 << 30, "--no-verify-records")
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        run = _run_and_kill(model, secret_file, server, _first_run(prompts), client, secret, epoch=0)
+        run = _run_and_kill(
+            model, secret_file, issuer_key_file, server, _first_run(prompts), client, issuer, epoch=0
+        )
         emitted = {r: run[r]["tokens"] for r in prompts}
-        durable = {r: durable_tokens(client, secret, r) for r in prompts}
+        durable = {r: durable_tokens(client, issuer, r) for r in prompts}
         for r, p in prompts.items():
             assert len(p) + DECODED_BEFORE_KILL <= durable[r] < len(p) + TOTAL_TOKENS
             assert emitted[r] == reference[r][: len(emitted[r])]  # A was right until it died
         corrupted_at = len(prompts[CORRUPTED]) + 10
-        _corrupt(client, secret, CORRUPTED, corrupted_at)
+        _corrupt(client, issuer, CORRUPTED, corrupted_at)
     finally:
         client.close()
 
-    llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, server.port)))
+    llm = LLM(
+        **engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, issuer_key_file, server.port))
+    )
     resumed = {r: prompts[r] + emitted[r] for r in prompts}
     samplings = []
     for r in prompts:
         restore: dict[str, Any] = {}
         if r == BAD_CAPABILITY:
-            restore["capability"] = "00" * 32
+            restore["capability"] = "00" * 128  # the right size, signed by no one
         samplings.append(
             SamplingParams(
                 max_tokens=TOTAL_TOKENS - len(emitted[r]),
@@ -227,7 +241,13 @@ def test_resume_after_sigkill_equals_uninterrupted_run(
 
 @pytest.mark.timeout(900)
 def test_two_failures_in_a_row_resume(
-    model: Path, reference: dict[str, list[int]], holder: Callable[..., Any], secret: bytes, secret_file: Path
+    model: Path,
+    reference: dict[str, list[int]],
+    holder: Callable[..., Any],
+    secret: bytes,
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
 ) -> None:
     """A dies, B (vLLM's multiprocess mode: scheduler and worker sides in other processes)
     resumes every request at epoch 1, re-streaming the restored prefix, and dies too; C
@@ -236,17 +256,27 @@ def test_two_failures_in_a_row_resume(
     server = holder()
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        run_a = _run_and_kill(model, secret_file, server, _first_run(prompts), client, secret, epoch=0)
+        run_a = _run_and_kill(
+            model, secret_file, issuer_key_file, server, _first_run(prompts), client, issuer, epoch=0
+        )
         requests_b = {}
         for r, p in prompts.items():
             tokens = run_a[r]["tokens"]
             requests_b[r] = {"prompt": p + tokens, "max_tokens": TOTAL_TOKENS - len(tokens),
                              "lumen": {"epoch": 1, "restore": {}}}  # fmt: skip
-        durable_a = {r: durable_tokens(client, secret, r) for r in prompts}
+        durable_a = {r: durable_tokens(client, issuer, r) for r in prompts}
         run_b = _run_and_kill(
-            model, secret_file, server, requests_b, client, secret, epoch=1, multiprocess=True
+            model,
+            secret_file,
+            issuer_key_file,
+            server,
+            requests_b,
+            client,
+            issuer,
+            epoch=1,
+            multiprocess=True,
         )
-        durable_b = {r: durable_tokens(client, secret, r, epoch=1) for r in prompts}
+        durable_b = {r: durable_tokens(client, issuer, r, epoch=1) for r in prompts}
     finally:
         client.close()
     for r, q in requests_b.items():
@@ -255,7 +285,9 @@ def test_two_failures_in_a_row_resume(
             r, q["max_tokens"], len(run_b[r]["tokens"]), run_b[r]["finish_reason"], server.ask("stats")
         )  # fmt: skip
 
-    llm = LLM(**engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, server.port)))
+    llm = LLM(
+        **engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, issuer_key_file, server.port))
+    )
     emitted = {r: run_a[r]["tokens"] + run_b[r]["tokens"] for r in prompts}
     samplings = [
         SamplingParams(max_tokens=TOTAL_TOKENS - len(emitted[r]), temperature=0.0,

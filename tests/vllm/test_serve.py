@@ -53,7 +53,7 @@ def _wait_healthy(base: str, proc: subprocess.Popen, timeout_s: float) -> None:
 
 @pytest.mark.timeout(600)
 def test_serve_streams_what_the_http_body_names(
-    tmp_path: Path, holder: Callable[..., Any], secret_file: Path
+    tmp_path: Path, holder: Callable[..., Any], secret_file: Path, issuer_key_file: Path
 ) -> None:
     server = holder()
     model = build_model(tmp_path / "model")
@@ -63,7 +63,7 @@ def test_serve_streams_what_the_http_body_names(
     argv = [
         sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
         "--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "2048", "--kv-transfer-config", json.dumps(transfer_config(secret_file, None)),
+        "--max-model-len", "2048", "--kv-transfer-config", json.dumps(transfer_config(secret_file, issuer_key_file, None)),
     ]  # fmt: skip
     proc = subprocess.Popen(
         argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

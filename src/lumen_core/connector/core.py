@@ -152,7 +152,7 @@ class ConnectorCore:
         self._streamer().add_request(
             key,
             list(grant.holders),
-            grant.capability,
+            list(grant.capabilities),
             epoch=grant.epoch,
             expected_tokens=grant.expected_tokens,
         )

@@ -1,7 +1,7 @@
 """What a caller hands the connector core about one request: where its checkpoint streams
 (``StreamGrant``), where a resumed request's prefix is read (``RestoreSource``) and the
 tokens a step wrote (``StepTokens``). Capabilities are opaque bytes: whoever issues them
-(the gateway, a secret file's default) decides their format; the holders check them."""
+(the gateway, or whoever holds an issuer key) decides their format; the holders check them."""
 
 from __future__ import annotations
 
@@ -27,16 +27,17 @@ def check_capability(name: str, value: object) -> bytes:
 @dataclass(frozen=True)
 class StreamGrant:
     """Where one request's checkpoint goes: ``holders`` (empty: it is not checkpointed), the
-    request's ``epoch`` (a resumed request gets a newer one, which fences older writers), the
-    ``capability`` the holders accept for (request, shard, epoch), and ``expected_tokens``
-    (prompt + expected output) each holder reserves room for.
+    request's ``epoch`` (a resumed request gets a newer one, which fences older writers), for
+    each holder the ``capabilities`` entry it accepts for (request, shard, epoch) (a
+    capability names the one holder it is valid on), and ``expected_tokens`` (prompt +
+    expected output) each holder reserves room for.
 
     Raises TypeError / ValueError on a malformed field (a capability is checked only for
-    being non-empty bytes when there are holders)."""
+    being non-empty bytes, one per holder)."""
 
     epoch: int
     holders: tuple[Address, ...]
-    capability: bytes
+    capabilities: tuple[bytes, ...]
     expected_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -47,8 +48,13 @@ class StreamGrant:
             )
         for holder in self.holders:
             _check_address("holders[i]", holder)
-        if self.holders:
-            check_capability("capability", self.capability)
+        if not isinstance(self.capabilities, tuple) or len(self.capabilities) != len(self.holders):
+            raise ValueError(
+                f"`capabilities` must be a tuple of one capability per holder ({len(self.holders)}), "
+                f"got {self.capabilities!r:.80}"
+            )
+        for i, capability in enumerate(self.capabilities):
+            check_capability(f"capabilities[{i}]", capability)
         check_int("expected_tokens", self.expected_tokens, 0, U64_MAX)
 
 

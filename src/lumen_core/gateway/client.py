@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +122,7 @@ class RegisterResult:
     lease_s: float
     heartbeat_s: float
     directives: tuple[Directive, ...]
+    issuer_public_key: bytes  # what the worker's holder verifies capabilities with
 
 
 @dataclass(frozen=True)
@@ -168,13 +169,25 @@ class TokenChunk:
 
 
 class GatewayClient:
-    """One channel to the gateway. Thread-safe for concurrent calls; ``close`` when done."""
+    """One channel to the gateway. Thread-safe for concurrent calls; ``close`` when done.
+    ``on_issuer_key`` receives the gateway's capability-issuer public key on every
+    registration, before any of its directives is applied (a worker's holder trusts it)."""
 
-    def __init__(self, address: str, secret: bytes | None, *, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        address: str,
+        secret: bytes | None,
+        *,
+        timeout_s: float = 5.0,
+        on_issuer_key: Callable[[bytes], None] | None = None,
+    ) -> None:
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         self._secret = check_secret(secret)
         self.timeout_s = check_number("timeout_s", timeout_s, positive=True)
+        if on_issuer_key is not None and not callable(on_issuer_key):
+            raise TypeError(f"on_issuer_key must be callable, got {type(on_issuer_key).__name__}")
+        self.on_issuer_key = on_issuer_key
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._calls = {
             name: (self._channel.unary_stream if streams else self._channel.unary_unary)(
@@ -313,12 +326,18 @@ class GatewayClient:
                 "holder_address": holder_address,
                 "num_shards": num_shards,
             }
+        # Before any directive is applied: the holder must trust the key the gateway signs the
+        # capabilities of this epoch's directives with.
+        if self.on_issuer_key is not None:
+            self.on_issuer_key(bytes(reply.issuer_public_key))
         # Outside self._lock: a handler the inbox calls may fence this client (take self._lock).
         self.inbox.reset(reply.epoch)
         directives = self.inbox.accept(
             reply.epoch, [delivery_from_pb(d) for d in reply.directives], on_directives
         )
-        return RegisterResult(reply.epoch, reply.lease_s, reply.heartbeat_s, directives)
+        return RegisterResult(
+            reply.epoch, reply.lease_s, reply.heartbeat_s, directives, bytes(reply.issuer_public_key)
+        )
 
     def register_again(
         self, report: WorkerReport = _NO_REPORT, *, on_directives: DirectiveHandler | None = None

@@ -15,6 +15,10 @@ Epochs: each registration of a worker gets a new worker epoch (above any it repo
 held); a worker whose lease expired, whose process exited, or that registered again is
 failed, and its old epoch is fenced: heartbeats get ``fenced`` and token reports are refused.
 Each request has an epoch too, bumped whenever it is re-routed; capabilities are bound to it.
+The coordinator's ``CapabilityIssuer`` signs them with a key only the gateway holds, each for
+one holder (by worker id): workers cannot mint one, so epochs advance only through here. Its
+expiries are read on the issuer's wall clock, the one clock this module does not take as an
+argument.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lumen_core._validate import check_int
-from lumen_core.auth import check_secret, issue_capability
+from lumen_core.auth import CapabilityIssuer, Rights, check_secret
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
     GREEDY,
@@ -191,11 +195,16 @@ class Coordinator:
         gain_fn: GainFn | None = None,
         event_log: Recorder | None = None,
         first_request_id: int = 1,
+        issuer: CapabilityIssuer | None = None,
     ) -> None:
         if not isinstance(config, GatewayConfig):
             raise TypeError(f"config must be a GatewayConfig, got {type(config).__name__}")
         self.config = config
         self._secret = check_secret(secret)
+        if issuer is not None and not isinstance(issuer, CapabilityIssuer):
+            raise TypeError(f"issuer must be a CapabilityIssuer, got {type(issuer).__name__}")
+        # None: a fresh key for this gateway run (holders learn it when they register).
+        self._issuer = issuer or CapabilityIssuer.generate()
         policy = preset(
             config.policy,
             placement_config=config.placement_config,
@@ -211,6 +220,11 @@ class Coordinator:
         self._next_request_id = check_int("first_request_id", first_request_id, low=0)
         self._failures: list[FailurePlan] = []
         self._last_interrupted: list[int] = []
+
+    @property
+    def issuer_public_key(self) -> bytes:
+        """The key holders verify this gateway's capabilities with (sent at registration)."""
+        return self._issuer.public_key
 
     @property
     def monitor(self) -> LoadMonitor:
@@ -252,12 +266,15 @@ class Coordinator:
         outbox.acknowledge(outbox.last_sequence)
         return [d.directive for d in deliveries]
 
-    def _grant(self, holder_id: int, request: _Request) -> HolderGrant:
+    def _grant(
+        self, holder_id: int, request: _Request, rights: Rights = Rights.WRITE | Rights.READ
+    ) -> HolderGrant:
         """A holder's address and the capabilities of the request's checkpoint at its current
-        epoch, one per shard of the serving worker (each tensor-parallel rank streams its own)."""
+        epoch on that holder, one per shard of the serving worker (each tensor-parallel rank
+        streams its own)."""
         num_shards = self._workers[request.worker_id].num_shards
         capabilities = tuple(
-            issue_capability(self._secret, request.request_id, shard, request.epoch)
+            self._issuer.issue(request.request_id, shard, request.epoch, holder_id=holder_id, rights=rights)
             for shard in range(num_shards)
         )
         return HolderGrant(holder_id, self._workers[holder_id].holder_address, capabilities)
@@ -633,7 +650,7 @@ class Coordinator:
     def _resume(self, request: _Request, decision: RouteDecision, holder_ids: Sequence[int]) -> Resume:
         source = None
         if decision.source_holder_id is not None:
-            source = self._grant(decision.source_holder_id, request)
+            source = self._grant(decision.source_holder_id, request, Rights.READ)
         return Resume(
             request.request_id,
             request.epoch,

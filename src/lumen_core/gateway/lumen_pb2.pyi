@@ -246,20 +246,22 @@ class RegisterRequest(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., budget_bytes: _Optional[int] = ..., domain: _Optional[str] = ..., holder_address: _Optional[str] = ..., num_shards: _Optional[int] = ..., last_epoch: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "wrapped_call_key", "call_key_salt")
+    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "wrapped_call_key", "call_key_salt", "issuer_public_key")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
     DIRECTIVES_FIELD_NUMBER: _ClassVar[int]
     WRAPPED_CALL_KEY_FIELD_NUMBER: _ClassVar[int]
     CALL_KEY_SALT_FIELD_NUMBER: _ClassVar[int]
+    ISSUER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     lease_s: float
     heartbeat_s: float
     directives: _containers.RepeatedCompositeFieldContainer[Directive]
     wrapped_call_key: bytes
     call_key_salt: bytes
-    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., wrapped_call_key: _Optional[bytes] = ..., call_key_salt: _Optional[bytes] = ...) -> None: ...
+    issuer_public_key: bytes
+    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., wrapped_call_key: _Optional[bytes] = ..., call_key_salt: _Optional[bytes] = ..., issuer_public_key: _Optional[bytes] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
     __slots__ = ()

@@ -28,6 +28,7 @@ from lumen_core.auth import (
     INSTANCE_METADATA_KEY,
     CallRefused,
     CallVerifier,
+    CapabilityIssuer,
     CredentialTable,
     check_secret,
     new_instance_id,
@@ -176,6 +177,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                 lease_s=c.config.lease_s,
                 heartbeat_s=c.config.heartbeat_s,
                 directives=[delivery_to_pb(d) for d in c.directives_after(request.worker_id, 0)],
+                issuer_public_key=c.issuer_public_key,
             )
 
         return self._run(context, register)
@@ -490,7 +492,8 @@ class GatewayServer:
     replies). ``push_directives=False`` refuses every directive stream (UNIMPLEMENTED):
     heartbeat replies alone deliver, as before the pushed channel. Use as a context manager
     or call ``start`` and ``stop``; ``stop`` ends the streams and joins the server's threads,
-    the reaper and the metrics thread.
+    the reaper and the metrics thread. ``issuer`` signs the data-plane capabilities (default: a
+    fresh key for this run, handed to each worker's holder at registration).
     """
 
     def __init__(
@@ -508,6 +511,7 @@ class GatewayServer:
         control_threads: int = 16,
         first_request_id: int = 1,
         push_directives: bool = True,
+        issuer: CapabilityIssuer | None = None,
     ) -> None:
         secret = check_secret(secret)
         if not isinstance(host, str):
@@ -521,7 +525,9 @@ class GatewayServer:
             ("control_threads", control_threads),
         ):
             check_int(name, value, low=1)
-        self.coordinator = Coordinator(config, secret, event_log=event_log, first_request_id=first_request_id)
+        self.coordinator = Coordinator(
+            config, secret, event_log=event_log, first_request_id=first_request_id, issuer=issuer
+        )
         self.condition = threading.Condition()
         self.stopping = False
         self.max_streams = max_streams

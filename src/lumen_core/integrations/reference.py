@@ -3,9 +3,10 @@ engine-neutral ``lumen_core.connector.ConnectorCore`` (streaming while the engin
 verified restore, load-error blocks, re-streaming a restored prefix).
 
 Two ways to drive it. Standalone (tests, benchmarks, a single survivor): every request streams
-to one ``holders`` list with capabilities of epoch 0 and restores from one ``restore_from``
-source. Driven by a gateway (``lumen worker``): each request streams as its ``StreamGrant``
-says (holders, request epoch, the gateway's capability) and a resumed request restores from
+to one ``holders`` list with capabilities of epoch 0 from ``capability_for`` (an issuer the
+caller holds) and restores from one ``restore_from`` source. Driven by a gateway (``lumen
+worker``): each request streams as its ``StreamGrant`` says (holders, request epoch, the
+gateway's capability on each holder) and a resumed request restores from
 its ``RestoreSource`` (this process's ``store``, or another holder over the transport at the
 request's new epoch). A request with a grant or a source uses it; the others use the defaults.
 """
@@ -17,13 +18,13 @@ from typing import Any
 
 from lumen_core.auth import check_secret
 from lumen_core.connector import ConnectorCore, RestoreSource, StepTokens, StreamGrant
+from lumen_core.connector.requests import check_capability
 from lumen_core.engine.connector import KVConnector, SavedTokens
 from lumen_core.engine.request import Request
 from lumen_core.layouts import KVLayout
 from lumen_core.stream._common import check_str, request_key
 from lumen_core.stream.holder import HolderStore, RestoreResult
 from lumen_core.stream.streamer import Address, CheckpointStreamer, _check_address
-from lumen_core.transport import issue_capability
 
 __all__ = ["StreamingConnector"]
 
@@ -33,8 +34,9 @@ class StreamingConnector(KVConnector):
     requests (see module doc).
 
     Defaults for requests without a grant or a source: ``holders`` (empty: nothing is
-    streamed, a restore-only survivor) with the capability ``capability_for(key)`` (default:
-    issued here with ``secret`` at epoch 0, as a gateway would), and ``restore_from`` (a
+    streamed, a restore-only survivor) with the capabilities ``capability_for(key, holder)``
+    (of shard 0 at epoch 0 on the holder at that (address, port); the connector holds no
+    issuer key, so whoever does supplies them), and ``restore_from`` (a
     ``HolderStore`` in this process, or the (address, port) of a holder; None: nothing is
     restored). ``store`` is this process's ``HolderStore``, which sources without an address
     restore from. Request ids (str) are keyed on the wire by ``key_for`` (default
@@ -45,6 +47,9 @@ class StreamingConnector(KVConnector):
 
     The engine plans restores synchronously: a lookup over the transport is waited for (at
     most ``2 * connect_timeout_s``; unanswered by then, the request is re-prefilled).
+
+    Raises ValueError when ``holders`` or an address to restore from is given without
+    ``capability_for``, TypeError for a ``capability_for`` that is not callable.
     """
 
     def __init__(
@@ -54,7 +59,7 @@ class StreamingConnector(KVConnector):
         *,
         holders: Sequence[Address] = (),
         restore_from: HolderStore | Address | None = None,
-        capability_for: Callable[[int], bytes] | None = None,
+        capability_for: Callable[[int, Address], bytes] | None = None,
         store: HolderStore | None = None,
         key_for: Callable[[str], int] = request_key,
         tls: str = "",
@@ -80,7 +85,11 @@ class StreamingConnector(KVConnector):
         if not callable(key_for):
             raise TypeError(f"`key_for` must be callable, got {type(key_for).__name__}")
         self.key_for = key_for
-        self.capability_for = capability_for or (lambda key: issue_capability(secret, key, 0, 0))
+        if capability_for is None and (self.holders or self._default_address is not None):
+            raise ValueError("`capability_for` must be given with `holders` or an address to restore from")
+        if capability_for is not None and not callable(capability_for):
+            raise TypeError(f"`capability_for` must be callable, got {type(capability_for).__name__}")
+        self._capability_for = capability_for
         self.core = ConnectorCore(
             secret,
             model_fingerprint,
@@ -129,7 +138,12 @@ class StreamingConnector(KVConnector):
         if source is not None or self._default_address is None:
             return source or self._default_source
         key = self.key_for(request_id)
-        return RestoreSource(0, self._default_address, self.capability_for(key))
+        return RestoreSource(0, self._default_address, self._default_capability(key, self._default_address))
+
+    def _default_capability(self, key: int, holder: Address) -> bytes:
+        """``capability_for``'s capability of ``key`` on ``holder``."""
+        assert self._capability_for is not None  # the constructor requires it for these
+        return check_capability("capability_for(key, holder)", self._capability_for(key, holder))
 
     # ---- restore ----------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request) -> int:
@@ -165,7 +179,8 @@ class StreamingConnector(KVConnector):
         key = self.key_for(request_id)
         grant = self._grants.get(request_id)
         if grant is None:
-            grant = StreamGrant(0, self.holders, self.capability_for(key) if self.holders else b"")
+            capabilities = tuple(self._default_capability(key, holder) for holder in self.holders)
+            grant = StreamGrant(0, self.holders, capabilities)
         self.core.begin(request_id, key, grant)
 
     def save_kv(self, saves: Sequence[SavedTokens]) -> None:

@@ -175,10 +175,16 @@ class HolderStore:
         tls: str = "",
         limits: WireLimits = WireLimits(),
         verify_records: bool = True,
+        holder_id: int = 0,
+        issuer_public_key: bytes | None = None,
     ) -> Server:
-        """A transport ``Server`` that keeps what it receives in this store."""
+        """A transport ``Server`` that keeps what it receives in this store, for the clients
+        whose capabilities ``issuer_public_key`` verifies and name ``holder_id`` (see
+        ``Server``)."""
         return Server(
             secret,
+            holder_id=holder_id,
+            issuer_public_key=issuer_public_key,
             address=address,
             port=port,
             tls=tls,

@@ -3,7 +3,7 @@ streamer, which gathers, checksums and sends on its own thread while the engine 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from lumen_core import _native
-from lumen_core._validate import U32_MAX, U64_MAX, check_instance, check_int, check_number
+from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_instance, check_int, check_number
 from lumen_core.auth import check_secret
 from lumen_core.layouts import KVLayout
 from lumen_core.stream._common import as_array, check_str, fingerprint_bytes
@@ -70,6 +70,18 @@ def _check_address(name: str, value: object) -> Address:
     return value[0], int(value[1])
 
 
+def _check_capabilities(value: object, num_holders: int | None) -> list[bytes]:
+    """``value`` as a list of capabilities, ``num_holders`` of them (None: the native side
+    checks the count)."""
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Sequence):
+        raise TypeError(
+            f"capabilities must be a sequence of bytes (one per holder), got {type(value).__name__}"
+        )
+    if num_holders is not None and len(value) != num_holders:
+        raise ValueError(f"capabilities must be one per holder ({num_holders}), got {len(value)}")
+    return [check_bytes(f"capabilities[{i}]", cap, CAPABILITY_BYTES) for i, cap in enumerate(value)]
+
+
 class CheckpointStreamer:
     """Streams the token records of an engine's KV cache (CPU or CUDA) to holders.
 
@@ -79,7 +91,7 @@ class CheckpointStreamer:
     pinned host staging, so the engine's stream never waits. ``gather_threads`` then only
     sets the crc threads.
 
-    ``add_request`` names a request's holders (replicas) and its capability; ``save_step``
+    ``add_request`` names a request's holders (replicas) and its capability on each; ``save_step``
     (once per engine step, accepted tokens only) only enqueues and returns a fence;
     ``wait_for_save`` must return before the engine frees or reuses a request's pages;
     ``release`` at completion. When the queue (``max_queued_steps``) or the staging pool
@@ -154,26 +166,34 @@ class CheckpointStreamer:
         self,
         request_id: int,
         holders: Sequence[Address],
-        capability: bytes,
+        capabilities: Sequence[bytes],
         *,
         epoch: int = 0,
         expected_tokens: int = 0,
     ) -> None:
-        """Stream ``request_id`` to ``holders`` (each an (address, port)), with the capability
-        of (request_id, shard, epoch). Each holder reserves ``expected_tokens`` records for it
+        """Stream ``request_id`` to ``holders`` (each an (address, port)), with
+        ``capabilities[i]``, the capability of (request_id, shard, epoch) on ``holders[i]``
+        (each names the one holder it is valid on). Each holder reserves ``expected_tokens`` records for it
         when it is opened (placement's expected size: prompt + expected output); a holder that
-        refuses is a lost replica in ``stats()``. ValueError if it is already added."""
+        refuses is a lost replica in ``stats()``. ValueError if it is already added or the
+        capabilities are not one per holder."""
         check_int("request_id", request_id, 0, U64_MAX)
         if isinstance(holders, (str, bytes)) or not isinstance(holders, Sequence) or not holders:
             raise ValueError(f"holders must be a non-empty sequence of (address, port), got {holders!r}")
         addresses = [_check_address("holders[i]", h) for h in holders]
-        if not isinstance(capability, (bytes, bytearray)):
-            raise TypeError(f"capability must be bytes, got {type(capability).__name__}")
-        if len(capability) != CAPABILITY_BYTES:
-            raise ValueError(f"capability must be {CAPABILITY_BYTES} bytes, got {len(capability)}")
+        caps = _check_capabilities(capabilities, len(addresses))
         check_int("epoch", epoch, 0, U32_MAX)
         check_int("expected_tokens", expected_tokens, 0, U64_MAX)
-        self._native.add_request(request_id, addresses, bytes(capability), epoch, expected_tokens)
+        self._native.add_request(request_id, addresses, caps, epoch, expected_tokens)
+
+    def renew(self, request_id: int, capabilities: Sequence[bytes]) -> None:
+        """A long request's fresh capabilities (same epoch, later expiry), one per replica in
+        ``add_request``'s holder order: each replica re-opens its checkpoint with its new one
+        before the next append, which renews the holder's grant. Call it before the old ones
+        expire: a holder refuses appends past their capability's expiry. ValueError for an
+        unknown request or not one capability per replica."""
+        check_int("request_id", request_id, 0, U64_MAX)
+        self._native.renew(request_id, _check_capabilities(capabilities, None))
 
     def save_step(self, request_ids: object, positions: object, slot_ids: object, token_ids: object) -> int:
         """Enqueue one step: token i of request ``request_ids[i]`` at position ``positions[i]``
@@ -219,12 +239,26 @@ class CheckpointStreamer:
         """The request finished: forget it and free its checkpoints on its holders."""
         self._native.release(check_int("request_id", request_id, 0, U64_MAX))
 
-    def replace_holder(self, old_holder: Address, new_holder: Address) -> int:
-        """Re-placement: every replica on ``old_holder`` moves to ``new_holder`` and its full
-        saved prefix is re-streamed with the request's next step. Returns the replicas moved."""
+    def replace_holder(
+        self, old_holder: Address, new_holder: Address, capabilities: Mapping[int, bytes]
+    ) -> int:
+        """Re-placement: every replica on ``old_holder`` moves to ``new_holder``, with
+        ``capabilities[request_id]`` for the new holder, and its full saved prefix is re-streamed
+        with the request's next step; a replica of a request missing from ``capabilities`` is
+        lost. Returns the replicas moved."""
+        if not isinstance(capabilities, Mapping):
+            raise TypeError(
+                f"capabilities must be a mapping of request_id to bytes, got {type(capabilities).__name__}"
+            )
+        caps = {
+            check_int("request_id", request_id, 0, U64_MAX): check_bytes(
+                "capabilities[i]", cap, CAPABILITY_BYTES
+            )
+            for request_id, cap in capabilities.items()
+        }
         return int(
             self._native.replace_holder(
-                _check_address("old_holder", old_holder), _check_address("new_holder", new_holder)
+                _check_address("old_holder", old_holder), _check_address("new_holder", new_holder), caps
             )
         )
 

@@ -3,10 +3,10 @@
 A ``Server`` (``server``) listens (on 127.0.0.1 unless given an address) and keeps what
 authenticated clients append in a ``RecordSink`` it is given (the holder's store); a ``Client``
 (``client``) connects, proves the cluster secret, and opens, appends to, reads and releases
-checkpoints keyed by (request_id, shard), each bound to a capability from ``issue_capability``
-(``wire``, with the limits both ends enforce); a ``ClientPool`` (``pool``) keeps connections to
-many holders open for reuse. The data path (send, receive, crc check) runs in
-C++ on a progress thread with no GIL. Failures raise the typed errors of ``errors``.
+checkpoints keyed by (request_id, shard), each as far as a capability signed by the issuer
+(``lumen_core.auth.CapabilityIssuer``) grants on that holder; ``wire`` has the limits both ends
+enforce; a ``ClientPool`` (``pool``) keeps connections to many holders open for reuse. The data
+path (send, receive, crc check) runs in C++ on a progress thread with no GIL. Failures raise the typed errors of ``errors``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from lumen_core.transport.errors import (
 )
 from lumen_core.transport.pool import ClientPool
 from lumen_core.transport.server import RecordSink, Server
-from lumen_core.transport.wire import CAPABILITY_BYTES, FINGERPRINT_BYTES, WireLimits, issue_capability
+from lumen_core.transport.wire import CAPABILITY_BYTES, FINGERPRINT_BYTES, WireLimits
 
 __all__ = [
     "CAPABILITY_BYTES",
@@ -44,5 +44,4 @@ __all__ = [
     "Timeout",
     "TransportError",
     "WireLimits",
-    "issue_capability",
 ]

@@ -3,7 +3,6 @@ appends to, reads and releases checkpoints (lumen/transport/client.h)."""
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from lumen_core import _native
-from lumen_core._validate import U64_MAX, check_bytes, check_int
+from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_int
 from lumen_core.auth import check_secret
 from lumen_core.transport._checks import check_array, check_key, check_timeout
 from lumen_core.transport.wire import (
@@ -21,6 +20,9 @@ from lumen_core.transport.wire import (
     append_payload_bytes,
     read_reply_bytes,
 )
+
+# The scratch checkpoint of ``Client.self_test`` (kSelfTestRequest in csrc/transport/client.cpp).
+SELF_TEST_REQUEST_ID = U64_MAX
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,11 @@ class Client:
         timeout_s: float = 10.0,
     ) -> int:
         """Opens (or re-opens at a newer epoch) a checkpoint; returns its durable length.
-        With ``reserve_tokens`` the holder also reserves that many records for it (placement's
-        expected size) or refuses the open (``Rejected``) when its budget cannot make room."""
+        ``capability`` (the issuer's, granting write on this checkpoint at ``epoch`` on this
+        holder) is what this connection's appends to it must then carry; re-opening at the
+        same epoch with a fresh one renews it. With ``reserve_tokens`` the holder also reserves
+        that many records for it (placement's expected size) or refuses the open
+        (``Rejected``) when its budget cannot make room."""
         key = check_key(request_id, shard, epoch)
         check_int("record_bytes", record_bytes, 1, self.limits.max_record_bytes)
         fingerprints = check_bytes("layout_fingerprint", layout_fingerprint, FINGERPRINT_BYTES) + check_bytes(
@@ -248,7 +253,9 @@ class Client:
 
     def self_test(
         self,
+        capability: bytes,
         *,
+        shard: int,
         message_bytes: int = 8 << 20,
         count: int = 16,
         window: int = 4,
@@ -257,7 +264,8 @@ class Client:
     ) -> SelfTest:
         """Start-up self-test: which transports UCX picked, and the bandwidth of ``count``
         appends of ``message_bytes`` (``window`` of them in flight) to a scratch checkpoint on
-        the server (released after). Warns (RuntimeWarning) when the bandwidth is below
+        the server (request SELF_TEST_REQUEST_ID, ``shard``, epoch 0, which ``capability`` must
+        grant; released after). Warns (RuntimeWarning) when the bandwidth is below
         ``expected_gb_per_s``."""
         check_int("message_bytes", message_bytes, 1, self.limits.max_payload_bytes)
         check_int("count", count, 1, 1 << 20)
@@ -265,9 +273,9 @@ class Client:
         if isinstance(expected_gb_per_s, bool) or not isinstance(expected_gb_per_s, (int, float)):
             raise TypeError(f"expected_gb_per_s must be a number, got {type(expected_gb_per_s).__name__}")
         transports = tuple(self.transports())
-        shard = int.from_bytes(os.urandom(4), "little")  # scratch key: no clash with others
+        cap = check_bytes("capability", capability, CAPABILITY_BYTES)
         bytes_per_s = self._native.measure_bandwidth(
-            message_bytes, count, window, shard, check_timeout(timeout_s)
+            message_bytes, count, window, check_int("shard", shard, 0, U32_MAX), cap, check_timeout(timeout_s)
         )
         result = SelfTest(transports=transports, gb_per_s=bytes_per_s / 1e9)
         if result.gb_per_s < expected_gb_per_s:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from lumen_core import _native
-from lumen_core._validate import check_int
-from lumen_core.auth import check_secret
+from lumen_core._validate import U64_MAX, check_bytes, check_int
+from lumen_core.auth import ISSUER_KEY_BYTES, check_secret
 from lumen_core.transport._checks import check_timeout
 from lumen_core.transport.wire import WireLimits
 
@@ -33,6 +33,12 @@ class Server:
     append whose payload has not all arrived within ``receive_timeout_s`` (its writer stalled):
     the receive fails and the store gets its memory back.
 
+    Every open, read and release must carry a capability that ``issuer_public_key`` verifies
+    (``lumen_core.auth.CapabilityIssuer``) and that names this holder (``holder_id``), the
+    checkpoint, its epoch and the right to do it, unexpired; an append must repeat the
+    capability its connection's open verified. Without a key (``trust_issuer`` sets one later)
+    every capability is refused.
+
     Raises TypeError/ValueError for bad arguments and RuntimeError when UCX cannot listen.
     """
 
@@ -41,6 +47,8 @@ class Server:
         secret: bytes,
         *,
         store: RecordSink,
+        holder_id: int = 0,
+        issuer_public_key: bytes | None = None,
         address: str = "127.0.0.1",
         port: int = 0,
         tls: str = "",
@@ -62,8 +70,12 @@ class Server:
         # The holder's store is the one native sink; its binding builds the server over it.
         if not isinstance(store, RecordSink) or not isinstance(store._native, native.HolderStore):
             raise TypeError(f"store must be a HolderStore or another RecordSink, got {type(store).__name__}")
+        if issuer_public_key is not None:
+            issuer_public_key = check_bytes("issuer_public_key", issuer_public_key, ISSUER_KEY_BYTES)
         options = native.ServerOptions(
             secret=key,
+            holder_id=check_int("holder_id", holder_id, 0, U64_MAX),
+            issuer_public_key=issuer_public_key,
             address=address,
             port=port,
             tls=tls,
@@ -81,6 +93,11 @@ class Server:
     def port(self) -> int:
         """The port listened on (the one the OS chose when constructed with port 0)."""
         return int(self._native.port)
+
+    def trust_issuer(self, public_key: bytes) -> None:
+        """Verify capabilities with ``public_key`` from now on (replacing any key given before:
+        capabilities of the old issuer are refused from then on)."""
+        self._native.trust_issuer(check_bytes("public_key", public_key, ISSUER_KEY_BYTES))
 
     def stats(self) -> dict[str, int]:
         """Counters: connections, handshakes, every kind of refusal, committed appends/bytes."""

@@ -1,17 +1,16 @@
-"""What both ends of the transport agree on (lumen/transport/wire.h): field sizes, the limits a
-receiver enforces on one message, and the capability that binds a peer to one checkpoint."""
+"""What both ends of the transport agree on (lumen/transport/wire.h): field sizes and the limits a
+receiver enforces on one message. Capabilities are issued in ``lumen_core.auth``."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lumen_core import _native
 from lumen_core._validate import U32_MAX, U64_MAX, check_int
-from lumen_core.auth import check_secret
-from lumen_core.transport._checks import check_key
+from lumen_core.auth import CAPABILITY_BYTES
+
+__all__ = ["CAPABILITY_BYTES", "FINGERPRINT_BYTES", "WireLimits", "append_payload_bytes", "read_reply_bytes"]
 
 FINGERPRINT_BYTES = 32
-CAPABILITY_BYTES = 32
 
 
 def append_payload_bytes(num_tokens: int, record_bytes: int) -> int:
@@ -44,11 +43,3 @@ class WireLimits:
             "max_record_bytes": self.max_record_bytes,
             "max_payload_bytes": self.max_payload_bytes,
         }
-
-
-def issue_capability(secret: bytes, request_id: int, shard: int, epoch: int) -> bytes:
-    """The 32-byte capability HMAC-SHA256(secret, request_id, shard, epoch) that lets a peer
-    open, append to, read and release exactly this checkpoint at this epoch."""
-    key = check_secret(secret)
-    request_id, shard, epoch = check_key(request_id, shard, epoch)
-    return bytes(_native.require_ucx().issue_capability(key, request_id, shard, epoch))

@@ -141,9 +141,11 @@ class Worker:
         self.config = config
         self.secret = secret
         self.store = HolderStore(config.budget_bytes)
-        self.server = self.store.serve(secret, address=config.holder_host, port=0)
+        # Capabilities name this holder by the worker's id; the gateway's issuer key arrives
+        # with each registration (until then every capability is refused).
+        self.server = self.store.serve(secret, address=config.holder_host, port=0, holder_id=config.worker_id)
         self.holder_address = f"{config.holder_host}:{self.server.port}"
-        self.client = GatewayClient(config.gateway, secret)
+        self.client = GatewayClient(config.gateway, secret, on_issuer_key=self.server.trust_issuer)
         self.engine: Engine | None = None
         self.connector: StreamingConnector | None = None
         self.model: Llama | None = None
@@ -380,14 +382,12 @@ class Worker:
             self._evicted |= evicted
 
     def _grant(self, epoch: int, holders: tuple[HolderGrant, ...]) -> StreamGrant:
-        """The connector's grant of a RUN, RESUME or STREAM (shard 0's capability; the same on
-        every holder); remembers each holder's worker id."""
-        if not holders:
-            return StreamGrant(epoch, (), b"")
+        """The connector's grant of a RUN, RESUME or STREAM (shard 0's capability on each
+        holder: a worker streams one shard); remembers each holder's worker id."""
         addresses = tuple(parse_address(h.address) for h in holders)
         for address, holder in zip(addresses, holders):
             self._holder_ids[address] = holder.worker_id
-        return StreamGrant(epoch, addresses, holders[0].capabilities[0])
+        return StreamGrant(epoch, addresses, tuple(h.capabilities[0] for h in holders))
 
     def _drop(self, request_id: int) -> None:
         self.served.pop(request_id, None)

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -96,12 +97,19 @@ class Streamer {
   Streamer(const Streamer&) = delete;
   Streamer& operator=(const Streamer&) = delete;
 
-  // Registers a request, its holders (replicas) and the capability of (request_id, shard,
-  // epoch); each holder is asked to reserve expected_tokens records when it is opened (a
-  // refusal loses that replica). std::invalid_argument if it is already registered or has no
-  // holder.
+  // Registers a request, its holders (replicas) and, for each holder, its capability of
+  // (request_id, shard, epoch) (a capability names the one holder it is valid on); each holder
+  // is asked to reserve expected_tokens records when it is opened (a refusal loses that
+  // replica). std::invalid_argument if it is already registered, has no holder, or not one
+  // capability per holder.
   void add_request(uint64_t request_id, const std::vector<HolderAddress>& holders,
-                   const transport::Mac& capability, uint32_t epoch, uint64_t expected_tokens);
+                   const std::vector<transport::CapabilityBytes>& capabilities, uint32_t epoch,
+                   uint64_t expected_tokens);
+  // Renews request_id's capabilities (one per replica, in add_request's order; the same
+  // epoch with a later expiry): each replica re-opens its checkpoint with the new one before
+  // its next append, which renews the holder's grant (appends already sent keep the old one).
+  // std::invalid_argument: unknown request, or not one capability per replica.
+  void renew(uint64_t request_id, const std::vector<transport::CapabilityBytes>& capabilities);
   // n tokens: request_ids[i] wrote position positions[i] (token token_ids[i]) into slot
   // slot_ids[i]; a request's tokens are consecutive positions. On a CUDA cache the step is
   // gathered after the work queued so far on engine_stream (the stream that wrote its KV; 0:
@@ -121,9 +129,12 @@ class Streamer {
   bool flush(double timeout_s);
   // Forgets request_id and frees its checkpoints on its holders (in the background).
   void release(uint64_t request_id);
-  // Moves every replica on `old_holder` to `new_holder`; the full saved prefix is re-streamed
-  // from the engine's cache with each request's next step. Returns the requests moved.
-  uint64_t replace_holder(const HolderAddress& old_holder, const HolderAddress& new_holder);
+  // Moves every replica on `old_holder` to `new_holder`, with the capability for the new
+  // holder in capabilities (by request id); the full saved prefix is re-streamed from the
+  // engine's cache with each request's next step. A replica of a request with no capability
+  // given is lost. Returns the requests moved.
+  uint64_t replace_holder(const HolderAddress& old_holder, const HolderAddress& new_holder,
+                          const std::map<uint64_t, transport::CapabilityBytes>& capabilities);
 
   StreamerStats stats() const;
   std::vector<RequestState> requests() const;
@@ -144,13 +155,13 @@ class Streamer {
   };
   struct Replica {
     Holder* holder = nullptr;
+    transport::CapabilityBytes capability{};  // valid on this holder only
     bool opened = false;
     bool lost = false;
     uint64_t sent = 0;
     uint64_t durable = 0;
   };
   struct Request {
-    transport::Mac capability{};
     uint32_t epoch = 0;
     uint64_t expected_tokens = 0;  // reserved on each holder at open
     std::vector<int64_t> slots;    // by position
@@ -166,7 +177,7 @@ class Streamer {
     uint64_t mark = 0;   // a step's point on the engine's stream (StepGather)
     std::vector<uint64_t> request_ids;
     // a release: (holder, capability, epoch) of each replica of request_ids[0]
-    std::vector<std::pair<Holder*, std::pair<transport::Mac, uint32_t>>> releases;
+    std::vector<std::pair<Holder*, std::pair<transport::CapabilityBytes, uint32_t>>> releases;
   };
   struct Op {
     Holder* holder = nullptr;

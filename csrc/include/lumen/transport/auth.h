@@ -1,5 +1,6 @@
-// Authentication of the data plane (DESIGN.md 3.3): HMAC-SHA256 (OpenSSL) challenge-response
-// on the cluster secret, and per-request capabilities HMAC(secret, request_id, shard, epoch).
+// Authentication of the data plane's connections (DESIGN.md 3.3): HMAC-SHA256 (OpenSSL)
+// challenge-response on the cluster secret. What a connection may do with a checkpoint is
+// decided by capabilities the issuer signs (lumen/transport/capability.h), not by the secret.
 #pragma once
 #include <array>
 #include <cstddef>
@@ -21,10 +22,6 @@ void check_secret(const std::string& secret);
 
 // A fresh random nonce (OpenSSL RAND_bytes); throws std::runtime_error if it fails.
 Nonce random_nonce();
-
-// HMAC-SHA256(secret, "lumen-cap-v1" || le64 request_id || le32 shard || le32 epoch).
-Mac issue_capability(const std::string& secret, uint64_t request_id, uint32_t shard,
-                     uint32_t epoch);
 
 // The proofs of the handshake: role is "client" or "server"; first and second are the nonces
 // in the order the role uses (client: server nonce then client nonce; server: the reverse).

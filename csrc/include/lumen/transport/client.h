@@ -48,7 +48,7 @@ struct AppendArgs {
   const uint32_t* token_ids = nullptr;  // [num_tokens]
   const uint32_t* crcs = nullptr;       // [num_tokens]
   const uint8_t* records = nullptr;     // [num_tokens * record_bytes]
-  Mac capability{};
+  CapabilityBytes capability{};
 };
 
 struct ReadArgs {
@@ -62,7 +62,7 @@ struct ReadArgs {
   uint32_t* crcs = nullptr;         // [max_tokens], written
   uint8_t* records = nullptr;       // [max_tokens * record_bytes], written
   uint8_t* fingerprints = nullptr;  // [2 * kFingerprintBytes], written
-  Mac capability{};
+  CapabilityBytes capability{};
 };
 
 struct ReadReply {
@@ -91,14 +91,14 @@ class Client {
   // Each returns the checkpoint's durable length reported by the server.
   // open also asks the holder to reserve reserve_tokens records (refused: kRejected).
   uint64_t open(uint64_t request_id, uint32_t shard, uint32_t epoch, uint32_t record_bytes,
-                const uint8_t* fingerprints, const Mac& capability, uint64_t reserve_tokens,
-                double timeout_s);
+                const uint8_t* fingerprints, const CapabilityBytes& capability,
+                uint64_t reserve_tokens, double timeout_s);
   uint64_t append(const AppendArgs& args, double timeout_s);
   // Starts an append and returns its operation id for wait(); several may be in flight.
   uint64_t start_append(const AppendArgs& args);
   uint64_t wait(uint64_t op_id, double timeout_s);
-  void release(uint64_t request_id, uint32_t shard, uint32_t epoch, const Mac& capability,
-               double timeout_s);
+  void release(uint64_t request_id, uint32_t shard, uint32_t epoch,
+               const CapabilityBytes& capability, double timeout_s);
   ReadReply read(const ReadArgs& args, double timeout_s);
   // Sends header (any bytes) and payload as one message and waits for the answer to op_id
   // (>= 2**63, or for the connection to fail): for tests of the server's validation.
@@ -106,10 +106,11 @@ class Client {
                     uint64_t op_id, double timeout_s, RawReply reply = RawReply::kWithReplyEp);
 
   // Streams count appends of message_bytes (zero records of up to 32 KiB with their crcs) to
-  // a scratch checkpoint (request_id 2**64 - 1, the given shard), releases it, and returns
-  // the payload bytes per second achieved with `window` appends in flight.
+  // a scratch checkpoint (request_id 2**64 - 1, the given shard, epoch 0, which capability must
+  // grant), releases it, and returns the payload bytes per second achieved with `window`
+  // appends in flight.
   double measure_bandwidth(uint64_t message_bytes, uint32_t count, uint32_t window, uint32_t shard,
-                           double timeout_s);
+                           const CapabilityBytes& capability, double timeout_s);
 
   // The (transport, device) pairs UCX chose for this connection, e.g. ("tcp", "lo").
   std::vector<std::pair<std::string, std::string>> transports();

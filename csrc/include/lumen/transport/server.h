@@ -1,17 +1,21 @@
 // The receiving side of the data plane: a UCP listener (behind a Gate that bounds connections
 // not yet authenticated) whose connections must prove the cluster secret, then
-// open/append/release/read checkpoints held by a RecordSink. Appends are received straight
+// open/append/release/read checkpoints held by a RecordSink, each as far as a capability signed
+// by the trusted issuer grants it (lumen/transport/capability.h). Appends are received straight
 // into the sink's buffers by the progress thread; no Python runs on it.
 #pragma once
 #include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
 #include "lumen/transport/auth.h"
+#include "lumen/transport/capability.h"
 #include "lumen/transport/gate.h"
 #include "lumen/transport/sink.h"
 #include "lumen/transport/wire.h"
@@ -23,6 +27,10 @@ struct ServerOptions {
   std::string address = "127.0.0.1";
   uint16_t port = 0;  // 0: any free port; port() tells which
   std::string secret;
+  // This holder's id (the one capabilities name) and the issuer's public key; without a key
+  // every capability is refused until trust_issuer() sets one.
+  uint64_t holder_id = 0;
+  std::optional<IssuerKey> issuer_public_key;
   std::string tls;
   WireLimits limits;
   bool verify_records = true;  // recompute each record's crc32c on receipt
@@ -47,7 +55,9 @@ struct ServerStats {
   uint64_t handshake_timeouts = 0;  // at the gate or after UCX's connection request
   uint64_t malformed = 0;           // messages that failed validation (connection dropped)
   uint64_t unauthenticated = 0;     // messages before the handshake (connection dropped)
-  uint64_t bad_capability = 0;
+  uint64_t bad_capability = 0;      // not signed by the trusted issuer (or none trusted yet)
+  uint64_t capability_refused = 0;  // signed, but not for this checkpoint, epoch, holder or
+                                    // operation, or expired; or an append its open did not grant
   uint64_t stale_epoch = 0;
   uint64_t rejected = 0;  // refused by the sink: not open, gap, unknown checkpoint
   uint64_t conflicts = 0;
@@ -72,10 +82,18 @@ class Server {
   Server& operator=(const Server&) = delete;
 
   uint16_t port() const { return port_; }
+  // Verifies capabilities with public_key from now on (a gateway hands its key over at
+  // registration; a restarted one may bring another). Throws std::runtime_error if OpenSSL
+  // refuses the key.
+  void trust_issuer(const IssuerKey& public_key);
   ServerStats stats() const;
   void close();
 
  private:
+  struct Grant {
+    Capability capability;
+    CapabilityBytes bytes{};
+  };
   struct Conn {
     uint64_t id = 0;
     ucp_ep_h ep = nullptr;
@@ -83,6 +101,10 @@ class Server {
     std::chrono::steady_clock::time_point accepted_at;
     Nonce nonce{};
     bool authenticated = false;
+    // What this connection's opens were granted, by (request_id, shard, epoch): an append
+    // must present the same capability, before its expiry. (An older epoch's grant stays, so
+    // the store, not the grant, tells a fenced writer it is stale.)
+    std::map<std::tuple<uint64_t, uint32_t, uint32_t>, Grant> grants;
   };
   // An accepted append; lives until it is settled and its receive (if any) has completed.
   struct PendingAppend {
@@ -106,6 +128,11 @@ class Server {
 
   ucs_status_t handle(Conn* conn, const WireHeader& h, void* data, bool rndv);
   void handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload);
+  // Whether h.capability is signed by the issuer and grants `needed` on h's checkpoint here,
+  // now (counted in the stats when not); *out is the capability.
+  bool check_capability(Capability* out, const WireHeader& h, uint32_t needed);
+  // Whether an append is covered by its connection's open.
+  bool check_granted(const Conn& conn, const WireHeader& h);
   ucs_status_t handle_append(Conn* conn, const WireHeader& h, void* data, bool rndv);
   void complete_append(uint64_t ticket);
   void settle(const std::vector<AppendOutcome>& outcomes);
@@ -126,8 +153,9 @@ class Server {
 
   ServerOptions options_;
   std::shared_ptr<RecordSink> sink_;
-  mutable Worker worker_;              // stats() hands a copy job to its thread
-  ucp_listener_h listener_ = nullptr;  // on 127.0.0.1, behind gate_
+  std::unique_ptr<CapabilityVerifier> verifier_;  // progress thread only
+  mutable Worker worker_;                         // stats() hands a copy job to its thread
+  ucp_listener_h listener_ = nullptr;             // on 127.0.0.1, behind gate_
   std::unique_ptr<Gate> gate_;
   uint16_t port_ = 0;
   uint64_t next_conn_id_ = 1;

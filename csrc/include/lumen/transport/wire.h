@@ -16,8 +16,10 @@
 //   56 u64 durable_tokens   ack / read reply: durable length of the checkpoint;
 //                           open: tokens the holder must reserve for it (0: none)
 //   64 u32 status           reply status (Status), 0 in requests
-//   68 u8[32] capability    HMAC-SHA256(secret, request_id, shard, epoch); zero where unused
-//  100 u32 header_crc       crc32c of bytes [0, 100)
+//   68 u8[128] capability   signed by the issuer (lumen/transport/capability.h); open, read
+//                           and release verify it, an append repeats its open's; zero in
+//                           replies and the handshake
+//  196 u32 header_crc       crc32c of bytes [0, 196)
 //
 // Payloads:
 //   CHALLENGE   32-byte server nonce
@@ -35,11 +37,14 @@
 #include <cstdint>
 #include <string>
 
+#include "lumen/transport/capability.h"
+
 namespace lumen::transport {
 
 constexpr uint32_t kWireMagic = 0x4E4D554Cu;  // "LUMN" in little-endian byte order
-constexpr uint16_t kWireVersion = 2;          // 2: AUTH_OK announces the server's limits
-constexpr size_t kHeaderBytes = 104;
+// 2: AUTH_OK announces the server's limits; 3: signed 128-byte capabilities
+constexpr uint16_t kWireVersion = 3;
+constexpr size_t kHeaderBytes = 68 + kCapabilityBytes + 4;
 constexpr size_t kMacBytes = 32;
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kFingerprintBytes = 32;
@@ -87,7 +92,7 @@ struct WireHeader {
   uint64_t payload_bytes = 0;
   uint64_t durable_tokens = 0;
   Status status = Status::kOk;
-  std::array<uint8_t, kMacBytes> capability{};
+  CapabilityBytes capability{};
 };
 
 // Limits the receiver enforces on every message.

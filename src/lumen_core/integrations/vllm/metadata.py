@@ -22,7 +22,7 @@ class OpenSpec:
     request_id: str
     key: int
     holders: tuple[Address, ...]
-    capability: bytes
+    capabilities: tuple[bytes, ...]  # one per holder
     epoch: int
     expected_tokens: int
 

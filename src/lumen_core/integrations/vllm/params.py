@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lumen_core.auth import read_secret_file
+from lumen_core.auth import CapabilityIssuer, Rights, read_issuer_key_file, read_secret_file
 from lumen_core.stream import request_key
-from lumen_core.transport import CAPABILITY_BYTES, issue_capability
+from lumen_core.transport import CAPABILITY_BYTES
 
 __all__ = ["ConnectorConfig", "RequestControl", "RestorePlan"]
 
@@ -19,13 +19,24 @@ Address = tuple[str, int]
 _U32_MAX = 2**32 - 1
 
 
-def _address(name: str, value: object) -> Address:
-    """``{"address": str, "port": int}`` or ``"host:port"`` as an (address, port) tuple."""
+def _holder(name: str, value: object) -> tuple[Address, int]:
+    """``{"address": str, "port": int, "holder_id": int}`` (``holder_id`` optional, default 0)
+    or ``"host:port"`` as ((address, port), holder_id)."""
     if isinstance(value, str) and value.rpartition(":")[2].isdigit():
         host, _, port = value.rpartition(":")
         value = {"address": host, "port": int(port)}
-    if not isinstance(value, Mapping) or set(value) - {"address", "port"}:
-        raise ValueError(f"`{name}` must be {{'address': str, 'port': int}} or 'host:port', got {value!r}")
+    if not isinstance(value, Mapping) or set(value) - {"address", "port", "holder_id"}:
+        raise ValueError(
+            f"`{name}` must be {{'address': str, 'port': int, 'holder_id': int}} or 'host:port', got {value!r}"
+        )
+    holder_id = value.get("holder_id", 0)
+    if isinstance(holder_id, bool) or not isinstance(holder_id, int) or not 0 <= holder_id < 2**64:
+        raise ValueError(f"`{name}.holder_id` must be an int in [0, 2**64), got {holder_id!r}")
+    return _address(name, {k: v for k, v in value.items() if k != "holder_id"}), holder_id
+
+
+def _address(name: str, value: Mapping[str, Any]) -> Address:
+    """``{"address": str, "port": int}`` as an (address, port) tuple."""
     address, port = value.get("address"), value.get("port")
     if not isinstance(address, str) or not address:
         raise ValueError(f"`{name}.address` must be a non-empty str, got {address!r}")
@@ -59,21 +70,43 @@ def _epoch(name: str, value: object) -> int:
 @dataclass(frozen=True)
 class ConnectorConfig:
     """What ``kv_connector_extra_config`` sets: the cluster secret (``secret_file``, a 0600
-    file), the default ``holders`` of requests that name none, the UCX transports (``tls``,
-    "" leaves UCX's choice), ``model_fingerprint`` (default: computed from the model's files,
-    see ``model_fingerprint``) and ``connect_timeout_s`` of connections to source holders."""
+    file), the capability issuer of the gateway-less mode (``issuer_key_file``, a 0600 file
+    from ``lumen keygen``; None: every request brings its capabilities), the default
+    ``holders`` of requests that name none with the ids capabilities name them by
+    (``holder_ids``), the UCX transports (``tls``, "" leaves UCX's choice),
+    ``model_fingerprint`` (default: computed from the model's files, see
+    ``model_fingerprint``) and ``connect_timeout_s`` of connections to source holders."""
 
     secret: bytes
     holders: tuple[Address, ...] = ()
     tls: str = ""
     model_fingerprint: str | None = None
     connect_timeout_s: float = 2.0
+    issuer: CapabilityIssuer | None = None
+    holder_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.holder_ids) != len(self.holders):
+            raise ValueError(
+                f"`holder_ids` must be one per holder ({len(self.holders)}), got {len(self.holder_ids)}"
+            )
+
+    def holder_id(self, address: Address) -> int:
+        """The id of the configured holder at ``address`` (0 for one not configured)."""
+        return dict(zip(self.holders, self.holder_ids)).get(address, 0)
+
+    def issue(self, name: str, key: int, epoch: int, holder_id: int, rights: Rights) -> bytes:
+        """A capability of (key, shard 0, epoch) on ``holder_id`` from the local issuer;
+        ValueError naming ``name`` (what the request should have carried) without one."""
+        if self.issuer is None:
+            raise ValueError(f"`{name}` must be given: no `issuer_key_file` is configured to issue it")
+        return self.issuer.issue(key, 0, epoch, holder_id=holder_id, rights=rights)
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
         """Raises TypeError on a value of the wrong type (``holders``, ``tls``), ValueError on
         an unknown key, a missing ``secret_file`` or a bad value."""
-        known = {"secret_file", "holders", "tls", "model_fingerprint", "connect_timeout_s"}
+        known = {"secret_file", "issuer_key_file", "holders", "tls", "model_fingerprint", "connect_timeout_s"}
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(
@@ -93,12 +126,18 @@ class ConnectorConfig:
         timeout = extra.get("connect_timeout_s", 2.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"`connect_timeout_s` must be a number > 0, got {timeout!r}")
+        parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders)]
+        issuer = None
+        if "issuer_key_file" in extra:
+            issuer = CapabilityIssuer(read_issuer_key_file(str(Path(extra["issuer_key_file"]))))
         return cls(
             secret=read_secret_file(str(Path(extra["secret_file"]))),
-            holders=tuple(_address(f"holders[{i}]", h) for i, h in enumerate(holders)),
+            holders=tuple(address for address, _ in parsed),
             tls=tls,
             model_fingerprint=fingerprint,
             connect_timeout_s=float(timeout),
+            issuer=issuer,
+            holder_ids=tuple(holder_id for _, holder_id in parsed),
         )
 
 
@@ -116,14 +155,14 @@ class RestorePlan:
 @dataclass(frozen=True)
 class RequestControl:
     """One request's checkpointing: its LUMEN ``request_id`` (keyed on the wire as ``key``),
-    ``epoch``, the ``holders`` it streams to (empty: not checkpointed) with ``capability``,
-    and ``restore`` (None: nothing to resume from)."""
+    ``epoch``, the ``holders`` it streams to (empty: not checkpointed) with its capability on
+    each (``capabilities``), and ``restore`` (None: nothing to resume from)."""
 
     request_id: str
     key: int
     epoch: int
     holders: tuple[Address, ...]
-    capability: bytes
+    capabilities: tuple[bytes, ...]
     restore: RestorePlan | None
 
     @classmethod
@@ -133,18 +172,19 @@ class RequestControl:
         """From a request's ``kv_transfer_params`` (its "lumen" entry; absent: every default).
 
         Defaults: the engine's request id, epoch 0, the configured holders, capabilities
-        issued with the cluster secret for (request, shard 0, epoch); ``restore`` given as
-        ``{}`` reads from the first configured holder.
+        issued by the configured issuer for (request, shard 0, epoch) on each holder;
+        ``restore`` given as ``{}`` reads from the first configured holder.
 
         Raises:
             TypeError: the "lumen" entry is not a dict, a capability neither hex nor bytes.
-            ValueError: an unknown key or a malformed value (the connector then serves the
-                request without checkpointing rather than somewhere it did not ask for).
+            ValueError: an unknown key, a malformed value, or a capability neither given nor
+                issuable here (the connector then serves the request without checkpointing
+                rather than somewhere it did not ask for).
         """
         lumen = (params or {}).get("lumen", {})
         if not isinstance(lumen, Mapping):
             raise TypeError(f"`kv_transfer_params['lumen']` must be a dict, got {type(lumen).__name__}")
-        known = {"request_id", "epoch", "holders", "capability", "restore"}
+        known = {"request_id", "epoch", "holders", "capabilities", "restore"}
         unknown = sorted(set(lumen) - known)
         if unknown:
             raise ValueError(
@@ -159,33 +199,49 @@ class RequestControl:
             holders_value = lumen["holders"]
             if not isinstance(holders_value, list):
                 raise TypeError(f"`holders` must be a list of holders, got {holders_value!r}")
-            holders = tuple(_address(f"holders[{i}]", h) for i, h in enumerate(holders_value))
+            parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders_value)]
+            holders = tuple(address for address, _ in parsed)
+            holder_ids = tuple(holder_id for _, holder_id in parsed)
         else:
-            holders = config.holders
-        if "capability" in lumen:
-            capability = _capability("capability", lumen["capability"])
+            holders, holder_ids = config.holders, config.holder_ids
+        if "capabilities" in lumen:
+            values = lumen["capabilities"]
+            if not isinstance(values, list) or len(values) != len(holders):
+                raise ValueError(
+                    f"`capabilities` must be a list of one capability per holder, got {values!r:.80}"
+                )
+            capabilities = tuple(_capability(f"capabilities[{i}]", c) for i, c in enumerate(values))
         else:
-            capability = issue_capability(config.secret, key, 0, epoch)
+            capabilities = tuple(
+                config.issue("capabilities", key, epoch, holder_id, Rights.WRITE | Rights.READ)
+                for holder_id in holder_ids
+            )
         restore = None
         if "restore" in lumen:
             restore = cls._restore_plan(lumen["restore"], key, epoch, config)
-        return cls(request_id, key, epoch, holders, capability, restore)
+        return cls(request_id, key, epoch, holders, capabilities, restore)
 
     @staticmethod
     def _restore_plan(value: object, key: int, epoch: int, config: ConnectorConfig) -> RestorePlan:
-        if not isinstance(value, Mapping) or set(value) - {"address", "port", "epoch", "capability"}:
+        fields = {"address", "port", "holder_id", "epoch", "capability"}
+        if not isinstance(value, Mapping) or set(value) - fields:
             raise ValueError(
-                f"`restore` must be a dict of address, port, epoch, capability (each optional), got {value!r}"
+                f"`restore` must be a dict of address, port, holder_id, epoch, capability (each optional), "
+                f"got {value!r}"
             )
         if "address" in value or "port" in value:
-            address = _address("restore", {k: value[k] for k in ("address", "port") if k in value})
+            address, holder_id = _holder(
+                "restore", {k: value[k] for k in fields - {"epoch", "capability"} if k in value}
+            )
+            if "holder_id" not in value:
+                holder_id = config.holder_id(address)
         elif config.holders:
-            address = config.holders[0]
+            address, holder_id = config.holders[0], config.holder_ids[0]
         else:
             raise ValueError("`restore` must name an address and port: no holders are configured")
         restore_epoch = _epoch("restore.epoch", value.get("epoch", epoch))
         if "capability" in value:
             capability = _capability("restore.capability", value["capability"])
         else:
-            capability = issue_capability(config.secret, key, 0, restore_epoch)
+            capability = config.issue("restore.capability", key, restore_epoch, holder_id, Rights.READ)
         return RestorePlan(address, restore_epoch, capability)

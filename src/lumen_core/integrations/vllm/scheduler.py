@@ -121,7 +121,7 @@ class SchedulerSide:
                         control.request_id,
                         control.key,
                         control.holders,
-                        control.capability,
+                        control.capabilities,
                         control.epoch,
                         request.num_prompt_tokens + request.max_tokens,
                     )

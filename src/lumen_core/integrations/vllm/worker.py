@@ -75,7 +75,7 @@ class WorkerSide:
                 logger.error("lumen: request %s is already streaming: %s is not checkpointed", spec.request_id,
                              spec.req_id)  # fmt: skip
                 continue
-            grant = StreamGrant(spec.epoch, spec.holders, spec.capability, spec.expected_tokens)
+            grant = StreamGrant(spec.epoch, spec.holders, spec.capabilities, spec.expected_tokens)
             if self.core.begin(spec.request_id, spec.key, grant):
                 self._request_ids[spec.req_id] = spec.request_id
         self._failed_loads.clear()
