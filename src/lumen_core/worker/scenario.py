@@ -57,7 +57,9 @@ class KillRule:
     """Kill a worker once one runs at least ``min_requests`` requests whose checkpoints hold
     at least ``min_durable_tokens`` durable tokens each (requests the policy does not
     checkpoint: that many tokens computed), not before ``not_before_s``; restart it at once
-    (as a recovering worker). Times are modelled seconds (``run_scenario``'s ``time_scale``)."""
+    (as a recovering worker). A request in the last quarter of its expected output does not
+    count: it may finish between the choice and the kill, and the kill is meant to interrupt
+    ``min_requests``. Times are modelled seconds (``run_scenario``'s ``time_scale``)."""
 
     not_before_s: float
     min_requests: int = 4
@@ -138,12 +140,15 @@ def _victim(cluster: LocalCluster, plan: KillRule) -> int | None:
             durable = 0
             for request_id in monitor.running_on(worker_id):
                 view = monitor.request(request_id)
+                generated = len(cluster.gateway.coordinator.tokens(request_id)[0])
+                if 4 * generated >= 3 * view.expected_output_tokens:
+                    continue
                 # A request its policy keeps no checkpoint of (S&R) counts once it has run
                 # as long as a checkpointed one would have to.
                 tokens = (
                     max((d for _, d in view.durable_tokens), default=0)
                     if view.holder_ids
-                    else (view.prompt_tokens + len(cluster.gateway.coordinator.tokens(request_id)[0]))
+                    else view.prompt_tokens + generated
                 )
                 if tokens >= plan.min_durable_tokens:
                     durable += 1
