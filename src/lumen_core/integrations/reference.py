@@ -183,6 +183,11 @@ class StreamingConnector(KVConnector):
             grant = StreamGrant(0, self.holders, capabilities)
         self.core.begin(request_id, key, grant)
 
+    def holders_of(self, request_id: str) -> tuple[Address, ...]:
+        """The holders ``request_id`` streams to: its grant's, else the defaults."""
+        grant = self._grants.get(request_id)
+        return tuple(grant.holders) if grant is not None else self.holders
+
     def save_kv(self, saves: Sequence[SavedTokens]) -> None:
         steps = []
         for s in saves:

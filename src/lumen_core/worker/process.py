@@ -17,8 +17,9 @@ first and the full model in the background; ``modelled_*_load_s`` add the load t
 tells the gateway ``ModelLoaded`` and serves.
 
 Paced (``WorkerConfig.pace``, issue 21): ``_step`` holds each engine step and its token
-reports to the modelled duration of what it ran (``lumen_core.pacing``); that hook is the
-only pacing code here.
+reports to the modelled duration of what it ran (``lumen_core.pacing``), and checkpoint
+streaming goes through ``PacedStreamingConnector`` (no faster than the modelled link); those
+two hooks are the only pacing code here.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lumen_core.connector import RestoreSource, StreamGrant
 from lumen_core.engine import (
@@ -61,12 +63,13 @@ from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
 from lumen_core.gateway.reports import HeldReport, LostReplica, WorkerReport
 from lumen_core.integrations.reference import StreamingConnector
-from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
+from lumen_core.pacing import PacedSaves, Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
 from lumen_core.stream import HolderStore, RestoreResult
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
 from lumen_core.worker.engine_ids import engine_key, request_id_of
+from lumen_core.worker.paced_streaming import PacedStreamingConnector
 
 EXIT_OK = 0
 EXIT_FENCED = 3
@@ -191,16 +194,20 @@ class Worker:
 
     def _build_engine(self) -> None:
         assert self.model is not None
-        self.connector = StreamingConnector(
-            self.secret,
-            model_fingerprint(self.model),
-            store=self.store,
-            key_for=request_id_of,
-            streamer_options={
+        options: dict[str, Any] = {
+            "store": self.store,
+            "key_for": request_id_of,
+            "streamer_options": {
                 "ack_timeout_s": self.config.ack_timeout_s,
                 "give_up_after_s": self.config.give_up_after_s,
             },
-        )
+        }
+        fingerprint = model_fingerprint(self.model)
+        if self.pacer is None:
+            self.connector = StreamingConnector(self.secret, fingerprint, **options)
+        else:  # checkpoint streaming paced like the steps (issue 21)
+            paced = PacedSaves(self.pacer.cost, self.config.time_scale)
+            self.connector = PacedStreamingConnector(paced, self.secret, fingerprint, **options)
         self.engine = Engine(
             self.model,
             CacheConfig(num_blocks=self.config.num_blocks, block_size=self.config.block_size),
