@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from lumen_core.connector import RestoreSource, StreamGrant
+from lumen_core.connector import model_fingerprint as file_fingerprint
 from lumen_core.engine import (
     CacheConfig,
     Engine,
@@ -77,8 +78,10 @@ EXIT_FENCED = 3
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path (and
-    draft_path): files written by ``engine.save_model``. state: "serving", or "recovering"
+    """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path: a file
+    written by ``engine.save_model`` or a transformers Llama directory (``config.json`` and
+    safetensors: its fingerprint is then ``connector.model_fingerprint``'s, as vLLM's is).
+    draft_path: a file written by ``engine.save_model``. state: "serving", or "recovering"
     for a restart after a failure. budget_bytes: host memory offered to other workers'
     checkpoints. holder_host: where the embedded holder listens. pace: a cost-model setup
     ("MODEL/GPUxTP", ``pacing.parse_pace``) every engine step and restore is paced to, each
@@ -111,8 +114,12 @@ class WorkerConfig:
             raise ValueError(f"worker_id must be an int >= 0, got {self.worker_id!r}")
         if self.state not in (WorkerState.SERVING, WorkerState.RECOVERING):
             raise ValueError(f"state must be 'serving' or 'recovering', got {self.state!r}")
-        if not Path(self.model_path).is_file():
-            raise ValueError(f"model_path must be a file written by save_model, got {self.model_path!r}")
+        model = Path(self.model_path)
+        if not (model.is_file() or (model / "config.json").is_file()):
+            raise ValueError(
+                "model_path must be a file written by save_model or a transformers Llama directory, "
+                f"got {self.model_path!r}"
+            )
         if self.draft_path is not None and not Path(self.draft_path).is_file():
             raise ValueError(f"draft_path must be a file written by save_model, got {self.draft_path!r}")
         for name in ("modelled_full_load_s", "modelled_draft_load_s"):
@@ -202,7 +209,10 @@ class Worker:
                 "give_up_after_s": self.config.give_up_after_s,
             },
         }
-        fingerprint = model_fingerprint(self.model)
+        if Path(self.config.model_path).is_dir():  # named from its files, as vLLM names them
+            fingerprint = file_fingerprint(self.config.model_path, dtype=str(self.model.dtype))
+        else:
+            fingerprint = model_fingerprint(self.model)
         if self.pacer is None:
             self.connector = StreamingConnector(self.secret, fingerprint, **options)
         else:  # checkpoint streaming paced like the steps (issue 21)
