@@ -25,8 +25,8 @@
 // transposes of transpose.h, by (tile, plane) items in a scatter too. Restore batches of whole
 // blocks (vLLM CPU, 8 layers x 8 KV heads x 128, bf16, 1 thread, timed 512 tokens at a time):
 // element by element, K alone gathered at 1.3-1.9 GB/s and scattered at 0.7, whole records
-// at 0.13-0.25x and 0.05-0.07x of memcpy; transposed, K at 11 and 8.5-9.3 GB/s, records at
-// 0.61-0.64x and 0.56-0.60x.
+// at 0.13-0.25x and 0.05-0.07x of memcpy; transposed, K at 11-13 and 8.5-10.4 GB/s, records
+// at 0.61-0.75x and 0.54-0.63x (bench/RESULTS.md).
 #include "lumen/gather.h"
 
 #include <immintrin.h>
