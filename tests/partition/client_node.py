@@ -6,7 +6,8 @@
 IN.json: ``[{"time_s": t, "prompt": [ids], "max_new_tokens": n}, ...]``. Each request is
 submitted at its ``time_s`` (from start) on its own thread; a stream that breaks after the
 request id is known is picked up again with ``Watch`` from the tokens received, until ``T``
-seconds have passed. OUT.json: one record per arrival, in order: ``request_id``, ``chunks``
+seconds have passed. Prints ``{"event": "started"}`` as the first arrival's clock starts, and
+``{"event": "done", ...}`` at the end. OUT.json: one record per arrival, in order: ``request_id``, ``chunks``
 (``[start_position, num_tokens]`` as received, so the checker sees a repeat or a gap),
 ``token_ids``, ``finished``, ``error`` (the last one, "" if none), ``reconnects``.
 """
@@ -64,6 +65,7 @@ def main() -> int:
         {"request_id": -1, "chunks": [], "token_ids": [], "finished": False, "error": "", "reconnects": 0}
         for _ in arrivals
     ]
+    print(json.dumps({"event": "started"}), flush=True)  # arrival times count from here
     start = time.monotonic()
     deadline = start + args.timeout_s
     threads = []

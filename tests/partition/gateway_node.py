@@ -67,6 +67,8 @@ class _Ledger:
 
         coordinator.fail = on_fail  # type: ignore[method-assign]
         coordinator.report_tokens = on_report  # type: ignore[method-assign]
+        if unfenced:  # the servicer checks a report's worker epoch before any request's
+            coordinator.check_worker_epoch = lambda worker_id, worker_epoch: None  # type: ignore[method-assign]
 
 
 def _status(server: GatewayServer) -> dict[str, object]:

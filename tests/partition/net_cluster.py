@@ -214,10 +214,23 @@ class NetCluster:
                 restarted.append(worker_id)
         return restarted
 
+    def restore_failed(self, timeout_s: float) -> list[int]:
+        """Wait until every worker the gateway has failed at its current epoch has exited
+        (fenced itself) and restart it; the ids restarted. Stops at ``timeout_s``."""
+        restarted: list[int] = []
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            restarted += self.restart_exited()
+            failed = [w for w in self.ask("status")["workers"] if w["state"] == "failed"]  # type: ignore[attr-defined]
+            if not failed:
+                break
+            time.sleep(0.2)
+        return restarted
+
     # ---- the client ----------------------------------------------------------------------
     def start_client(self, arrivals: list[dict[str, object]], timeout_s: float) -> subprocess.Popen[str]:
-        """The client node submitting ``arrivals`` (client_node.py's format); ``client_results``
-        reads what it received once it has exited."""
+        """The client node submitting ``arrivals`` (client_node.py's format), returned once its
+        arrival clock has started; ``client_results`` reads what it received once it has exited."""
         (self.workdir / "arrivals.json").write_text(json.dumps(arrivals))
         command = [
             sys.executable, str(HERE / "client_node.py"), "--gateway", self.gateway_address,
@@ -225,14 +238,20 @@ class NetCluster:
             "--out", str(self.workdir / "client.json"), "--timeout-s", str(timeout_s),
         ]  # fmt: skip
         with open(self.workdir / "client.log", "w") as log:
-            return subprocess.Popen(
+            client = subprocess.Popen(
                 self.network.argv("client", command),
-                stdout=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
                 stderr=log,
                 text=True,
                 env=self.env,
                 start_new_session=True,
             )
+        assert client.stdout is not None
+        if client.stdout.readline().strip() != '{"event": "started"}':
+            raise RuntimeError(
+                f"the client did not start: {(self.workdir / 'client.log').read_text()[-2000:]}"
+            )
+        return client
 
     def client_results(self) -> list[dict[str, object]]:
         return json.loads((self.workdir / "client.json").read_text())

@@ -217,15 +217,17 @@ class Network:
         out = _run(["ip", "netns", "exec", self.bridge_netns, "nft", "list", "chain", "bridge", NFT_TABLE, "forward"])  # fmt: skip
         return sum(int(n) for n in re.findall(r"counter packets (\d+)", out))
 
-    def overlimits(self) -> int:
-        """Packets the rate limits held back (tbf ``overlimits``) on the links rated now."""
-        total = 0
+    def limited(self) -> tuple[int, int]:
+        """(bytes that passed the rate limits, packets they held back: tbf ``overlimits``) on
+        the links rated now."""
+        sent = held = 0
         for node in sorted(self._rated):
             target = self.node(node)
             for netns, dev in ((self.bridge_netns, target.port), (target.netns, "eth0")):
                 out = _run(["tc", "-n", netns, "-s", "qdisc", "show", "dev", dev, "root"])
-                total += sum(int(n) for n in re.findall(r"overlimits (\d+)", out))
-        return total
+                sent += sum(int(n) for n in re.findall(r"Sent (\d+) bytes", out))
+                held += sum(int(n) for n in re.findall(r"overlimits (\d+)", out))
+        return sent, held
 
     def heal(self) -> int:
         """Undo every fault; the packets dropped since the last heal."""

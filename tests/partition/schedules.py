@@ -24,14 +24,17 @@ fault is active. Delay is not a fault here: the kernel has no ``netem``.
 Invariants (``violations``): no request lost; every client stream contiguous (no token
 repeated, none missing); no token report of a fenced or outdated epoch accepted by the
 gateway; outputs identical to the float64 reference run; every fault visible in the stats
-(packets dropped at the bridge, a throttled link, the gateway's failure of a killed, stopped
-or cut worker once the fault outlasted the lease).
+(packets dropped at the bridge, traffic through a rate limit, the gateway's failure of a
+killed, stopped or cut worker once the fault outlasted the lease); and every worker serving
+again once the supervisor has restarted those that fenced themselves.
 """
 
 from __future__ import annotations
 
+import json
 import signal
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,7 +97,7 @@ class Schedule:
     num_workers: int = 3
     num_requests: int = 9
     span_s: float = 3.0
-    output_tokens: int = 240
+    output_tokens: int = 200
     # S&R: no checkpoint crosses a namespace. LUMEN's streaming cannot cross one yet (the
     # holder's gate relays UCX's connection request, so UCX answers the client at the gate's
     # own address: test_partition_ucx_crosses_namespaces_over_tcp_only); its stalled connects
@@ -115,10 +118,9 @@ def draw(name: str, seed: int, kinds: list[tuple[str, float, float]], **options:
     rng = np.random.default_rng(seed)
     num_workers = int(options.get("num_workers", 3))  # type: ignore[call-overload]
     faults = []
+    workers = [f"w{i}" for i in rng.permutation(num_workers)]  # distinct targets, in drawn order
     for kind, length_lease, latest in kinds:
-        target = "" if kind in ("loss", "isolate_gateway") else f"w{int(rng.integers(num_workers))}"
-        if kind == "isolate_gateway":
-            target = "gateway"
+        target = {"loss": "", "isolate_gateway": "gateway"}.get(kind) or workers.pop(0)
         start = float(np.round(rng.uniform(0.25, max(0.25, latest)), 2))
         faults.append(Fault(kind, start, length_lease, target))
     return Schedule(name, seed, tuple(faults), **options)  # type: ignore[arg-type]
@@ -133,6 +135,7 @@ class Outcome:
     worker_stats: list[dict[str, object]]
     evidence: list[dict[str, object]] = field(default_factory=list)  # one per fault
     restarts: list[int] = field(default_factory=list)
+    final_workers: list[dict[str, object]] = field(default_factory=list)  # the gateway's, at the end
     faults_by_class: dict[str, int] = field(default_factory=dict)
     duration_s: float = 0.0
 
@@ -207,6 +210,7 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
     evidence: list[dict[str, object]] = [{} for _ in schedule.faults]
     restarts: list[int] = []
     stopped: dict[str, object] = {}
+    final_workers: object = []
     started = time.monotonic()
     try:
         cluster.start()
@@ -233,7 +237,7 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
                 elif fault.kind in NETWORK_KINDS and not any(
                     schedule.faults[j].kind in NETWORK_KINDS for j in active
                 ):
-                    throttled = network.overlimits()
+                    limited_bytes, held = network.limited()
                     dropped = network.heal()
                     for j, other in enumerate(schedule.faults):
                         if (
@@ -242,7 +246,10 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
                             and "applied_s" in evidence[j]
                         ):
                             evidence[j].update(
-                                healed_s=round(now, 2), dropped_packets=dropped, overlimits=throttled
+                                healed_s=round(now, 2),
+                                dropped_packets=dropped,
+                                limited_bytes=limited_bytes,
+                                overlimits=held,
                             )
             if not any(schedule.faults[j].kind in NETWORK_KINDS for j in active):
                 restarts += cluster.restart_exited()
@@ -254,6 +261,9 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
             time.sleep(0.1)
         client.wait(timeout=max(1.0, deadline - time.monotonic()))
         records = cluster.client_results()
+        if not unfenced:  # an unfenced worker never exits: nothing to restart
+            restarts += cluster.restore_failed(lease + WORKER_SLACK_S + 6.0)
+        final_workers = cluster.ask("status")["workers"]
     finally:
         stopped = cluster.close()
     outcome = Outcome(
@@ -262,13 +272,31 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
         reference_outputs(cluster.model_path, arrivals),
         stopped,
         cluster.worker_stopped(),
-        evidence,
-        restarts,
-        dict(network.faults),
-        time.monotonic() - started,
+        evidence=evidence,
+        restarts=restarts,
+        final_workers=final_workers,  # type: ignore[arg-type]
+        faults_by_class=dict(Counter(f.kind for f in schedule.faults)),
+        duration_s=time.monotonic() - started,
     )
-    network.faults.clear()
+    print("partition-summary " + json.dumps(summary(outcome)), flush=True)
     return outcome
+
+
+def summary(outcome: Outcome) -> dict[str, object]:
+    """One row of bench/RESULTS.md's partition table."""
+    return {
+        "schedule": outcome.schedule.name,
+        "seed": outcome.schedule.seed,
+        "faults": outcome.faults_by_class,
+        "requests": len(outcome.records),
+        "finished": sum(bool(r["finished"]) for r in outcome.records),
+        "gateway_failures": len(outcome.gateway.get("failures", [])),  # type: ignore[arg-type]
+        "restarts": len(outcome.restarts),
+        # Faults healed together share one count: the largest is the schedule's.
+        "dropped_packets": max((int(e.get("dropped_packets", 0)) for e in outcome.evidence), default=0),  # type: ignore[call-overload]
+        "violations": len(violations(outcome)),
+        "duration_s": round(outcome.duration_s, 1),
+    }
 
 
 def violations(outcome: Outcome) -> list[str]:
@@ -306,11 +334,16 @@ def violations(outcome: Outcome) -> list[str]:
             "loss",
         ) and not seen.get("dropped_packets"):
             found.append(f"{label}: no packet dropped")
-        if fault.kind == "rate" and not seen.get("overlimits"):
-            found.append(f"{label}: the link was never throttled")
+        if fault.kind == "rate" and not seen.get("limited_bytes"):
+            found.append(f"{label}: no traffic passed the rate limit")
         outlasts = fault.kind == "sigkill" or fault.length_lease > 1.0
         if fault.kind in FAILS_WORKER and outlasts:
             worker_id = int(fault.target[1:])
             if not any(worker_id in f["worker_ids"] for f in failures):  # type: ignore[index, operator, union-attr]
                 found.append(f"{label}: the gateway never failed worker {worker_id}")
+    for worker in outcome.final_workers:
+        if worker["state"] == "failed":
+            found.append(
+                f"worker {worker['worker_id']} not serving again after the schedule ({worker['state']})"
+            )
     return found

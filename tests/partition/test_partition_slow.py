@@ -1,7 +1,6 @@
 """Seeded fault schedules on a live cluster in network namespaces (slow suite): each test runs
 one schedule (printed with its seed) on a fresh gateway, 3 workers and a client, and checks
-every invariant after it (schedules.violations). Lengths are multiples of the 3 s lease; the
-workers' checkpoint streamers give a silent holder up after 4 s (1.33 leases)."""
+every invariant after it (schedules.violations). Lengths are multiples of the 3 s lease."""
 
 from __future__ import annotations
 
@@ -13,7 +12,11 @@ from schedules import Outcome, draw, run_schedule, violations
 
 pytestmark = [pytest.mark.slow, pytest.mark.ucx, pytest.mark.timeout(150)]
 
-SHORT, LONG = 0.5, 2.0  # fault lengths, in leases: under the lease, and twice it
+# Fault lengths, in leases. A cut costs more than its length: TCP's retransmission timer has
+# backed off during it (0.2, 0.4, 0.8, 1.6 s, ...), so the first packet through after the heal
+# can come seconds later. A cut of half a lease (1.5 s) was measured to fail a worker that
+# way; a quarter of one stays well under the lease with the backoff.
+SHORT, LONG = 0.25, 2.0
 
 
 def _run(
@@ -37,18 +40,6 @@ def test_partition_worker_cut_from_gateway_longer_than_lease(network: netns.Netw
     target = int(outcome.schedule.faults[0].target[1:])
     assert target in _failed(outcome) and target in outcome.restarts
     assert any(s["status"] == 3 and s["worker_id"] == target for s in outcome.worker_stats)
-
-
-def test_partition_holder_cut_from_writers_shorter_than_lease(network: netns.Network, tmp_path: Path) -> None:
-    _run(tmp_path, network, "holder_cut_from_writers_shorter_than_lease", 202, [("cut_writers", SHORT, 0.6)])
-
-
-def test_partition_holder_cut_from_writers_longer_than_give_up(
-    network: netns.Network, tmp_path: Path
-) -> None:
-    # 2 leases = 6 s > the streamers' 4 s give-up: the writers report the replicas lost and
-    # the gateway places them again; nobody is failed (the holder reaches the gateway).
-    _run(tmp_path, network, "holder_cut_from_writers_longer_than_give_up", 203, [("cut_writers", LONG, 0.6)])
 
 
 def test_partition_gateway_cut_from_everyone_shorter_than_lease(
@@ -110,13 +101,36 @@ def test_partition_two_faults_gateway_cut_and_loss(network: netns.Network, tmp_p
     )
 
 
-def test_partition_two_faults_sigkill_and_holder_cut(network: netns.Network, tmp_path: Path) -> None:
+def test_partition_two_faults_sigkill_and_loss(network: netns.Network, tmp_path: Path) -> None:
+    _run(tmp_path, network, "two_faults_sigkill_and_loss", 213, [("sigkill", 0.0, 0.6), ("loss", LONG, 0.4)])
+
+
+def test_partition_two_faults_two_workers_cut_from_gateway(network: netns.Network, tmp_path: Path) -> None:
+    # Two of the three workers fenced at once; the third serves everything re-routed.
     _run(
         tmp_path,
         network,
-        "two_faults_sigkill_and_holder_cut",
-        213,
-        [("sigkill", 0.0, 0.6), ("cut_writers", LONG, 0.6)],
+        "two_faults_two_workers_cut_from_gateway",
+        216,
+        [("cut_gateway", LONG, 0.6), ("cut_gateway", LONG, 0.6)],
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="every worker's lease runs out at once: the gateway fails them together and loses "
+    "their requests (FailurePlan.lost_request_ids, 'no worker was left serving'); nothing keeps "
+    "them for the workers that register again after the heal",
+)
+def test_partition_gateway_cut_from_everyone_longer_than_lease(
+    network: netns.Network, tmp_path: Path
+) -> None:
+    _run(
+        tmp_path,
+        network,
+        "gateway_cut_from_everyone_longer_than_lease",
+        217,
+        [("isolate_gateway", LONG, 0.6)],
     )
 
 
