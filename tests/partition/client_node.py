@@ -6,7 +6,7 @@
 IN.json: ``[{"time_s": t, "prompt": [ids], "max_new_tokens": n}, ...]``. Each request is
 submitted at its ``time_s`` (from start) on its own thread; a stream that breaks after the
 request id is known is picked up again with ``Watch`` from the tokens received, until ``T``
-seconds have passed. Prints ``{"event": "started"}`` as the first arrival's clock starts, and
+seconds have passed or the gateway says the request is lost. Prints ``{"event": "started"}`` as the first arrival's clock starts, and
 ``{"event": "done", ...}`` at the end. OUT.json: one record per arrival, in order: ``request_id``, ``chunks``
 (``[start_position, num_tokens]`` as received, so the checker sees a repeat or a gap),
 ``token_ids``, ``finished``, ``error`` (the last one, "" if none), ``reconnects``.
@@ -24,6 +24,7 @@ from lumen_core.auth import read_secret_file
 from lumen_core.gateway.client import GatewayClient
 
 RETRY_PAUSE_S = 0.25
+LOST = " lost: "  # the gateway's word for a request it gave up (UNAVAILABLE "request N lost: ..."): no retry
 
 
 def _run(client: GatewayClient, arrival: dict, record: dict, deadline: float) -> None:
@@ -42,7 +43,12 @@ def _run(client: GatewayClient, arrival: dict, record: dict, deadline: float) ->
             record["error"] = "" if record["finished"] else "the stream ended before the last token"
         except Exception as exc:  # noqa: BLE001 - recorded; the checker counts the request lost
             record["error"] = f"{type(exc).__name__}: {exc}"
-        if record["finished"] or record["request_id"] < 0 or time.monotonic() + RETRY_PAUSE_S >= deadline:
+        if (
+            record["finished"]
+            or record["request_id"] < 0
+            or LOST in record["error"]
+            or time.monotonic() + RETRY_PAUSE_S >= deadline
+        ):
             return
         time.sleep(RETRY_PAUSE_S)
         record["reconnects"] += 1

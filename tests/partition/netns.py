@@ -15,9 +15,12 @@ Faults (each counted per class in ``faults``, every one undone by ``heal``):
 - ``loss(percent)``: ``numgen random mod 100 < percent`` drop of every forwarded packet.
 - ``rate(node, mbit)``: a token bucket (``tbf``) on both directions of the node's link.
 - ``link_down(node)``: the node's bridge port down (a pulled cable).
-There is no ``netem`` in this kernel, so no delay fault.
+There is no ``netem`` in this kernel, so no delay fault. ``dropped_packets`` (the drop rules'
+counters) and ``limited`` (bytes through, packets held back by the rate limits) are what make
+each fault visible.
 
-Needs root, ``ip`` (iproute2), ``nft`` and ``tc``; ``unavailable()`` says why not.
+Needs root, ``ip`` and ``tc`` (iproute2) and ``nft`` (Debian package ``nftables``);
+``unavailable()`` says why not.
 """
 
 from __future__ import annotations
