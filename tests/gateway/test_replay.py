@@ -44,6 +44,7 @@ DRIVER_CALLS = (
     "end_pairings",
     "fail",
     "finish",
+    "move",
     "num_draft_tokens",
     "pair",
     "place",
@@ -128,6 +129,8 @@ def test_gateway_calls_map_onto_driver_calls():
     ]
     coordinator.report_tokens(0.4, 2, 1, 2, 1, 0, [5] * 10, finished=True)
     assert log.take() == [call("finish", 0.4, 2)]
+    coordinator.move(0.45, 1, "drain")
+    assert log.take() == [call("move", 0.45, 1, reprefill=False)]
 
     assert coordinator.process_exited(1.0, 0, 1, "SIGKILL") is not None
     assert log.take() == [call("fail", 1.0, [0], cause="process exited: SIGKILL")]

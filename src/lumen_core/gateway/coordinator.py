@@ -53,7 +53,7 @@ from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import GainFn
-from lumen_core.policy.driver import AdmissionPlan, FailurePlan, Recorder, RecoveryDriver
+from lumen_core.policy.driver import AdmissionPlan, FailurePlan, Recorder, RecoveryDriver, Reroute
 from lumen_core.policy.events import (
     AssistDecision,
     CheckpointEvicted,
@@ -628,24 +628,56 @@ class Coordinator:
             self._close(now_s, request)
         interrupted: list[int] = []
         for reroute in plan.reroutes:
-            decision = reroute.route
-            request = self._requests[decision.request_id]
-            request.epoch += 1
-            request.worker_id = decision.target_worker_id
-            request.interrupted_at_s = now_s
-            request.replay_token_s = math.nan
+            request = self._requests[reroute.route.request_id]
+            self._move(now_s, request, reroute, "failover")
             interrupted.append(request.request_id)
-            if reroute.placement is not None:
-                placement = reroute.placement
-                self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
-            else:  # surviving holders: same copy, new epoch (older appends are fenced)
-                self._hold(request, reroute.holder_ids, 0, "epoch bumped")
-            self._send(request.worker_id, self._resume(request, decision, reroute.holder_ids))
         for placed in plan.replacements:
             self._stream_to_new(self._requests[placed.request_id], placed)
         self._failures.append(plan)
         self._last_interrupted = interrupted
         return plan
+
+    def move(self, now_s: float, request_id: int, reason: str, *, reprefill: bool = False) -> Reroute:
+        """Move a running request to where the router decides (restore on a holder, remote
+        restore, or re-prefill; ``reprefill`` skips the checkpoint): CANCEL where it runs,
+        its epoch advanced (the old worker's reports and appends are refused from here on),
+        HOLD to its holders at the new epoch and RESUME on the target with the prompt and the
+        tokens the client already has, so its stream continues with none repeated or missing.
+        The failure path moves each interrupted request the same way (``reason`` "failover");
+        a drain moves with "drain". Returns the driver's reroute. Raises IndexError for an
+        unknown request, ValueError for a finished one or when no other worker serves."""
+        request = self._requests.get(check_int("request_id", request_id, low=0))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        if request.finished:
+            raise ValueError(f"request_id must be a running request, got {request_id} (finished)")
+        holders_before = self.monitor.request(request.request_id).holder_ids
+        reroute = self.driver.move(now_s, request.request_id, reprefill=reprefill)
+        dropped = set(holders_before) - set(reroute.holder_ids) - {reroute.route.target_worker_id}
+        for holder_id in sorted(dropped):  # a re-prefill keeps no old copy
+            self._send(
+                holder_id, Release(request.request_id, request.epoch, f"moved ({reason}): re-prefilled")
+            )
+        self._move(now_s, request, reroute, reason)
+        return reroute
+
+    def _move(self, now_s: float, request: _Request, reroute: Reroute, reason: str) -> None:
+        """The directives of one move the driver decided (a failed old worker is told nothing:
+        ``_send`` drops what it would get)."""
+        decision = reroute.route
+        self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
+        request.epoch += 1
+        request.worker_id = decision.target_worker_id
+        request.interrupted_at_s = now_s
+        request.replay_token_s = math.nan
+        if reroute.placement is not None:
+            placement = reroute.placement
+            self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
+        else:  # surviving holders: same copy, new epoch (older appends are fenced)
+            self._hold(request, reroute.holder_ids, 0, "epoch bumped")
+        self._send(request.worker_id, self._resume(request, decision, reroute.holder_ids))
 
     def _resume(self, request: _Request, decision: RouteDecision, holder_ids: Sequence[int]) -> Resume:
         source = None

@@ -16,6 +16,8 @@ The protocol, in the order both drivers follow:
   serving, their requests are lost (``RequestFinished``); else for each ``w``, ``route(w)``
   followed by ``place`` of every re-routed request left without a holder; then ``replace(w)``
   for each;
+- a move of one running request off a live worker (``move``: a planned drain): ``route``'s
+  rule for that request alone, then ``place`` if it is left without a holder;
 - a restarted worker: ``WorkerRecovering`` then ``pair`` (again at its heartbeats while it is
   unpaired);
 - its full model loaded (switch-over): ``finish`` then ``WorkerJoined``.
@@ -223,13 +225,7 @@ class RecoveryDriver:
         for worker_id in failed:
             decisions = self.policy.router.route(self.monitor, worker_id)
             self._record("route", {"failed_worker_id": worker_id}, decisions)
-            for decision in decisions:
-                holder_ids = self.monitor.request(decision.request_id).holder_ids
-                placement = None
-                if not holder_ids and decision.target_worker_id not in doomed_ids:
-                    placement = self.place(decision.request_id)
-                    holder_ids = placement.holder_ids
-                reroutes.append(Reroute(decision, placement, holder_ids))
+            reroutes.extend(self._placed(decision, doomed_ids) for decision in decisions)
         replacements: list[PlacementDecision] = []
         for worker_id in failed:
             replaced = self.policy.placement.replace(self.monitor, worker_id)
@@ -238,6 +234,24 @@ class RecoveryDriver:
         return FailurePlan(
             now_s, failed, unpairings, tuple(reroutes), tuple(replacements), tuple(lost), cause
         )
+
+    def _placed(self, decision: RouteDecision, doomed_ids: Collection[int] = ()) -> Reroute:
+        """A routed request's reroute, placing its checkpoint if the route left it none."""
+        holder_ids = self.monitor.request(decision.request_id).holder_ids
+        placement = None
+        if not holder_ids and decision.target_worker_id not in doomed_ids:
+            placement = self.place(decision.request_id)
+            holder_ids = placement.holder_ids
+        return Reroute(decision, placement, holder_ids)
+
+    # ---- moves -------------------------------------------------------------------------------
+    def move(self, now_s: float, request_id: int, *, reprefill: bool = False) -> Reroute:
+        """Move one running request off the live worker it runs on (``Router.move``), placing
+        its checkpoint if the move left it none. ``reprefill``: without its checkpoint. Raises
+        as ``Router.move`` (ValueError when no other worker serves)."""
+        decision = self.policy.router.move(self.monitor, request_id, reprefill=reprefill)
+        self._record("move", {"request_id": request_id, "reprefill": int(reprefill)}, [decision])
+        return self._placed(decision)
 
     # ---- assist pairing and switch-over --------------------------------------------------------
     def end_pairings(self, worker_id: int) -> Unpairing:
