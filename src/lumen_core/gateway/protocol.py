@@ -20,12 +20,14 @@ from lumen_core.gateway.directives import (
     Cancel,
     Delivery,
     Directive,
+    Flush,
     Hold,
     HolderGrant,
     Release,
     Resume,
     Run,
     Sampling,
+    Stop,
     Stream,
 )
 from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
@@ -37,7 +39,7 @@ SERVICE = "lumen.gateway.v1.Gateway"
 # call of a worker is signed with its incarnation's call key, and its request must name that
 # incarnation in these fields (worker id, epoch). Hello alone is unsigned.
 UNSIGNED = frozenset({"Hello"})
-CLUSTER_SIGNED = frozenset({"Register", "Submit", "Watch", "Status"})
+CLUSTER_SIGNED = frozenset({"Register", "Submit", "Watch", "Status", "Drain"})
 WORKER_SIGNED: dict[str, tuple[str, str]] = {
     "Heartbeat": ("worker_id", "epoch"),
     "Directives": ("worker_id", "epoch"),
@@ -264,6 +266,22 @@ def _cancel_from_pb(m: pb.Cancel) -> Cancel:
     return Cancel(m.request_id, m.reason)
 
 
+def _flush_to_pb(d: Flush) -> pb.Flush:
+    return pb.Flush(reason=d.reason)
+
+
+def _flush_from_pb(m: pb.Flush) -> Flush:
+    return Flush(m.reason)
+
+
+def _stop_to_pb(d: Stop) -> pb.Stop:
+    return pb.Stop(reason=d.reason)
+
+
+def _stop_from_pb(m: pb.Stop) -> Stop:
+    return Stop(m.reason)
+
+
 # kind -> (Directive.body field, to_pb, from_pb)
 _FIELDS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Directive]]] = {
     Run: ("run", _run_to_pb, _run_from_pb),
@@ -275,6 +293,8 @@ _FIELDS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Directive]]
     AssistVerify: ("assist_verify", _assist_verify_to_pb, _assist_verify_from_pb),
     AssistStop: ("assist_stop", _assist_stop_to_pb, _assist_stop_from_pb),
     Cancel: ("cancel", _cancel_to_pb, _cancel_from_pb),
+    Flush: ("flush", _flush_to_pb, _flush_from_pb),
+    Stop: ("stop", _stop_to_pb, _stop_from_pb),
 }
 _FROM_PB = {name: from_pb for name, _, from_pb in _FIELDS.values()}
 
@@ -350,6 +370,7 @@ def report_to_pb(report: WorkerReport) -> pb.WorkerReport:
             pb.LostReplica(request_id=r.request_id, holder_worker_id=r.holder_worker_id)
             for r in report.lost_replicas
         ],
+        flushed=report.flushed,
     )
 
 
@@ -365,6 +386,7 @@ def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
         proposed_draft_tokens=message.proposed_draft_tokens,
         accepted_draft_tokens=message.accepted_draft_tokens,
         lost_replicas=tuple(LostReplica(r.request_id, r.holder_worker_id) for r in message.lost_replicas),
+        flushed=message.flushed,
     )
 
 

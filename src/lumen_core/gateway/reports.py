@@ -42,7 +42,8 @@ class WorkerReport:
     ``evicted_request_ids``: checkpoints it evicted; ``lost_replicas``: replicas of the
     requests it serves that their holders lost for good (the gateway places them again,
     as after a refusal); the assist counters are cumulative since
-    it registered. ``running`` travels only with a registration (after a gateway restart),
+    it registered; ``flushed``: it applied a FLUSH (drained: it steps no more, its streamer
+    is flushed). ``running`` travels only with a registration (after a gateway restart),
     never in a heartbeat."""
 
     num_running: int = 0
@@ -56,3 +57,4 @@ class WorkerReport:
     accepted_draft_tokens: int = 0
     lost_replicas: tuple[LostReplica, ...] = ()
     running: tuple[RunningReport, ...] = ()
+    flushed: bool = False

@@ -49,11 +49,13 @@ from lumen_core.gateway.directives import (
     AssistVerify,
     Cancel,
     Directive,
+    Flush,
     Hold,
     HolderGrant,
     Release,
     Resume,
     Run,
+    Stop,
     Stream,
 )
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
@@ -160,6 +162,8 @@ class Worker:
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
         self.counters = {"resumed": 0, "cancelled": 0}
+        self.flushed = threading.Event()  # drained (FLUSH): no more steps; reported in heartbeats
+        self._resumed_tokens: dict[str, int] = {}  # context (prompt + outputs) of each resume here
         self.remote_sources: set[str] = set()  # requests resumed from another worker's holder
         self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
         self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
@@ -243,6 +247,7 @@ class Worker:
                 for request_id, holder in lost
                 if holder in self._holder_ids
             ),
+            flushed=self.flushed.is_set(),
         )
 
     def _reported(self, report: WorkerReport) -> None:
@@ -321,6 +326,10 @@ class Worker:
                 self._admit(directive)
             case Stream():
                 self._stream(directive)
+            case Flush():
+                self._flush()
+            case Stop():
+                self.stopping.set()
             case AssistDraft():
                 self._stop_assistant()
                 if self.draft is not None and self.state == WorkerState.RECOVERING:
@@ -348,6 +357,17 @@ class Worker:
                     self.assisted = None
                 else:
                     self._stop_assistant()
+
+    def _flush(self) -> None:
+        """FLUSH (drained): step no more (``run`` stops stepping), wait until every step
+        streamed is acknowledged by its holders, and have the next heartbeat, sent now, say
+        so; the gateway then moves each request with all but its last token durable."""
+        self.flushed.set()
+        streamer = self.connector.streamer if self.connector is not None else None
+        if streamer is not None and not streamer.flush(timeout_s=self.config.ack_timeout_s):
+            print(f"worker {self.config.worker_id}: flush timed out", file=sys.stderr, flush=True)
+        if self.heartbeats is not None:
+            self.heartbeats.beat_now()
 
     def _reserve(self, directive: Hold) -> None:
         """HOLD (placement): charge ``reserved_bytes`` of the embedded store for each shard of
@@ -408,6 +428,7 @@ class Worker:
         self.connector.grant(key, self._grant(directive.epoch, directive.holders))
         if isinstance(directive, Resume):
             self.counters["resumed"] += 1
+            self._resumed_tokens[key] = len(directive.prompt_token_ids) + len(outputs)
             if (
                 directive.action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE)
                 and directive.source is not None
@@ -526,9 +547,14 @@ class Worker:
     def stats(self) -> dict[str, int]:
         """Counters: requests resumed here, of which restored (a prefix came from a holder; of
         those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
-        restored; requests cancelled."""
+        restored, and tokens of resumed contexts computed again here (``reprefilled_tokens``:
+        context at the resume minus what was restored); requests cancelled."""
         restores = self.connector.restores if self.connector is not None else {}
         restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
+        reprefilled_tokens = sum(
+            context - (restores[key].restored_tokens if key in restores else 0)
+            for key, context in self._resumed_tokens.items()
+        )
         return {
             "worker_id": self.config.worker_id,
             "resumed": self.counters["resumed"],
@@ -538,6 +564,7 @@ class Worker:
             ),
             "reprefilled": self.counters["resumed"] - restored,
             "restored_tokens": sum(r.restored_tokens for r in restores.values()),
+            "reprefilled_tokens": reprefilled_tokens,
             "cancelled": self.counters["cancelled"],
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
@@ -557,11 +584,8 @@ class Worker:
                 self.state = WorkerState.SERVING
                 self.client.model_loaded(budget_bytes=self.config.budget_bytes)
             try:
-                directive = self.directives.get(
-                    timeout=0
-                    if self.engine is not None and self.engine.has_unfinished()
-                    else self.config.idle_wait_s
-                )
+                busy = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
+                directive = self.directives.get(timeout=0 if busy else self.config.idle_wait_s)
             except queue.Empty:
                 directive = None
             while directive is not None:
@@ -571,7 +595,8 @@ class Worker:
                     directive = self.directives.get_nowait()
                 except queue.Empty:
                     directive = None
-            if self.engine is not None and self.engine.has_unfinished() and self.client.lease_valid():
+            stepping = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
+            if stepping and self.client.lease_valid():
                 self._step()
         return EXIT_FENCED if self.fenced.is_set() else EXIT_OK
 
