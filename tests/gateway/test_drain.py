@@ -6,7 +6,7 @@ import pytest
 
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
-from lumen_core.gateway.directives import Cancel, Flush, Hold, Release, Resume, Stop, Stream
+from lumen_core.gateway.directives import Flush, Hold, Release, Resume, Stop, Stream
 from lumen_core.gateway.reports import WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
@@ -58,7 +58,7 @@ def test_a_drain_flushes_then_moves_every_request_and_stops_the_worker():
         2.0,
     )
     directives = take_all(coordinator)
-    assert [type(d) for d in directives[0]] == [Cancel] * 3 + [Stop]
+    assert [type(d) for d in directives[0]] == [Stop]  # not cancelled: that would release the copies
     resumes = [d for w in (1, 2) for d in directives[w] if isinstance(d, Resume)]
     assert sorted(r.request_id for r in resumes) == on_zero
     assert all(r.action is RecoveryAction.RESTORE and r.output_token_ids == (7, 8) for r in resumes)
@@ -127,3 +127,28 @@ def test_the_drain_call_needs_the_cluster_secret(start_gateway, connect):
     with pytest.raises(GatewayError, match="UNAUTHENTICATED"):
         outsider.drain(1, deadline_s=5.0)
     assert server.coordinator.worker_state(1) == WorkerState.SERVING
+
+
+def test_lumen_drain_waits_for_the_drain_and_prints_it(start_gateway, connect, tmp_path, capsys):
+    """The CLI verb end to end: the worker never flushes (no process behind it), so the reaper
+    ends the drain at its deadline and the verb prints it stopped."""
+    import json
+    import os
+
+    from lumen_core.cli import main
+
+    secret_path = tmp_path / "cluster.secret"
+    fd = os.open(secret_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(b"gateway-tests-secret-0123456789abcdef")  # conftest's, the start_gateway secret
+    server = start_gateway(reap_interval_s=0.05)
+    for worker_id in (0, 1):
+        connect(server).register(worker_id, budget_bytes=GIB, holder_address=f"127.0.0.1:{worker_id + 1}")
+    argv = ["drain", "1", "--gateway", server.address, "--secret-file", str(secret_path), "--deadline", "0.3"]
+    assert main(argv) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert (printed["worker_id"], printed["state"], printed["num_moved"]) == (1, "stopped", 0)
+    assert printed["finished_s"] >= printed["started_s"] + 0.3
+    with pytest.raises(SystemExit):
+        main([*argv[:-1], "0"])  # --deadline 0
+    assert "--deadline must be > 0, got 0.0" in capsys.readouterr().err

@@ -605,6 +605,17 @@ class Coordinator:
             accepted=report.accepted_draft_tokens,
         )
         if report.flushed:
+            # Its own word on what its holders have: the holders' reports may still be on their way.
+            for streamed in report.streamed:
+                request = self._requests.get(streamed.request_id)
+                if request is not None and request.worker_id == worker_id:
+                    self.report_checkpoint(
+                        now_s,
+                        streamed.holder_worker_id,
+                        streamed.request_id,
+                        streamed.epoch,
+                        streamed.durable_tokens,
+                    )
             self._finish_drain(now_s, worker_id, reprefill=False)
         return lease, outbox.after(acked_sequence), k
 
@@ -711,12 +722,14 @@ class Coordinator:
 
     def move(self, now_s: float, request_id: int, reason: str, *, reprefill: bool = False) -> Reroute:
         """Move a running request to where the router decides (restore on a holder, remote
-        restore, or re-prefill; ``reprefill`` skips the checkpoint): CANCEL where it runs,
-        its epoch advanced (the old worker's reports and appends are refused from here on),
+        restore, or re-prefill; ``reprefill`` skips the checkpoint): CANCEL where it runs
+        (unless it is draining: flushed, it steps no more), its epoch advanced (the old worker's reports and appends are refused from here on),
         HOLD to its holders at the new epoch and RESUME on the target with the prompt and the
         tokens the client already has, so its stream continues with none repeated or missing.
         The failure path moves each interrupted request the same way (``reason`` "failover");
-        a drain moves with "drain". Returns the driver's reroute. Raises IndexError for an
+        a drain moves with "drain". A reference worker's CANCEL releases the request's
+        checkpoint on its holders, so moving off a worker that still serves (rebalancing)
+        needs a cancel that keeps it (TODO issue 22: rebalancing). Returns the driver's reroute. Raises IndexError for an
         unknown request, ValueError for a finished one or when no other worker serves."""
         request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
@@ -739,7 +752,10 @@ class Coordinator:
         """The directives of one move the driver decided (a failed old worker is told nothing:
         ``_send`` drops what it would get)."""
         decision = reroute.route
-        self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
+        if self._workers[request.worker_id].state != WorkerState.DRAINING:
+            # A drained worker is not told: it steps no more and is told to STOP, and a
+            # reference worker's cancel would release the checkpoint the target restores.
+            self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
         request.epoch += 1
         request.worker_id = decision.target_worker_id
         request.interrupted_at_s = now_s

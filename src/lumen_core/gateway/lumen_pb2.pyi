@@ -290,7 +290,7 @@ class HelloReply(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens", "lost_replicas", "flushed")
+    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens", "lost_replicas", "flushed", "streamed")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +302,7 @@ class WorkerReport(_message.Message):
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOST_REPLICAS_FIELD_NUMBER: _ClassVar[int]
     FLUSHED_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     held_bytes: int
@@ -313,7 +314,20 @@ class WorkerReport(_message.Message):
     accepted_draft_tokens: int
     lost_replicas: _containers.RepeatedCompositeFieldContainer[LostReplica]
     flushed: bool
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., lost_replicas: _Optional[_Iterable[_Union[LostReplica, _Mapping]]] = ..., flushed: _Optional[bool] = ...) -> None: ...
+    streamed: _containers.RepeatedCompositeFieldContainer[StreamedReplica]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., lost_replicas: _Optional[_Iterable[_Union[LostReplica, _Mapping]]] = ..., flushed: _Optional[bool] = ..., streamed: _Optional[_Iterable[_Union[StreamedReplica, _Mapping]]] = ...) -> None: ...
+
+class StreamedReplica(_message.Message):
+    __slots__ = ("request_id", "epoch", "holder_worker_id", "durable_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    epoch: int
+    holder_worker_id: int
+    durable_tokens: int
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holder_worker_id: _Optional[int] = ..., durable_tokens: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "epoch", "state", "report", "acked_sequence")

@@ -30,7 +30,7 @@ from lumen_core.gateway.directives import (
     Stop,
     Stream,
 )
-from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, StreamedReplica, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
 SERVICE = "lumen.gateway.v1.Gateway"
@@ -371,6 +371,15 @@ def report_to_pb(report: WorkerReport) -> pb.WorkerReport:
             for r in report.lost_replicas
         ],
         flushed=report.flushed,
+        streamed=[
+            pb.StreamedReplica(
+                request_id=r.request_id,
+                epoch=r.epoch,
+                holder_worker_id=r.holder_worker_id,
+                durable_tokens=r.durable_tokens,
+            )
+            for r in report.streamed
+        ],
     )
 
 
@@ -387,10 +396,14 @@ def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
         accepted_draft_tokens=message.accepted_draft_tokens,
         lost_replicas=tuple(LostReplica(r.request_id, r.holder_worker_id) for r in message.lost_replicas),
         flushed=message.flushed,
+        streamed=tuple(
+            StreamedReplica(r.request_id, r.epoch, r.holder_worker_id, r.durable_tokens)
+            for r in message.streamed
+        ),
     )
 
 
-def _check_held(name: str, held: Iterable[pb.HeldCheckpoint]) -> None:
+def _check_held(name: str, held: Iterable[pb.HeldCheckpoint | pb.StreamedReplica]) -> None:
     for h in held:
         check_int(f"{name}.request_id", h.request_id, 0, MAX_REQUEST_ID)
         check_int(f"{name}.epoch", h.epoch, 0, U32_MAX - 1)
@@ -420,6 +433,7 @@ def check_report(report: pb.WorkerReport) -> None:
     for name in ("assist_steps", "proposed_draft_tokens", "accepted_draft_tokens"):
         check_int(f"report.{name}", getattr(report, name), 0, MAX_REPORTED_COUNT)
     _check_held("report.held", report.held)
+    _check_held("report.streamed", report.streamed)
 
 
 def check_model_loaded(request: pb.ModelLoadedRequest) -> None:

@@ -28,6 +28,18 @@ class HeldReport:
 
 
 @dataclass(frozen=True)
+class StreamedReplica:
+    """A replica of a request the reporting worker serves, as its streamer has it: durable
+    tokens on holder ``holder_worker_id`` at the request's ``epoch`` (sent once flushed, so
+    a drain moves each request knowing its checkpoint without waiting for the holders)."""
+
+    request_id: int
+    epoch: int
+    holder_worker_id: int
+    durable_tokens: int
+
+
+@dataclass(frozen=True)
 class LostReplica:
     """A replica of a request the reporting worker serves that ``holder_worker_id`` lost for
     good (the streamer gave up on that holder or was refused by it)."""
@@ -43,7 +55,7 @@ class WorkerReport:
     requests it serves that their holders lost for good (the gateway places them again,
     as after a refusal); the assist counters are cumulative since
     it registered; ``flushed``: it applied a FLUSH (drained: it steps no more, its streamer
-    is flushed). ``running`` travels only with a registration (after a gateway restart),
+    is flushed), with ``streamed``: the durable length of each replica it streams. ``running`` travels only with a registration (after a gateway restart),
     never in a heartbeat."""
 
     num_running: int = 0
@@ -58,3 +70,4 @@ class WorkerReport:
     lost_replicas: tuple[LostReplica, ...] = ()
     running: tuple[RunningReport, ...] = ()
     flushed: bool = False
+    streamed: tuple[StreamedReplica, ...] = ()

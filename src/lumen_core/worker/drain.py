@@ -1,6 +1,7 @@
 """A planned drain on a live loopback cluster (issue 22): reference-engine ``lumen worker``
 processes behind a gateway; one worker runs at least ``min_running`` requests, each of which
-has streamed at least ``min_tokens`` tokens, when it is drained (``Drain``, the admin call of
+has streamed at least ``min_tokens`` tokens and has that many durable on its holder (as the
+kill rule of ``worker.scenario``), when it is drained (``Drain``, the admin call of
 ``lumen drain``). Every request must complete with the outputs of the undisturbed run (one
 in-process engine on the same prompts: float64 greedy decoding does not depend on the batch).
 
@@ -38,6 +39,7 @@ class DrainResult:
     identical: int
     total: int
     results: tuple[RequestResult, ...]
+    worker_stats: tuple[dict[str, object], ...]  # each worker's ``stopped`` line
 
     @property
     def reprefilled_tokens_per_moved_request(self) -> float:
@@ -94,15 +96,20 @@ def run_drain(
         give_up_s = time.monotonic() + timeout_s
         while True:
             with cluster.gateway.condition:
+                # as the kill rule of worker.scenario: streamed tokens and a durable checkpoint
                 ready = [
                     r
                     for r in coordinator.monitor.running_on(0)
                     if len(coordinator.tokens(r)[0]) >= min_tokens
+                    and max((d for _, d in coordinator.monitor.request(r).durable_tokens), default=0)
+                    >= min_tokens
                 ]
             if len(ready) >= min_running:
                 break
             if time.monotonic() > give_up_s:
-                raise RuntimeError(f"worker 0 never ran {min_running} requests with {min_tokens} tokens each")
+                raise RuntimeError(
+                    f"worker 0 never ran {min_running} requests with {min_tokens} tokens (and durable) each"
+                )
             time.sleep(0.005)
         with cluster.gateway.condition:
             on_drained = set(coordinator.monitor.running_on(0))
@@ -137,4 +144,5 @@ def run_drain(
         identical=identical,
         total=num_requests,
         results=tuple(results),
+        worker_stats=tuple(stats),
     )

@@ -61,7 +61,7 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
-from lumen_core.gateway.reports import HeldReport, LostReplica, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, StreamedReplica, WorkerReport
 from lumen_core.integrations.reference import StreamingConnector
 from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
@@ -248,7 +248,21 @@ class Worker:
                 if holder in self._holder_ids
             ),
             flushed=self.flushed.is_set(),
+            streamed=self._streamed() if self.flushed.is_set() and streamer is not None else (),
         )
+
+    def _streamed(self) -> tuple[StreamedReplica, ...]:
+        """Durable tokens of each replica of each request served here (a flushed worker's
+        report: the gateway moves its requests knowing their checkpoints)."""
+        assert self.connector is not None and self.connector.streamer is not None
+        replicas = self.connector.streamer.stats().replicas
+        out = []
+        for request_id, served in self.served.items():
+            for replica in replicas.get(request_id, ()):
+                holder_id = self._holder_ids.get(replica.holder)
+                if holder_id is not None and replica.live:
+                    out.append(StreamedReplica(request_id, served.epoch, holder_id, replica.durable_tokens))
+        return tuple(out)
 
     def _reported(self, report: WorkerReport) -> None:
         """The gateway received ``report``: its refusals and evictions are not sent again."""
@@ -359,13 +373,33 @@ class Worker:
                     self._stop_assistant()
 
     def _flush(self) -> None:
-        """FLUSH (drained): step no more (``run`` stops stepping), wait until every step
-        streamed is acknowledged by its holders, and have the next heartbeat, sent now, say
-        so; the gateway then moves each request with all but its last token durable."""
+        """FLUSH (drained): step no more (``run`` stops stepping), wait (at most the
+        streamer's ack timeout) until every computed token is durable on a live replica, and
+        have the next heartbeat, sent now, say so with each replica's durable length; the
+        gateway then moves each request with all but its last token durable."""
         self.flushed.set()
         streamer = self.connector.streamer if self.connector is not None else None
-        if streamer is not None and not streamer.flush(timeout_s=self.config.ack_timeout_s):
-            print(f"worker {self.config.worker_id}: flush timed out", file=sys.stderr, flush=True)
+        if streamer is not None and self.engine is not None:
+            deadline_s = time.monotonic() + self.config.ack_timeout_s
+            while streamer.flush(timeout_s=max(0.01, deadline_s - time.monotonic())):
+                stale = {engine_key(r) for r in streamer.stats().stale}
+                if not stale or time.monotonic() > deadline_s:
+                    break
+                # Steps the streamer dropped (queue full, replica still connecting) are caught
+                # up only when a request is saved again: hand it each one's last token.
+                tails = []
+                for key in stale & set(self.engine.requests):
+                    request = self.engine.requests[key]
+                    n = request.num_computed_tokens
+                    if n:
+                        slot = self.engine.block_manager.slot_ids(request, n - 1, n)
+                        tails.append(SavedTokens(key, n - 1, tuple(slot), (request.token_ids[n - 1],)))
+                self.connector.resend_last(tails)
+                time.sleep(0.01)
+            if streamer.stats().stale:
+                print(
+                    f"worker {self.config.worker_id}: flush left requests stale", file=sys.stderr, flush=True
+                )
         if self.heartbeats is not None:
             self.heartbeats.beat_now()
 
