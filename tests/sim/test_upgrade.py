@@ -56,3 +56,26 @@ def test_upgrade_validation():
         ClusterSim(CONFIG, WORKLOAD, preset("LUMEN"), upgrade=RollingUpgrade(1.0, "move", (9,)))
     with pytest.raises(TypeError, match="`upgrade` must be a RollingUpgrade, got str"):
         ClusterSim(CONFIG, WORKLOAD, preset("LUMEN"), upgrade="move")
+
+
+@pytest.mark.slow  # the trace twice over, three times (~15 s alone, a minute on a loaded machine)
+def test_lumen_sim_rolling_upgrade_writes_the_three_strategies(tmp_path):
+    import json
+
+    from lumen_core.cli import main
+
+    out = tmp_path / "rows.json"
+    assert (
+        main(
+            ["sim", "--experiment", "rolling_upgrade", "--workers", "4", "--json", str(out), "--no-progress"]
+        )
+        == 0
+    )
+    rows = {(r["policy"], r["metric"]): r["value"] for r in json.loads(out.read_text())}
+    policies = ("graceful wait", "abort + re-prefill", "LUMEN move")
+    assert {p for p, _ in rows} == set(policies)
+    for metric in ("free_s", "mean_ttft_s", "mean_tpot_s", "reprefilled_tokens"):
+        assert all((p, metric) in rows for p in policies)
+    assert rows[("graceful wait", "free_s")] > rows[("LUMEN move", "free_s")] > 0
+    assert rows[("abort + re-prefill", "reprefilled_tokens")] > rows[("LUMEN move", "reprefilled_tokens")]
+    assert rows[("graceful wait", "workers_upgraded")] == 4

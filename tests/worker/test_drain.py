@@ -27,5 +27,6 @@ def test_a_drain_moves_every_request_with_its_checkpoint(tmp_path: Path) -> None
     restored = sum(int(s["restored"]) for s in result.worker_stats)
     assert resumed[0] == 0 and restored == result.moved  # every move restored its checkpoint
     assert result.drain_s < result.graceful_wait_s
+    assert result.retired and result.num_failures == 0  # it reported its exit: retired, not failed
     metrics = {row["metric"] for row in result.rows()}
     assert {"drain_s", "graceful_wait_s", "reprefilled_tokens_per_moved_request", "moved"} <= metrics

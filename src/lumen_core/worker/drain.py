@@ -24,6 +24,7 @@ import numpy as np
 
 from lumen_core._validate import check_int
 from lumen_core.engine import Engine, SamplingParams, load_model
+from lumen_core.policy.events import WorkerState
 from lumen_core.worker.cluster import LocalCluster, RequestResult
 
 
@@ -40,6 +41,8 @@ class DrainResult:
     total: int
     results: tuple[RequestResult, ...]
     worker_stats: tuple[dict[str, object], ...]  # each worker's ``stopped`` line
+    retired: bool  # the drained worker reported its exit and the gateway retired it
+    num_failures: int  # failures the gateway counted (a drain is none)
 
     @property
     def reprefilled_tokens_per_moved_request(self) -> float:
@@ -129,6 +132,11 @@ def run_drain(
             default=float("nan"),
         )
         graceful_wait_s = last_token_s - drain_called_s
+        drained = cluster.workers[0].process
+        drained.wait(timeout=max(0.1, give_up_s - time.monotonic()))  # it exits when told to stop
+        with cluster.gateway.condition:
+            retired = coordinator.worker_state(0) == WorkerState.FAILED
+            num_failures = len(coordinator.failures)
         say(f"drained in {drain_s:.3f} s; its requests finished {graceful_wait_s:.3f} s after the call")
     stats = cluster.worker_stats()
     reprefilled_tokens = sum(int(s.get("reprefilled_tokens", 0)) for s in stats)  # type: ignore[call-overload]
@@ -145,4 +153,6 @@ def run_drain(
         total=num_requests,
         results=tuple(results),
         worker_stats=tuple(stats),
+        retired=retired,
+        num_failures=num_failures,
     )

@@ -163,6 +163,7 @@ class Worker:
         self.load_error: BaseException | None = None
         self.counters = {"resumed": 0, "cancelled": 0}
         self.flushed = threading.Event()  # drained (FLUSH): no more steps; reported in heartbeats
+        self.drained = False  # told to STOP: its exit is reported (the gateway retires it at once)
         self._resumed_tokens: dict[str, int] = {}  # context (prompt + outputs) of each resume here
         self.remote_sources: set[str] = set()  # requests resumed from another worker's holder
         self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
@@ -343,6 +344,7 @@ class Worker:
             case Flush():
                 self._flush()
             case Stop():
+                self.drained = True
                 self.stopping.set()
             case AssistDraft():
                 self._stop_assistant()
@@ -632,6 +634,11 @@ class Worker:
             stepping = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
             if stepping and self.client.lease_valid():
                 self._step()
+        if self.drained and not self.fenced.is_set():
+            try:  # so that a restarted worker may register at once, not a lease later
+                self.client.report_exit(self.config.worker_id, self.client.epoch, "drained")
+            except GatewayError:
+                pass  # its lease runs out instead, with the same outcome
         return EXIT_FENCED if self.fenced.is_set() else EXIT_OK
 
     def stop(self) -> None:
