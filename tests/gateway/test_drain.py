@@ -66,6 +66,7 @@ def test_a_drain_flushes_then_moves_every_request_and_stops_the_worker():
     # its exit retires it: no failure is counted, and a restart registers as new
     assert coordinator.process_exited(3.0, 0, 1, "drained") is None
     assert coordinator.worker_state(0) == WorkerState.FAILED and coordinator.failures == ()
+    assert coordinator.drain(3.5, 0, 5.0).state == "stopped"  # polled after its exit: still its progress
     assert coordinator.register(4.0, 0, budget_bytes=GIB, holder_address="h0").epoch == 2
     assert coordinator.failures == () and coordinator.worker_state(0) == WorkerState.SERVING
 
@@ -93,6 +94,7 @@ def test_a_worker_dying_mid_drain_falls_into_the_failure_path():
     status = coordinator.drain_status(1)
     assert (status.state, status.num_moved, status.finished_s) == ("failed", 0, 1.5)
     assert coordinator.expire_drains(99.0) == 0
+    assert coordinator.drain(2.0, 1, 30.0).state == "failed"
 
 
 def test_drain_validation():

@@ -794,18 +794,14 @@ class Coordinator:
         ``deadline_s`` seconds without a flush, its requests are moved without their
         checkpoints (re-prefilled, counted). A worker dying mid-drain is failed as any other.
         Calling it again for the same incarnation returns the progress (the first deadline
-        stands). Raises IndexError for an unknown worker, ValueError for one that is not
+        stands), also after it was retired or failed. Raises IndexError for an unknown worker, ValueError for one that is not
         serving or a deadline that is not > 0, NoWorkerError when its requests have nowhere
         to go."""
         worker = self._workers.get(check_int("worker_id", worker_id, low=0))
         if worker is None:
             raise IndexError(f"worker_id {worker_id} is not a registered worker")
         drain = self._drains.get(worker_id)
-        if (
-            drain is not None
-            and self._drain_state(worker_id) is not None
-            and worker.state != WorkerState.FAILED
-        ):
+        if drain is not None and drain.epoch == worker.epoch:  # also once retired or failed
             return drain.status()
         deadline_s = check_number("deadline_s", deadline_s, positive=True)
         if worker.state != WorkerState.SERVING:

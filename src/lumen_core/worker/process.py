@@ -378,8 +378,9 @@ class Worker:
         """FLUSH (drained): step no more (``run`` stops stepping), wait (at most the
         streamer's ack timeout) until every computed token is durable on a live replica, and
         have the next heartbeat, sent now, say so with each replica's durable length; the
-        gateway then moves each request with all but its last token durable."""
-        self.flushed.set()
+        gateway then moves each request with all but its last token durable. (Runs on the
+        main thread, the one that steps: no step happens meanwhile; ``flushed`` is set once
+        done, so no heartbeat says it early.)"""
         streamer = self.connector.streamer if self.connector is not None else None
         if streamer is not None and self.engine is not None:
             deadline_s = time.monotonic() + self.config.ack_timeout_s
@@ -402,6 +403,7 @@ class Worker:
                 print(
                     f"worker {self.config.worker_id}: flush left requests stale", file=sys.stderr, flush=True
                 )
+        self.flushed.set()
         if self.heartbeats is not None:
             self.heartbeats.beat_now()
 
