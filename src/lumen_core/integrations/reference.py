@@ -198,6 +198,13 @@ class StreamingConnector(KVConnector):
             steps.append(StepTokens(s.request_id, s.start_position, s.slot_ids, s.token_ids))
         self.core.save_step(steps)
 
+    def resend_last(self, saves: Sequence[SavedTokens]) -> int:
+        """Each request's last saved token again, so the streamer catches up steps it dropped
+        (``ConnectorCore.resend_last``); returns the number of requests handed over."""
+        return self.core.resend_last(
+            [StepTokens(s.request_id, s.start_position, s.slot_ids, s.token_ids) for s in saves]
+        )
+
     def durable_tokens(self) -> dict[str, int]:
         """Durable length (best live replica) of each request streaming from here."""
         return self.core.durable_tokens()

@@ -52,17 +52,19 @@ from lumen_core.gateway.directives import (
     AssistVerify,
     Cancel,
     Directive,
+    Flush,
     Hold,
     HolderGrant,
     Release,
     Resume,
     Run,
+    Stop,
     Stream,
 )
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
-from lumen_core.gateway.reports import HeldReport, LostReplica, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, StreamedReplica, WorkerReport
 from lumen_core.integrations.reference import StreamingConnector
 from lumen_core.pacing import PacedSaves, Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
@@ -170,6 +172,9 @@ class Worker:
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
         self.counters = {"resumed": 0, "cancelled": 0}
+        self.flushed = threading.Event()  # drained (FLUSH): no more steps; reported in heartbeats
+        self.drained = False  # told to STOP: its exit is reported (the gateway retires it at once)
+        self._resumed_tokens: dict[str, int] = {}  # context (prompt + outputs) of each resume here
         self.remote_sources: set[str] = set()  # requests resumed from another worker's holder
         self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
         self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
@@ -260,7 +265,22 @@ class Worker:
                 for request_id, holder in lost
                 if holder in self._holder_ids
             ),
+            flushed=self.flushed.is_set(),
+            streamed=self._streamed() if self.flushed.is_set() and streamer is not None else (),
         )
+
+    def _streamed(self) -> tuple[StreamedReplica, ...]:
+        """Durable tokens of each replica of each request served here (a flushed worker's
+        report: the gateway moves its requests knowing their checkpoints)."""
+        assert self.connector is not None and self.connector.streamer is not None
+        replicas = self.connector.streamer.stats().replicas
+        out = []
+        for request_id, served in self.served.items():
+            for replica in replicas.get(request_id, ()):
+                holder_id = self._holder_ids.get(replica.holder)
+                if holder_id is not None and replica.live:
+                    out.append(StreamedReplica(request_id, served.epoch, holder_id, replica.durable_tokens))
+        return tuple(out)
 
     def _reported(self, report: WorkerReport) -> None:
         """The gateway received ``report``: its refusals and evictions are not sent again."""
@@ -338,6 +358,11 @@ class Worker:
                 self._admit(directive)
             case Stream():
                 self._stream(directive)
+            case Flush():
+                self._flush()
+            case Stop():
+                self.drained = True
+                self.stopping.set()
             case AssistDraft():
                 self._stop_assistant()
                 if self.draft is not None and self.state == WorkerState.RECOVERING:
@@ -365,6 +390,39 @@ class Worker:
                     self.assisted = None
                 else:
                     self._stop_assistant()
+
+    def _flush(self) -> None:
+        """FLUSH (drained): step no more (``run`` stops stepping), wait (at most the
+        streamer's ack timeout) until every computed token is durable on a live replica, and
+        have the next heartbeat, sent now, say so with each replica's durable length; the
+        gateway then moves each request with all but its last token durable. (Runs on the
+        main thread, the one that steps: no step happens meanwhile; ``flushed`` is set once
+        done, so no heartbeat says it early.)"""
+        streamer = self.connector.streamer if self.connector is not None else None
+        if streamer is not None and self.engine is not None:
+            deadline_s = time.monotonic() + self.config.ack_timeout_s
+            while streamer.flush(timeout_s=max(0.01, deadline_s - time.monotonic())):
+                stale = {engine_key(r) for r in streamer.stats().stale}
+                if not stale or time.monotonic() > deadline_s:
+                    break
+                # Steps the streamer dropped (queue full, replica still connecting) are caught
+                # up only when a request is saved again: hand it each one's last token.
+                tails = []
+                for key in stale & set(self.engine.requests):
+                    request = self.engine.requests[key]
+                    n = request.num_computed_tokens
+                    if n:
+                        slot = self.engine.block_manager.slot_ids(request, n - 1, n)
+                        tails.append(SavedTokens(key, n - 1, tuple(slot), (request.token_ids[n - 1],)))
+                self.connector.resend_last(tails)
+                time.sleep(0.01)
+            if streamer.stats().stale:
+                print(
+                    f"worker {self.config.worker_id}: flush left requests stale", file=sys.stderr, flush=True
+                )
+        self.flushed.set()
+        if self.heartbeats is not None:
+            self.heartbeats.beat_now()
 
     def _reserve(self, directive: Hold) -> None:
         """HOLD (placement): charge ``reserved_bytes`` of the embedded store for each shard of
@@ -425,6 +483,7 @@ class Worker:
         self.connector.grant(key, self._grant(directive.epoch, directive.holders))
         if isinstance(directive, Resume):
             self.counters["resumed"] += 1
+            self._resumed_tokens[key] = len(directive.prompt_token_ids) + len(outputs)
             if (
                 directive.action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE)
                 and directive.source is not None
@@ -543,9 +602,14 @@ class Worker:
     def stats(self) -> dict[str, int]:
         """Counters: requests resumed here, of which restored (a prefix came from a holder; of
         those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
-        restored; requests cancelled."""
+        restored, and tokens of resumed contexts computed again here (``reprefilled_tokens``:
+        context at the resume minus what was restored); requests cancelled."""
         restores = self.connector.restores if self.connector is not None else {}
         restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
+        reprefilled_tokens = sum(
+            context - (restores[key].restored_tokens if key in restores else 0)
+            for key, context in self._resumed_tokens.items()
+        )
         return {
             "worker_id": self.config.worker_id,
             "resumed": self.counters["resumed"],
@@ -555,6 +619,7 @@ class Worker:
             ),
             "reprefilled": self.counters["resumed"] - restored,
             "restored_tokens": sum(r.restored_tokens for r in restores.values()),
+            "reprefilled_tokens": reprefilled_tokens,
             "cancelled": self.counters["cancelled"],
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
@@ -574,11 +639,8 @@ class Worker:
                 self.state = WorkerState.SERVING
                 self.client.model_loaded(budget_bytes=self.config.budget_bytes)
             try:
-                directive = self.directives.get(
-                    timeout=0
-                    if self.engine is not None and self.engine.has_unfinished()
-                    else self.config.idle_wait_s
-                )
+                busy = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
+                directive = self.directives.get(timeout=0 if busy else self.config.idle_wait_s)
             except queue.Empty:
                 directive = None
             while directive is not None:
@@ -588,8 +650,14 @@ class Worker:
                     directive = self.directives.get_nowait()
                 except queue.Empty:
                     directive = None
-            if self.engine is not None and self.engine.has_unfinished() and self.client.lease_valid():
+            stepping = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
+            if stepping and self.client.lease_valid():
                 self._step()
+        if self.drained and not self.fenced.is_set():
+            try:  # so that a restarted worker may register at once, not a lease later
+                self.client.report_exit(self.config.worker_id, self.client.epoch, "drained")
+            except GatewayError:
+                pass  # its lease runs out instead, with the same outcome
         return EXIT_FENCED if self.fenced.is_set() else EXIT_OK
 
     def stop(self) -> None:
