@@ -55,15 +55,16 @@ struct PkeyCtxFree {
 using Pkey = std::unique_ptr<EVP_PKEY, PkeyFree>;
 using PkeyCtx = std::unique_ptr<EVP_PKEY_CTX, PkeyCtxFree>;
 
-// The X25519 shared secret; throws std::runtime_error for a peer key OpenSSL refuses.
-std::array<uint8_t, 32> x25519(const ExchangeKey& own_private, const ExchangeKey& peer_public) {
+}  // namespace
+
+ExchangeKey exchange_shared_secret(const ExchangeKey& own_private, const ExchangeKey& peer_public) {
   Pkey own(EVP_PKEY_new_raw_private_key(EVP_PKEY_X25519, nullptr, own_private.data(),
                                         own_private.size()));
   Pkey peer(EVP_PKEY_new_raw_public_key(EVP_PKEY_X25519, nullptr, peer_public.data(),
                                         peer_public.size()));
   if (!own || !peer) throw std::runtime_error("OpenSSL refused an X25519 key");
   PkeyCtx ctx(EVP_PKEY_CTX_new(own.get(), nullptr));
-  std::array<uint8_t, 32> shared{};
+  ExchangeKey shared{};
   size_t shared_bytes = shared.size();
   // OpenSSL refuses an all-zero result (a low-order peer key) in EVP_PKEY_derive.
   if (!ctx || EVP_PKEY_derive_init(ctx.get()) != 1 ||
@@ -74,6 +75,8 @@ std::array<uint8_t, 32> x25519(const ExchangeKey& own_private, const ExchangeKey
   }
   return shared;
 }
+
+namespace {
 
 // The MAC of a seal: over the header up to the MAC, then the payload if the kind's is covered.
 Mac seal_mac(MacKey* key, const uint8_t* header, MessageKind kind, const uint8_t* payload,
@@ -171,7 +174,7 @@ SessionKeys derive_session_keys(const std::string& secret, const ExchangeKey& ow
                                 const ExchangeKey& peer_public, const HandshakeTranscript& t) {
   const std::string label = "lumen-session-v4";
   std::vector<uint8_t> message(label.begin(), label.end());
-  append(&message, x25519(own_private, peer_public));
+  append(&message, exchange_shared_secret(own_private, peer_public));
   append_transcript(&message, t);
   const Mac session = hmac_sha256(secret, message);
   auto direction = [&](const char* name) {

@@ -108,6 +108,22 @@ void bind_transport(py::module_& m) {
   m.attr("RIGHT_READ") = static_cast<uint32_t>(lt::kRightRead);
 
   m.def(
+      "generate_exchange_key",
+      [] {
+        const lt::EphemeralKey key = lt::generate_ephemeral_key();
+        return py::make_tuple(to_bytes(key.private_key), to_bytes(key.public_key));
+      },
+      "A fresh X25519 key pair (private, public), 32 bytes each.");
+  m.def(
+      "exchange_shared_secret",
+      [](const py::bytes& private_key, const py::bytes& peer_public_key) {
+        return to_bytes(lt::exchange_shared_secret(
+            lumen_bind::to_byte_array<lt::kExchangeKeyBytes>(private_key, "private_key"),
+            lumen_bind::to_byte_array<lt::kExchangeKeyBytes>(peer_public_key, "peer_public_key")));
+      },
+      py::arg("private_key"), py::arg("peer_public_key"),
+      "The 32-byte X25519 shared secret; RuntimeError for a peer key OpenSSL refuses.");
+  m.def(
       "measure_seal_ns",
       [](uint32_t count) {
         py::gil_scoped_release release;

@@ -37,6 +37,11 @@ struct EphemeralKey {
 // Throws std::runtime_error if OpenSSL fails.
 EphemeralKey generate_ephemeral_key();
 
+// The X25519 shared secret of own_private and peer_public (also what the gateway's
+// registrations exchange, lumen_core.auth). Throws std::runtime_error for a peer key OpenSSL
+// refuses (a low-order point, whose shared secret would be all zeros).
+ExchangeKey exchange_shared_secret(const ExchangeKey& own_private, const ExchangeKey& peer_public);
+
 // What one handshake says, in the order the transcript covers it.
 struct HandshakeTranscript {
   Nonce server_nonce{};
