@@ -8,12 +8,15 @@ import json
 
 import pytest
 
+from lumen_core import _native
 from lumen_core.auth import (
     CLUSTER_PRINCIPAL,
     CallRefused,
     CallVerifier,
     CredentialTable,
     DatagramSeal,
+    check_exchange_key,
+    generate_exchange_key,
     new_instance_id,
     parse_worker_principal,
     sign_call,
@@ -194,24 +197,54 @@ def test_a_datagram_with_a_bad_mac_or_shape_is_refused():
         DatagramSeal(b"abc")
 
 
-def test_a_call_key_is_sent_wrapped_under_a_pad_of_the_cluster_secret():
+def test_a_call_key_is_sent_wrapped_under_a_pad_of_the_secret_and_a_key_exchange(ucx_module):
     key = bytes(range(32))
-    salt, wrapped = wrap_call_key(SECRET, key, instance_id=INSTANCE, principal="worker-1-1")
-    assert len(salt) == 16 and wrapped != key
-    pad = hmac.new(
-        SECRET, f"lumen-call-key-v1|{INSTANCE}|worker-1-1|".encode() + salt, hashlib.sha256
-    ).digest()
+    worker = generate_exchange_key()
+    salt, wrapped, gateway_key = wrap_call_key(
+        SECRET, key, instance_id=INSTANCE, principal="worker-1-1", worker_exchange_key=worker[1]
+    )
+    assert len(salt) == 16 and wrapped != key and len(gateway_key) == 32
+    shared = _native.require_ucx().exchange_shared_secret(worker[0], gateway_key)
+    message = f"lumen-call-key-v2|{INSTANCE}|worker-1-1|".encode() + salt + shared + worker[1] + gateway_key
+    pad = hmac.new(SECRET, message, hashlib.sha256).digest()
     assert wrapped == bytes(a ^ b for a, b in zip(key, pad, strict=True))
-    assert unwrap_call_key(SECRET, wrapped, salt, instance_id=INSTANCE, principal="worker-1-1") == key
-    # Without the secret, or for another principal or instance, the pad is another one.
-    for secret, principal, instance_id in (
-        (b"another-cluster-secret-000000", "worker-1-1", INSTANCE),
-        (SECRET, "worker-2-1", INSTANCE),
-        (SECRET, "worker-1-1", "b" * 32),
+
+    def unwrap(secret=SECRET, principal="worker-1-1", instance_id=INSTANCE, exchange_key=worker, salt=salt):
+        return unwrap_call_key(
+            secret,
+            wrapped,
+            salt,
+            instance_id=instance_id,
+            principal=principal,
+            exchange_key=exchange_key,
+            gateway_exchange_key=gateway_key,
+        )
+
+    assert unwrap() == key
+    # Without the secret, for another principal or instance, or without the worker's private
+    # exchange key (what a worker reading the network lacks), the pad is another one.
+    for wrong in (
+        {"secret": b"another-cluster-secret-000000"},
+        {"principal": "worker-2-1"},
+        {"instance_id": "b" * 32},
+        {"exchange_key": (generate_exchange_key()[0], worker[1])},
     ):
-        assert unwrap_call_key(secret, wrapped, salt, instance_id=instance_id, principal=principal) != key
-    assert wrap_call_key(SECRET, key, instance_id=INSTANCE, principal="worker-1-1")[0] != salt  # fresh salt
+        assert unwrap(**wrong) != key, wrong
+    again = wrap_call_key(
+        SECRET, key, instance_id=INSTANCE, principal="worker-1-1", worker_exchange_key=worker[1]
+    )
+    assert again[0] != salt and again[2] != gateway_key  # fresh salt, fresh gateway key pair
     with pytest.raises(ValueError, match="`key` must be 32 bytes, got 3"):
-        wrap_call_key(SECRET, b"abc", instance_id=INSTANCE, principal="worker-1-1")
+        wrap_call_key(
+            SECRET, b"abc", instance_id=INSTANCE, principal="worker-1-1", worker_exchange_key=worker[1]
+        )
+    with pytest.raises(ValueError, match="`worker_exchange_key` must be 32 bytes, got 2"):
+        wrap_call_key(SECRET, key, instance_id=INSTANCE, principal="worker-1-1", worker_exchange_key=b"ab")
+    with pytest.raises(ValueError, match="must be a usable X25519 key"):
+        wrap_call_key(
+            SECRET, key, instance_id=INSTANCE, principal="worker-1-1", worker_exchange_key=bytes(32)
+        )
     with pytest.raises(ValueError, match="`salt` must be 16 bytes, got 2"):
-        unwrap_call_key(SECRET, wrapped, b"ab", instance_id=INSTANCE, principal="worker-1-1")
+        unwrap(salt=b"ab")
+    with pytest.raises(ValueError, match="`exchange_public_key` must be a usable X25519 public key"):
+        check_exchange_key("exchange_public_key", bytes(32))

@@ -9,23 +9,13 @@
 #include <memory>
 #include <stdexcept>
 
+#include "lumen/transport/le.h"
+
 namespace lumen::transport {
 namespace {
 
 constexpr char kCapabilityLabel[8] = {'l', 'u', 'm', 'e', 'n', 'c', 'a', 'p'};
 constexpr size_t kSignatureBytes = kCapabilityBytes - kSignedBytes;
-
-template <typename T>
-void put_le(uint8_t* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
-}
-
-template <typename T>
-T get_le(const uint8_t* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<T>(in[i]) << (8 * i));
-  return value;
-}
 
 struct MdCtxFree {
   void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }

@@ -8,6 +8,7 @@
 
 #include "lumen/checksum.h"
 #include "lumen/transport/error.h"
+#include "lumen/transport/le.h"
 
 namespace lumen::transport {
 namespace {
@@ -200,11 +201,13 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
     header = op->owned_header;
   }
   for (size_t i = 0; i < iov_count; ++i) op->iov[i] = iov[i];
-  const bool posted = worker_.post([this, op, header = std::move(header), iov_count] {
+  const bool posted = worker_.post([this, op, header = std::move(header), iov_count]() mutable {
     if (!ep_open_) {
       fail(op, Status::kPeerGone, "the connection is closed");
       return;
     }
+    // Sealed here, on the progress thread, so sequence numbers follow the order of sends.
+    if (sealed_) seal_for_send(&header, *op, iov_count);
     ops_[op->id] = op;
     auto* context = new RequestContext{this, op};
     ucp_request_param_t param{};
@@ -235,6 +238,27 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
     stats_.ops_failed++;
     finished_cv_.notify_all();
   }
+}
+
+void Client::seal_for_send(std::vector<uint8_t>* header, const Op& op, size_t iov_count) {
+  if (op.seal == RawSeal::kAsIs || header->size() != kHeaderBytes) return;
+  // The payload the seal covers (none for bulk kinds): small, so gathered into one buffer.
+  std::vector<uint8_t> payload;
+  const auto kind = static_cast<MessageKind>(get_le<uint16_t>(header->data() + 6));
+  if (seal_covers_payload(kind)) {
+    for (size_t i = 0; i < iov_count; ++i) {
+      const auto* part = static_cast<const uint8_t*>(op.iov[i].buffer);
+      payload.insert(payload.end(), part, part + op.iov[i].length);
+    }
+  }
+  if (op.seal == RawSeal::kRepeatSequence) {
+    const uint64_t sent = seal_.sent;
+    seal_.sent = sent == 0 ? 0 : sent - 1;  // seals the last number sent again
+    seal_header(header->data(), &seal_, payload.data(), payload.size());
+    seal_.sent = sent;
+    return;
+  }
+  seal_header(header->data(), &seal_, payload.data(), payload.size());
 }
 
 void Client::on_send_done(void* request, ucs_status_t status, void* user_data) {
@@ -453,11 +477,12 @@ ReadReply Client::read(const ReadArgs& args, double timeout_s) {
 }
 
 uint64_t Client::send_raw(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,
-                          uint64_t op_id, double timeout_s, RawReply reply) {
+                          uint64_t op_id, double timeout_s, RawReply reply, RawSeal seal) {
   check_timeout("timeout_s", timeout_s);
   auto op = std::make_shared<Op>();
   op->kind = MessageKind::kError;  // not a real operation kind: only its answer matters
   op->reply = reply;
+  op->seal = seal;
   op->owned_header = header;
   op->owned_payload = payload;
   {
@@ -491,7 +516,22 @@ ucs_status_t Client::on_message(void* arg, const void* header, size_t header_len
     self->fail_connection(Status::kMalformed, "the server sent a malformed message: " + why);
     return UCS_OK;
   }
-  return self->handle(h, data, (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0);
+  const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  // After the handshake every message must carry the server's seal; a rendezvous payload is
+  // not read here, so only a bulk kind (which the seal does not cover) may come that way.
+  if (self->sealed_ && ((rndv && seal_covers_payload(h.kind)) ||
+                        check_seal(static_cast<const uint8_t*>(header), &self->seal_, h.kind,
+                                   static_cast<const uint8_t*>(data), length) != SealCheck::kOk)) {
+    {
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      self->stats_.malformed_replies++;
+    }
+    self->fail_connection(Status::kMalformed,
+                          "the server sent a message whose seal does not verify (altered, "
+                          "forged, replayed or reordered)");
+    return UCS_OK;
+  }
+  return self->handle(h, data, rndv);
 }
 
 ucs_status_t Client::handle(const WireHeader& h, void* data, bool rndv) {
@@ -587,13 +627,27 @@ ucs_status_t Client::handle_read_data(const OpPtr& op, const WireHeader& h, void
   return UCS_INPROGRESS;
 }
 
-void Client::handle_challenge(const uint8_t* server_nonce) {
+void Client::handle_challenge(const uint8_t* payload) {
   OpPtr op = ops_.at(kHandshakeOp);  // handle() checked it is there
-  std::memcpy(server_nonce_.data(), server_nonce, kNonceBytes);
-  client_nonce_ = random_nonce();
-  const Mac mac =
-      handshake_mac(options_.secret, "client", server_nonce_.data(), client_nonce_.data());
-  op->owned_payload.assign(client_nonce_.begin(), client_nonce_.end());
+  HandshakeTranscript& t = transcript_;
+  std::memcpy(t.server_nonce.data(), payload, kNonceBytes);
+  std::memcpy(t.server_key.data(), payload + kNonceBytes, kExchangeKeyBytes);
+  t.client_nonce = random_nonce();
+  EphemeralKey exchange = generate_ephemeral_key();
+  t.client_key = exchange.public_key;
+  try {
+    const SessionKeys keys =
+        derive_session_keys(options_.secret, exchange.private_key, t.server_key, t);
+    seal_.send_key = MacKey(keys.client_to_server);
+    seal_.receive_key = MacKey(keys.server_to_client);
+  } catch (const std::runtime_error& e) {
+    fail_connection(Status::kRejected, std::string("the server's exchange key: ") + e.what());
+    return;
+  }
+  exchange.private_key.fill(0);  // used once
+  const Mac mac = handshake_mac(options_.secret, "client", t);
+  op->owned_payload.assign(t.client_nonce.begin(), t.client_nonce.end());
+  op->owned_payload.insert(op->owned_payload.end(), t.client_key.begin(), t.client_key.end());
   op->owned_payload.insert(op->owned_payload.end(), mac.begin(), mac.end());
   WireHeader h;
   h.kind = MessageKind::kAuth;
@@ -606,8 +660,8 @@ void Client::handle_challenge(const uint8_t* server_nonce) {
 
 void Client::handle_auth_ok(const uint8_t* payload) {
   const uint8_t* announced = payload + kMacBytes;
-  const Mac expected = handshake_mac(options_.secret, "server", client_nonce_.data(),
-                                     server_nonce_.data(), announced, kLimitsBytes);
+  const Mac expected =
+      handshake_mac(options_.secret, "server", transcript_, announced, kLimitsBytes);
   if (!mac_equal(expected.data(), payload)) {
     fail_connection(Status::kRejected, "the server did not prove the cluster secret");
     return;
@@ -618,6 +672,7 @@ void Client::handle_auth_ok(const uint8_t* payload) {
     return;
   }
   limits_ = min_limits(options_.limits, server_limits);
+  sealed_ = true;  // the server proved the secret over the transcript the keys are bound to
   {
     std::lock_guard<std::mutex> lock(mutex_);
     connected_ = true;

@@ -60,6 +60,11 @@ bool is_request(MessageKind kind) {
          kind == MessageKind::kRelease || kind == MessageKind::kRead;
 }
 
+bool is_handshake(MessageKind kind) {
+  return kind == MessageKind::kChallenge || kind == MessageKind::kAuth ||
+         kind == MessageKind::kAuthOk;
+}
+
 }  // namespace
 
 Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
@@ -191,15 +196,19 @@ void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   }
   self->stats_.connections_accepted++;
   self->stats_.connections_active++;
-  conn->nonce = random_nonce();
+  conn->transcript.server_nonce = random_nonce();
+  conn->exchange = generate_ephemeral_key();
+  conn->transcript.server_key = conn->exchange.public_key;
   Conn* raw = conn.get();
   self->conn_of_ep_[conn->ep] = conn->id;
   self->conns_[conn->id] = std::move(conn);
+  auto payload = std::make_shared<std::vector<uint8_t>>(raw->transcript.server_nonce.begin(),
+                                                        raw->transcript.server_nonce.end());
+  payload->insert(payload->end(), raw->exchange.public_key.begin(), raw->exchange.public_key.end());
   WireHeader challenge;
   challenge.kind = MessageKind::kChallenge;
-  challenge.payload_bytes = kNonceBytes;
-  self->send(raw, challenge,
-             std::make_shared<std::vector<uint8_t>>(raw->nonce.begin(), raw->nonce.end()));
+  challenge.payload_bytes = payload->size();
+  self->send(raw, challenge, payload);
 }
 
 bool Server::handshake_expired(const Conn& conn) const {
@@ -256,6 +265,12 @@ void Server::send(Conn* conn, const WireHeader& h,
                   std::shared_ptr<const std::vector<uint8_t>> payload) {
   uint8_t header[kHeaderBytes];
   encode_header(header, h);
+  // Every message after the handshake is sealed (the refusal of a handshake is not: there
+  // are no session keys then).
+  if (conn->authenticated && !is_handshake(h.kind)) {
+    seal_header(header, &conn->seal, payload ? payload->data() : nullptr,
+                payload ? payload->size() : 0);
+  }
   auto* context = new SendContext{std::move(payload)};
   ucp_request_param_t param{};
   param.op_attr_mask =
@@ -329,6 +344,21 @@ ucs_status_t Server::on_message(void* arg, const void* header, size_t header_len
     return UCS_OK;
   }
   const bool rndv = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+  if (conn->authenticated) {
+    // Only an append's payload may come by rendezvous; any other is here to be checked.
+    if (rndv && h.kind != MessageKind::kAppend) {
+      self->stats_.malformed++;
+      self->drop(conn, /*force=*/true);
+      return UCS_OK;
+    }
+    const SealCheck seal = check_seal(static_cast<const uint8_t*>(header), &conn->seal, h.kind,
+                                      static_cast<const uint8_t*>(data), length);
+    if (seal != SealCheck::kOk) {
+      (seal == SealCheck::kBadMac ? self->stats_.bad_seals : self->stats_.out_of_sequence)++;
+      self->drop(conn, /*force=*/true);
+      return UCS_OK;
+    }
+  }
   return self->handle(conn, h, data, rndv);
 }
 
@@ -349,7 +379,7 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
     }
     return UCS_OK;
   }
-  if (!is_request(h.kind) || (rndv && h.kind != MessageKind::kAppend)) {
+  if (!is_request(h.kind)) {
     stats_.malformed++;
     drop(conn, /*force=*/true);
     return UCS_OK;
@@ -450,10 +480,24 @@ bool Server::check_granted(const Conn& conn, const WireHeader& h) {
 }
 
 void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload) {
-  const uint8_t* client_nonce = payload;
-  const uint8_t* client_mac = payload + kNonceBytes;
-  const Mac expected = handshake_mac(options_.secret, "client", conn->nonce.data(), client_nonce);
-  if (!mac_equal(expected.data(), client_mac)) {
+  HandshakeTranscript& t = conn->transcript;
+  std::memcpy(t.client_nonce.data(), payload, kNonceBytes);
+  std::memcpy(t.client_key.data(), payload + kNonceBytes, kExchangeKeyBytes);
+  const uint8_t* client_mac = payload + kNonceBytes + kExchangeKeyBytes;
+  const Mac expected = handshake_mac(options_.secret, "client", t);
+  bool proven = mac_equal(expected.data(), client_mac);
+  if (proven) {
+    try {
+      const SessionKeys keys =
+          derive_session_keys(options_.secret, conn->exchange.private_key, t.client_key, t);
+      conn->seal.send_key = MacKey(keys.server_to_client);
+      conn->seal.receive_key = MacKey(keys.client_to_server);
+    } catch (const std::runtime_error&) {
+      proven = false;  // a client key OpenSSL refuses (a low-order point): no session
+    }
+  }
+  conn->exchange.private_key.fill(0);  // used once
+  if (!proven) {
     stats_.handshakes_failed++;
     reply(conn, h, MessageKind::kError, Status::kRejected, 0);
     drop(conn, /*force=*/false);  // flush: the refusal reaches the client first
@@ -465,7 +509,7 @@ void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload
   // The proof, then the limits it covers: the client sends nothing these would refuse.
   auto proof_and_limits = std::make_shared<std::vector<uint8_t>>(kMacBytes + kLimitsBytes);
   encode_limits(proof_and_limits->data() + kMacBytes, options_.limits);
-  const Mac proof = handshake_mac(options_.secret, "server", client_nonce, conn->nonce.data(),
+  const Mac proof = handshake_mac(options_.secret, "server", t,
                                   proof_and_limits->data() + kMacBytes, kLimitsBytes);
   std::copy(proof.begin(), proof.end(), proof_and_limits->begin());
   WireHeader ok;

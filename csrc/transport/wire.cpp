@@ -5,23 +5,10 @@
 #include <cstring>
 
 #include "lumen/checksum.h"
+#include "lumen/transport/le.h"
 
 namespace lumen::transport {
 namespace {
-
-constexpr size_t kCrcOffset = kHeaderBytes - 4;
-
-template <typename T>
-void put_le(uint8_t* out, T value) {
-  for (size_t i = 0; i < sizeof(T); ++i) out[i] = static_cast<uint8_t>(value >> (8 * i));
-}
-
-template <typename T>
-T get_le(const uint8_t* in) {
-  T value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<T>(in[i]) << (8 * i));
-  return value;
-}
 
 bool fail(std::string* why, const std::string& text) {
   *why = text;
@@ -130,6 +117,7 @@ void encode_header(uint8_t* out, const WireHeader& h) {
   put_le<uint32_t>(out + 64, static_cast<uint32_t>(h.status));
   std::memcpy(out + 68, h.capability.data(), kCapabilityBytes);
   put_le<uint32_t>(out + kCrcOffset, crc32c(out, kCrcOffset));
+  std::memset(out + kSealSeqOffset, 0, kHeaderBytes - kSealSeqOffset);  // sealed later, if at all
 }
 
 bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t num_bytes,
@@ -188,13 +176,13 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
   uint64_t expected = 0;
   switch (h.kind) {
     case MessageKind::kChallenge:
-      expected = kNonceBytes;
+      expected = kNonceBytes + kExchangeKeyBytes;
       break;
     case MessageKind::kAuthOk:
       expected = kMacBytes + kLimitsBytes;
       break;
     case MessageKind::kAuth:
-      expected = kNonceBytes + kMacBytes;
+      expected = kNonceBytes + kExchangeKeyBytes + kMacBytes;
       break;
     case MessageKind::kOpen:
       if (h.record_bytes == 0) return fail(why, "open with record_bytes 0");

@@ -45,6 +45,8 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["handshake_timeouts"] = s.handshake_timeouts;
   d["malformed"] = s.malformed;
   d["unauthenticated"] = s.unauthenticated;
+  d["bad_seals"] = s.bad_seals;
+  d["out_of_sequence"] = s.out_of_sequence;
   d["bad_capability"] = s.bad_capability;
   d["capability_refused"] = s.capability_refused;
   d["stale_epoch"] = s.stale_epoch;
@@ -104,6 +106,31 @@ void bind_transport(py::module_& m) {
   m.attr("ISSUER_KEY_BYTES") = lt::kIssuerKeyBytes;
   m.attr("RIGHT_WRITE") = static_cast<uint32_t>(lt::kRightWrite);
   m.attr("RIGHT_READ") = static_cast<uint32_t>(lt::kRightRead);
+
+  m.def(
+      "generate_exchange_key",
+      [] {
+        const lt::EphemeralKey key = lt::generate_ephemeral_key();
+        return py::make_tuple(to_bytes(key.private_key), to_bytes(key.public_key));
+      },
+      "A fresh X25519 key pair (private, public), 32 bytes each.");
+  m.def(
+      "exchange_shared_secret",
+      [](const py::bytes& private_key, const py::bytes& peer_public_key) {
+        return to_bytes(lt::exchange_shared_secret(
+            lumen_bind::to_byte_array<lt::kExchangeKeyBytes>(private_key, "private_key"),
+            lumen_bind::to_byte_array<lt::kExchangeKeyBytes>(peer_public_key, "peer_public_key")));
+      },
+      py::arg("private_key"), py::arg("peer_public_key"),
+      "The 32-byte X25519 shared secret; RuntimeError for a peer key OpenSSL refuses.");
+  m.def(
+      "measure_seal_ns",
+      [](uint32_t count) {
+        py::gil_scoped_release release;
+        return lt::measure_seal_ns(count);
+      },
+      py::arg("count"),
+      "Nanoseconds one seal plus one check of a message header take here (mean of count).");
 
   m.def(
       "generate_issuer_key", [] { return to_bytes(lt::generate_issuer_key()); },
@@ -408,17 +435,26 @@ void bind_transport(py::module_& m) {
       .def(
           "send_raw",
           [](PyClient& c, const py::bytes& header, const py::bytes& payload, uint64_t op_id,
-             double timeout_s, bool reply_ep) {
+             double timeout_s, bool reply_ep, const std::string& seal) {
+            const std::map<std::string, lt::RawSeal> seals = {
+                {"seal", lt::RawSeal::kSeal},
+                {"repeat_sequence", lt::RawSeal::kRepeatSequence},
+                {"as_is", lt::RawSeal::kAsIs}};
+            const auto it = seals.find(seal);
+            if (it == seals.end()) {
+              throw py::value_error("seal must be 'seal', 'repeat_sequence' or 'as_is', got '" +
+                                    seal + "'");
+            }
             const std::string h = header;
             const std::string p = payload;
             py::gil_scoped_release release;
             return c.client->send_raw(
                 std::vector<uint8_t>(h.begin(), h.end()), std::vector<uint8_t>(p.begin(), p.end()),
                 op_id, timeout_s,
-                reply_ep ? lt::RawReply::kWithReplyEp : lt::RawReply::kWithoutReplyEp);
+                reply_ep ? lt::RawReply::kWithReplyEp : lt::RawReply::kWithoutReplyEp, it->second);
           },
           py::arg("header"), py::arg("payload"), py::arg("op_id"), py::arg("timeout_s"),
-          py::kw_only(), py::arg("reply_ep") = true)
+          py::kw_only(), py::arg("reply_ep") = true, py::arg("seal") = "seal")
       .def(
           "measure_bandwidth",
           [](PyClient& c, uint64_t message_bytes, uint32_t count, uint32_t window, uint32_t shard,

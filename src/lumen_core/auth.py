@@ -16,7 +16,8 @@
   principal "|" method "|" time "|" nonce "|" body)``, ``body`` the serialized request.
   ``principal`` names the key: ``cluster`` (the cluster secret: registrations and the client
   API) or ``worker-<id>-<epoch>`` (the call key the gateway issued that worker incarnation
-  at registration, sent wrapped by ``wrap_call_key``: its every later call). ``instance``
+  at registration, sent wrapped by ``wrap_call_key`` under a pad that takes the cluster secret
+  and the registration's X25519 exchange to compute: its every later call). ``instance``
   is the gateway's random id: a
   restarted gateway refuses what was signed for the one before. ``CallVerifier`` accepts a
   timestamp within ``max_skew_s`` of its clock and each nonce once. Bodies are MAC'd, not
@@ -56,6 +57,7 @@ __all__ = [
     "CAPABILITY_BYTES",
     "CLUSTER_PRINCIPAL",
     "DEFAULT_CAPABILITY_TTL_S",
+    "EXCHANGE_KEY_BYTES",
     "INSTANCE_METADATA_KEY",
     "ISSUER_KEY_BYTES",
     "MIN_SECRET_BYTES",
@@ -67,7 +69,9 @@ __all__ = [
     "CredentialTable",
     "DatagramSeal",
     "Rights",
+    "check_exchange_key",
     "check_secret",
+    "generate_exchange_key",
     "new_instance_id",
     "parse_worker_principal",
     "read_issuer_key_file",
@@ -86,7 +90,7 @@ __all__ = [
 # One label per scheme, so that a MAC of one scheme is never valid in another.
 _CALL_LABEL = b"lumen-gateway-v2|"
 _SEAL_LABEL = b"lumen-assist-v2|"
-_CALL_KEY_LABEL = b"lumen-call-key-v1|"
+_CALL_KEY_LABEL = b"lumen-call-key-v2|"
 
 CALL_METADATA_KEY = "lumen-call-v2"
 # Trailing metadata of a call refused for naming another gateway instance: the current one.
@@ -102,6 +106,7 @@ _CALL_KEY_BYTES = 32
 _MAX_REMEMBERED_NONCES = 4096
 CAPABILITY_BYTES = 128  # kCapabilityBytes in lumen/transport/capability.h
 ISSUER_KEY_BYTES = 32  # an Ed25519 private key (seed) or public key
+EXCHANGE_KEY_BYTES = 32  # an X25519 private or public key (kExchangeKeyBytes, lumen/transport/wire.h)
 # Long enough for any request the tests and the demo run; a longer one is renewed by opening
 # its checkpoint again at the same epoch with a fresh capability.
 DEFAULT_CAPABILITY_TTL_S = 3600.0
@@ -456,29 +461,104 @@ class CallVerifier:
         return principal
 
 
-def _call_key_pad(secret: bytes, salt: bytes, instance_id: str, principal: str) -> bytes:
+def generate_exchange_key() -> tuple[bytes, bytes]:
+    """A fresh X25519 key pair (private, public), EXCHANGE_KEY_BYTES each, for one registration's
+    key exchange. Raises RuntimeError without the UCX module (the one home of the code)."""
+    private_key, public_key = _native.require_ucx().generate_exchange_key()
+    return bytes(private_key), bytes(public_key)
+
+
+def check_exchange_key(name: str, public_key: bytes) -> bytes:
+    """``public_key`` if it is an X25519 public key a key exchange can use; TypeError/ValueError
+    otherwise (not EXCHANGE_KEY_BYTES bytes, or a low-order point, whose shared secret with any
+    key is zero). RuntimeError without the UCX module."""
+    public_key = check_bytes(name, public_key, EXCHANGE_KEY_BYTES)
+    try:
+        _native.require_ucx().exchange_shared_secret(generate_exchange_key()[0], public_key)
+    except RuntimeError:
+        raise ValueError(f"`{name}` must be a usable X25519 public key, got a low-order point") from None
+    return public_key
+
+
+def _call_key_pad(
+    secret: bytes,
+    salt: bytes,
+    instance_id: str,
+    principal: str,
+    *,
+    private_key: bytes,
+    peer_public_key: bytes,
+    worker_public_key: bytes,
+    gateway_public_key: bytes,
+) -> bytes:
+    try:
+        shared = bytes(
+            _native.require_ucx().exchange_shared_secret(
+                check_bytes("private_key", private_key, EXCHANGE_KEY_BYTES),
+                check_bytes("peer_public_key", peer_public_key, EXCHANGE_KEY_BYTES),
+            )
+        )
+    except RuntimeError as exc:  # a low-order point: no shared secret
+        raise ValueError(f"the peer's exchange key must be a usable X25519 key: {exc}") from None
     message = _CALL_KEY_LABEL + f"{instance_id}|{principal}|".encode() + salt
+    message += shared + worker_public_key + gateway_public_key
     return hmac.new(secret, message, hashlib.sha256).digest()
 
 
-def wrap_call_key(secret: bytes, key: bytes, *, instance_id: str, principal: str) -> tuple[bytes, bytes]:
-    """(salt, wrapped key) for sending a 32-byte call key to its worker: the key XOR
-    ``HMAC-SHA256(secret, "lumen-call-key-v1|" instance "|" principal "|" salt)`` with a fresh
-    random 16-byte salt (a pseudorandom one-time pad), so that who reads the reply without
-    the cluster secret does not learn the key. Raises as ``check_secret``, TypeError/ValueError
-    for a key that is not 32 bytes."""
+def wrap_call_key(
+    secret: bytes, key: bytes, *, instance_id: str, principal: str, worker_exchange_key: bytes
+) -> tuple[bytes, bytes, bytes]:
+    """(salt, wrapped key, the gateway's exchange public key) for sending a 32-byte call key to
+    the worker that registered with X25519 public key ``worker_exchange_key``: the key XOR
+    ``HMAC-SHA256(secret, "lumen-call-key-v2|" instance "|" principal "|" salt || X25519 shared
+    secret || worker key || gateway key)``, with a fresh 16-byte salt and a fresh gateway key
+    pair (a pseudorandom one-time pad). Computing the pad takes the cluster secret *and* one of
+    the two private keys, so a worker that reads the reply on the network, though it holds the
+    secret, does not learn the key. Raises as ``check_secret``, TypeError/ValueError for a key
+    that is not 32 bytes or an exchange key that is not a usable X25519 public key."""
     key = check_bytes("key", key, _CALL_KEY_BYTES)
+    worker_exchange_key = check_bytes("worker_exchange_key", worker_exchange_key, EXCHANGE_KEY_BYTES)
+    private_key, public_key = generate_exchange_key()
     salt = secrets.token_bytes(_NONCE_BYTES)
-    pad = _call_key_pad(check_secret(secret), salt, instance_id, principal)
-    return salt, bytes(a ^ b for a, b in zip(key, pad, strict=True))
+    pad = _call_key_pad(
+        check_secret(secret),
+        salt,
+        instance_id,
+        principal,
+        private_key=private_key,
+        peer_public_key=worker_exchange_key,
+        worker_public_key=worker_exchange_key,
+        gateway_public_key=public_key,
+    )
+    return salt, bytes(a ^ b for a, b in zip(key, pad, strict=True)), public_key
 
 
-def unwrap_call_key(secret: bytes, wrapped: bytes, salt: bytes, *, instance_id: str, principal: str) -> bytes:
-    """The call key ``wrap_call_key`` wrapped. Raises as ``check_secret``, TypeError/ValueError
-    for a wrapped key that is not 32 bytes or a salt that is not 16 (a tampered reply just
-    gives a key whose calls are refused)."""
+def unwrap_call_key(
+    secret: bytes,
+    wrapped: bytes,
+    salt: bytes,
+    *,
+    instance_id: str,
+    principal: str,
+    exchange_key: tuple[bytes, bytes],
+    gateway_exchange_key: bytes,
+) -> bytes:
+    """The call key ``wrap_call_key`` wrapped for the worker whose key pair (private, public) is
+    ``exchange_key``. Raises as ``check_secret``, TypeError/ValueError for a wrapped key that
+    is not 32 bytes, a salt that is not 16 or an exchange key that is not 32 or not usable (a
+    tampered reply just gives a key whose calls are refused)."""
     wrapped = check_bytes("wrapped", wrapped, _CALL_KEY_BYTES)
-    pad = _call_key_pad(check_secret(secret), check_bytes("salt", salt, _NONCE_BYTES), instance_id, principal)
+    private_key, public_key = exchange_key
+    pad = _call_key_pad(
+        check_secret(secret),
+        check_bytes("salt", salt, _NONCE_BYTES),
+        instance_id,
+        principal,
+        private_key=private_key,
+        peer_public_key=check_bytes("gateway_exchange_key", gateway_exchange_key, EXCHANGE_KEY_BYTES),
+        worker_public_key=check_bytes("exchange_key[1]", public_key, EXCHANGE_KEY_BYTES),
+        gateway_public_key=gateway_exchange_key,
+    )
     return bytes(a ^ b for a, b in zip(wrapped, pad, strict=True))
 
 

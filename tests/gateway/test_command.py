@@ -1,4 +1,5 @@
-"""`lumen gateway`: refuses to start without a secret, writes one, serves until SIGTERM."""
+"""`lumen gateway`: refuses to start without a secret, writes one, serves until SIGTERM, keeps its
+issuer key across restarts when given a file for it."""
 
 import os
 import select
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import lumen_core
-from lumen_core.auth import read_secret_file
+from lumen_core.auth import CapabilityIssuer, read_issuer_key_file, read_secret_file
 from lumen_core.cli import main
 from lumen_core.gateway.client import GatewayClient
 
@@ -86,3 +87,52 @@ def test_gateway_process_serves_on_loopback_until_sigterm(tmp_path):
         process.stdout.close()
         process.stderr.close()
     assert '"WorkerJoined"' in log_path.read_text()
+
+
+def _serve_once(secret_path: Path, issuer_key_path: Path) -> tuple[str, bytes]:
+    """Starts `lumen gateway --issuer-key-file`, registers a worker, stops it: the public key
+    it printed and the one its RegisterReply handed over."""
+    env = dict(os.environ, PYTHONPATH=str(Path(lumen_core.__file__).parent.parent))
+    command = [sys.executable, "-m", "lumen_core.cli", "gateway", "--secret-file", str(secret_path)]
+    command += ["--port", "0", "--metrics-port", "-1", "--issuer-key-file", str(issuer_key_path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        address = read_line(process, 30.0).split()[3]
+        printed = process.stdout.readline()  # printed with the first: select() may not see it
+        assert printed.startswith("capability issuer public key ")
+        handed_over: list[bytes] = []
+        with GatewayClient(
+            address, read_secret_file(secret_path), on_issuer_key=handed_over.append
+        ) as client:
+            client.register(0, budget_bytes=1 << 30)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=10)
+        process.stdout.close()
+        process.stderr.close()
+    assert len(handed_over) == 1
+    return printed.split()[-1], handed_over[0]
+
+
+def test_issuer_key_file_is_created_once_and_survives_a_restart(tmp_path, ucx_module):
+    """A restarted gateway signs with the same key, so a holder that trusted the first run's
+    still verifies the capabilities the second issues (and those in flight from the first)."""
+    secret_path, key_path = tmp_path / "cluster.secret", tmp_path / "issuer.key"
+    assert main(["gateway", "--write-secret", str(secret_path)]) == 0
+    first = _serve_once(secret_path, key_path)
+    assert stat.S_IMODE(key_path.stat().st_mode) == 0o600
+    public_key = CapabilityIssuer(read_issuer_key_file(key_path)).public_key
+    assert first == (public_key.hex(), public_key)
+    assert _serve_once(secret_path, key_path) == first
+
+
+def test_gateway_refuses_an_issuer_key_file_others_can_read(tmp_path, capsys, ucx_module):
+    secret_path, key_path = tmp_path / "cluster.secret", tmp_path / "issuer.key"
+    assert main(["gateway", "--write-secret", str(secret_path)]) == 0
+    key_path.write_bytes(bytes(32))
+    os.chmod(key_path, 0o644)
+    assert main(["gateway", "--secret-file", str(secret_path), "--issuer-key-file", str(key_path)]) == 2
+    assert f"cannot use {key_path} as the issuer key" in capsys.readouterr().err

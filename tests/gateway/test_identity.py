@@ -9,7 +9,13 @@ import urllib.request
 import grpc
 import pytest
 
-from lumen_core.auth import CALL_METADATA_KEY, INSTANCE_METADATA_KEY, sign_call
+from lumen_core.auth import (
+    CALL_METADATA_KEY,
+    INSTANCE_METADATA_KEY,
+    generate_exchange_key,
+    sign_call,
+    unwrap_call_key,
+)
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import RequestTokens
@@ -23,6 +29,8 @@ pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"gateway-tests-secret-0123456789abcdef"  # as conftest.py
 GIB = 1 << 30
+# A registration's X25519 public key, for requests sent by hand (GatewayClient draws its own).
+EXCHANGE = {"exchange_public_key": generate_exchange_key()[1]}
 
 
 def raw_call(server, client, name, request, metadata=None):
@@ -69,7 +77,9 @@ def test_a_worker_cannot_register_as_another_live_worker(start_gateway, connect)
     victim = connect(server)
     victim.register(0, budget_bytes=GIB, holder_address="127.0.0.1:7000")
     # The call key travels wrapped: the reply's bytes do not hold it.
-    reply = raw_call(server, victim, "Register", pb.RegisterRequest(worker_id=5, state=pb.SERVING))
+    reply = raw_call(
+        server, victim, "Register", pb.RegisterRequest(worker_id=5, state=pb.SERVING, **EXCHANGE)
+    )
     assert server.credentials.key_of("worker-5-1") not in reply.SerializeToString()
     rogue = connect(server)  # holds the cluster secret, like every worker
     with pytest.raises(GatewayError, match="ALREADY_EXISTS: worker 0 epoch 1 is live"):
@@ -78,6 +88,39 @@ def test_a_worker_cannot_register_as_another_live_worker(start_gateway, connect)
     # Once the incarnation is gone (its exit reported, or its lease expired), the id is free.
     assert server.report_exit(0, 1, "SIGKILL")
     assert rogue.register(0, budget_bytes=GIB).epoch == 2
+
+
+def test_a_worker_that_reads_the_network_cannot_unwrap_another_workers_call_key(start_gateway, connect):
+    """It holds the cluster secret and sees the registration and its reply, public keys and all;
+    the wrap's pad also takes one of the registration's X25519 private keys, which never leave
+    their ends (before, the secret alone computed it)."""
+    server = start_gateway(GatewayConfig(policy="S&R"))
+    victim_exchange = generate_exchange_key()
+    request = pb.RegisterRequest(
+        worker_id=3, state=pb.SERVING, budget_bytes=GIB, exchange_public_key=victim_exchange[1]
+    )
+    reply = raw_call(server, connect(server), "Register", request)  # what crosses the network
+    principal, key = "worker-3-1", server.credentials.key_of("worker-3-1")
+
+    def unwrap(exchange_key: tuple[bytes, bytes]) -> bytes:
+        return unwrap_call_key(
+            SECRET,
+            reply.wrapped_call_key,
+            reply.call_key_salt,
+            instance_id=server.instance_id,
+            principal=principal,
+            exchange_key=exchange_key,
+            gateway_exchange_key=reply.exchange_public_key,
+        )
+
+    assert unwrap(victim_exchange) == key
+    guessed = unwrap((generate_exchange_key()[0], victim_exchange[1]))  # its own private key
+    assert guessed != key
+    heartbeat = pb.HeartbeatRequest(worker_id=3, epoch=1, state=pb.SERVING)
+    code, details = refused(
+        server, None, "Heartbeat", heartbeat, signed_with(server, guessed, principal, "Heartbeat", heartbeat)
+    )
+    assert code == grpc.StatusCode.UNAUTHENTICATED and details.startswith("bad MAC")
 
 
 def test_a_worker_cannot_call_as_another_worker(start_gateway, connect):
@@ -156,7 +199,7 @@ def test_a_call_captured_at_one_gateway_is_refused_by_its_restarted_successor(st
     first = start_gateway(GatewayConfig(policy="S&R"))
     client, worker = connect(first), connect(first)
     worker.register(5, budget_bytes=GIB)
-    request = pb.RegisterRequest(worker_id=0, state=pb.SERVING, budget_bytes=GIB)
+    request = pb.RegisterRequest(worker_id=0, state=pb.SERVING, budget_bytes=GIB, **EXCHANGE)
     captured = client.signed_metadata("Register", request.SerializeToString())
     raw_call(first, None, "Register", request, captured)
     code, details = refused(first, None, "Register", request, captured)
@@ -172,7 +215,7 @@ def test_a_call_captured_at_one_gateway_is_refused_by_its_restarted_successor(st
     assert dict(error.trailing_metadata())[INSTANCE_METADATA_KEY] == restarted.instance_id
     assert restarted.coordinator.worker_ids() == []
     # The body is covered too: the captured header with another body is refused.
-    other = pb.RegisterRequest(worker_id=1, state=pb.SERVING, budget_bytes=GIB)
+    other = pb.RegisterRequest(worker_id=1, state=pb.SERVING, budget_bytes=GIB, **EXCHANGE)
     fresh = connect(restarted).signed_metadata("Register", request.SerializeToString())
     code, details = refused(restarted, None, "Register", other, fresh)
     assert code == grpc.StatusCode.UNAUTHENTICATED and details.startswith("bad MAC")
@@ -221,6 +264,11 @@ def test_one_out_of_range_field_fails_its_call_alone(start_gateway, connect):
                 worker_id=1, state=pb.SERVING, running=[pb.RunningRequest(request_id=9, epoch=2**32 - 1)]
             ),
             r"`running.epoch` must be in \[0, 4294967294\]",
+        ),
+        (pb.RegisterRequest(worker_id=1, state=pb.SERVING), "`exchange_public_key` must be 32 bytes, got 0"),
+        (  # a low-order point: its shared secret with any key is zero, so the wrap would be no secret
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, exchange_public_key=bytes(32)),
+            "`exchange_public_key` must be a usable X25519 public key",
         ),
     ):
         code, details = refused(server, bad, "Register", request)

@@ -6,7 +6,7 @@ import urllib.request
 import grpc
 import pytest
 
-from lumen_core.auth import Rights
+from lumen_core.auth import Rights, generate_exchange_key
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import FencedError
@@ -384,7 +384,9 @@ def test_server_and_client_validation(start_gateway, connect):
     with pytest.raises(FencedError, match="heartbeat before register"):
         client.heartbeat()
     with pytest.raises(GatewayError, match="INVALID_ARGUMENT: state must be SERVING or RECOVERING, got 0"):
-        client._call("Register", pb.RegisterRequest(worker_id=1))
+        client._call(
+            "Register", pb.RegisterRequest(worker_id=1, exchange_public_key=generate_exchange_key()[1])
+        )
     with pytest.raises(GatewayError, match="NOT_FOUND: request_id 5 is not a known request"):
         list(client.watch(5, timeout_s=5.0))
 

@@ -21,7 +21,7 @@ U32 = st.integers(0, 2**32 - 1)
 U64 = st.integers(0, 2**64 - 1)
 
 # Kind -> payload length it needs (num_tokens=4, record_bytes=16 where they matter).
-KINDS = {1: 32, 2: 64, 3: 48, 4: 64, 5: 4 * (8 + 16), 6: 0, 7: 0, 8: 0, 9: 64 + 4 * 24, 10: 0}
+KINDS = {1: 64, 2: 96, 3: 48, 4: 64, 5: 4 * (8 + 16), 6: 0, 7: 0, 8: 0, 9: 64 + 4 * 24, 10: 0}
 
 
 def _native_module():
@@ -39,7 +39,8 @@ def _header(kind: int, **fields: int) -> bytes:
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_valid_header_of_every_kind_decodes(kind: int) -> None:
     header = _header(kind, request_id=7, op_id=9, shard=2, epoch=3, start_pos=11)
-    assert len(header) == _native_module().HEADER_BYTES == 68 + tp.CAPABILITY_BYTES + 4 == 200
+    # The fields, their crc, then the seal (sequence number and MAC) every later message carries.
+    assert len(header) == _native_module().HEADER_BYTES == 68 + tp.CAPABILITY_BYTES + 4 + 8 + 32 == 240
     decoded = _native_module().decode_header(header, KINDS[kind], **LIMITS)
     assert (decoded["kind"], decoded["request_id"], decoded["op_id"]) == (kind, 7, 9)
     assert (decoded["shard"], decoded["epoch"], decoded["start_pos"]) == (2, 3, 11)
@@ -75,7 +76,7 @@ def test_append_header_round_trips_little_endian(
     # The layout is fixed little-endian (wire.h): check it byte by byte.
     assert struct.unpack_from("<IHHQQIIQIIQQI", header) == (
         0x4E4D554C,
-        3,  # the version: signed 128-byte capabilities (2 added the limits in AUTH_OK)
+        4,  # the version: sealed messages (3 signed capabilities, 2 the limits in AUTH_OK)
         5,
         request_id,
         op_id,
@@ -89,6 +90,7 @@ def test_append_header_round_trips_little_endian(
         0,
     )
     assert header[68:196] == capability
+    assert header[200:240] == bytes(40)  # unsealed: the connection seals it as it sends
     decoded = _native_module().decode_header(header, payload, **LIMITS)
     assert (decoded["request_id"], decoded["num_tokens"], decoded["capability"]) == (
         request_id,
@@ -100,6 +102,8 @@ def test_append_header_round_trips_little_endian(
 @settings(max_examples=200, deadline=None)
 @given(position=st.integers(0, 199), flip=st.integers(1, 255))
 def test_any_corrupted_byte_is_refused(position: int, flip: int) -> None:
+    # Bytes [0, 200) are the fields and their crc; the seal after them is the session's to
+    # check (tests/transport/test_seal.py).
     header = bytearray(_header(5))
     header[position] ^= flip
     with pytest.raises(ValueError, match="header must be valid"):

@@ -33,6 +33,7 @@ from lumen_core.auth import (
     CLUSTER_PRINCIPAL,
     INSTANCE_METADATA_KEY,
     check_secret,
+    generate_exchange_key,
     sign_call,
     unwrap_call_key,
     worker_principal,
@@ -288,9 +289,11 @@ class GatewayClient:
         a gateway restart). The reply's directives go to ``on_directives`` (as
         ``DirectiveInbox.accept``) and are returned."""
         sent_s = time.monotonic()
+        exchange_key = generate_exchange_key()  # this registration's; the call key is wrapped for it
         reply = self._call(
             "Register",
             pb.RegisterRequest(
+                exchange_public_key=exchange_key[1],
                 worker_id=worker_id,
                 state=state_to_pb(state),
                 budget_bytes=budget_bytes,
@@ -312,6 +315,8 @@ class GatewayClient:
                 reply.call_key_salt,
                 instance_id=self._instance_id,
                 principal=worker_principal(worker_id, reply.epoch),
+                exchange_key=exchange_key,
+                gateway_exchange_key=reply.exchange_public_key,
             )
             self._credential = _Credential(worker_id, reply.epoch, key, self._instance_id)
             self.lease_s = reply.lease_s

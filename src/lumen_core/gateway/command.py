@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the front door's modules (and the http extra) only load when it is served
+    from lumen_core.auth import CapabilityIssuer
     from lumen_core.gateway.http.config import FrontDoorConfig
     from lumen_core.gateway.http.text import Tokenizer
 
@@ -31,6 +32,14 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
         default=None,
         metavar="PATH",
         help="write a new random secret to PATH (0600) and exit",
+    )
+    parser.add_argument(
+        "--issuer-key-file",
+        default=None,
+        metavar="PATH",
+        help="the capability issuer's private key (0600), created if missing and reused on every "
+        "start, so capabilities issued before a restart still verify on holders (default: a fresh "
+        "key per run)",
     )
     parser.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback)")
     parser.add_argument("--port", type=int, default=50051, help="gRPC port (0: a free one, printed)")
@@ -100,6 +109,15 @@ def run_gateway(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"lumen gateway: cannot use {args.secret_file} as the cluster secret: {exc}", file=sys.stderr)
         return 2
+    issuer = None
+    if args.issuer_key_file is not None:
+        try:
+            issuer = _persistent_issuer(Path(args.issuer_key_file))
+        except (OSError, ValueError, RuntimeError) as exc:
+            print(
+                f"lumen gateway: cannot use {args.issuer_key_file} as the issuer key: {exc}", file=sys.stderr
+            )
+            return 2
     try:
         load_config = (
             LoadConfig()
@@ -134,6 +152,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         metrics_port=metrics_port,
         event_log=event_log,
         first_request_id=args.first_request_id,
+        issuer=issuer,
     )
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -164,6 +183,8 @@ def run_gateway(args: argparse.Namespace) -> int:
         )
         if door is not None:
             print(f"OpenAI front door on {door.url} (model {door.config.model_name})", flush=True)
+        if issuer is not None:
+            print(f"capability issuer public key {issuer.public_key.hex()}", flush=True)
         while not stop.wait(0.5):
             pass
     finally:
@@ -174,6 +195,19 @@ def run_gateway(args: argparse.Namespace) -> int:
             event_log.close()
     print("gateway stopped", flush=True)
     return 0
+
+
+def _persistent_issuer(path: Path) -> CapabilityIssuer:
+    """The issuer whose private key is in ``path``, created (0600) with a fresh key if there is
+    none. Raises PermissionError for a file others can access, ValueError for one that is not
+    a key, RuntimeError without the UCX module (the signing code's home)."""
+    from lumen_core.auth import CapabilityIssuer, read_issuer_key_file, write_issuer_key_file
+
+    try:
+        write_issuer_key_file(path)
+    except FileExistsError:  # a restart: the key capabilities in flight were signed with
+        pass
+    return CapabilityIssuer(read_issuer_key_file(path))
 
 
 def _front_door(args: argparse.Namespace) -> tuple[FrontDoorConfig, frozenset[str], Tokenizer | None]:

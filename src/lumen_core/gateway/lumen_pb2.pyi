@@ -240,7 +240,7 @@ class LostReplica(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., holder_worker_id: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "state", "budget_bytes", "domain", "holder_address", "num_shards", "last_epoch", "running", "held")
+    __slots__ = ("worker_id", "state", "budget_bytes", "domain", "holder_address", "num_shards", "last_epoch", "running", "held", "exchange_public_key")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -250,6 +250,7 @@ class RegisterRequest(_message.Message):
     LAST_EPOCH_FIELD_NUMBER: _ClassVar[int]
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     state: WorkerState
     budget_bytes: int
@@ -259,10 +260,11 @@ class RegisterRequest(_message.Message):
     last_epoch: int
     running: _containers.RepeatedCompositeFieldContainer[RunningRequest]
     held: _containers.RepeatedCompositeFieldContainer[HeldCheckpoint]
-    def __init__(self, worker_id: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., budget_bytes: _Optional[int] = ..., domain: _Optional[str] = ..., holder_address: _Optional[str] = ..., num_shards: _Optional[int] = ..., last_epoch: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ...) -> None: ...
+    exchange_public_key: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., budget_bytes: _Optional[int] = ..., domain: _Optional[str] = ..., holder_address: _Optional[str] = ..., num_shards: _Optional[int] = ..., last_epoch: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., exchange_public_key: _Optional[bytes] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "wrapped_call_key", "call_key_salt", "issuer_public_key")
+    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "wrapped_call_key", "call_key_salt", "issuer_public_key", "exchange_public_key")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
@@ -270,6 +272,7 @@ class RegisterReply(_message.Message):
     WRAPPED_CALL_KEY_FIELD_NUMBER: _ClassVar[int]
     CALL_KEY_SALT_FIELD_NUMBER: _ClassVar[int]
     ISSUER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     lease_s: float
     heartbeat_s: float
@@ -277,7 +280,8 @@ class RegisterReply(_message.Message):
     wrapped_call_key: bytes
     call_key_salt: bytes
     issuer_public_key: bytes
-    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., wrapped_call_key: _Optional[bytes] = ..., call_key_salt: _Optional[bytes] = ..., issuer_public_key: _Optional[bytes] = ...) -> None: ...
+    exchange_public_key: bytes
+    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., wrapped_call_key: _Optional[bytes] = ..., call_key_salt: _Optional[bytes] = ..., issuer_public_key: _Optional[bytes] = ..., exchange_public_key: _Optional[bytes] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
     __slots__ = ()

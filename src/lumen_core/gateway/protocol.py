@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lumen_core._validate import U32_MAX, check_int
+from lumen_core.auth import check_exchange_key
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway.directives import (
     AssistDraft,
@@ -425,6 +426,7 @@ def check_registration(request: pb.RegisterRequest) -> None:
                 f"got {len(r.output_token_ids)}"
             )
     _check_held("held", request.held)
+    check_exchange_key("exchange_public_key", request.exchange_public_key)  # the call key's wrap
 
 
 def check_report(report: pb.WorkerReport) -> None:

@@ -169,10 +169,13 @@ class _Servicer(pb_grpc.GatewayServicer):
                 running=[running_from_pb(r) for r in request.running],
                 held=[held_from_pb(h) for h in request.held],
             )
-            salt, wrapped = self._server.issue_call_key(request.worker_id, registration.epoch)
+            salt, wrapped, exchange_key = self._server.issue_call_key(
+                request.worker_id, registration.epoch, request.exchange_public_key
+            )
             return pb.RegisterReply(
                 wrapped_call_key=wrapped,
                 call_key_salt=salt,
+                exchange_public_key=exchange_key,
                 epoch=registration.epoch,
                 lease_s=c.config.lease_s,
                 heartbeat_s=c.config.heartbeat_s,
@@ -595,11 +598,19 @@ class GatewayServer:
         worker incarnation; None for a principal this instance does not know."""
         return self._secret if principal == CLUSTER_PRINCIPAL else self.credentials.key_of(principal)
 
-    def issue_call_key(self, worker_id: int, epoch: int) -> tuple[bytes, bytes]:
-        """A new call key for the worker incarnation, as (salt, wrapped key) for its reply."""
-        key = self.credentials.issue(worker_id, epoch)
+    def issue_call_key(self, worker_id: int, epoch: int, exchange_key: bytes) -> tuple[bytes, bytes, bytes]:
+        """A new call key for the worker incarnation, as (salt, wrapped key, the gateway's
+        exchange key) for its reply, wrapped for the worker's X25519 ``exchange_key``.
+        Raises ValueError for an exchange key that is not a usable X25519 public key."""
         principal = worker_principal(worker_id, epoch)
-        return wrap_call_key(self._secret, key, instance_id=self.instance_id, principal=principal)
+        key = self.credentials.issue(worker_id, epoch)
+        return wrap_call_key(
+            self._secret,
+            key,
+            instance_id=self.instance_id,
+            principal=principal,
+            worker_exchange_key=exchange_key,
+        )
 
     def authorize(self, name: str, principal: str, request: Any) -> None:
         """Raise _Forbidden (counted) unless ``principal`` may call method ``name`` with

@@ -1,11 +1,16 @@
-// Authentication of the data plane's connections (DESIGN.md 3.3): HMAC-SHA256 (OpenSSL)
-// challenge-response on the cluster secret. What a connection may do with a checkpoint is
-// decided by capabilities the issuer signs (lumen/transport/capability.h), not by the secret.
+// Authentication of the data plane's connections (DESIGN.md 3.3, docs/security.md). The
+// handshake is an HMAC-SHA256 (OpenSSL) challenge-response on the cluster secret over an X25519
+// exchange of ephemeral keys; from the shared secret both ends derive a pair of session keys,
+// and every message after the handshake is sealed: a sequence number and an HMAC-SHA256 under
+// its direction's key, so a message that was altered, forged, replayed or reordered is refused.
+// What a connection may do with a checkpoint is decided by capabilities the issuer signs
+// (lumen/transport/capability.h), not by the secret.
 #pragma once
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "lumen/transport/wire.h"
 
@@ -13,6 +18,7 @@ namespace lumen::transport {
 
 using Mac = std::array<uint8_t, kMacBytes>;
 using Nonce = std::array<uint8_t, kNonceBytes>;
+using ExchangeKey = std::array<uint8_t, kExchangeKeyBytes>;
 
 // Secrets shorter than this are refused: there is no default secret.
 constexpr size_t kMinSecretBytes = 16;
@@ -23,15 +29,98 @@ void check_secret(const std::string& secret);
 // A fresh random nonce (OpenSSL RAND_bytes); throws std::runtime_error if it fails.
 Nonce random_nonce();
 
-// The proofs of the handshake: role is "client" or "server"; first and second are the nonces
-// in the order the role uses (client: server nonce then client nonce; server: the reverse).
-// The server's proof also covers what it announces with it (`announced`, announced_bytes:
-// its encoded limits), so no one in between can change them.
-Mac handshake_mac(const std::string& secret, const char* role, const uint8_t* first,
-                  const uint8_t* second, const uint8_t* announced = nullptr,
-                  size_t announced_bytes = 0);
+// One end's ephemeral X25519 key pair, drawn fresh for each connection.
+struct EphemeralKey {
+  ExchangeKey private_key{};
+  ExchangeKey public_key{};
+};
+// Throws std::runtime_error if OpenSSL fails.
+EphemeralKey generate_ephemeral_key();
 
-// Constant-time comparison (CRYPTO_memcmp).
+// The X25519 shared secret of own_private and peer_public (also what the gateway's
+// registrations exchange, lumen_core.auth). Throws std::runtime_error for a peer key OpenSSL
+// refuses (a low-order point, whose shared secret would be all zeros).
+ExchangeKey exchange_shared_secret(const ExchangeKey& own_private, const ExchangeKey& peer_public);
+
+// What one handshake says, in the order the transcript covers it.
+struct HandshakeTranscript {
+  Nonce server_nonce{};
+  ExchangeKey server_key{};  // the server's ephemeral public key (CHALLENGE)
+  Nonce client_nonce{};
+  ExchangeKey client_key{};  // the client's ephemeral public key (AUTH)
+};
+
+// The proofs of the handshake: HMAC(secret, "lumen-auth-v4-" role || transcript || announced),
+// role "client" or "server". The server's proof also covers what it announces with it
+// (`announced`, announced_bytes: its encoded limits), so no one in between can change them.
+Mac handshake_mac(const std::string& secret, const char* role, const HandshakeTranscript& t,
+                  const uint8_t* announced = nullptr, size_t announced_bytes = 0);
+
+// The keys of one connection's two directions.
+struct SessionKeys {
+  Mac client_to_server{};
+  Mac server_to_client{};
+};
+
+// An HMAC-SHA256 key whose OpenSSL state (EVP_MAC) is prepared once, so that a message costs
+// only its own hashing. One thread at a time: computing resets the state.
+class MacKey {
+ public:
+  MacKey() = default;  // unkeyed: compute() throws std::logic_error
+  // Throws std::runtime_error if OpenSSL fails.
+  explicit MacKey(const Mac& key);
+  ~MacKey();
+  MacKey(MacKey&& other) noexcept;
+  MacKey& operator=(MacKey&& other) noexcept;
+  MacKey(const MacKey&) = delete;
+  MacKey& operator=(const MacKey&) = delete;
+
+  // HMAC over first || second (second_bytes may be 0); throws std::runtime_error.
+  Mac compute(const uint8_t* first, size_t first_bytes, const uint8_t* second, size_t second_bytes);
+
+ private:
+  void* ctx_ = nullptr;  // EVP_MAC_CTX*, kept out of the header
+};
+
+// One end's seal of a connection: its two directions' keys and the sequence numbers sealed
+// and accepted so far (the first sealed message is number 1).
+struct SealState {
+  MacKey send_key;
+  MacKey receive_key;
+  uint64_t sent = 0;      // the sequence number of the last message sealed
+  uint64_t received = 0;  // the sequence number of the last message accepted
+};
+
+// Both directions' keys from the X25519 shared secret of own_private and peer_public, keyed
+// with the cluster secret and bound to the transcript: HMAC(HMAC(secret, "lumen-session-v4" ||
+// shared || transcript), direction). A party that saw the handshake but holds neither
+// ephemeral private key cannot derive them, whatever secret it holds. Throws
+// std::runtime_error if OpenSSL refuses the peer's key (e.g. a low-order point).
+SessionKeys derive_session_keys(const std::string& secret, const ExchangeKey& own_private,
+                                const ExchangeKey& peer_public, const HandshakeTranscript& t);
+
+// Whether a message of this kind has its payload covered by the seal: every kind but the bulk
+// ones (APPEND, READ_DATA), whose records the sender's crc32c and, on the wire, the payload
+// cipher (not the seal) protect.
+bool seal_covers_payload(MessageKind kind);
+
+// Seals an encoded header (kHeaderBytes, in place) as the next message of state: writes the
+// sequence number and the HMAC over header bytes [0, kSealMacOffset) and, where the kind's
+// seal covers it, the payload.
+void seal_header(uint8_t* header, SealState* state, const uint8_t* payload, size_t payload_bytes);
+
+enum class SealCheck { kOk, kBadMac, kOutOfSequence };
+// Checks a received, decoded header's seal against state; on kOk, state accepts its number.
+// kOutOfSequence: the MAC is right but the number is not the next one (a replay or reorder).
+SealCheck check_seal(const uint8_t* header, SealState* state, MessageKind kind,
+                     const uint8_t* payload, size_t payload_bytes);
+
+// Nanoseconds one seal_header plus one check_seal of a header take on this thread, the mean of
+// count pairs: what sealing adds to each message on the data path (bench/transport_bw.py).
+// Throws std::invalid_argument for count 0.
+double measure_seal_ns(uint32_t count);
+
+// Constant-time comparison of two MACs (CRYPTO_memcmp).
 bool mac_equal(const uint8_t* a, const uint8_t* b);
 
 }  // namespace lumen::transport

@@ -28,6 +28,12 @@ enum class Handshake { kProve, kSkip };
 // it, so the server cannot tell which connection the message came on (for tests).
 enum class RawReply { kWithReplyEp, kWithoutReplyEp };
 
+// How send_raw seals a header of kHeaderBytes after the handshake (lumen/transport/auth.h):
+// as the next message (kSeal: what every call sends), with the number of the message sealed
+// before it and a valid MAC (kRepeatSequence: what a replayed or reordered message carries),
+// or not at all (kAsIs: what a forger without the session key sends).
+enum class RawSeal { kSeal, kRepeatSequence, kAsIs };
+
 struct ClientOptions {
   std::string address = "127.0.0.1";
   uint16_t port = 0;
@@ -74,9 +80,9 @@ struct ReadReply {
 struct ClientStats {
   uint64_t ops_started = 0;
   uint64_t ops_failed = 0;
-  uint64_t bytes_sent = 0;  // append payload bytes acknowledged
-  uint64_t bytes_read = 0;  // read payload bytes received
-  uint64_t malformed_replies = 0;
+  uint64_t bytes_sent = 0;         // append payload bytes acknowledged
+  uint64_t bytes_read = 0;         // read payload bytes received
+  uint64_t malformed_replies = 0;  // replies that failed validation or their seal
 };
 
 class Client {
@@ -103,7 +109,8 @@ class Client {
   // Sends header (any bytes) and payload as one message and waits for the answer to op_id
   // (>= 2**63, or for the connection to fail): for tests of the server's validation.
   uint64_t send_raw(const std::vector<uint8_t>& header, const std::vector<uint8_t>& payload,
-                    uint64_t op_id, double timeout_s, RawReply reply = RawReply::kWithReplyEp);
+                    uint64_t op_id, double timeout_s, RawReply reply = RawReply::kWithReplyEp,
+                    RawSeal seal = RawSeal::kSeal);
 
   // Streams count appends of message_bytes (zero records of up to 32 KiB with their crcs) to
   // a scratch checkpoint (request_id 2**64 - 1, the given shard, epoch 0, which capability must
@@ -137,6 +144,7 @@ class Client {
     ReadArgs read;
     ReadReply read_reply;
     RawReply reply = RawReply::kWithReplyEp;
+    RawSeal seal = RawSeal::kSeal;
     ucp_dt_iov_t iov[4];
     std::vector<uint8_t> owned_header;
     std::vector<uint8_t> owned_payload;
@@ -163,8 +171,10 @@ class Client {
   void fail_connection(Status status, const std::string& message);
   ucs_status_t handle(const WireHeader& h, void* data, bool rndv);
   ucs_status_t handle_read_data(const OpPtr& op, const WireHeader& h, void* data, bool rndv);
-  void handle_challenge(const uint8_t* server_nonce);
-  void handle_auth_ok(const uint8_t* payload);  // proof, then the server's limits
+  void handle_challenge(const uint8_t* payload);  // the server's nonce and exchange key
+  void handle_auth_ok(const uint8_t* payload);    // proof, then the server's limits
+  // Seals a header about to be sent as op says (progress thread, in send order).
+  void seal_for_send(std::vector<uint8_t>* header, const Op& op, size_t iov_count);
   void shutdown();
 
   ClientOptions options_;
@@ -173,8 +183,10 @@ class Client {
   Worker worker_;
   ucp_ep_h ep_ = nullptr;  // progress thread only
   bool ep_open_ = false;
-  Nonce server_nonce_{};
-  Nonce client_nonce_{};
+  // The handshake and the session it keys; progress thread only.
+  HandshakeTranscript transcript_;
+  SealState seal_;
+  bool sealed_ = false;  // the handshake is done: every message in and out is sealed
   std::unordered_map<uint64_t, OpPtr> ops_;      // in flight; progress thread only
   std::unordered_map<uint64_t, OpPtr> started_;  // started appends not yet waited; mutex_
   mutable std::mutex mutex_;

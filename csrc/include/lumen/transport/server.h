@@ -1,5 +1,6 @@
 // The receiving side of the data plane: a UCP listener (behind a Gate that bounds connections
-// not yet authenticated) whose connections must prove the cluster secret, then
+// not yet authenticated) whose connections must prove the cluster secret (and agree on
+// session keys that seal every later message, lumen/transport/auth.h), then
 // open/append/release/read checkpoints held by a RecordSink, each as far as a capability signed
 // by the trusted issuer grants it (lumen/transport/capability.h). Appends are received straight
 // into the sink's buffers by the progress thread; no Python runs on it.
@@ -55,6 +56,8 @@ struct ServerStats {
   uint64_t handshake_timeouts = 0;  // at the gate or after UCX's connection request
   uint64_t malformed = 0;           // messages that failed validation (connection dropped)
   uint64_t unauthenticated = 0;     // messages before the handshake (connection dropped)
+  uint64_t bad_seals = 0;           // after it, a seal that does not verify (connection dropped)
+  uint64_t out_of_sequence = 0;     // a valid seal on a replayed or reordered message (dropped)
   uint64_t bad_capability = 0;      // not signed by the trusted issuer (or none trusted yet)
   uint64_t capability_refused = 0;  // signed, but not for this checkpoint, epoch, holder or
                                     // operation, or expired; or an append its open did not grant
@@ -99,8 +102,10 @@ class Server {
     ucp_ep_h ep = nullptr;
     uint16_t relay_port = 0;  // the gate's upstream socket it came through
     std::chrono::steady_clock::time_point accepted_at;
-    Nonce nonce{};
+    HandshakeTranscript transcript;
+    EphemeralKey exchange;  // its private half is wiped once the session keys are derived
     bool authenticated = false;
+    SealState seal;  // keyed by the handshake; every later message in and out is sealed
     // What this connection's opens were granted, by (request_id, shard, epoch): an append
     // must present the same capability, before its expiry. (An older epoch's grant stays, so
     // the store, not the grant, tells a fenced writer it is stale.)

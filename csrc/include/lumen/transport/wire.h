@@ -20,13 +20,19 @@
 //                           and release verify it, an append repeats its open's; zero in
 //                           replies and the handshake
 //  196 u32 header_crc       crc32c of bytes [0, 196)
+//  200 u64 seal_seq         sequence number of the message in its direction (1, 2, ...)
+//  208 u8[32] seal_mac      HMAC-SHA256 under the direction's session key of bytes [0, 208)
+//                           and, but for APPEND and READ_DATA, the payload
+//                           (lumen/transport/auth.h); both zero in the handshake
 //
 // Payloads:
-//   CHALLENGE   32-byte server nonce
-//   AUTH        32-byte client nonce + 32-byte HMAC(secret, "client" || server || client nonce)
-//   AUTH_OK     32-byte HMAC(secret, "server" || client nonce || server nonce || limits) +
+//   CHALLENGE   32-byte server nonce + 32-byte server X25519 ephemeral public key
+//   AUTH        32-byte client nonce + 32-byte client X25519 ephemeral public key +
+//               32-byte HMAC(secret, "lumen-auth-v4-client" || transcript)
+//   AUTH_OK     32-byte HMAC(secret, "lumen-auth-v4-server" || transcript || limits) +
 //               limits: the server's WireLimits (what it accepts in one message), 16 bytes:
 //               u32 max_tokens_per_message, u32 max_record_bytes, u64 max_payload_bytes
+//   (transcript: server nonce, server key, client nonce, client key)
 //   OPEN        32-byte layout fingerprint + 32-byte model fingerprint
 //   APPEND      token_ids u32[n] + crc32c u32[n] + records u8[n * record_bytes]
 //   READ_DATA   fingerprints (64 bytes) + token_ids u32[n] + crcs u32[n] + records
@@ -42,11 +48,16 @@
 namespace lumen::transport {
 
 constexpr uint32_t kWireMagic = 0x4E4D554Cu;  // "LUMN" in little-endian byte order
-// 2: AUTH_OK announces the server's limits; 3: signed 128-byte capabilities
-constexpr uint16_t kWireVersion = 3;
-constexpr size_t kHeaderBytes = 68 + kCapabilityBytes + 4;
+// 2: AUTH_OK announces the server's limits; 3: signed 128-byte capabilities; 4: X25519
+// session keys in the handshake, every later message sealed
+constexpr uint16_t kWireVersion = 4;
 constexpr size_t kMacBytes = 32;
+constexpr size_t kCrcOffset = 68 + kCapabilityBytes;
+constexpr size_t kSealSeqOffset = kCrcOffset + 4;
+constexpr size_t kSealMacOffset = kSealSeqOffset + 8;
+constexpr size_t kHeaderBytes = kSealMacOffset + kMacBytes;
 constexpr size_t kNonceBytes = 32;
+constexpr size_t kExchangeKeyBytes = 32;  // an X25519 public or private key
 constexpr size_t kFingerprintBytes = 32;
 constexpr size_t kLimitsBytes = 16;  // WireLimits as AUTH_OK carries them
 constexpr uint16_t kAmId = 0x4C55;   // the active-message id every lumen message uses
