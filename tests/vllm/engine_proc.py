@@ -12,8 +12,8 @@ import json
 import sys
 from pathlib import Path
 
-from engines import engine_kwargs, params, transfer_config
-from vllm import LLM, SamplingParams
+from engines import engine_kwargs, greedy, params, transfer_config
+from vllm import LLM
 
 # vLLM logs to stdout too: the parent reads only lines that start with this.
 PREFIX = "emitted "
@@ -24,11 +24,7 @@ def main() -> None:
     config = transfer_config(Path(job["secret_file"]), Path(job["issuer_key_file"]), job["port"])
     engine = LLM(**engine_kwargs(Path(job["model"]), kv_transfer_config=config)).llm_engine
     for request_id, request in job["requests"].items():
-        sampling = SamplingParams(
-            max_tokens=request["max_tokens"],
-            temperature=0.0,
-            extra_args=params(request_id, **request["lumen"]),
-        )
+        sampling = greedy(request["max_tokens"], extra_args=params(request_id, **request["lumen"]))
         engine.add_request(request_id, {"prompt_token_ids": request["prompt"]}, sampling)
     emitted: dict[str, dict[str, object]] = {}
     while engine.has_unfinished_requests():

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from vllm import SamplingParams
 
 from lumen_core.auth import CapabilityIssuer, Rights
 from lumen_core.stream import request_key
@@ -95,6 +96,14 @@ def durable_tokens(client: Client, issuer: CapabilityIssuer, request_id: str, *,
     except Rejected:
         return 0
     return int(result.durable_tokens)
+
+
+def greedy(max_tokens: int, **kwargs: Any) -> SamplingParams:
+    """Greedy sampling of exactly ``max_tokens`` output tokens: EOS is ignored, because these
+    random models emit it wherever it happens to be the argmax (one resume prompt ends after
+    135 of 200 tokens) and a request that ends early releases its checkpoint before the
+    tests' kill."""
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kwargs)
 
 
 def params(request_id: str, **lumen: Any) -> dict[str, Any]:

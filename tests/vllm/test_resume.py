@@ -24,11 +24,12 @@ from engines import (
     build_model,
     durable_tokens,
     engine_kwargs,
+    greedy,
     params,
     record_bytes,
     transfer_config,
 )
-from vllm import LLM, SamplingParams
+from vllm import LLM
 
 from lumen_core.auth import CapabilityIssuer
 from lumen_core.stream import request_key
@@ -37,7 +38,7 @@ from lumen_core.transport import Client
 HERE = Path(__file__).parent
 # Prompt lengths around vLLM's CPU block size (128) and across several blocks.
 PROMPT_LENGTHS = {"r0": 100, "r1": 127, "r2": 128, "r3": 129, "r4": 200, "r5": 255, "r6": 300, "r7": 513}
-TOTAL_TOKENS = 200  # output tokens of the uninterrupted run
+TOTAL_TOKENS = 200  # output tokens of every request of the uninterrupted run (EOS ignored)
 DECODED_BEFORE_KILL = 32  # durable output tokens every request holds when A dies
 CORRUPTED = "r4"
 BAD_CAPABILITY = "r6"
@@ -59,11 +60,12 @@ def reference(model: Path) -> dict[str, list[int]]:
     exceeds fp32 noise, so identity below cannot flake."""
     prompts = _prompts()
     llm = LLM(**engine_kwargs(model))
-    sampling = SamplingParams(max_tokens=TOTAL_TOKENS, temperature=0.0, logprobs=2)
+    sampling = greedy(TOTAL_TOKENS, logprobs=2)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts.values()], sampling)
     result = {}
     for request_id, output in zip(prompts, outputs):
         completion = output.outputs[0]
+        assert len(completion.token_ids) == TOTAL_TOKENS, request_id
         for position in completion.logprobs:
             top = sorted((lp.logprob for lp in position.values()), reverse=True)
             assert top[0] - top[1] > FP32_NOISE, f"{request_id}: top-2 gap {top[0] - top[1]} is within noise"
@@ -110,14 +112,14 @@ def _run_and_kill(
     reader = threading.Thread(target=read_lines, daemon=True)
     reader.start()
     killed = False
-    short: dict[str, int] = {}  # request -> durable tokens past its prompt, while below the goal
+    past_prompt: dict[str, int] = {}  # request -> durable tokens past its prompt, last read
     try:
         while proc.poll() is None:
-            short = {}
+            short = False
             for r, q in requests.items():
-                past_prompt = durable_tokens(client, issuer, r, epoch=epoch) - len(q["prompt"])
-                if past_prompt < DECODED_BEFORE_KILL:
-                    short[r] = past_prompt
+                past_prompt[r] = durable_tokens(client, issuer, r, epoch=epoch) - len(q["prompt"])
+                if past_prompt[r] < DECODED_BEFORE_KILL:
+                    short = True
                     break
             if not short:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -132,7 +134,7 @@ def _run_and_kill(
     emitted = latest[0]
     ends = {r: (len(e["tokens"]), e["finish_reason"]) for r, e in emitted.items()}
     assert killed, (
-        f"the engine ended first (exit {proc.returncode}): durable past prompt {short}, "
+        f"the engine ended first (exit {proc.returncode}): durable past prompt, last read {past_prompt}, "
         f"emitted and finish reasons {ends}; holder {server.ask('stats')}; its last lines:\n{''.join(log)}"
     )
     _assert_group_gone(proc.pid)
@@ -211,11 +213,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(
         if r == BAD_CAPABILITY:
             restore["capability"] = "00" * 128  # the right size, signed by no one
         samplings.append(
-            SamplingParams(
-                max_tokens=TOTAL_TOKENS - len(emitted[r]),
-                temperature=0.0,
-                extra_args=params(r, epoch=1, restore=restore),
-            )
+            greedy(TOTAL_TOKENS - len(emitted[r]), extra_args=params(r, epoch=1, restore=restore))
         )
     outputs = llm.generate([{"prompt_token_ids": resumed[r]} for r in prompts], samplings)
 
@@ -277,6 +275,9 @@ def test_two_failures_in_a_row_resume(
             multiprocess=True,
         )
         durable_b = {r: durable_tokens(client, issuer, r, epoch=1) for r in prompts}
+        # B's saves overlapping A's durable records were not sent again: a holder refuses an
+        # overlap that differs (a recomputed record's last bits) and the replica is lost.
+        assert server.ask("stats")["store"]["conflicts"] == 0
     finally:
         client.close()
     for r, q in requests_b.items():
@@ -290,10 +291,8 @@ def test_two_failures_in_a_row_resume(
     )
     emitted = {r: run_a[r]["tokens"] + run_b[r]["tokens"] for r in prompts}
     samplings = [
-        SamplingParams(max_tokens=TOTAL_TOKENS - len(emitted[r]), temperature=0.0,
-                       extra_args=params(r, epoch=2, restore={}))
-        for r in prompts
-    ]  # fmt: skip
+        greedy(TOTAL_TOKENS - len(emitted[r]), extra_args=params(r, epoch=2, restore={})) for r in prompts
+    ]
     outputs = llm.generate([{"prompt_token_ids": prompts[r] + emitted[r]} for r in prompts], samplings)
     for r, output in zip(prompts, outputs):
         assert emitted[r] == reference[r][: len(emitted[r])], r

@@ -41,18 +41,25 @@ def _reference(workdir: Path, arrivals) -> list[list[int]]:
 
 @pytest.mark.parametrize("policy", ["S&R", "FC", "LUMEN"])
 def test_one_failure_loses_nothing_and_outputs_match(tmp_path: Path, policy: str) -> None:
-    # LUMEN: arrivals go on after the restart, so the recovering worker assists a survivor;
-    # its modelled full-model load (6 s) leaves it time to, even when a loaded machine slows
-    # the restarted process's start by seconds.
-    arrivals = _arrivals(40, 14.0, 400) if policy == "LUMEN" else _arrivals(9, 1.0, 160)
+    # LUMEN: the recovering worker assists a survivor during its modelled full-model load (6 s).
+    # Arrivals after the kill wait for it to register (a loaded machine stretches the process
+    # start by seconds, past the survivors' work), so the survivors it pairs with are busy.
+    lumen = policy == "LUMEN"
+    arrivals = _arrivals(40, 14.0, 400) if lumen else _arrivals(9, 1.0, 160)
     result = run_scenario(
         tmp_path,
         policy,
         arrivals,
         num_workers=3,
-        failure=KillRule(not_before_s=0.3, min_requests=2, min_durable_tokens=16, give_up_s=30.0),
+        failure=KillRule(
+            not_before_s=0.3,
+            min_requests=2,
+            min_durable_tokens=16,
+            give_up_s=30.0,
+            arrivals_wait_for_restart=lumen,
+        ),
         request_timeout_s=90.0,
-        modelled_full_load_s=6.0 if policy == "LUMEN" else 3.0,
+        modelled_full_load_s=6.0 if lumen else 3.0,
     )
     assert result.failed_worker_id >= 0 and len(result.interrupted_ids) >= 2
     assert [r.error for r in result.results] == [""] * len(arrivals)
@@ -71,5 +78,5 @@ def test_one_failure_loses_nothing_and_outputs_match(tmp_path: Path, policy: str
         assert result.restored == 0 and not restores
     else:  # every restore the router decided happened (a holder is never overloaded here)
         assert restores and result.restored == len(restores)
-    if policy == "LUMEN":  # the restarted worker drafted and the survivor accepted drafts
+    if lumen:  # the restarted worker drafted and the survivor accepted drafts
         assert result.accepted_drafts > 0 and 0 < result.acceptance <= 1

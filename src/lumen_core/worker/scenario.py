@@ -59,12 +59,56 @@ class KillRule:
     checkpoint: that many tokens computed), not before ``not_before_s``; restart it at once
     (as a recovering worker). A request in the last quarter of its expected output does not
     count: it may finish between the choice and the kill, and the kill is meant to interrupt
-    ``min_requests``. Times are modelled seconds (``run_scenario``'s ``time_scale``)."""
+    ``min_requests``. Times are modelled seconds (``run_scenario``'s ``time_scale``).
+
+    ``arrivals_wait_for_restart``: the arrival clock stands still from the kill until the
+    restarted worker has registered, so every arrival after the kill comes that much later.
+    The restart's process start (imports, real loads) is real time on the test machine, which
+    the model leaves out (it models the loads), and a loaded machine can stretch it past the
+    survivors' work: a run that tests the recovering worker's assist needs arrivals left
+    when it pairs."""
 
     not_before_s: float
     min_requests: int = 4
     min_durable_tokens: int = 16
     give_up_s: float = 60.0
+    arrivals_wait_for_restart: bool = False
+
+
+class _ArrivalClock:
+    """When arrivals are due, in modelled seconds of ``now_s`` (``time_scale`` real seconds
+    each); ``stop`` / ``resume`` shift every arrival not yet due by the time in between."""
+
+    def __init__(self, now_s: Callable[[], float], time_scale: float) -> None:
+        self._now_s = now_s
+        self._time_scale = time_scale
+        self._changed = threading.Condition()
+        self._stopped_at_s: float | None = None
+        self.shift_s = 0.0  # modelled seconds the clock stood still
+
+    def stop(self) -> None:
+        with self._changed:
+            if self._stopped_at_s is None:
+                self._stopped_at_s = self._now_s()
+
+    def resume(self) -> None:
+        with self._changed:
+            if self._stopped_at_s is not None:
+                self.shift_s += self._now_s() - self._stopped_at_s
+                self._stopped_at_s = None
+                self._changed.notify_all()
+
+    def wait_until(self, time_s: float) -> None:
+        """Returns once ``time_s``, shifted by the time stood still, has come."""
+        with self._changed:
+            while True:
+                if self._stopped_at_s is not None:
+                    self._changed.wait()
+                    continue
+                remaining_s = time_s + self.shift_s - self._now_s()
+                if remaining_s <= 0:
+                    return
+                self._changed.wait(remaining_s * self._time_scale)
 
 
 @dataclass
@@ -188,6 +232,7 @@ def run_scenario(
     def now_s() -> float:  # modelled
         return cluster.now_s() / time_scale
 
+    clock = _ArrivalClock(now_s, time_scale)
     try:
         cluster.start()
         cluster.clock0 = time.monotonic()
@@ -197,9 +242,7 @@ def run_scenario(
 
         def submit_all() -> None:
             for arrival, record in zip(arrivals, results, strict=True):
-                delay = (arrival.time_s - now_s()) * time_scale
-                if delay > 0:
-                    time.sleep(delay)
+                clock.wait_until(arrival.time_s)
                 record.arrival_s = cluster.now_s()
                 thread = threading.Thread(
                     target=cluster.run_request,
@@ -227,20 +270,28 @@ def run_scenario(
                 metrics = cluster.gateway.coordinator.metrics()
             result.coverage, result.holder_balance = metrics.coverage, metrics.holder_balance
             result.failed_worker_id = victim
-            result.failure_s = cluster.kill(victim) / time_scale
-            with cluster.gateway.condition:
-                outcome = cluster.gateway.coordinator.failures[-1]
-            interrupted = tuple(route.request_id for route in outcome.routes)
-            result.interrupted_ids = interrupted
-            result.routes = outcome.routes
-            say(
-                f"{policy}: SIGKILL worker {victim} at {result.failure_s:.1f} s ({len(interrupted)} requests running)"
-            )
-            cluster.restart(victim)
+            if failure.arrivals_wait_for_restart:
+                clock.stop()
+            try:
+                result.failure_s = cluster.kill(victim) / time_scale
+                with cluster.gateway.condition:
+                    outcome = cluster.gateway.coordinator.failures[-1]
+                interrupted = tuple(route.request_id for route in outcome.routes)
+                result.interrupted_ids = interrupted
+                result.routes = outcome.routes
+                say(
+                    f"{policy}: SIGKILL worker {victim} at {result.failure_s:.1f} s "
+                    f"({len(interrupted)} requests running)"
+                )
+                cluster.restart(victim)
+            finally:
+                clock.resume()
             result.restart_s = now_s()
             say(f"{policy}: worker {victim} restarted (recovering) at {result.restart_s:.1f} s")
         submitter.join(
-            timeout=max(1.0, (arrivals[-1].time_s - now_s()) * time_scale + 30.0) if arrivals else 1.0
+            timeout=max(1.0, (arrivals[-1].time_s + clock.shift_s - now_s()) * time_scale + 30.0)
+            if arrivals
+            else 1.0
         )
         end = time.monotonic() + request_timeout_s
         for thread in list(threads):

@@ -68,8 +68,20 @@ class WorkerSide:
 
     # ---- before the forward ----------------------------------------------------------------
     def start_step(self, meta: LumenMetadata) -> None:
-        """Opens this step's new requests and runs its restores (synchronously: the forward
-        reads what they write)."""
+        """Runs this step's restores (synchronously: the forward reads what they write), then
+        opens its new requests.
+
+        Restores go first so that a restored prefix is not streamed on its own: it reaches the
+        streamer in the step's one ``save_step`` (a new request's first save starts at 0),
+        with the token the forward recomputes. The streamer opens the holder's checkpoint with
+        that save in hand and skips what the holder already holds durably. That matters when
+        the checkpoint is a token ahead of what the client saw (the dead engine saved the KV
+        of its last emitted token): the token recomputed here may differ from the saved record
+        in its last bits, and a holder refuses a differing overlap as a conflict, which loses
+        the replica for the rest of the request."""
+        self._failed_loads.clear()
+        for load in meta.loads:
+            self._load(load)
         for spec in meta.opens:
             if self.core.is_streaming(spec.request_id):  # two live requests named alike
                 logger.error("lumen: request %s is already streaming: %s is not checkpointed", spec.request_id,
@@ -78,9 +90,6 @@ class WorkerSide:
             grant = StreamGrant(spec.epoch, spec.holders, spec.capabilities, spec.expected_tokens)
             if self.core.begin(spec.request_id, spec.key, grant):
                 self._request_ids[spec.req_id] = spec.request_id
-        self._failed_loads.clear()
-        for load in meta.loads:
-            self._load(load)
 
     def _load(self, load: LoadSpec) -> None:
         outcome = self.core.restore(load.request_id, load.key, load.restore, load.slot_ids, load.token_ids)

@@ -1,0 +1,100 @@
+"""``WorkerSide`` on a real holder, without an engine: a resumed request whose checkpoint is a
+token ahead of what the client saw recomputes that token (its record may differ in the last
+bits), and its checkpoint at the new epoch goes on without a conflict."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from engines import HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS, durable_tokens, transfer_config
+
+from lumen_core.auth import CapabilityIssuer, Rights
+from lumen_core.connector import ConnectorCore, RestoreSource, StepTokens, StreamGrant
+from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, SaveSpec
+from lumen_core.integrations.vllm.params import ConnectorConfig
+from lumen_core.integrations.vllm.worker import WorkerSide
+from lumen_core.layouts import KVLayout
+from lumen_core.ops import gather_tokens, scatter_tokens
+from lumen_core.stream import request_key
+from lumen_core.transport import Client
+
+NUM_BLOCKS, BLOCK_SIZE = 4, 16
+DURABLE = 21  # what the dead engine's checkpoint holds: the client saw one token less
+
+
+def _layout() -> KVLayout:
+    """A random fp32 vLLM CPU cache of the test model's shape."""
+    storage = torch.randn(NUM_LAYERS, NUM_BLOCKS, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM)
+    return KVLayout.vllm_cpu(list(storage.unbind(0)), isa="vec")
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_resumed_request_recomputing_a_durable_token_keeps_streaming(
+    holder: Callable[..., Any],
+    secret: bytes,
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
+) -> None:
+    server = holder()
+    address = ("127.0.0.1", server.port)
+    key = request_key("r")
+    token_ids = list(range(1, DURABLE + 4))
+    slots = list(range(BLOCK_SIZE, BLOCK_SIZE + len(token_ids)))  # the same slots in both caches
+
+    # Engine A streamed DURABLE tokens at epoch 0, then died.
+    a_layout = _layout()
+    dead = ConnectorCore(secret, "model-fp")
+    dead.register(a_layout)
+    dead.begin("r", key, StreamGrant(0, (address,), (issuer.issue(key, 0, 0, holder_id=0),)))
+    dead.save_step([StepTokens("r", 0, slots[:DURABLE], token_ids[:DURABLE])])
+    assert _wait_until(lambda: dead.durable_tokens()["r"] == DURABLE)
+    dead.close()
+
+    # Engine B resumes at epoch 1 with the DURABLE tokens as its prompt: it restores all but
+    # the last, which vLLM recomputes (one bit off, as another batch's matmul may leave it).
+    config = ConnectorConfig.from_extra_config(
+        {**transfer_config(secret_file, issuer_key_file, server.port)["kv_connector_extra_config"],
+         "model_fingerprint": "model-fp"}
+    )  # fmt: skip
+    b_layout = _layout()
+    worker = WorkerSide(config, "model-fp", 0)
+    worker.register(b_layout)
+    capability = issuer.issue(key, 0, 1, holder_id=0)
+    source = RestoreSource(1, address, issuer.issue(key, 0, 1, holder_id=0, rights=Rights.READ))
+    opens = [OpenSpec("vllm-r", "r", key, (address,), (capability,), 1, len(token_ids))]
+    restored = DURABLE - 1
+    loads = [LoadSpec("vllm-r", "r", key, slots[:restored], token_ids[:restored], [1, 2], source)]
+    worker.start_step(LumenMetadata(opens=opens, loads=loads))
+    assert worker.restores["r"].restored_tokens == restored
+    # The streamer's thread may run anything enqueued so far before the forward ends.
+    assert worker.streamer is None or worker.streamer.flush(timeout_s=10.0)
+    recomputed = torch.tensor(slots[DURABLE - 1 : DURABLE])
+    record = gather_tokens(a_layout, recomputed)
+    record[0, 0] ^= 1  # the lowest mantissa bit of its first value
+    scatter_tokens(b_layout, recomputed, record)
+    worker.save_step(LumenMetadata(saves=[SaveSpec("vllm-r", 0, slots[:DURABLE], token_ids[:DURABLE])]))
+    for position in range(DURABLE, len(token_ids)):  # B decodes on
+        worker.save_step(
+            LumenMetadata(saves=[SaveSpec("vllm-r", position, [slots[position]], [token_ids[position]])])
+        )
+
+    client = Client("127.0.0.1", server.port, secret, tls="tcp")
+    try:
+        assert _wait_until(lambda: durable_tokens(client, issuer, "r", epoch=1) == len(token_ids))
+    finally:
+        client.close()
+        worker.close()
+    assert server.ask("stats")["store"]["conflicts"] == 0
