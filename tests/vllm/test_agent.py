@@ -2,11 +2,13 @@
 official ``openai`` client's streams survive a server's SIGKILL with every token once.
 
 Two servers (CPU, the tiny Llama of engines.py, 1 GiB of KV each, each bound to its own
-core by its agent). 16 concurrent greedy streams run once without a failure, then again
-while the busiest server's process group is SIGKILLed once every stream has 8 tokens: its
-agent reports the exit at once, the gateway moves each interrupted request to the survivor
-(restored from the checkpoint the survivor's holder kept, prompt + tokens already sent,
-``max_tokens`` shrunk) and every stream goes on.
+core by its agent). 16 concurrent streams (half greedy, half seeded at temperature 0.8) run
+once without a failure, then again while the busiest server's process group is SIGKILLed
+once every stream has 8 tokens: its agent reports the exit at once, the gateway moves each
+interrupted request to the survivor (restored from the checkpoint the survivor's holder
+kept, prompt + tokens already sent, ``max_tokens`` shrunk) and every stream goes on. Greedy
+streams are the failure-free run's token for token; a moved seeded stream is marked
+``resumed_inexact`` (vLLM's generator restarts), one that was not moved is unchanged.
 """
 
 from __future__ import annotations
@@ -45,28 +47,39 @@ def _prompt(i: int) -> list[int]:
     return [(7 * i + 3 * j + 1) % 500 + 5 for j in range(PROMPT_TOKENS)]
 
 
+def _temperature(i: int) -> float:
+    """Greedy and seeded in pairs: whichever way the streams split over the servers, each has both."""
+    return 0.0 if i % 4 < 2 else 0.8
+
+
 class _Stream:
     def __init__(self) -> None:
+        self.request_id = 0
+        self.inexact_from = -1  # output position of the first token marked resumed_inexact
         self.token_ids: list[int] = []
         self.finish_reasons: list[str] = []
         self.usages: list[Any] = []
         self.error = ""
 
 
-def _consume(client: openai.OpenAI, prompt: list[int], stream: _Stream) -> None:
+def _consume(client: openai.OpenAI, i: int, stream: _Stream) -> None:
     try:
         events = client.completions.create(
             model=MODEL,
-            prompt=prompt,
+            prompt=_prompt(i),
             max_tokens=MAX_TOKENS,
-            temperature=0.0,
+            temperature=_temperature(i),
+            seed=1000 + i,
             stream=True,
             stream_options={"include_usage": True},
         )
         for chunk in events:
+            stream.request_id = int(chunk.id.removeprefix("cmpl-"))
             if chunk.usage is not None:
                 stream.usages.append(chunk.usage)
             for choice in chunk.choices:
+                if (choice.model_extra or {}).get("resumed_inexact") and stream.inexact_from < 0:
+                    stream.inexact_from = len(stream.token_ids)
                 stream.token_ids.extend(choice.token_ids)
                 if choice.finish_reason is not None:
                     stream.finish_reasons.append(choice.finish_reason)
@@ -78,7 +91,7 @@ def _run_streams(
     client: openai.OpenAI, on_progress: Callable[[list[_Stream]], None] | None = None
 ) -> list[_Stream]:
     streams = [_Stream() for _ in range(NUM_STREAMS)]
-    threads = [threading.Thread(target=_consume, args=(client, _prompt(i), s)) for i, s in enumerate(streams)]
+    threads = [threading.Thread(target=_consume, args=(client, i, s)) for i, s in enumerate(streams)]
     for thread in threads:
         thread.start()
     if on_progress is not None:
@@ -119,7 +132,7 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
             agents.append(spawn(argv))
         registered = [agent.read() for agent in agents]  # the servers start side by side
         assert [r["event"] for r in registered] == ["registered"] * NUM_SERVERS
-        config = FrontDoorConfig(MODEL, vocab_size=512, max_model_len=1024)
+        config = FrontDoorConfig(MODEL, vocab_size=512, max_model_len=1024, engine="vllm")
         with FrontDoor(gateway, config, frozenset([KEY])) as door:
             client = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=300.0)
             reference = _run_streams(client)
@@ -143,6 +156,8 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
                 _kill_group(registered[victim]["server_pid"])
 
             streams = _run_streams(client, kill_the_busiest)
+            with gateway.condition:
+                moved = [coordinator.request_worker(s.request_id)[1] > 1 for s in streams]
             (victim,) = victims
             survivor = 1 - victim
             connector = control.ask(tmp_path / f"control-{survivor}.sock", "stats")
@@ -156,9 +171,21 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
     assert (stopped["event"], stopped["status"]) == ("stopped", 4)
     killed = next(f for f in failures if f.worker_ids == (victim,))
     assert "exited" in killed.cause and len(killed.reroutes) >= 2  # streams were cut mid-way
-    expected = [s.token_ids for s in reference]
-    assert all(len(ids) == MAX_TOKENS for ids in expected)
-    assert [s.token_ids for s in streams] == expected  # none repeated, none missing, none changed
+    assert all(len(s.token_ids) == MAX_TOKENS for s in reference + streams)
+    assert [s.inexact_from for s in reference] == [-1] * NUM_STREAMS
+    greedy = [i for i in range(NUM_STREAMS) if _temperature(i) == 0.0]
+    seeded = [i for i in range(NUM_STREAMS) if _temperature(i) > 0.0]
+    # none repeated, none missing, none changed
+    assert [streams[i].token_ids for i in greedy] == [reference[i].token_ids for i in greedy]
+    assert [streams[i].inexact_from for i in greedy] == [-1] * len(greedy)  # greedy resumes exactly
+    assert any(moved[i] for i in greedy) and any(moved[i] for i in seeded)
+    for i in seeded:
+        stream, expected = streams[i], reference[i].token_ids
+        if moved[i]:  # marked from the move on; what it had before is the failure-free run's
+            assert stream.inexact_from >= KILL_AFTER_TOKENS
+            assert stream.token_ids[:KILL_AFTER_TOKENS] == expected[:KILL_AFTER_TOKENS]
+        else:
+            assert (stream.inexact_from, stream.token_ids) == (-1, expected)
     for stream in streams:
         assert stream.finish_reasons == ["length"]
         (usage,) = stream.usages  # counted once, across the failover too
