@@ -183,7 +183,7 @@ class SchedulerSide:
         - ``release`` ``{"request_id": str}``: stop checkpointing that LUMEN request from the
           next step on and drop its checkpoint on its holders (the gateway's word; the vLLM
           request itself runs on). ``known``: it streams here.
-        - ``flush`` ``{"timeout_s": number}``: wait (at most ``timeout_s``, <= 30) until the
+        - ``flush`` ``{"wait_s": number}``: wait (at most ``wait_s``, <= 30, default 5) until the
           worker samples no saved-but-not-durable token; ``flushed`` and the last lag.
         """
         command = request.get("command")
@@ -208,24 +208,24 @@ class SchedulerSide:
                 self._releases.append(request_id)
             return {"request_id": request_id, "known": known}
         if command == "flush":
-            timeout_s = request.get("timeout_s", 5.0)
+            wait_s = request.get("wait_s", 5.0)
             if (
-                isinstance(timeout_s, bool)
-                or not isinstance(timeout_s, (int, float))
-                or not 0 <= timeout_s <= MAX_FLUSH_S
+                isinstance(wait_s, bool)
+                or not isinstance(wait_s, (int, float))
+                or not 0 <= wait_s <= MAX_FLUSH_S
             ):
-                raise ValueError(f"`timeout_s` must be a number in [0, {MAX_FLUSH_S}], got {timeout_s!r}")
-            return self._flush(float(timeout_s))
+                raise ValueError(f"`wait_s` must be a number in [0, {MAX_FLUSH_S}], got {wait_s!r}")
+            return self._flush(float(wait_s))
         raise ValueError(f"`command` must be one of 'stats', 'release', 'flush', got {command!r}")
 
-    def _flush(self, timeout_s: float) -> dict[str, Any]:
+    def _flush(self, wait_s: float) -> dict[str, Any]:
         """Wait for a lag sample taken after this call that is 0 (the worker samples every
         step while a flush waits; the engine steps while a request streams or waits for its
         last gather, and with none there is nothing to flush)."""
         asked_at = time.monotonic()
         if not self._opened:  # nothing streams, nothing waits for its last gather
             return {"flushed": True, _DURABLE_LAG: 0}
-        deadline = asked_at + timeout_s
+        deadline = asked_at + wait_s
         with self._lock:
             self._num_flushing += 1
             try:
