@@ -29,6 +29,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,15 @@ from lumen_core.integrations.vllm import control
 from lumen_core.integrations.vllm.upstream import UpstreamError, completion_body, stream_tokens
 from lumen_core.stream import HolderStore
 
-__all__ = ["EXIT_FENCED", "EXIT_OK", "EXIT_SERVER_EXITED", "Agent", "AgentConfig", "record_bytes_of"]
+__all__ = [
+    "EXIT_FENCED",
+    "EXIT_OK",
+    "EXIT_SERVER_EXITED",
+    "Agent",
+    "AgentConfig",
+    "record_bytes_of",
+    "server_load",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -142,7 +151,7 @@ class AgentConfig:
         return self.control_socket or str(Path(self.workdir) / f"control-{self.worker_id}.sock")
 
 
-def _load(metrics_text: str) -> tuple[int, int]:
+def server_load(metrics_text: str) -> tuple[int, int]:
     """(running, waiting) from vLLM's Prometheus text (summed over its label sets)."""
     counts = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
     for line in metrics_text.splitlines():
@@ -161,7 +170,7 @@ class _Counters:
     upstream_errors: int = 0
     streams_ignored: int = 0
     tokens: int = 0
-    errors: list[str] = field(default_factory=list)
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
 
 
 class Agent:
@@ -224,7 +233,9 @@ class Agent:
         argv = [
             sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model,
             "--host", "127.0.0.1", "--port", str(port), "--dtype", config.dtype,
-            "--kv-transfer-config", json.dumps(self._transfer_config()), *config.server_args,
+            "--kv-transfer-config", json.dumps(self._transfer_config()),
+            "--disable-access-log-for-endpoints", "/health,/metrics",  # the agent polls them
+            *config.server_args,
         ]  # fmt: skip
         bind = (
             config.cpu_bind if config.cpu_bind is not None else str(config.worker_id % (os.cpu_count() or 1))
@@ -300,7 +311,7 @@ class Agent:
         """The heartbeat's report: the server's load (its last /metrics; kept when it does
         not answer in time), what the holder keeps, refusals and evictions not acknowledged."""
         try:
-            self._load = _load(self._http_sync.get(f"{self.server_url}/metrics").text)
+            self._load = server_load(self._http_sync.get(f"{self.server_url}/metrics").text)
         except (httpx.HTTPError, ValueError, IndexError):
             pass
         checkpoints = self.store.checkpoints()
@@ -484,7 +495,7 @@ class Agent:
             "tokens": c.tokens,
             "upstream_errors": c.upstream_errors,
             "streams_ignored": c.streams_ignored,
-            "errors": c.errors[-8:],
+            "errors": list(c.errors),
         }
 
     def wait(self, timeout_s: float | None = None) -> int | None:
