@@ -1,6 +1,6 @@
 """The agent's pieces that need no vLLM: the request body a RUN or RESUME becomes, the
-server's load read from its metrics, the KV record size of a model, and the checks of
-``AgentConfig`` and ``lumen agent``."""
+server's load read from its metrics, the KV record size of a model, the vLLM demo's token
+counts, and the checks of ``AgentConfig`` and ``lumen agent``."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 from lumen_core.cli import main
 from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
 from lumen_core.integrations.vllm.agent import AgentConfig, record_bytes_of, server_load
+from lumen_core.integrations.vllm.demo import count_token_errors
 from lumen_core.integrations.vllm.upstream import completion_body
 from lumen_core.policy.events import RecoveryAction
 
@@ -134,3 +135,18 @@ def test_lumen_agent_reports_bad_arguments_with_status_2(
             "--model", str(tmp_path), "--workdir", str(tmp_path)]  # fmt: skip
     assert main(argv) == 2
     assert "`model` must be a model directory with a config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("received", "errors"),
+    [
+        ([1, 2, 3, 4, 5], (0, 0, 0)),
+        ([1, 2, 3, 3, 4, 5], (1, 0, 0)),  # a token sent twice across the resume point
+        ([1, 2, 4, 5], (0, 1, 0)),  # one lost
+        ([1, 2, 9, 4, 5], (0, 0, 1)),  # one changed in place
+        ([1, 2], (0, 3, 0)),  # a stream that broke off
+        ([], (0, 5, 0)),
+    ],
+)
+def test_the_demo_counts_duplicate_missing_and_changed_tokens(received: list[int], errors: tuple) -> None:
+    assert count_token_errors([1, 2, 3, 4, 5], received) == errors

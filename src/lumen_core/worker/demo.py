@@ -367,11 +367,23 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--workdir", default=None, metavar="DIR", help="secret, models, worker logs (default: temporary)"
     )
+    parser.add_argument(
+        "--engine",
+        choices=("reference", "vllm"),
+        default="reference",
+        help="vllm: 3 vLLM servers (CPU) with their agents behind the front door "
+        "(lumen_core.integrations.vllm.demo; uses --policy, --seed, --json, --workdir, --streams)",
+    )
+    parser.add_argument("--streams", type=int, default=16, help="--engine vllm: concurrent streams")
     parser.set_defaults(func=run_demo_command)
     return parser
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        from lumen_core.integrations.vllm.demo import run_vllm_demo
+
+        return run_vllm_demo(args)
     preset = FULL if args.full else DemoOptions()
     given = {
         "workers": args.workers,
