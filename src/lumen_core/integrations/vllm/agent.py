@@ -384,9 +384,12 @@ class Agent:
         task = self._loop.create_task(self._relay(directive))
         self._tasks[directive.request_id] = (directive.epoch, task)
 
-    def _cancel(self, request_id: int) -> None:
-        entry = self._tasks.pop(request_id, None)
-        if entry is not None:
+    def _cancel(self, request_id: int, epoch: int | None = None) -> None:
+        """Close the request's stream (vLLM aborts it); with ``epoch``, only if it serves that
+        epoch (a refused report of an older one does not end a newer stream)."""
+        entry = self._tasks.get(request_id)
+        if entry is not None and epoch in (None, entry[0]):
+            del self._tasks[request_id]
             entry[1].cancel()
             self.counters.cancelled += 1
 
@@ -451,9 +454,9 @@ class Agent:
             except GatewayError as exc:  # unreachable: the lease decides
                 logger.warning("lumen agent: token report failed: %s", exc)
                 continue
-            for ack in acks:
+            for ack, sent in zip(acks, batch):
                 if ack.code != 0:  # moved on (a newer epoch elsewhere): stop serving it here
-                    self._loop.call_soon_threadsafe(self._cancel, ack.request_id)
+                    self._loop.call_soon_threadsafe(self._cancel, ack.request_id, sent.epoch)
 
     # ---- lifecycle -----------------------------------------------------------------------
     def start(self) -> Agent:
