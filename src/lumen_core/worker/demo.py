@@ -372,7 +372,7 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
         choices=("reference", "vllm"),
         default="reference",
         help="vllm: 3 vLLM servers (CPU) with their agents behind the front door "
-        "(lumen_core.integrations.vllm.demo; uses --policy, --seed, --json, --workdir, --streams)",
+        "(lumen_core.worker.vllm_demo; uses --policy, --seed, --json, --workdir, --streams)",
     )
     parser.add_argument("--streams", type=int, default=16, help="--engine vllm: concurrent streams")
     parser.set_defaults(func=run_demo_command)
@@ -381,7 +381,7 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 def run_demo_command(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
-        from lumen_core.integrations.vllm.demo import run_vllm_demo
+        from lumen_core.worker.vllm_demo import run_vllm_demo
 
         return run_vllm_demo(args)
     preset = FULL if args.full else DemoOptions()

@@ -11,10 +11,10 @@ import pytest
 
 from lumen_core.cli import main
 from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
-from lumen_core.integrations.vllm.agent import AgentConfig, record_bytes_of, server_load
-from lumen_core.integrations.vllm.demo import count_token_errors
-from lumen_core.integrations.vllm.upstream import completion_body
 from lumen_core.policy.events import RecoveryAction
+from lumen_core.worker.agent import AgentConfig, record_bytes_of, server_load
+from lumen_core.worker.upstream import completion_body
+from lumen_core.worker.vllm_demo import count_token_errors
 
 CAP_A, CAP_B = bytes(range(128)), bytes(128)
 HOLDERS = (HolderGrant(1, "10.0.0.1:7001", (CAP_A,)), HolderGrant(2, "10.0.0.2:7002", (CAP_B, CAP_A)))

@@ -142,8 +142,8 @@ class _Cluster:
         from lumen_core.gateway.http.config import FrontDoorConfig
         from lumen_core.gateway.http.front_door import FrontDoor
         from lumen_core.gateway.server import GatewayServer
-        from lumen_core.integrations.vllm.agent import record_bytes_of
         from lumen_core.policy.load import LoadConfig
+        from lumen_core.worker.agent import record_bytes_of
 
         self.workdir = workdir
         load = LoadConfig(kv_bytes_per_token=record_bytes_of(model, "float32"))

@@ -65,7 +65,7 @@ def add_agent_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
 
 def run_agent(args: argparse.Namespace) -> int:
     from lumen_core.gateway.errors import GatewayError
-    from lumen_core.integrations.vllm.agent import Agent, AgentConfig
+    from lumen_core.worker.agent import Agent, AgentConfig
 
     try:
         config = AgentConfig(

@@ -53,8 +53,8 @@ from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import HeldReport, WorkerReport
 from lumen_core.integrations.vllm import control
-from lumen_core.integrations.vllm.upstream import UpstreamError, completion_body, stream_tokens
 from lumen_core.stream import HolderStore
+from lumen_core.worker.upstream import UpstreamError, completion_body, stream_tokens
 
 __all__ = [
     "EXIT_FENCED",
@@ -198,6 +198,7 @@ class Agent:
         self._status = EXIT_OK
         self._reason = ""
         self._exit_reported = False
+        self._exit_lock = threading.Lock()
         self._store_lock = threading.Lock()
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
@@ -287,24 +288,31 @@ class Agent:
             misses = 0
             while misses < _ATTACHED_MISSES and not self._done.wait(_HEALTH_POLL_S):
                 misses = 0 if self._healthy() else misses + 1
+            if misses < _ATTACHED_MISSES:
+                return  # the agent stopped, the server did not fail
             reason = f"the vLLM server at {self.server_url} failed {_ATTACHED_MISSES} health checks"
-        if not self._done.is_set():
-            self._report_exit(reason)
-            self._finish(EXIT_SERVER_EXITED, reason)
+        # The status first: once the exit is reported the gateway fences this epoch, and a
+        # token report or heartbeat refused then must not make it read "fenced".
+        self._finish(EXIT_SERVER_EXITED, reason)
+        self._report_exit(reason)
 
     def _report_exit(self, reason: str) -> None:
-        if self._exit_reported or self.client.epoch == 0:
-            return
-        self._exit_reported = True
+        """Tell the gateway this incarnation is gone (once, from whichever thread is first)."""
+        with self._exit_lock:
+            if self._exit_reported or self.client.epoch == 0:
+                return
+            self._exit_reported = True
         try:
             self.client.report_exit(self.config.worker_id, self.client.epoch, reason)
         except GatewayError as exc:  # the lease then decides
             logger.warning("lumen agent: could not report the exit (%s): %s", reason, exc)
 
     def _finish(self, status: int, reason: str) -> None:
-        if not self._done.is_set():
-            self._status, self._reason = status, reason
-            self._done.set()
+        """The first ending wins (the server's exit, a fence, or a stop)."""
+        with self._exit_lock:
+            if not self._done.is_set():
+                self._status, self._reason = status, reason
+                self._done.set()
 
     # ---- the gateway ---------------------------------------------------------------------
     def report(self) -> WorkerReport:
