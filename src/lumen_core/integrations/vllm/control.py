@@ -154,10 +154,11 @@ def ask(path: str | os.PathLike[str], command: str, *, timeout_s: float = _IO_TI
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout_s)
         conn.connect(os.fspath(path))
-        conn.sendall(data + b"\n")
         try:
+            conn.sendall(data + b"\n")
             reply = json.loads(_read_line(conn))
-        except (ValueError, ConnectionResetError) as exc:  # closed unanswered (a refused peer)
+        # Closed unanswered (a refused peer): before our send, during it, or after it.
+        except (ValueError, BrokenPipeError, ConnectionResetError) as exc:
             raise ControlError(f"the connector at {os.fspath(path)} did not answer: {exc}") from None
     if isinstance(reply, dict) and "error" in reply:
         raise ControlError(reply["error"])
