@@ -66,10 +66,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def perftest_gb_per_s(tls: str, size: int, iterations: int, peer_errors: bool) -> float:
+def perftest_gb_per_s(
+    tls: str,
+    size: int,
+    iterations: int,
+    peer_errors: bool,
+    *,
+    host: str = "127.0.0.1",
+    server_prefix: tuple[str, ...] = (),
+    client_prefix: tuple[str, ...] = (),
+) -> float:
     """ucx_perftest tag_bw between two processes; bytes/s from its overall message rate.
     ``peer_errors``: endpoints with peer error handling (``-e``), as ours need to report a dead
-    peer; UCX then picks the protocols it picks for ours (no zero-copy rendezvous over tcp)."""
+    peer; UCX then picks the protocols it picks for ours (no zero-copy rendezvous over tcp).
+    ``host``: the server's address; ``*_prefix``: argv prefixes of the server and client (e.g.
+    ``ip netns exec NAME``, bench/netns_bw.py)."""
     root = _libucx_dir()
     env = dict(os.environ, UCX_TLS=tls, LD_LIBRARY_PATH=str(root / "lib"))
     flags = []
@@ -81,14 +92,18 @@ def perftest_gb_per_s(tls: str, size: int, iterations: int, peer_errors: bool) -
     binary = str(root / "bin" / "ucx_perftest")
     port = _free_port()
     server = subprocess.Popen(
-        [binary, "-p", str(port), *flags], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        [*server_prefix, binary, "-p", str(port), *flags],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         time.sleep(0.5)
         out = subprocess.run(
             [
+                *client_prefix,
                 binary,
-                "127.0.0.1",
+                host,
                 "-p",
                 str(port),
                 "-t",

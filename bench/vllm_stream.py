@@ -3,9 +3,14 @@
 restore batch (``batch``: ``restore``, 4,096 consecutive tokens = whole blocks of 128) on a
 ``KVLayout.vllm_cpu`` cache (K transposed per block and head), against a contiguous copy of the
 same payload in the same run (glibc's memcpy through the native ``copy_bytes``, as
-bench/gather_bw.py) with the same thread count. Geometry ``stream_stress``: 8 KV heads x head_dim 128, bf16 (``--layers``,
-default 8: 32 KiB per token). Rows carry ``metric`` and ``value``; each figure is the best of
-``--reps`` runs. Correctness is checked once against ``KVLayout.vllm_flash`` records first.
+bench/gather_bw.py) with the same thread count. Geometry ``stream_stress``: 8 KV heads x
+head_dim 128, bf16 (``--layers``, default 8: 32 KiB per token). Rows carry ``metric`` and
+``value``, the copy routine (``copy_kind``: the native transposes of K are AVX-512 tiles under
+"avx512", the portable loop otherwise; ``LUMEN_CPU_COPY`` picks one) and the 1-minute load
+average when timing began (``load_1m``: on a shared machine, read the ratios, not the GB/s).
+Each figure is the best of ``--reps`` rounds, each round timing gather, scatter and memcpy one
+after another, so that all three see the same load. Correctness is checked once against
+``KVLayout.vllm_flash`` records first.
 
     python bench/vllm_stream.py [--json PATH] [--layers N] [--reps N] [--threads N]
 
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -29,13 +36,16 @@ NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 8, 128, 128, torch.bfloat16
 RESTORE_TOKENS = 4096
 
 
-def _best_s(fn, reps: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
+def _best_s(fns: list[Callable[[], object]], reps: int) -> list[float]:
+    """Best time of each of ``fns`` over ``reps`` rounds that run them in turn (after a warm-up)."""
+    for fn in fns:
         fn()
-        best = min(best, time.perf_counter() - start)
+    best = [float("inf")] * len(fns)
+    for _ in range(reps):
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - start)
     return best
 
 
@@ -65,13 +75,24 @@ def measure(num_layers: int, reps: int, threads: int) -> list[dict[str, object]]
     source = torch.randint(0, 255, records.shape, dtype=torch.uint8)
     payload = records.numel()
     native = _native.require_cpu()
-    gather_s = _best_s(lambda: gather_tokens(layout, slot_ids, out=records, num_threads=threads), reps)
-    scatter_s = _best_s(lambda: scatter_tokens(layout, slot_ids, source, num_threads=threads), reps)
-    memcpy_s = _best_s(
-        lambda: native.copy_bytes(records.data_ptr(), source.data_ptr(), payload, threads), reps
+    load_1m = os.getloadavg()[0]
+    gather_s, scatter_s, memcpy_s = _best_s(
+        [
+            lambda: gather_tokens(layout, slot_ids, out=records, num_threads=threads),
+            lambda: scatter_tokens(layout, slot_ids, source, num_threads=threads),
+            lambda: native.copy_bytes(records.data_ptr(), source.data_ptr(), payload, threads),
+        ],
+        reps,
     )
     geometry = f"stream_stress {num_layers}L x {NUM_KV_HEADS} heads x {HEAD_DIM} bf16"
-    common = {"batch": "restore", "tokens": RESTORE_TOKENS, "geometry": geometry, "threads": threads}
+    common = {
+        "batch": "restore",
+        "tokens": RESTORE_TOKENS,
+        "geometry": geometry,
+        "threads": threads,
+        "copy_kind": native.cpu_copy_kind(),
+        "load_1m": round(load_1m, 2),
+    }
     return [
         {"metric": "vllm_cpu_gather_vs_memcpy", "value": memcpy_s / gather_s, **common},
         {"metric": "vllm_cpu_scatter_vs_memcpy", "value": memcpy_s / scatter_s, **common},
@@ -90,7 +111,10 @@ def main() -> None:
     args = parser.parse_args()
     rows = measure(args.layers, args.reps, args.threads)
     for row in rows:
-        print(f"{row['metric']:32s} {row['value']:8.3f}  ({row['geometry']}, {row['tokens']} tokens)")
+        print(
+            f"{row['metric']:32s} {row['value']:8.3f}  ({row['geometry']}, {row['tokens']} tokens, "
+            f"{row['copy_kind']}, load {row['load_1m']})"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

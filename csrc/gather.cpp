@@ -2,9 +2,9 @@
 //
 // Work is a flat list of items split into one contiguous range per thread:
 // - scatter: (token, plane) units in token-major order, so records are read sequentially;
-// - gather: (tile of kGatherTileTokens tokens, plane) items, each copying the tile's rows of
-//   one plane in token order, so consecutive slots are read as one sequential stream per
-//   plane (what the hardware prefetcher follows) instead of num_planes interleaved streams.
+// - gather: (tile of kTileTokens tokens, plane) items, each copying the tile's rows of one
+//   plane in token order, so consecutive slots are read as one sequential stream per plane
+//   (what the hardware prefetcher follows) instead of num_planes interleaved streams.
 //   Measured here on restore batches, 1 thread: 0.71x -> 0.85x of memcpy; scatter was better
 //   token-major.
 // Rows of at least kStreamMinBytes are copied with non-temporal (streaming) stores: small
@@ -17,10 +17,16 @@
 // batches 9.5-9.7 GB/s plain against 9.1-9.3 streaming (1 thread); 16 MiB 8.4-9.0 against
 // 8.8-9.0, 32 MiB 6.9-8.2 against 8.7-9.2 (1 and 2 threads). The SIMD routine is picked at
 // run time from the CPU's features.
-// Pieces of at most kSmallPieceBytes (one element each: vLLM's CPU cache stores K transposed
-// per block and head, so a token's K row is head_dim elements block_size apart) are copied
-// element by element inline, not through the copy routine, and not prefetched one by one: the
-// lines a token's elements lie in are the ones its block's next tokens read.
+// Pieces of at most kSmallPieceBytes (one element each) are copied element by element inline,
+// not through the copy routine, and not prefetched one by one. Where consecutive slots of a
+// block are consecutive elements (a transposed plane: vLLM's CPU cache stores K per block and
+// head as [head_dim, block_size], so a token's K row is head_dim elements block_size apart),
+// both ops move each run of consecutive slots of one block as a matrix, with the blocked
+// transposes of transpose.h, by (tile, plane) items in a scatter too. Restore batches of whole
+// blocks (vLLM CPU, 8 layers x 8 KV heads x 128, bf16, 1 thread, timed 512 tokens at a time):
+// element by element, K alone gathered at 1.3-1.9 GB/s and scattered at 0.7, whole records
+// at 0.13-0.25x and 0.05-0.07x of memcpy; transposed, K at 11-13 and 8.5-10.4 GB/s, records
+// at 0.61-0.75x and 0.54-0.63x (bench/RESULTS.md).
 #include "lumen/gather.h"
 
 #include <immintrin.h>
@@ -31,8 +37,10 @@
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "lumen/thread_pool.h"
+#include "lumen/transpose.h"
 
 namespace lumen {
 namespace {
@@ -41,7 +49,7 @@ constexpr size_t kStreamMinBytes = 256;
 // Rows ahead that a gather prefetches: scattered slots miss the hardware prefetcher; 6-12 rows
 // (12-24 KiB of 2 KiB rows in flight) measured best for decode batches here.
 constexpr int64_t kPrefetchUnits = 8;
-constexpr int64_t kGatherTileTokens = 64;
+constexpr int64_t kTileTokens = 64;
 // Tokens ahead whose destination rows a scatter primes (1, 2 and 4 measured alike).
 constexpr int64_t kScatterPrimeTokens = 2;
 // Bytes ahead of its loads that a streaming copy prefetches, within the piece (the row
@@ -56,6 +64,12 @@ using CopyFn = void (*)(uint8_t* dst, const uint8_t* src, size_t num_bytes);
 
 inline bool has_small_pieces(const PlaneDesc& plane) {
   return plane.num_pieces > 1 && plane.piece_bytes <= kSmallPieceBytes;
+}
+
+// A plane whose pieces are single elements with consecutive slots in consecutive elements
+// (vLLM CPU's K): a run of slots of one block is an element matrix, moved by transposing it.
+inline bool is_transposed(const PlaneDesc& plane) {
+  return has_small_pieces(plane) && plane.token_stride == plane.piece_bytes;
 }
 
 // num_pieces elements of T from src (src_stride apart) to dst (dst_stride apart).
@@ -195,6 +209,16 @@ const CopyRoutine& copy_routine() {
   return routine;
 }
 
+// The transposes follow the copy routine, so LUMEN_CPU_COPY=avx2 or memcpy also selects (and
+// lets tests reach) the portable transpose on an AVX-512 CPU.
+TransposeIsa transpose_isa() {
+  static const TransposeIsa isa =
+      std::strcmp(copy_routine().kind, "avx512") == 0 && __builtin_cpu_supports("avx512bw")
+          ? TransposeIsa::kAvx512
+          : TransposeIsa::kPortable;
+  return isa;
+}
+
 // Size of the largest cache that the first CPU has, as sysfs gives it ("32768K"), or 0. This,
 // not sysconf, is the cache a core shares: glibc's _SC_LEVEL3_CACHE_SIZE can count the L3 of
 // every core complex of the package (384 MiB on this EPYC VM, whose core sees 32 MiB).
@@ -279,6 +303,41 @@ inline uint8_t* row_of(const PlaneDesc& plane, int64_t slot) {
   return reinterpret_cast<uint8_t*>(plane.base_address) + slot_row_offset(plane, slot);
 }
 
+// Number of tokens from `first` (< last) whose slots follow slot_ids[first] one by one inside
+// its block.
+inline int64_t block_run_length(const PlaneDesc& plane, const int64_t* slot_ids, int64_t first,
+                                int64_t last) {
+  const int64_t slot = slot_ids[first];
+  const int64_t limit = std::min(last - first, plane.block_size - slot % plane.block_size);
+  int64_t length = 1;
+  while (length < limit && slot_ids[first + length] == slot + length) ++length;
+  return length;
+}
+
+// Tokens [first, last) of a transposed plane, one block run at a time: the run's
+// [num_pieces, run] elements in the cache <-> its records' [run, num_pieces] rows.
+void gather_transposed(uint8_t* records, const PlaneDesc& plane, int64_t record_bytes,
+                       const int64_t* slot_ids, int64_t first, int64_t last, bool stream) {
+  for (int64_t token = first; token < last;) {
+    const int64_t run = block_run_length(plane, slot_ids, token, last);
+    transpose_elements(records + token * record_bytes + plane.record_offset, record_bytes,
+                       row_of(plane, slot_ids[token]), plane.piece_stride, plane.num_pieces, run,
+                       plane.piece_bytes, transpose_isa(), stream);
+    token += run;
+  }
+}
+
+void scatter_transposed(const uint8_t* records, const PlaneDesc& plane, int64_t record_bytes,
+                        const int64_t* slot_ids, int64_t first, int64_t last) {
+  for (int64_t token = first; token < last;) {
+    const int64_t run = block_run_length(plane, slot_ids, token, last);
+    transpose_elements(row_of(plane, slot_ids[token]), plane.piece_stride,
+                       records + token * record_bytes + plane.record_offset, record_bytes, run,
+                       plane.num_pieces, plane.piece_bytes, transpose_isa(), /*stream=*/true);
+    token += run;
+  }
+}
+
 }  // namespace
 
 void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes,
@@ -287,7 +346,7 @@ void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes
   check_arguments(records, planes, num_planes, record_bytes, slot_ids, num_tokens);
   if (num_tokens == 0) return;
   CopyFn copy = gather_copy_for(num_tokens * record_bytes);
-  int64_t num_tiles = (num_tokens + kGatherTileTokens - 1) / kGatherTileTokens;
+  int64_t num_tiles = (num_tokens + kTileTokens - 1) / kTileTokens;
   int64_t num_items = num_tiles * num_planes;
   int workers = workers_for(num_tokens * record_bytes, num_items, num_threads);
   ThreadPool::instance().run(workers, [&](int worker, int count) {
@@ -297,8 +356,12 @@ void gather_tokens_cpu(uint8_t* records, const PlaneDesc* planes, int num_planes
       int64_t tile = item / num_planes;
       int64_t plane_index = item - tile * num_planes;
       const PlaneDesc& plane = planes[plane_index];
-      int64_t first = tile * kGatherTileTokens;
-      int64_t last = std::min(num_tokens, first + kGatherTileTokens);
+      int64_t first = tile * kTileTokens;
+      int64_t last = std::min(num_tokens, first + kTileTokens);
+      if (is_transposed(plane)) {
+        gather_transposed(records, plane, record_bytes, slot_ids, first, last, copy != copy_plain);
+        continue;
+      }
       if (slot_ids[last - 1] - slot_ids[first] != last - 1 - first) {
         // Scattered rows each miss the TLB; one after another their page walks set the pace
         // (a decode batch at 1 thread: 7.0-8.2 GB/s). Started together for the whole tile
@@ -334,10 +397,27 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
   check_arguments(records, planes, num_planes, record_bytes, slot_ids, num_tokens);
   if (num_tokens == 0) return;
   CopyFn copy = copy_routine().fn;
-  int64_t num_units = num_tokens * num_planes;
+  std::vector<int> transposed_planes;
+  for (int p = 0; p < num_planes; ++p) {
+    if (is_transposed(planes[p])) transposed_planes.push_back(p);
+  }
+  const int64_t num_transposed = static_cast<int64_t>(transposed_planes.size());
+  const int64_t num_units = num_tokens * num_planes;
+  const int64_t num_items = (num_tokens + kTileTokens - 1) / kTileTokens * num_transposed;
   int workers = workers_for(num_tokens * record_bytes, num_units, num_threads);
   ThreadPool::instance().run(workers, [&](int worker, int count) {
     int64_t begin, end;
+    // Transposed planes first, by (tile, plane) items as in a gather: a run of slots is
+    // transposed at once, which a token-by-token walk cannot do.
+    split_range(num_items, worker, count, &begin, &end);
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t tile = item / num_transposed;
+      const PlaneDesc& plane = planes[transposed_planes[item - tile * num_transposed]];
+      const int64_t first = tile * kTileTokens;
+      scatter_transposed(records, plane, record_bytes, slot_ids, first,
+                         std::min(num_tokens, first + kTileTokens));
+    }
+    // The other planes token by token (their units of transposed planes are skipped).
     split_range(num_units, worker, count, &begin, &end);
     for (int64_t unit = begin; unit < end; ++unit) {
       int64_t token = unit / num_planes;
@@ -352,6 +432,7 @@ void scatter_tokens_cpu(const uint8_t* records, const PlaneDesc* planes, int num
         }
       }
       const PlaneDesc& plane = planes[plane_index];
+      if (is_transposed(plane)) continue;
       uint8_t* row = row_of(plane, slot_ids[token]);
       const uint8_t* record = records + token * record_bytes + plane.record_offset;
       if (has_small_pieces(plane)) {

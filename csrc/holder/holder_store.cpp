@@ -62,14 +62,25 @@ void HolderStore::give_back(Pending* pending) {
 }
 
 void HolderStore::give_buffer(uint64_t bytes, std::unique_ptr<uint8_t[]> buffer) {
-  if (spare_bytes_ + bytes > kMaxSpareBytes) return;  // freed here
-  spare_bytes_ += bytes;
+  // Kept only within what the budget leaves free: spare buffers are mapped memory too.
+  const uint64_t kept = spare_bytes_ + bytes;
+  if (kept > kMaxSpareBytes || charged_bytes_ > options_.budget_bytes ||
+      kept > options_.budget_bytes - charged_bytes_) {
+    return;  // freed here
+  }
+  spare_bytes_ = kept;
   spare_[bytes].push_back(std::move(buffer));
 }
 
 bool HolderStore::make_room(uint64_t bytes, const Key& keep, Purpose purpose) {
   const uint64_t budget = options_.budget_bytes;
-  auto free_bytes = [&] { return charged_bytes_ >= budget ? 0 : budget - charged_bytes_; };
+  auto free_bytes = [&] {
+    const uint64_t used = charged_bytes_ + spare_bytes_;
+    return used >= budget ? 0 : budget - used;
+  };
+  if (free_bytes() >= bytes) return true;
+  spare_.clear();  // spare buffers give way before any checkpoint does
+  spare_bytes_ = 0;
   if (free_bytes() >= bytes) return true;
   if (options_.policy == EvictionPolicy::kNone) return false;
   // A victim holds records, has nothing in flight and is not the checkpoint being grown; one
@@ -515,6 +526,7 @@ HolderStats HolderStore::stats() const {
   stats.arena_free_bytes = arena_.free_bytes();
   stats.pinned = arena_.pinned();
   stats.bytes_charged = charged_bytes_;
+  stats.spare_bytes = spare_bytes_;
   for (const auto& [key, c] : checkpoints_) {
     stats.tokens_held += c.durable_tokens;
     stats.bytes_held += c.durable_tokens * token_bytes(c.record_bytes);

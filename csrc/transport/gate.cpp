@@ -2,7 +2,6 @@
 #include "lumen/transport/gate.h"
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -23,8 +22,6 @@ constexpr size_t kRelayChunkBytes = 64 << 10;
 constexpr int kPollMs = 50;
 // Connections accepted per wake, so that relays are served between bursts.
 constexpr int kMaxAcceptsPerWake = 64;
-
-void set_nonblocking(int fd) { fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
 uint16_t local_port(int fd) {
   sockaddr_storage address{};

@@ -46,6 +46,7 @@ py::dict stats_dict(const lh::HolderStats& s) {
   d["appends_in_place"] = s.appends_in_place;
   d["arena_bytes"] = s.arena_bytes;
   d["arena_free_bytes"] = s.arena_free_bytes;
+  d["spare_bytes"] = s.spare_bytes;
   d["pinned"] = s.pinned;
   return d;
 }

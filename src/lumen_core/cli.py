@@ -164,6 +164,34 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _drain(args: argparse.Namespace) -> int:
+    """Drain a worker through the gateway's admin call and wait until it is told to stop (or
+    failed); prints the drain's progress as JSON. Exit 1 when it failed or did not end within
+    --deadline plus --wait-s."""
+    from lumen_core.auth import read_secret_file
+    from lumen_core.gateway.client import GatewayClient
+    from lumen_core.gateway.errors import GatewayError
+
+    try:
+        secret = read_secret_file(args.secret_file)
+    except (OSError, ValueError) as exc:
+        print(f"lumen drain: {exc}", file=sys.stderr)
+        return 2
+    with GatewayClient(args.gateway, secret) as client:
+        give_up_s = time.monotonic() + args.deadline + args.wait_s
+        try:
+            reply = client.drain(args.worker_id, deadline_s=args.deadline)
+            while reply.state == "flushing" and time.monotonic() < give_up_s:
+                time.sleep(0.05)
+                reply = client.drain(args.worker_id, deadline_s=args.deadline)
+        except GatewayError as exc:
+            print(f"lumen drain: {exc}", file=sys.stderr)
+            return 2
+    fields = ("worker_id", "state", "num_requests", "num_moved", "num_reprefilled", "started_s", "finished_s")
+    print(json.dumps({name: getattr(reply, name) for name in fields}))
+    return 0 if reply.state == "stopped" else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     from lumen_core.gateway.command import add_gateway_parser
     from lumen_core.policy.presets import POLICY_NAMES
@@ -231,6 +259,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     keygen.add_argument("--public-key", required=True, metavar="PATH", help="public key (hex), for holders")
     keygen.set_defaults(func=_keygen)
+    drain = commands.add_parser(
+        "drain", help="take a worker out for maintenance: move its requests, then stop it"
+    )
+    drain.add_argument("worker_id", type=int, metavar="WORKER", help="the worker id to drain")
+    drain.add_argument("--gateway", required=True, help="the gateway's host:port")
+    drain.add_argument("--secret-file", required=True, help="cluster secret, a 0600 file (admin call)")
+    drain.add_argument(
+        "--deadline",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds for the worker to flush; requests not moved by then are re-prefilled (default 30)",
+    )
+    drain.add_argument("--wait-s", type=float, default=10.0, help="wait this long past the deadline")
+    drain.set_defaults(func=_drain)
     add_gateway_parser(commands)
     add_worker_parser(commands)
     add_demo_parser(commands)
@@ -248,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--rate must be > 0, got {args.rate}")
         if args.calibrate_ttft is not None and args.calibrate_ttft <= 0:
             parser.error(f"--calibrate-ttft must be > 0, got {args.calibrate_ttft}")
+    if args.command == "drain" and not args.deadline > 0:
+        parser.error(f"--deadline must be > 0, got {args.deadline}")
     if args.command == "holder":
         if not 0 <= args.port <= 65535:
             parser.error(f"--port must be in [0, 65535], got {args.port}")

@@ -7,7 +7,7 @@ Each line is one record:
 - ``{"op": "gain", "survivor_id": s, "num_draft_tokens": k, "value": g}``: a call of the gain
   function the planner was given (the driver's cost model), answered in replay from the log;
 - ``{"op": OP, "args": {...}, "result": ...}`` for the calls ``place`` (args ``request_id``),
-  ``route`` (``failed_worker_id``), ``replace`` (``lost_holder_id``), ``pair``
+  ``route`` (``failed_worker_id``), ``move`` (``request_id``, ``reprefill`` 0 or 1), ``replace`` (``lost_holder_id``), ``pair``
   (``assistant_id``), ``finish`` (``assistant_id``) and ``release_survivor`` (``survivor_id``):
   ``result`` is a list of decisions ``{"type": NAME, ...fields}`` or an int / null.
 """
@@ -29,7 +29,7 @@ from lumen_core.policy.presets import PolicyFactory
 _TYPES: dict[str, type] = {
     cls.__name__: cls for cls in vars(ev).values() if isinstance(cls, type) and dataclasses.is_dataclass(cls)
 }
-CALLS = ("place", "route", "replace", "pair", "finish", "release_survivor")
+CALLS = ("place", "route", "move", "replace", "pair", "finish", "release_survivor")
 
 
 def to_json(obj: Any) -> Any:
@@ -149,6 +149,8 @@ def replay_event_log(
             result: Any = [placement.place(monitor, args["request_id"])]
         elif op == "route":
             result = router.route(monitor, args["failed_worker_id"])
+        elif op == "move":
+            result = [router.move(monitor, args["request_id"], reprefill=bool(args["reprefill"]))]
         elif op == "replace":
             result = placement.replace(monitor, args["lost_holder_id"])
         else:

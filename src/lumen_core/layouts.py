@@ -228,7 +228,9 @@ class KVLayout:
         "vec16" stores K transposed, ``[D, block_size]``, then V as ``[block_size, D]``. K is
         described as one plane per head of one-element pieces ``block_size`` apart, V as one
         plane of H pieces; the records are those of ``vllm_flash`` for the same tokens, and so
-        is the fingerprint. Other ISAs ("amx" prepacks bf16 blocks for its tiles; "neon",
+        is the fingerprint. The native CPU gather and scatter move K a run of consecutive slots
+        of one block at a time, as a blocked transpose (csrc/include/lumen/transpose.h), and
+        scattered slots element by element. Other ISAs ("amx" prepacks bf16 blocks for its tiles; "neon",
         "vxe", "vsx", "rvv" are unverified) and fp8 caches (which carry scales) are refused.
 
         Raises:

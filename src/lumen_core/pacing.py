@@ -7,6 +7,10 @@ modelled duration. A step whose real compute took longer than its paced duration
 the emulation is then slower than the modelled hardware, and the worker counts it (a run
 with more than ``FAITHFUL_OVERRUN_FRACTION`` of its steps overrun is not faithful).
 
+Checkpoint streaming is paced too (``PacedSaves``): a step's saved tokens leave for their
+holders no faster than the modelled link carries the modelled model's KV, so the durable
+prefix at a failure is what it would be on the modelled hardware.
+
 Only durations are paced; tokens, KV bytes and checkpoints stay real.
 """
 
@@ -14,13 +18,15 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from lumen_core.cost import GPUS, MODELS, CostModel
 
 if TYPE_CHECKING:  # the engine (and torch) only for the type: the demo's CLI stays light
+    from lumen_core.engine.connector import SavedTokens
     from lumen_core.engine.engine import StepOutput
 
 # Above this share of overrun steps a paced run no longer emulates the modelled hardware.
@@ -167,3 +173,82 @@ class Pacer:
     def overrun_fraction(self) -> float:
         """Share of paced steps whose real compute overran (0 before any step)."""
         return self.num_overruns / self.num_steps if self.num_steps else 0.0
+
+
+class PacedSaves:
+    """Checkpoint streaming paced to the modelled link: the saves of each step queue in
+    order and leave no faster than ``CostModel.stream_bytes_per_s`` carries
+    ``kv_bytes_per_token`` of the modelled model per copy (a request streaming to two
+    holders sends each token twice), times ``time_scale``: the simulator's per-worker FIFO.
+    An idle link banks nothing. ``clock`` is injected (tests). Not thread-safe: the engine
+    loop owns it.
+
+    The queued tokens' slots must stay valid until they leave: ``drop`` a request before its
+    slots are freed or rewritten (finish, preemption); its saved prefix then ends where its
+    last released tokens did, as a link cut there would leave it."""
+
+    def __init__(
+        self, cost: CostModel, time_scale: float = 1.0, *, clock: Callable[[], float] = time.monotonic
+    ):
+        if not time_scale > 0:
+            raise ValueError(f"`time_scale` must be > 0, got {time_scale}")
+        self.token_s = time_scale * cost.kv_bytes_per_token / cost.stream_bytes_per_s  # per copy
+        self._clock = clock
+        self._queue: deque[tuple[SavedTokens, int]] = deque()  # (save, copies), oldest first
+        self._link_free_at = 0.0  # when the link has carried everything released so far
+        self.num_dropped_tokens = 0
+
+    @property
+    def backlog_tokens(self) -> int:
+        """Tokens saved but not yet released to the streamer."""
+        return sum(len(save.slot_ids) for save, _ in self._queue)
+
+    def push(self, saves: Sequence[SavedTokens], copies_of: Callable[[str], int]) -> None:
+        """Queues one step's saves; ``copies_of(request_id)``: how many holders each goes to
+        (0: not streamed, released at once)."""
+        if not self._queue:
+            self._link_free_at = max(self._link_free_at, self._clock())
+        for save in saves:
+            if save.slot_ids:
+                self._queue.append((save, int(copies_of(save.request_id))))
+
+    def take(self) -> list[SavedTokens]:
+        """The saves, or their leading tokens, the link has carried by now: in order within
+        each request, each request's together (one ``save_step`` takes a request's tokens
+        adjacent), requests in the order their first released save was queued."""
+        now = self._clock()
+        out: list[SavedTokens] = []
+        while self._queue:
+            save, copies = self._queue[0]
+            per_token = self.token_s * copies
+            n = len(save.slot_ids)
+            if per_token > 0:
+                n = min(n, int((now - self._link_free_at) / per_token + 1e-9))
+            if n <= 0:
+                break
+            self._link_free_at += n * per_token
+            if n == len(save.slot_ids):
+                self._queue.popleft()
+                out.append(save)
+                continue
+            out.append(replace(save, slot_ids=save.slot_ids[:n], token_ids=save.token_ids[:n]))
+            rest = replace(
+                save,
+                start_position=save.start_position + n,
+                slot_ids=save.slot_ids[n:],
+                token_ids=save.token_ids[n:],
+            )
+            self._queue[0] = (rest, copies)
+            break
+        first: dict[str, int] = {}
+        for save in out:
+            first.setdefault(save.request_id, len(first))
+        return sorted(out, key=lambda save: first[save.request_id])  # stable
+
+    def drop(self, request_id: str) -> None:
+        """Forgets ``request_id``'s queued tokens (counted in ``num_dropped_tokens``)."""
+        kept = deque(item for item in self._queue if item[0].request_id != request_id)
+        self.num_dropped_tokens += sum(len(s.slot_ids) for s, _ in self._queue) - sum(
+            len(s.slot_ids) for s, _ in kept
+        )
+        self._queue = kept

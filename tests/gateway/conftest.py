@@ -5,6 +5,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from lumen_core.auth import Rights, verify_capability
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
@@ -41,3 +42,17 @@ def connect() -> Iterator[Callable[..., GatewayClient]]:
     yield make
     for client in clients:
         client.close()
+
+
+Grant = tuple[int, int, int, int, Rights]  # (request_id, shard, epoch, holder_id, rights)
+
+
+@pytest.fixture
+def granted() -> Callable[[bytes, tuple[bytes, ...]], list[Grant]]:
+    """What each capability grants, its signature checked under the issuer's public key."""
+
+    def grants(public_key: bytes, capabilities: tuple[bytes, ...]) -> list[Grant]:
+        fields = [verify_capability(public_key, capability) for capability in capabilities]
+        return [(f.request_id, f.shard, f.epoch, f.holder_id, f.rights) for f in fields]
+
+    return grants

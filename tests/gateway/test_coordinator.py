@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from lumen_core.auth import Rights, verify_capability
+from lumen_core.auth import Rights
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Sampling, Stream
@@ -18,15 +18,6 @@ pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"coordinator-tests-secret-0123456789"
 GIB = 1 << 30
-
-
-def granted(public_key: bytes, capabilities: tuple[bytes, ...]) -> list[tuple[int, int, int, int, Rights]]:
-    """What each capability grants: (request_id, shard, epoch, holder_id, rights), signature checked."""
-    out = []
-    for capability in capabilities:
-        f = verify_capability(public_key, capability)
-        out.append((f.request_id, f.shard, f.epoch, f.holder_id, f.rights))
-    return out
 
 
 def cluster(num_workers=3, policy="LUMEN", **config):
@@ -149,7 +140,7 @@ def test_lease_expiry_and_exit_reports():
         coordinator.fail(2.5, [1], cause="again")
 
 
-def test_surviving_holders_get_the_new_epoch_and_a_dead_holder_is_replaced():
+def test_surviving_holders_get_the_new_epoch_and_a_dead_holder_is_replaced(granted):
     coordinator = cluster(4, policy="FC")
     rid = coordinator.admit(0.0, [1] * 10, 4).request_id  # on 0, held by 1
     other = coordinator.admit(0.0, [1] * 10, 4).request_id  # on 1, held by 2
@@ -312,7 +303,7 @@ def test_assist_report_and_switch_over_validation():
     assert coordinator.assist_report(2.1, 0, steps=0, proposed=0, accepted=0) == 0
 
 
-def test_capabilities_per_shard_and_metrics():
+def test_capabilities_per_shard_and_metrics(granted):
     coordinator = Coordinator(
         GatewayConfig(policy="LUMEN", load_config=LoadConfig(kv_bytes_per_token=1024)), SECRET
     )

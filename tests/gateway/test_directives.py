@@ -17,12 +17,14 @@ from lumen_core.gateway.directives import (
     Cancel,
     Delivery,
     Directive,
+    Flush,
     Hold,
     HolderGrant,
     Release,
     Resume,
     Run,
     Sampling,
+    Stop,
     Stream,
 )
 from lumen_core.gateway.inbox import DirectiveInbox
@@ -50,13 +52,15 @@ EXAMPLES = [
     AssistVerify(0, "127.0.0.1:7100", 3, "most loaded"),
     AssistStop(2, "assistant switched over"),
     Cancel(17, "served elsewhere now"),
+    Flush("drain: deadline 30 s"),
+    Stop("drained: 16 requests moved"),
 ]
 
 
 def test_the_examples_cover_every_kind():
     assert {type(d) for d in EXAMPLES} == set(typing.get_args(Directive)) and len(
         typing.get_args(Directive)
-    ) == 9
+    ) == 11
 
 
 @pytest.mark.parametrize("directive", EXAMPLES, ids=lambda d: type(d).__name__)
@@ -100,6 +104,7 @@ def test_the_heartbeat_report_round_trips_except_running():
         proposed_draft_tokens=12,
         accepted_draft_tokens=9,
         lost_replicas=(LostReplica(5, 1), LostReplica(2**63, 0)),
+        flushed=True,
         running=(RunningReport(5, 2, (1,), (2,), 4, 4),),
     )
     wire = pb.WorkerReport.FromString(report_to_pb(report).SerializeToString())

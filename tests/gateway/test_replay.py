@@ -27,6 +27,7 @@ from lumen_core.policy.events import (
     CheckpointReserved,
     Heartbeat,
     RequestAdmitted,
+    WorkerFailed,
     WorkerJoined,
     WorkerState,
 )
@@ -41,9 +42,11 @@ DRIVER_CALLS = (
     "admit",
     "apply",
     "choose_worker",
+    "drain",
     "end_pairings",
     "fail",
     "finish",
+    "move",
     "num_draft_tokens",
     "pair",
     "place",
@@ -128,6 +131,8 @@ def test_gateway_calls_map_onto_driver_calls():
     ]
     coordinator.report_tokens(0.4, 2, 1, 2, 1, 0, [5] * 10, finished=True)
     assert log.take() == [call("finish", 0.4, 2)]
+    coordinator.move(0.45, 1, "drain")
+    assert log.take() == [call("move", 0.45, 1, reprefill=False)]
 
     assert coordinator.process_exited(1.0, 0, 1, "SIGKILL") is not None
     assert log.take() == [call("fail", 1.0, [0], cause="process exited: SIGKILL")]
@@ -155,6 +160,18 @@ def test_gateway_calls_map_onto_driver_calls():
     with pytest.raises(NoWorkerError):
         coordinator.admit(20.1, [1] * 5, 5)
     assert log.take() == [call("choose_worker")]
+
+
+def test_a_drain_maps_onto_drain_then_a_move_per_request():
+    coordinator, log = recorded_coordinator(policy="FC")
+    rid = coordinator.admit(0.1, [1] * 20, 10, worker_id=0).request_id
+    log.take()
+    coordinator.drain(0.2, 0, 5.0)
+    assert log.take() == [call("drain", 0.2, 0)]
+    coordinator.heartbeat(0.3, 0, 1, WorkerReport(flushed=True))
+    assert log.take() == [call("move", 0.3, rid, reprefill=False)]  # a draining worker's load is not fed
+    assert coordinator.process_exited(0.4, 0, 1, "drained") is None  # retired, not failed
+    assert log.take() == [call("apply", WorkerFailed(0.4, 0))]
 
 
 def test_a_restarted_gateways_adoptions_map_onto_events():

@@ -6,7 +6,7 @@ import urllib.request
 import grpc
 import pytest
 
-from lumen_core.auth import Rights, verify_capability
+from lumen_core.auth import Rights
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import FencedError
@@ -37,15 +37,6 @@ def wait_until(predicate, timeout_s=10.0, poll_s=0.02):
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout_s} s")
         time.sleep(poll_s)
-
-
-def granted(public_key: bytes, capabilities: tuple[bytes, ...]) -> list[tuple[int, int, int, int, Rights]]:
-    """What each capability grants: (request_id, shard, epoch, holder_id, rights), signature checked."""
-    out = []
-    for capability in capabilities:
-        f = verify_capability(public_key, capability)
-        out.append((f.request_id, f.shard, f.epoch, f.holder_id, f.rights))
-    return out
 
 
 def register_workers(server, connect, num_workers, **kwargs):
@@ -92,7 +83,7 @@ def test_a_client_without_the_secret_is_refused(start_gateway, connect):
     assert connect(server).status().workers == []  # the real secret still works
 
 
-def test_submit_streams_tokens_once_per_position_and_grants_capabilities(start_gateway, connect):
+def test_submit_streams_tokens_once_per_position_and_grants_capabilities(start_gateway, connect, granted):
     server = start_gateway(GatewayConfig(policy="LUMEN"))
     workers = register_workers(server, connect, 3)
     client = connect(server)
@@ -166,7 +157,7 @@ def test_a_stale_epoch_is_refused_and_the_old_incarnation_is_fenced(start_gatewa
     assert [t for c in stream for t in c.token_ids] == [7, 8, 9, 10]
 
 
-def test_lease_expiry_fences_a_live_worker_and_its_requests_move(start_gateway, connect):
+def test_lease_expiry_fences_a_live_worker_and_its_requests_move(start_gateway, connect, granted):
     # FC: always back to the holder. 1 s: the others' heartbeats (every 50 ms) keep theirs
     # even when the shared machine stalls this process for a while.
     config = GatewayConfig(policy="FC", lease_s=1.0, heartbeat_s=0.1)

@@ -1,7 +1,8 @@
 """Every CPU copy routine (LUMEN_CPU_COPY), not only the one this CPU picks, moves rows of
 every size class bit for bit (the read-ahead loop, the 256- and 64-byte loops, the tails and
-unaligned ends), and so does the contiguous copy_bytes with it or with memcpy. The routine is
-chosen once per process, so each runs in its own."""
+unaligned ends), and so does the contiguous copy_bytes with it or with memcpy; the transposes
+of vLLM CPU's K follow the routine (AVX-512 tiles or the portable loop). The routine is chosen
+once per process, so each runs in its own."""
 
 import os
 import subprocess
@@ -32,6 +33,18 @@ new = random_tensor((40, layout.record_bytes), torch.uint8, generator=gen)
 scatter_tokens(layout, ids, new, num_threads=2)
 reference.scatter_tokens(twin, ids, new)
 assert all(torch.equal(a, b) for a, b in zip(layout.views, twin.views))
+# vLLM CPU caches: K moved by the transposes (AVX-512 tiles under avx512, the portable loop
+# otherwise) for runs of whole and partial blocks, element by element for scattered slots.
+for dtype in (torch.bfloat16, torch.float32):
+    caches = [random_tensor((5, 2, 32, 160), dtype, generator=gen) for _ in range(2)]
+    cpu_layout = KVLayout.vllm_cpu(caches, isa="vec")
+    twin_caches = [cache.clone() for cache in caches]
+    ids = torch.cat([torch.arange(7, 100), torch.tensor([3, 150, 0, 101])])
+    assert torch.equal(gather_tokens(cpu_layout, ids, num_threads=2), reference.gather_tokens(cpu_layout, ids))
+    new = random_tensor((ids.numel(), cpu_layout.record_bytes), torch.uint8, generator=gen)
+    scatter_tokens(cpu_layout, ids, new, num_threads=2)
+    reference.scatter_tokens(KVLayout.vllm_cpu(twin_caches, isa="vec"), ids, new)
+    assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(caches, twin_caches))
 src = random_tensor((3 << 20,), torch.uint8, generator=gen)
 dst = torch.zeros_like(src)
 cpu = _native.require_cpu()

@@ -191,3 +191,16 @@ def test_without_a_planner_nothing_pairs(make_driver):
 def test_validation():
     with pytest.raises(TypeError, match="`policy` must build a PolicySet, got str"):
         RecoveryDriver(lambda gain_fn: "LUMEN", LoadConfig())  # type: ignore[arg-type,return-value]
+
+
+def test_a_move_routes_one_request_off_its_live_worker_and_is_recorded(make_driver, tmp_path):
+    driver, recorder = make_driver("LUMEN")
+    driver.admit(0.1, 1, 0, 40, 10)
+    (holder,) = driver.monitor.request(1).holder_ids
+    driver.apply(CheckpointGrew(0.2, 1, holder, 40))
+    reroute = driver.move(0.3, 1)
+    assert reroute.route.action is RecoveryAction.RESTORE and reroute.route.target_worker_id == holder
+    assert driver.monitor.request(1).worker_id == holder and recorder.ops()[-2:] == ["move", "place"]
+    again = driver.move(0.4, 1, reprefill=True)  # never onto the worker it runs on
+    assert again.route.action is RecoveryAction.REPREFILL and again.route.target_worker_id != holder
+    assert again.placement is not None and again.holder_ids == again.placement.holder_ids

@@ -834,3 +834,21 @@ def test_a_refused_open_changes_nothing(make_rig) -> None:
     assert open_reserving(rig, 1, 15, epoch=EPOCH + 1) == 10  # one that fits fences it
     with pytest.raises(StaleEpoch):
         rig.append(1, 10, 12)
+
+
+def test_spare_receive_buffers_count_against_the_budget_and_give_way_first(make_rig) -> None:
+    # Request 1's overlapping append is received aside; its buffer (20 records and their ids)
+    # is kept for reuse once it commits. Kept buffers are mapped memory: with the charge they
+    # stay within the budget, and a checkpoint that needs the room gets it, nobody evicted.
+    rig = make_rig(60, EvictionPolicy.NONE)
+    rig.open(1)
+    rig.append(1, 0, 20)
+    assert rig.append(1, 10, 30) == 30  # (10, 30) overlaps the durable prefix: aside
+    stats = rig.store.stats()
+    assert stats["spare_bytes"] >= 20 * PER_TOKEN
+    assert stats["bytes_charged"] + stats["spare_bytes"] <= stats["budget_bytes"]
+    rig.open(2)
+    assert rig.append(2, 0, 30) == 30  # the last 30 tokens of budget
+    stats = rig.store.stats()
+    assert stats["bytes_charged"] == 60 * PER_TOKEN and stats["spare_bytes"] == 0
+    assert (stats["evictions"], stats["appends_refused_budget"]) == (0, 0)

@@ -50,3 +50,30 @@ def server(spawn: Any, secret_file: Path, issuer_public_key_file: Path) -> Any:
     )
     proc.port = proc.read()["port"]
     return proc
+
+
+@pytest.fixture
+def spawn_streamer(spawn: Any, secret_file: Path, issuer: Any, peer: ModuleType) -> Any:
+    """spawn_streamer(port, request_id, tokens_per_append, record_bytes, *, num_appends,
+    interval_s=None) -> a peer.py streamer writing request_id at peer.EPOCH (window 4),
+    granted by the `issuer` fixture."""
+
+    def start(
+        port: int,
+        request_id: int,
+        tokens_per_append: int,
+        record_bytes: int,
+        *,
+        num_appends: int,
+        interval_s: float | None = None,
+    ) -> Any:
+        capability = issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0)
+        return spawn(
+            *("stream", "--port", str(port), "--secret-file", str(secret_file), "--tls", TLS),
+            *("--capability", capability.hex(), "--request-id", str(request_id)),
+            *("--num-appends", str(num_appends), "--window", "4"),
+            *("--tokens-per-append", str(tokens_per_append), "--record-bytes", str(record_bytes)),
+            *(("--interval-s", str(interval_s)) if interval_s is not None else ()),
+        )
+
+    return start

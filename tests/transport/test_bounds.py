@@ -264,7 +264,7 @@ def test_a_timeout_with_a_transfer_in_flight_drops_the_connection(issuer: Capabi
 
 
 def test_a_stalled_writer_is_dropped_at_the_receive_deadline(
-    issuer: CapabilityIssuer, spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, spawn_streamer, peer, secret
 ) -> None:
     """A writer stopped (SIGSTOP) in the middle of its appends: the receive that cannot finish
     times out, its connection is dropped, and a new epoch takes the checkpoint over."""
@@ -276,13 +276,7 @@ def test_a_stalled_writer_is_dropped_at_the_receive_deadline(
         tls=TLS,
         receive_timeout_s=1.0,
     ) as server:
-        streamer = spawn(
-            "stream",
-            *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
-            *("--capability", issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex()),
-            *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
-            *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
-        )
+        streamer = spawn_streamer(server.port, request_id, n, record_bytes, num_appends=8)
         assert streamer.read()["durable"] >= n
         try:
             _stop_mid_receive(server, streamer.proc.pid)
@@ -334,7 +328,7 @@ def test_a_holder_remembers_the_latest_retired_epochs(issuer: CapabilityIssuer, 
 
 
 def test_memory_a_stalled_receive_writes_into_counts_against_the_budget(
-    issuer: CapabilityIssuer, spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, spawn_streamer, peer, secret
 ) -> None:
     """A writer stalls (SIGSTOP) with appends half received; a new epoch takes the checkpoint
     over and appends until the budget refuses. The chunks the stalled receives still write
@@ -344,13 +338,7 @@ def test_memory_a_stalled_receive_writes_into_counts_against_the_budget(
     budget, chunk = 256 << 20, 2 << 20
     store = HolderStore(budget, chunk_bytes=chunk)
     with tp.Server(secret, issuer_public_key=issuer.public_key, store=store, tls=TLS) as server:
-        streamer = spawn(
-            "stream",
-            *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
-            *("--capability", issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex()),
-            *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
-            *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
-        )
+        streamer = spawn_streamer(server.port, request_id, n, record_bytes, num_appends=8)
         assert streamer.read()["durable"] >= n
         try:
             _stop_mid_receive(server, streamer.proc.pid)
@@ -450,7 +438,7 @@ def test_a_message_without_a_reply_endpoint_drops_the_unauthenticated_connection
                 peer.close()
 
 
-def test_appends_received_aside_count_against_the_budget(spawn, peer, secret, secret_file, issuer) -> None:
+def test_appends_received_aside_count_against_the_budget(spawn_streamer, peer, secret, issuer) -> None:
     """Appends that overlap what is durable or pending are received into buffers of their
     own, which stay mapped until they commit (here: behind a stalled writer's receive). Those
     buffers are charged: once they would exceed the budget the holder refuses, and their
@@ -460,13 +448,7 @@ def test_appends_received_aside_count_against_the_budget(spawn, peer, secret, se
     store = HolderStore(budget, chunk_bytes=2 << 20)
     cap = issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0)
     with tp.Server(secret, store=store, tls=TLS, issuer_public_key=issuer.public_key) as server:
-        streamer = spawn(
-            "stream",
-            *("--port", str(server.port), "--secret-file", str(secret_file), "--tls", TLS),
-            *("--capability", cap.hex()),
-            *("--request-id", str(request_id), "--num-appends", "8", "--window", "4"),
-            *("--tokens-per-append", str(n), "--record-bytes", str(record_bytes)),
-        )
+        streamer = spawn_streamer(server.port, request_id, n, record_bytes, num_appends=8)
         assert streamer.read()["durable"] >= n
         try:
             _stop_mid_receive(server, streamer.proc.pid)

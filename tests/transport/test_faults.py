@@ -55,31 +55,11 @@ def _check_prefix(
 
 
 def test_killed_streamer_leaves_only_whole_verified_appends(
-    issuer: CapabilityIssuer, server, spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, server, spawn_streamer, peer, secret
 ) -> None:
     request_id, n, record_bytes, num_appends = 21, 128, 32768, 48  # 4 MiB appends
-    streamer = spawn(
-        "stream",
-        "--port",
-        str(server.port),
-        "--secret-file",
-        str(secret_file),
-        "--capability",
-        issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex(),
-        "--request-id",
-        str(request_id),
-        "--num-appends",
-        str(num_appends),
-        "--tokens-per-append",
-        str(n),
-        "--record-bytes",
-        str(record_bytes),
-        "--window",
-        "4",
-        "--interval-s",
-        "0.02",
-        "--tls",
-        TLS,
+    streamer = spawn_streamer(
+        server.port, request_id, n, record_bytes, num_appends=num_appends, interval_s=0.02
     )
     # Kill only once 8 appends are durable, while later ones are in flight.
     reported = 0
@@ -99,33 +79,13 @@ def test_killed_streamer_leaves_only_whole_verified_appends(
 
 
 def test_fenced_writer_resuming_mid_transfer_cannot_touch_the_new_epoch(
-    issuer: CapabilityIssuer, server, spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, server, spawn_streamer, peer, secret
 ) -> None:
     """A writer stalls (SIGSTOP) with appends half received, a new epoch takes the checkpoint
     over and writes past them; when the old writer resumes, the rest of its payload lands,
     but never in the records of the new epoch."""
     request_id, n, record_bytes = 23, 1024, 32768  # 32 MiB appends: long in flight
-    streamer = spawn(
-        "stream",
-        "--port",
-        str(server.port),
-        "--secret-file",
-        str(secret_file),
-        "--capability",
-        issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex(),
-        "--request-id",
-        str(request_id),
-        "--num-appends",
-        "6",
-        "--tokens-per-append",
-        str(n),
-        "--record-bytes",
-        str(record_bytes),
-        "--window",
-        "4",
-        "--tls",
-        TLS,
-    )
+    streamer = spawn_streamer(server.port, request_id, n, record_bytes, num_appends=6)
     while streamer.read()["durable"] < n:
         pass
     os.kill(streamer.proc.pid, signal.SIGSTOP)
@@ -219,31 +179,11 @@ def _malformed_messages() -> st.SearchStrategy[tuple[bytes, bytes]]:
 
 
 def test_malformed_messages_are_refused_while_another_client_streams(
-    issuer: CapabilityIssuer, server, spawn, peer, secret, secret_file
+    issuer: CapabilityIssuer, server, spawn_streamer, peer, secret
 ) -> None:
     request_id, n, record_bytes, num_appends = 31, 16, 4096, 200
-    streamer = spawn(
-        "stream",
-        "--port",
-        str(server.port),
-        "--secret-file",
-        str(secret_file),
-        "--capability",
-        issuer.issue(request_id, peer.SHARD, peer.EPOCH, holder_id=0).hex(),
-        "--request-id",
-        str(request_id),
-        "--num-appends",
-        str(num_appends),
-        "--tokens-per-append",
-        str(n),
-        "--record-bytes",
-        str(record_bytes),
-        "--window",
-        "4",
-        "--interval-s",
-        "0.01",
-        "--tls",
-        TLS,
+    streamer = spawn_streamer(
+        server.port, request_id, n, record_bytes, num_appends=num_appends, interval_s=0.01
     )
     acks: list[float] = []
     first = streamer.read()  # streaming has begun

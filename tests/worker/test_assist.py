@@ -84,10 +84,10 @@ def test_assistant_drops_datagrams_without_the_secret() -> None:
         rogue.sendto(b"\xff" * 40, address)  # garbage
         forged.sync({1: [1, 2, 3]}, {})  # sealed under another secret
         deadline = time.monotonic() + 10
-        while assistant.num_refused < 3 and time.monotonic() < deadline:
+        while assistant.seal.num_refused < 3 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.2)
-        assert assistant.num_refused == 3
+        assert assistant.seal.num_refused == 3
         assert assistant.steps == 0 and forged.drafts() == {}
     finally:
         rogue.close()
@@ -114,7 +114,7 @@ def test_assistant_drops_a_replayed_sync_and_counts_it() -> None:
         time.sleep(0.3)  # the replays have arrived by now
         # The replays counted nothing twice: one sync's drafted / accepted figures.
         assert (assistant.proposed, assistant.accepted) == (3, 2)
-        assert (assistant.num_replayed, assistant.num_refused) == (2, 0)
+        assert (assistant.seal.num_replayed, assistant.seal.num_refused) == (2, 0)
     finally:
         tap.close()
         survivor.close()

@@ -196,6 +196,31 @@ class ConnectorCore:
             self.counters["saved_tokens"] += len(ids)
         return len(ids)
 
+    def resend_last(self, tails: Sequence[StepTokens]) -> int:
+        """Hand the streamer each request's last saved token again (``tails``: one token per
+        request, at its last saved position). The streamer then resends every replica of
+        those requests from its first unsent position, so steps it dropped while its queue was
+        full are caught up without a new engine step (a drained worker steps no more).
+        Requests not streaming, or whose tail is not their last saved position, are skipped.
+        Returns the number of requests handed over."""
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        tokens: list[int] = []
+        for tail in tails:
+            if not isinstance(tail, StepTokens) or len(tail.slot_ids) != 1:
+                raise ValueError(f"`tails[i]` must be a StepTokens of one token, got {tail!r}")
+            state = self._streaming.get(tail.request_id)
+            if state is None or tail.start_position != state.saved_tokens - 1:
+                continue
+            ids.append(state.key)
+            positions.append(tail.start_position)
+            slots += tail.slot_ids
+            tokens += tail.token_ids
+        if ids:
+            self._streamer().save_step(ids, positions, slots, tokens)
+        return len(ids)
+
     def durable_tokens(self) -> dict[str, int]:
         """Durable length (best live replica) of each streaming request."""
         if self.streamer is None:

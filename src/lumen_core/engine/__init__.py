@@ -24,6 +24,7 @@ from lumen_core.engine.model import (
     random_weights,
     save_model,
 )
+from lumen_core.engine.pretrained import load_pretrained, pretrained_config
 
 __all__ = [
     "CacheConfig",
@@ -43,7 +44,9 @@ __all__ = [
     "build_draft_pair",
     "forward_contiguous",
     "load_model",
+    "load_pretrained",
     "model_fingerprint",
+    "pretrained_config",
     "random_weights",
     "save_model",
     "truncated_draft",

@@ -15,6 +15,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -276,10 +277,15 @@ def load_model(
     dtype: str | torch.dtype | None = None,
     device: str | torch.device = "cpu",
 ) -> Llama:
-    """A model read from a file written by ``save_model`` (in its saved dtype unless given).
+    """A model read from a file written by ``save_model``, or from a transformers Llama
+    directory (``engine.pretrained.load_pretrained``), in its saved dtype unless given.
 
     Raises ValueError when the file is not such a file or its weights do not fit its config.
     """
+    if Path(path).is_dir():
+        from lumen_core.engine.pretrained import load_pretrained  # it imports this module
+
+        return load_pretrained(path, dtype=dtype, device=device)
     payload = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(payload, dict) or payload.get("format") != _FILE_FORMAT:
         raise ValueError(f"`path` must be a file written by save_model, got {os.fspath(path)!r}")

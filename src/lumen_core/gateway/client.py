@@ -78,6 +78,7 @@ _REPLIES: dict[str, tuple[Any, bool]] = {
     "Submit": (pb.TokenChunk, True),
     "Watch": (pb.TokenChunk, True),
     "Status": (pb.StatusReply, False),
+    "Drain": (pb.DrainReply, False),
 }
 
 
@@ -580,6 +581,13 @@ class GatewayClient:
     def status(self) -> pb.StatusReply:
         reply = self._call("Status", pb.StatusRequest())
         assert isinstance(reply, pb.StatusReply)
+        return reply
+
+    def drain(self, worker_id: int, *, deadline_s: float) -> pb.DrainReply:
+        """Start draining ``worker_id`` (or read the progress of its drain): an admin call,
+        signed with the cluster secret (``Coordinator.drain``)."""
+        reply = self._call("Drain", pb.DrainRequest(worker_id=worker_id, deadline_s=deadline_s))
+        assert isinstance(reply, pb.DrainReply)
         return reply
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from lumen_core._validate import check_int
+from lumen_core._validate import check_int, check_number
 from lumen_core.auth import CapabilityIssuer, Rights, check_secret
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import (
@@ -40,12 +40,14 @@ from lumen_core.gateway.directives import (
     Cancel,
     Delivery,
     Directive,
+    Flush,
     Hold,
     HolderGrant,
     Release,
     Resume,
     Run,
     Sampling,
+    Stop,
     Stream,
 )
 from lumen_core.gateway.errors import StaleEpochError
@@ -53,7 +55,7 @@ from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import GainFn
-from lumen_core.policy.driver import AdmissionPlan, FailurePlan, Recorder, RecoveryDriver
+from lumen_core.policy.driver import AdmissionPlan, FailurePlan, Recorder, RecoveryDriver, Reroute
 from lumen_core.policy.events import (
     AssistDecision,
     CheckpointEvicted,
@@ -121,6 +123,49 @@ class GatewayMetrics:
     worker_queue_depth: dict[int, int]
     worker_held_bytes: dict[int, int]
     worker_state: dict[int, WorkerState]
+
+
+@dataclass(frozen=True)
+class DrainStatus:
+    """A drain's progress. ``state``: "flushing" (waiting for the worker's flush; its
+    requests still run there), "stopped" (every request moved, the worker told to stop) or
+    "failed" (it died mid-drain: the failure path moved what was left). Times on the
+    gateway's clock; ``finished_s`` is NaN while flushing. ``num_reprefilled``: requests
+    moved without their checkpoint because the deadline passed before the flush."""
+
+    worker_id: int
+    state: str
+    started_s: float
+    deadline_s: float
+    num_requests: int
+    num_moved: int
+    num_reprefilled: int
+    finished_s: float
+
+
+@dataclass
+class _Drain:
+    worker_id: int
+    epoch: int  # the incarnation drained
+    started_s: float
+    deadline_s: float  # absolute, on the gateway's clock
+    num_requests: int
+    state: str = "flushing"
+    num_moved: int = 0
+    num_reprefilled: int = 0
+    finished_s: float = math.nan
+
+    def status(self) -> DrainStatus:
+        return DrainStatus(
+            self.worker_id,
+            self.state,
+            self.started_s,
+            self.deadline_s,
+            self.num_requests,
+            self.num_moved,
+            self.num_reprefilled,
+            self.finished_s,
+        )
 
 
 class _Worker:
@@ -220,6 +265,7 @@ class Coordinator:
         self._next_request_id = check_int("first_request_id", first_request_id, low=0)
         self._failures: list[FailurePlan] = []
         self._last_interrupted: list[int] = []
+        self._drains: dict[int, _Drain] = {}  # by worker id: the drain of its current incarnation
 
     @property
     def issuer_public_key(self) -> bytes:
@@ -325,9 +371,7 @@ class Coordinator:
             )
         old = self._workers.get(worker_id)
         if old is not None and old.state != WorkerState.FAILED:
-            self.fail(
-                now_s, [worker_id], cause=f"worker {worker_id} registered again (epoch {old.epoch} is gone)"
-            )
+            self._end([worker_id], now_s, f"worker {worker_id} registered again (epoch {old.epoch} is gone)")
         epoch = max(old.epoch if old is not None else 0, check_int("last_epoch", last_epoch, low=0)) + 1
         worker = _Worker(worker_id, epoch, holder_address, num_shards, now_s + self.config.lease_s)
         self._workers[worker_id] = worker
@@ -532,9 +576,11 @@ class Coordinator:
         if lease.fenced or lease.reregister:
             return lease, [], 0
         worker = self._workers[worker_id]
-        if state != worker.state:
+        # A draining worker still reports the state it serves in.
+        registered = WorkerState.SERVING if worker.state == WorkerState.DRAINING else worker.state
+        if state != registered:
             raise ValueError(
-                f"state must be the registered state {str(worker.state)!r} (ModelLoaded switches over), "
+                f"state must be the registered state {str(registered)!r} (ModelLoaded switches over), "
                 f"got {str(state)!r}"
             )
         if not isinstance(report, WorkerReport):
@@ -558,6 +604,19 @@ class Coordinator:
             proposed=report.proposed_draft_tokens,
             accepted=report.accepted_draft_tokens,
         )
+        if report.flushed:
+            # Its own word on what its holders have: the holders' reports may still be on their way.
+            for streamed in report.streamed:
+                request = self._requests.get(streamed.request_id)
+                if request is not None and request.worker_id == worker_id:
+                    self.report_checkpoint(
+                        now_s,
+                        streamed.holder_worker_id,
+                        streamed.request_id,
+                        streamed.epoch,
+                        streamed.durable_tokens,
+                    )
+            self._finish_drain(now_s, worker_id, reprefill=False)
         return lease, outbox.after(acked_sequence), k
 
     def model_loaded(
@@ -588,7 +647,7 @@ class Coordinator:
         )
         if not expired:
             return None
-        return self.fail(now_s, expired, cause="lease expired")
+        return self._end(expired, now_s, "lease expired")
 
     def process_exited(
         self, now_s: float, worker_id: int, epoch: int, reason: str = ""
@@ -598,7 +657,27 @@ class Coordinator:
         worker = self._workers.get(check_int("worker_id", worker_id, low=0))
         if worker is None or worker.epoch != epoch or worker.state == WorkerState.FAILED:
             return None
-        return self.fail(now_s, [worker_id], cause=f"process exited{': ' + reason if reason else ''}")
+        return self._end([worker_id], now_s, f"process exited{': ' + reason if reason else ''}")
+
+    def _end(self, worker_ids: Sequence[int], now_s: float, cause: str) -> FailurePlan | None:
+        """Incarnations that are gone: a drained one (told to stop) is retired, the others
+        fail together. Returns the failure's plan, or None when every one was drained."""
+        retired = [w for w in worker_ids if self._drain_state(w) == "stopped"]
+        for worker_id in retired:
+            worker = self._workers[worker_id]
+            worker.state = WorkerState.FAILED
+            worker.fence_reason = f"epoch {worker.epoch} retired at {now_s:.3f} (drained): {cause}"
+            self._outboxes.pop(worker_id, None)
+            self.driver.apply(WorkerFailed(now_s, worker_id))  # it runs and holds nothing
+        failed = [w for w in worker_ids if w not in retired]
+        return self.fail(now_s, failed, cause=cause) if failed else None
+
+    def _drain_state(self, worker_id: int) -> str | None:
+        """The state of the drain of the worker's current incarnation (None: not drained)."""
+        drain = self._drains.get(worker_id)
+        if drain is None or drain.epoch != self._workers[worker_id].epoch:
+            return None
+        return drain.state
 
     # ---- failures ----------------------------------------------------------------------------
     def fail(self, now_s: float, worker_ids: Sequence[int], *, cause: str) -> FailurePlan:
@@ -614,6 +693,10 @@ class Coordinator:
             worker = self._workers[worker_id]
             worker.state = WorkerState.FAILED
             worker.fence_reason = f"epoch {worker.epoch} fenced at {now_s:.3f}: {cause}"
+            drain = self._drains.get(worker_id)
+            if drain is not None and drain.state == "flushing":  # died mid-drain: the failure path moves
+                drain.state = "failed"
+                drain.finished_s = now_s
             self._outboxes.pop(worker_id, None)  # a failed incarnation is told nothing more
         plan = self.driver.fail(now_s, failed, cause=cause)
         for unpairing in plan.unpairings:
@@ -628,24 +711,61 @@ class Coordinator:
             self._close(now_s, request)
         interrupted: list[int] = []
         for reroute in plan.reroutes:
-            decision = reroute.route
-            request = self._requests[decision.request_id]
-            request.epoch += 1
-            request.worker_id = decision.target_worker_id
-            request.interrupted_at_s = now_s
-            request.replay_token_s = math.nan
+            request = self._requests[reroute.route.request_id]
+            self._move(now_s, request, reroute, "failover")
             interrupted.append(request.request_id)
-            if reroute.placement is not None:
-                placement = reroute.placement
-                self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
-            else:  # surviving holders: same copy, new epoch (older appends are fenced)
-                self._hold(request, reroute.holder_ids, 0, "epoch bumped")
-            self._send(request.worker_id, self._resume(request, decision, reroute.holder_ids))
         for placed in plan.replacements:
             self._stream_to_new(self._requests[placed.request_id], placed)
         self._failures.append(plan)
         self._last_interrupted = interrupted
         return plan
+
+    def move(self, now_s: float, request_id: int, reason: str, *, reprefill: bool = False) -> Reroute:
+        """Move a running request to where the router decides (restore on a holder, remote
+        restore, or re-prefill; ``reprefill`` skips the checkpoint): CANCEL where it runs
+        (unless it is draining: flushed, it steps no more), its epoch advanced (the old worker's reports and appends are refused from here on),
+        HOLD to its holders at the new epoch and RESUME on the target with the prompt and the
+        tokens the client already has, so its stream continues with none repeated or missing.
+        The failure path moves each interrupted request the same way (``reason`` "failover");
+        a drain moves with "drain". A reference worker's CANCEL releases the request's
+        checkpoint on its holders, so moving off a worker that still serves (rebalancing)
+        needs a cancel that keeps it (TODO issue 22: rebalancing). Returns the driver's reroute. Raises IndexError for an
+        unknown request, ValueError for a finished one or when no other worker serves."""
+        request = self._requests.get(check_int("request_id", request_id, low=0))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        if not isinstance(reason, str):
+            raise TypeError(f"reason must be a str, got {type(reason).__name__}")
+        if request.finished:
+            raise ValueError(f"request_id must be a running request, got {request_id} (finished)")
+        holders_before = self.monitor.request(request.request_id).holder_ids
+        reroute = self.driver.move(now_s, request.request_id, reprefill=reprefill)
+        dropped = set(holders_before) - set(reroute.holder_ids) - {reroute.route.target_worker_id}
+        for holder_id in sorted(dropped):  # a re-prefill keeps no old copy
+            self._send(
+                holder_id, Release(request.request_id, request.epoch, f"moved ({reason}): re-prefilled")
+            )
+        self._move(now_s, request, reroute, reason)
+        return reroute
+
+    def _move(self, now_s: float, request: _Request, reroute: Reroute, reason: str) -> None:
+        """The directives of one move the driver decided (a failed old worker is told nothing:
+        ``_send`` drops what it would get)."""
+        decision = reroute.route
+        if self._workers[request.worker_id].state != WorkerState.DRAINING:
+            # A drained worker is not told: it steps no more and is told to STOP, and a
+            # reference worker's cancel would release the checkpoint the target restores.
+            self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
+        request.epoch += 1
+        request.worker_id = decision.target_worker_id
+        request.interrupted_at_s = now_s
+        request.replay_token_s = math.nan
+        if reroute.placement is not None:
+            placement = reroute.placement
+            self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
+        else:  # surviving holders: same copy, new epoch (older appends are fenced)
+            self._hold(request, reroute.holder_ids, 0, "epoch bumped")
+        self._send(request.worker_id, self._resume(request, decision, reroute.holder_ids))
 
     def _resume(self, request: _Request, decision: RouteDecision, holder_ids: Sequence[int]) -> Resume:
         source = None
@@ -663,6 +783,83 @@ class Coordinator:
             decision.reason,
             request.sampling,
         )
+
+    # ---- drains ------------------------------------------------------------------------------
+    def drain(self, now_s: float, worker_id: int, deadline_s: float) -> DrainStatus:
+        """Take a serving worker out for maintenance: it is admitted nothing more, the
+        checkpoints it holds are placed again (HOLD + STREAM to their workers, RELEASE here),
+        and it is told to FLUSH. When its heartbeat says it flushed, each of its requests is
+        moved (``move(request, "drain")``: restored where the router decides, the stream
+        continuing) and it is told to STOP; its exit then retires it (no failure). Past
+        ``deadline_s`` seconds without a flush, its requests are moved without their
+        checkpoints (re-prefilled, counted). A worker dying mid-drain is failed as any other.
+        Calling it again for the same incarnation returns the progress (the first deadline
+        stands), also after it was retired or failed. Raises IndexError for an unknown worker, ValueError for one that is not
+        serving or a deadline that is not > 0, NoWorkerError when its requests have nowhere
+        to go."""
+        worker = self._workers.get(check_int("worker_id", worker_id, low=0))
+        if worker is None:
+            raise IndexError(f"worker_id {worker_id} is not a registered worker")
+        drain = self._drains.get(worker_id)
+        if drain is not None and drain.epoch == worker.epoch:  # also once retired or failed
+            return drain.status()
+        deadline_s = check_number("deadline_s", deadline_s, positive=True)
+        if worker.state != WorkerState.SERVING:
+            raise ValueError(f"worker_id must be a serving worker, got {worker_id} ({worker.state})")
+        running = self.monitor.running_on(worker_id)
+        if running and not [w for w in self.monitor.live_worker_ids() if w != worker_id]:
+            raise NoWorkerError(
+                f"no other worker is serving: the {len(running)} requests of {worker_id} stay"
+            )
+        held = self.monitor.held_by(worker_id)
+        worker.state = WorkerState.DRAINING
+        plan = self.driver.drain(now_s, worker_id)
+        unpairing = plan.unpairing
+        if unpairing.freed_assistant_id is not None:
+            self._send(unpairing.freed_assistant_id, AssistStop(worker_id, "survivor drained"))
+        if unpairing.freed_survivor_id is not None:
+            self._send(unpairing.freed_survivor_id, AssistStop(worker_id, "assistant drained"))
+        for placed in plan.replacements:
+            self._stream_to_new(self._requests[placed.request_id], placed)
+        for request_id in held:
+            self._send(worker_id, Release(request_id, self._requests[request_id].epoch, "holder drained"))
+        drain = _Drain(worker_id, worker.epoch, now_s, now_s + deadline_s, len(plan.request_ids))
+        self._drains[worker_id] = drain
+        self._send(worker_id, Flush(f"drain: deadline {deadline_s:.3f} s"))
+        return drain.status()
+
+    def drain_status(self, worker_id: int) -> DrainStatus | None:
+        """The progress of the worker's last drain (None if it was never drained)."""
+        drain = self._drains.get(check_int("worker_id", worker_id, low=0))
+        return None if drain is None else drain.status()
+
+    def expire_drains(self, now_s: float) -> int:
+        """Drains whose deadline passed before their worker flushed: move what is left
+        without its checkpoint (re-prefilled) and stop the worker. Returns how many."""
+        late = [d.worker_id for d in self._drains.values() if d.state == "flushing" and d.deadline_s < now_s]
+        for worker_id in late:
+            self._finish_drain(now_s, worker_id, reprefill=True)
+        return len(late)
+
+    def _finish_drain(self, now_s: float, worker_id: int, *, reprefill: bool) -> None:
+        """Move every request still on the drained worker, then STOP it (once)."""
+        drain = self._drains.get(worker_id)
+        if (
+            self._drain_state(worker_id) != "flushing"
+            or self._workers[worker_id].state != WorkerState.DRAINING
+        ):
+            return
+        assert drain is not None
+        if self.monitor.running_on(worker_id) and not self.monitor.live_worker_ids():
+            return  # nowhere to move them now: the drain waits (a failure would route them)
+        reason = "drain deadline" if reprefill else "drain"
+        for request_id in self.monitor.running_on(worker_id):
+            self.move(now_s, request_id, reason, reprefill=reprefill)
+            drain.num_moved += 1
+            drain.num_reprefilled += int(reprefill)
+        drain.state = "stopped"
+        drain.finished_s = now_s
+        self._send(worker_id, Stop(f"drained: {drain.num_moved} requests moved"))
 
     # ---- requests ----------------------------------------------------------------------------
     def choose_worker(self) -> int:

@@ -148,7 +148,25 @@ class Cancel:
     reason: str = ""
 
 
-Directive = Run | Resume | Hold | Stream | Release | AssistDraft | AssistVerify | AssistStop | Cancel
+@dataclass(frozen=True)
+class Flush:
+    """This worker is drained: run no more steps, flush the checkpoint streamer (every
+    computed token durable on its holders), then say so in the next heartbeat (``flushed``);
+    the gateway then moves each request away."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Stop:
+    """This worker runs nothing and holds nothing (drained): exit cleanly."""
+
+    reason: str = ""
+
+
+Directive = (
+    Run | Resume | Hold | Stream | Release | AssistDraft | AssistVerify | AssistStop | Cancel | Flush | Stop
+)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,7 @@ class HeartbeatLoop:
         self._on_reported = on_reported
         self.heartbeat_s = float(period)
         self._stop = threading.Event()
+        self._wake = threading.Event()  # beat_now: the next heartbeat goes at once
         self._fence_lock = threading.Lock()
         self._thread = threading.Thread(
             target=self._run, name=f"lumen-heartbeat-{client.worker_id}", daemon=True
@@ -89,8 +90,14 @@ class HeartbeatLoop:
             self._receiver.start()
         return self
 
+    def beat_now(self) -> None:
+        """Send the next heartbeat now rather than at the end of the period (a report the
+        gateway waits for: a drained worker's ``flushed``)."""
+        self._wake.set()
+
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._wake.set()
         self._client.cancel_directives()
         for thread in (self._thread, self._receiver):
             if thread is not None and thread.is_alive() and thread is not threading.current_thread():
@@ -124,7 +131,11 @@ class HeartbeatLoop:
 
     def _run(self) -> None:
         client = self._client
-        while not self._stop.wait(self.heartbeat_s):
+        while not self._stop.is_set():
+            self._wake.wait(self.heartbeat_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 report = self._report()
             except Exception as exc:  # noqa: BLE001 - a worker that cannot report must not serve
@@ -162,6 +173,7 @@ class HeartbeatLoop:
             if self._stop.is_set():
                 return
             self._stop.set()
+            self._wake.set()
         self.fence_reason = reason
         self._client.fence(reason)
         self._client.cancel_directives()

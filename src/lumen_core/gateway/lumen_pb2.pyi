@@ -165,8 +165,20 @@ class Cancel(_message.Message):
     reason: str
     def __init__(self, request_id: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class Flush(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class Stop(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
 class Directive(_message.Message):
-    __slots__ = ("sequence", "run", "resume", "hold", "stream", "release", "assist_draft", "assist_verify", "assist_stop", "cancel")
+    __slots__ = ("sequence", "run", "resume", "hold", "stream", "release", "assist_draft", "assist_verify", "assist_stop", "cancel", "flush", "stop")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
@@ -177,6 +189,8 @@ class Directive(_message.Message):
     ASSIST_VERIFY_FIELD_NUMBER: _ClassVar[int]
     ASSIST_STOP_FIELD_NUMBER: _ClassVar[int]
     CANCEL_FIELD_NUMBER: _ClassVar[int]
+    FLUSH_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     run: Run
     resume: Resume
@@ -187,7 +201,9 @@ class Directive(_message.Message):
     assist_verify: AssistVerify
     assist_stop: AssistStop
     cancel: Cancel
-    def __init__(self, sequence: _Optional[int] = ..., run: _Optional[_Union[Run, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., stream: _Optional[_Union[Stream, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., assist_draft: _Optional[_Union[AssistDraft, _Mapping]] = ..., assist_verify: _Optional[_Union[AssistVerify, _Mapping]] = ..., assist_stop: _Optional[_Union[AssistStop, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ...) -> None: ...
+    flush: Flush
+    stop: Stop
+    def __init__(self, sequence: _Optional[int] = ..., run: _Optional[_Union[Run, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., stream: _Optional[_Union[Stream, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., assist_draft: _Optional[_Union[AssistDraft, _Mapping]] = ..., assist_verify: _Optional[_Union[AssistVerify, _Mapping]] = ..., assist_stop: _Optional[_Union[AssistStop, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
     __slots__ = ("request_id", "epoch", "prompt_token_ids", "output_token_ids", "max_new_tokens", "expected_output_tokens")
@@ -274,7 +290,7 @@ class HelloReply(_message.Message):
     def __init__(self, instance_id: _Optional[str] = ...) -> None: ...
 
 class WorkerReport(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens", "lost_replicas")
+    __slots__ = ("num_running", "num_waiting", "held_bytes", "held", "refused_request_ids", "evicted_request_ids", "assist_steps", "proposed_draft_tokens", "accepted_draft_tokens", "lost_replicas", "flushed", "streamed")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     HELD_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -285,6 +301,8 @@ class WorkerReport(_message.Message):
     PROPOSED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     LOST_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_FIELD_NUMBER: _ClassVar[int]
+    STREAMED_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     held_bytes: int
@@ -295,7 +313,21 @@ class WorkerReport(_message.Message):
     proposed_draft_tokens: int
     accepted_draft_tokens: int
     lost_replicas: _containers.RepeatedCompositeFieldContainer[LostReplica]
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., lost_replicas: _Optional[_Iterable[_Union[LostReplica, _Mapping]]] = ...) -> None: ...
+    flushed: bool
+    streamed: _containers.RepeatedCompositeFieldContainer[StreamedReplica]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., held_bytes: _Optional[int] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., refused_request_ids: _Optional[_Iterable[int]] = ..., evicted_request_ids: _Optional[_Iterable[int]] = ..., assist_steps: _Optional[int] = ..., proposed_draft_tokens: _Optional[int] = ..., accepted_draft_tokens: _Optional[int] = ..., lost_replicas: _Optional[_Iterable[_Union[LostReplica, _Mapping]]] = ..., flushed: _Optional[bool] = ..., streamed: _Optional[_Iterable[_Union[StreamedReplica, _Mapping]]] = ...) -> None: ...
+
+class StreamedReplica(_message.Message):
+    __slots__ = ("request_id", "epoch", "holder_worker_id", "durable_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDER_WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DURABLE_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    epoch: int
+    holder_worker_id: int
+    durable_tokens: int
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holder_worker_id: _Optional[int] = ..., durable_tokens: _Optional[int] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "epoch", "state", "report", "acked_sequence")
@@ -450,6 +482,32 @@ class TokenChunk(_message.Message):
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("worker_id", "deadline_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    deadline_s: float
+    def __init__(self, worker_id: _Optional[int] = ..., deadline_s: _Optional[float] = ...) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("worker_id", "state", "num_requests", "num_moved", "num_reprefilled", "started_s", "finished_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_MOVED_FIELD_NUMBER: _ClassVar[int]
+    NUM_REPREFILLED_FIELD_NUMBER: _ClassVar[int]
+    STARTED_S_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: int
+    state: str
+    num_requests: int
+    num_moved: int
+    num_reprefilled: int
+    started_s: float
+    finished_s: float
+    def __init__(self, worker_id: _Optional[int] = ..., state: _Optional[str] = ..., num_requests: _Optional[int] = ..., num_moved: _Optional[int] = ..., num_reprefilled: _Optional[int] = ..., started_s: _Optional[float] = ..., finished_s: _Optional[float] = ...) -> None: ...
 
 class WorkerStatus(_message.Message):
     __slots__ = ("worker_id", "epoch", "state", "load", "queue_depth", "held_bytes")

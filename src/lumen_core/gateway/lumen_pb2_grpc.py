@@ -84,6 +84,11 @@ class GatewayStub:
                 request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.StatusRequest.SerializeToString,
                 response_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/lumen.gateway.v1.Gateway/Drain',
+                request_serializer=lumen__core_dot_gateway_dot_lumen__pb2.DrainRequest.SerializeToString,
+                response_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.DrainReply.FromString,
+                _registered_method=True)
 
 
 class GatewayServicer:
@@ -165,6 +170,16 @@ class GatewayServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Drain(self, request, context):
+        """Admin: drain a serving worker (planned maintenance): admit nothing more to it, have it
+        flush its checkpoint streamer, move each of its requests (restored where the router
+        decides), then tell it to stop. Signed with the cluster secret. Calling it again for a
+        worker being drained returns the drain's progress (its first deadline stands).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GatewayServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +232,11 @@ def add_GatewayServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.StatusRequest.FromString,
                     response_serializer=lumen__core_dot_gateway_dot_lumen__pb2.StatusReply.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=lumen__core_dot_gateway_dot_lumen__pb2.DrainRequest.FromString,
+                    response_serializer=lumen__core_dot_gateway_dot_lumen__pb2.DrainReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -489,6 +509,33 @@ class Gateway:
             '/lumen.gateway.v1.Gateway/Status',
             lumen__core_dot_gateway_dot_lumen__pb2.StatusRequest.SerializeToString,
             lumen__core_dot_gateway_dot_lumen__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/lumen.gateway.v1.Gateway/Drain',
+            lumen__core_dot_gateway_dot_lumen__pb2.DrainRequest.SerializeToString,
+            lumen__core_dot_gateway_dot_lumen__pb2.DrainReply.FromString,
             options,
             channel_credentials,
             insecure,

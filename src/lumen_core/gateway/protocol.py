@@ -20,15 +20,17 @@ from lumen_core.gateway.directives import (
     Cancel,
     Delivery,
     Directive,
+    Flush,
     Hold,
     HolderGrant,
     Release,
     Resume,
     Run,
     Sampling,
+    Stop,
     Stream,
 )
-from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, RunningReport, StreamedReplica, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
 
 SERVICE = "lumen.gateway.v1.Gateway"
@@ -37,7 +39,7 @@ SERVICE = "lumen.gateway.v1.Gateway"
 # call of a worker is signed with its incarnation's call key, and its request must name that
 # incarnation in these fields (worker id, epoch). Hello alone is unsigned.
 UNSIGNED = frozenset({"Hello"})
-CLUSTER_SIGNED = frozenset({"Register", "Submit", "Watch", "Status"})
+CLUSTER_SIGNED = frozenset({"Register", "Submit", "Watch", "Status", "Drain"})
 WORKER_SIGNED: dict[str, tuple[str, str]] = {
     "Heartbeat": ("worker_id", "epoch"),
     "Directives": ("worker_id", "epoch"),
@@ -264,6 +266,22 @@ def _cancel_from_pb(m: pb.Cancel) -> Cancel:
     return Cancel(m.request_id, m.reason)
 
 
+def _flush_to_pb(d: Flush) -> pb.Flush:
+    return pb.Flush(reason=d.reason)
+
+
+def _flush_from_pb(m: pb.Flush) -> Flush:
+    return Flush(m.reason)
+
+
+def _stop_to_pb(d: Stop) -> pb.Stop:
+    return pb.Stop(reason=d.reason)
+
+
+def _stop_from_pb(m: pb.Stop) -> Stop:
+    return Stop(m.reason)
+
+
 # kind -> (Directive.body field, to_pb, from_pb)
 _FIELDS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Directive]]] = {
     Run: ("run", _run_to_pb, _run_from_pb),
@@ -275,6 +293,8 @@ _FIELDS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Directive]]
     AssistVerify: ("assist_verify", _assist_verify_to_pb, _assist_verify_from_pb),
     AssistStop: ("assist_stop", _assist_stop_to_pb, _assist_stop_from_pb),
     Cancel: ("cancel", _cancel_to_pb, _cancel_from_pb),
+    Flush: ("flush", _flush_to_pb, _flush_from_pb),
+    Stop: ("stop", _stop_to_pb, _stop_from_pb),
 }
 _FROM_PB = {name: from_pb for name, _, from_pb in _FIELDS.values()}
 
@@ -350,6 +370,16 @@ def report_to_pb(report: WorkerReport) -> pb.WorkerReport:
             pb.LostReplica(request_id=r.request_id, holder_worker_id=r.holder_worker_id)
             for r in report.lost_replicas
         ],
+        flushed=report.flushed,
+        streamed=[
+            pb.StreamedReplica(
+                request_id=r.request_id,
+                epoch=r.epoch,
+                holder_worker_id=r.holder_worker_id,
+                durable_tokens=r.durable_tokens,
+            )
+            for r in report.streamed
+        ],
     )
 
 
@@ -365,10 +395,15 @@ def report_from_pb(message: pb.WorkerReport) -> WorkerReport:
         proposed_draft_tokens=message.proposed_draft_tokens,
         accepted_draft_tokens=message.accepted_draft_tokens,
         lost_replicas=tuple(LostReplica(r.request_id, r.holder_worker_id) for r in message.lost_replicas),
+        flushed=message.flushed,
+        streamed=tuple(
+            StreamedReplica(r.request_id, r.epoch, r.holder_worker_id, r.durable_tokens)
+            for r in message.streamed
+        ),
     )
 
 
-def _check_held(name: str, held: Iterable[pb.HeldCheckpoint]) -> None:
+def _check_held(name: str, held: Iterable[pb.HeldCheckpoint | pb.StreamedReplica]) -> None:
     for h in held:
         check_int(f"{name}.request_id", h.request_id, 0, MAX_REQUEST_ID)
         check_int(f"{name}.epoch", h.epoch, 0, U32_MAX - 1)
@@ -398,6 +433,7 @@ def check_report(report: pb.WorkerReport) -> None:
     for name in ("assist_steps", "proposed_draft_tokens", "accepted_draft_tokens"):
         check_int(f"report.{name}", getattr(report, name), 0, MAX_REPORTED_COUNT)
     _check_held("report.held", report.held)
+    _check_held("report.streamed", report.streamed)
 
 
 def check_model_loaded(request: pb.ModelLoadedRequest) -> None:

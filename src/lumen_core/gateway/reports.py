@@ -28,6 +28,18 @@ class HeldReport:
 
 
 @dataclass(frozen=True)
+class StreamedReplica:
+    """A replica of a request the reporting worker serves, as its streamer has it: durable
+    tokens on holder ``holder_worker_id`` at the request's ``epoch`` (sent once flushed, so
+    a drain moves each request knowing its checkpoint without waiting for the holders)."""
+
+    request_id: int
+    epoch: int
+    holder_worker_id: int
+    durable_tokens: int
+
+
+@dataclass(frozen=True)
 class LostReplica:
     """A replica of a request the reporting worker serves that ``holder_worker_id`` lost for
     good (the streamer gave up on that holder or was refused by it)."""
@@ -42,7 +54,8 @@ class WorkerReport:
     ``evicted_request_ids``: checkpoints it evicted; ``lost_replicas``: replicas of the
     requests it serves that their holders lost for good (the gateway places them again,
     as after a refusal); the assist counters are cumulative since
-    it registered. ``running`` travels only with a registration (after a gateway restart),
+    it registered; ``flushed``: it applied a FLUSH (drained: it steps no more, its streamer
+    is flushed), with ``streamed``: the durable length of each replica it streams. ``running`` travels only with a registration (after a gateway restart),
     never in a heartbeat."""
 
     num_running: int = 0
@@ -56,3 +69,5 @@ class WorkerReport:
     accepted_draft_tokens: int = 0
     lost_replicas: tuple[LostReplica, ...] = ()
     running: tuple[RunningReport, ...] = ()
+    flushed: bool = False
+    streamed: tuple[StreamedReplica, ...] = ()

@@ -384,6 +384,21 @@ class _Servicer(pb_grpc.GatewayServicer):
             if finished:
                 return
 
+    def Drain(self, request: pb.DrainRequest, context: grpc.ServicerContext) -> pb.DrainReply:
+        def drain(c: Coordinator) -> pb.DrainReply:
+            status = c.drain(self._now(), request.worker_id, request.deadline_s)
+            return pb.DrainReply(
+                worker_id=status.worker_id,
+                state=status.state,
+                num_requests=status.num_requests,
+                num_moved=status.num_moved,
+                num_reprefilled=status.num_reprefilled,
+                started_s=status.started_s,
+                finished_s=0.0 if status.state == "flushing" else status.finished_s,
+            )
+
+        return self._run(context, drain)
+
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusReply:
         def status(c: Coordinator) -> pb.StatusReply:
             metrics = c.metrics()
@@ -639,6 +654,7 @@ class GatewayServer:
         while not self._stop_reaper.wait(self._reap_interval_s):
             with self.condition:
                 failed = self.coordinator.expire_leases(self.now_s()) is not None
+                failed |= self.coordinator.expire_drains(self.now_s()) > 0
                 self.coordinator.forget_finished(self.now_s())
                 released = self.coordinator.drop_orphaned_holds(self.now_s()) > 0
                 if failed or released:  # directives were decided: push them now

@@ -183,6 +183,11 @@ class StreamingConnector(KVConnector):
             grant = StreamGrant(0, self.holders, capabilities)
         self.core.begin(request_id, key, grant)
 
+    def holders_of(self, request_id: str) -> tuple[Address, ...]:
+        """The holders ``request_id`` streams to: its grant's, else the defaults."""
+        grant = self._grants.get(request_id)
+        return tuple(grant.holders) if grant is not None else self.holders
+
     def save_kv(self, saves: Sequence[SavedTokens]) -> None:
         steps = []
         for s in saves:
@@ -192,6 +197,13 @@ class StreamingConnector(KVConnector):
                 self._begin(s.request_id)
             steps.append(StepTokens(s.request_id, s.start_position, s.slot_ids, s.token_ids))
         self.core.save_step(steps)
+
+    def resend_last(self, saves: Sequence[SavedTokens]) -> int:
+        """Each request's last saved token again, so the streamer catches up steps it dropped
+        (``ConnectorCore.resend_last``); returns the number of requests handed over."""
+        return self.core.resend_last(
+            [StepTokens(s.request_id, s.start_position, s.slot_ids, s.token_ids) for s in saves]
+        )
 
     def durable_tokens(self) -> dict[str, int]:
         """Durable length (best live replica) of each request streaming from here."""

@@ -14,6 +14,7 @@ from lumen_core.policy.assist import (
 )
 from lumen_core.policy.driver import (
     AdmissionPlan,
+    DrainPlan,
     FailurePlan,
     Recorder,
     RecoveryDriver,
@@ -34,6 +35,7 @@ from lumen_core.policy.events import (
     RequestAdmitted,
     RequestFinished,
     RouteDecision,
+    WorkerDraining,
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
@@ -66,6 +68,7 @@ __all__ = [
     "CheckpointRefused",
     "CheckpointReleased",
     "CheckpointReserved",
+    "DrainPlan",
     "Event",
     "FailurePlan",
     "FixedNeighbour",
@@ -95,6 +98,7 @@ __all__ = [
     "RouterConfig",
     "SpecAssistPlanner",
     "Unpairing",
+    "WorkerDraining",
     "WorkerFailed",
     "WorkerJoined",
     "WorkerRecovering",

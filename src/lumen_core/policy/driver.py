@@ -16,6 +16,10 @@ The protocol, in the order both drivers follow:
   serving, their requests are lost (``RequestFinished``); else for each ``w``, ``route(w)``
   followed by ``place`` of every re-routed request left without a holder; then ``replace(w)``
   for each;
+- a planned drain of worker ``w`` (``drain``): end its pairings, ``WorkerDraining(w)``, then
+  ``replace(w)`` (the copies it held go elsewhere); then each of its requests is moved;
+- a move of one running request off a live worker (``move``): ``route``'s rule for that
+  request alone, then ``place`` if it is left without a holder;
 - a restarted worker: ``WorkerRecovering`` then ``pair`` (again at its heartbeats while it is
   unpaired);
 - its full model loaded (switch-over): ``finish`` then ``WorkerJoined``.
@@ -35,9 +39,11 @@ from lumen_core.policy.events import (
     RequestAdmitted,
     RequestFinished,
     RouteDecision,
+    WorkerDraining,
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
+    WorkerState,
 )
 from lumen_core.policy.load import LoadConfig, LoadMonitor
 from lumen_core.policy.presets import (
@@ -111,6 +117,18 @@ class FailurePlan:
     def placements(self) -> tuple[PlacementDecision, ...]:
         """Placements of re-routed requests left without a holder."""
         return tuple(r.placement for r in self.reroutes if r.placement is not None)
+
+
+@dataclass(frozen=True)
+class DrainPlan:
+    """The decisions of a drain's start: the pairings ended, the checkpoints the worker held
+    placed again, and the requests it runs (each to be moved)."""
+
+    time_s: float
+    worker_id: int
+    unpairing: Unpairing
+    replacements: tuple[PlacementDecision, ...]
+    request_ids: tuple[int, ...]
 
 
 class RecoveryDriver:
@@ -223,13 +241,7 @@ class RecoveryDriver:
         for worker_id in failed:
             decisions = self.policy.router.route(self.monitor, worker_id)
             self._record("route", {"failed_worker_id": worker_id}, decisions)
-            for decision in decisions:
-                holder_ids = self.monitor.request(decision.request_id).holder_ids
-                placement = None
-                if not holder_ids and decision.target_worker_id not in doomed_ids:
-                    placement = self.place(decision.request_id)
-                    holder_ids = placement.holder_ids
-                reroutes.append(Reroute(decision, placement, holder_ids))
+            reroutes.extend(self._placed(decision, doomed_ids) for decision in decisions)
         replacements: list[PlacementDecision] = []
         for worker_id in failed:
             replaced = self.policy.placement.replace(self.monitor, worker_id)
@@ -238,6 +250,39 @@ class RecoveryDriver:
         return FailurePlan(
             now_s, failed, unpairings, tuple(reroutes), tuple(replacements), tuple(lost), cause
         )
+
+    def _placed(self, decision: RouteDecision, doomed_ids: Collection[int] = ()) -> Reroute:
+        """A routed request's reroute, placing its checkpoint if the route left it none."""
+        holder_ids = self.monitor.request(decision.request_id).holder_ids
+        placement = None
+        if not holder_ids and decision.target_worker_id not in doomed_ids:
+            placement = self.place(decision.request_id)
+            holder_ids = placement.holder_ids
+        return Reroute(decision, placement, holder_ids)
+
+    # ---- drains and moves ---------------------------------------------------------------------
+    def drain(self, now_s: float, worker_id: int) -> DrainPlan:
+        """Take a serving worker out (module docstring's order). Raises ValueError when it is
+        not serving, IndexError for an unknown worker."""
+        if self.monitor.state(worker_id) != WorkerState.SERVING:
+            raise ValueError(
+                f"`worker_id` must be a serving worker, got {worker_id} ({self.monitor.state(worker_id)})"
+            )
+        unpairing = self.end_pairings(worker_id)
+        self.apply(WorkerDraining(now_s, worker_id))
+        replaced = self.policy.placement.replace(self.monitor, worker_id)
+        self._record("replace", {"lost_holder_id": worker_id}, replaced)
+        return DrainPlan(
+            now_s, worker_id, unpairing, tuple(replaced), tuple(self.monitor.running_on(worker_id))
+        )
+
+    def move(self, now_s: float, request_id: int, *, reprefill: bool = False) -> Reroute:
+        """Move one running request off the live worker it runs on (``Router.move``), placing
+        its checkpoint if the move left it none. ``reprefill``: without its checkpoint. Raises
+        as ``Router.move`` (ValueError when no other worker serves)."""
+        decision = self.policy.router.move(self.monitor, request_id, reprefill=reprefill)
+        self._record("move", {"request_id": request_id, "reprefill": int(reprefill)}, [decision])
+        return self._placed(decision)
 
     # ---- assist pairing and switch-over --------------------------------------------------------
     def end_pairings(self, worker_id: int) -> Unpairing:

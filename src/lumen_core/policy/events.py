@@ -18,6 +18,7 @@ class WorkerState(str, enum.Enum):
     SERVING = "serving"  # runs requests and may hold checkpoints
     RECOVERING = "recovering"  # restarted; its draft model is loaded, its full model still loading
     FAILED = "failed"  # dead (or fenced) until it restarts
+    DRAINING = "draining"  # alive, admitted nothing, holds nothing: its requests are being moved
 
     def __str__(self) -> str:
         return self.value
@@ -40,6 +41,16 @@ class WorkerJoined:
 @dataclass(frozen=True)
 class WorkerFailed:
     """A worker died: its running requests are interrupted and the checkpoints it held lost."""
+
+    time_s: float
+    worker_id: int
+
+
+@dataclass(frozen=True)
+class WorkerDraining:
+    """A serving worker is taken out (maintenance): it is admitted nothing and holds nothing
+    from here on (its copies are dropped, to be placed again); its requests run on until they
+    are moved."""
 
     time_s: float
     worker_id: int
@@ -133,6 +144,7 @@ class CheckpointRefused:
 Event = (
     WorkerJoined
     | WorkerFailed
+    | WorkerDraining
     | WorkerRecovering
     | Heartbeat
     | RequestAdmitted

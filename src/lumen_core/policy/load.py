@@ -38,6 +38,7 @@ from lumen_core.policy.events import (
     Heartbeat,
     RequestAdmitted,
     RequestFinished,
+    WorkerDraining,
     WorkerFailed,
     WorkerJoined,
     WorkerRecovering,
@@ -163,6 +164,7 @@ class LoadMonitor:
         self._handlers: dict[type, Callable[[Event], None]] = {
             WorkerJoined: self._on_worker_joined,
             WorkerFailed: self._on_worker_failed,
+            WorkerDraining: self._on_worker_draining,
             WorkerRecovering: self._on_worker_recovering,
             Heartbeat: self._on_heartbeat,
             RequestAdmitted: self._on_request_admitted,
@@ -180,7 +182,7 @@ class LoadMonitor:
 
         Raises TypeError for an object that is not an event, IndexError for an unknown worker
         (and for RequestFinished of an unknown request), ValueError for an impossible
-        transition (joining a serving worker, admitting to a worker that is not serving,
+        transition (joining a serving worker, draining one that is not serving, admitting to a worker that is not serving,
         negative sizes). Reports that arrive late are ignored: a heartbeat of a worker that is
         not serving, growth, release, eviction or refusal of a copy the monitor no longer
         records (that copy is stale: it was dropped, released or lost with its holder).
@@ -234,6 +236,19 @@ class LoadMonitor:
             request = self._requests[request_id]
             self._drop_copy(request, request_id, worker_id)
             request.lost_ids.append(worker_id)
+            affected.add(request_id)
+
+    def _on_worker_draining(self, event: WorkerDraining) -> None:
+        worker_id = check_int("worker_id", event.worker_id)
+        slot = self._serving_slot(worker_id)
+        self._live_ids.remove(worker_id)
+        self._state[slot] = WorkerState.DRAINING
+        self._live[slot] = False
+        self._avail[slot] = np.inf
+        # Its copies go (as a failed holder's, but not lost): placement's replace re-places them.
+        affected = self._affected_ids.setdefault(worker_id, set())
+        for request_id in list(self._held_ids[worker_id]):
+            self._drop_copy(self._requests[request_id], request_id, worker_id)
             affected.add(request_id)
 
     def _on_worker_recovering(self, event: WorkerRecovering) -> None:

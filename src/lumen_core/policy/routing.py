@@ -8,6 +8,10 @@ added. ``Rebalance`` (S&R) re-prefills everything on the least-loaded survivor;
 the holder if ``L(h) <= theta`` or ``|C_r| > tau``, otherwise re-prefills on the least-loaded
 survivor and drops the checkpoint. A request whose holders are all dead, or whose checkpoint
 is missing, evicted, refused, stale or empty, is re-prefilled on the least-loaded survivor.
+
+``Router.move`` decides for one request whose worker is alive (a planned drain, later a
+rebalance) by the same rule, with theta over the workers serving now; the request's own
+worker is never its target.
 """
 
 from __future__ import annotations
@@ -97,16 +101,44 @@ class Router(ABC):
             decisions.append(decision)
         return decisions
 
+    def move(self, monitor: LoadMonitor, request_id: int, *, reprefill: bool = False) -> RouteDecision:
+        """One decision for one running request moved off the worker it runs on (alive:
+        draining, or serving), mutating the monitor as ``route`` does. ``reprefill``: skip the
+        checkpoint (a drain's deadline passed), re-prefill on the least-loaded other worker.
+        Raises TypeError for a non-LoadMonitor monitor or non-int id, IndexError for an
+        unknown request, ValueError when no other worker is serving."""
+        check_instance("monitor", monitor, LoadMonitor)
+        check_bool("reprefill", reprefill)
+        request = monitor.request(check_int("request_id", request_id))
+        if monitor.least_loaded(exclude=(request.worker_id,)) is None:
+            raise ValueError(
+                f"`monitor` must have a serving worker other than {request.worker_id} to move "
+                f"request {request_id} to, got none"
+            )
+        self._begin_move(monitor)
+        if reprefill:
+            decision = self._reprefill(monitor, request, "moved without its checkpoint")
+        else:
+            decision = self._decide(monitor, request)
+        if decision.action is RecoveryAction.REPREFILL:
+            monitor.release_reservation(request_id)
+        monitor.assign(request_id, decision.target_worker_id)
+        return decision
+
     def _begin(self, monitor: LoadMonitor, failed_worker_id: int) -> None:
         """Hook run once per failure before the first decision (LocalityAware sets theta)."""
+
+    def _begin_move(self, monitor: LoadMonitor) -> None:
+        """Hook run before a ``move`` decision (LocalityAware sets theta from the load now)."""
 
     @abstractmethod
     def _decide(self, monitor: LoadMonitor, request: RequestView) -> RouteDecision:
         """One decision for one interrupted request; the monitor reflects earlier ones."""
 
     def _reprefill(self, monitor: LoadMonitor, request: RequestView, why: str) -> RouteDecision:
-        target_id = monitor.least_loaded()
-        assert target_id is not None  # route() checked that a worker is serving
+        # A request is never re-prefilled where it runs (a moved one's worker is alive).
+        target_id = monitor.least_loaded(exclude=(request.worker_id,))
+        assert target_id is not None  # route() and move() checked that a worker is serving
         return RouteDecision(
             request.request_id,
             target_id,
@@ -172,6 +204,9 @@ class LocalityAware(Router):
     def _begin(self, monitor: LoadMonitor, failed_worker_id: int) -> None:
         self._theta = self.config.theta_multiple * monitor.mean_load_before_failure(failed_worker_id)
 
+    def _begin_move(self, monitor: LoadMonitor) -> None:
+        self._theta = self.config.theta_multiple * monitor.mean_load()
+
     def _decide(self, monitor: LoadMonitor, request: RequestView) -> RouteDecision:
         usable, why = usable_copies(request)
         if not usable:
@@ -218,7 +253,7 @@ class LocalityAware(Router):
     def _remote(
         self, monitor: LoadMonitor, request: RequestView, holder_id: int, durable_tokens: int, overload: str
     ) -> RouteDecision | None:
-        target_id = monitor.least_loaded(exclude=request.holder_ids)
+        target_id = monitor.least_loaded(exclude=(*request.holder_ids, request.worker_id))
         if target_id is None or monitor.load(target_id) >= monitor.load(holder_id):
             return None
         pull_s = durable_tokens * monitor.config.kv_bytes_per_token / self.config.pull_bytes_per_s

@@ -16,6 +16,13 @@ routing, placement, assist pairing and switch-over) is ``policy.driver.RecoveryD
 live gateway's driver too; the simulator keeps time, cost and streaming, and turns the
 driver's plans into restores and re-prefills. Every event, call and decision can be written
 to an event log.
+
+A rolling upgrade (``RollingUpgrade``, issue 22) drains the workers one after another, each
+restarted (``reload_time_s``) before the next is drained, by one of three strategies:
+``graceful`` (admit nothing more, let it finish what it runs), ``abort`` (move its requests at
+once without their checkpoints: re-prefilled) and ``move`` (LUMEN: its streamer flushed,
+every computed token is durable, and each request is moved where the router decides, the
+driver's ``drain`` and ``move`` as the gateway's).
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ from lumen_core.policy.events import (
     Heartbeat,
     PlacementDecision,
     RecoveryAction,
+    WorkerFailed,
     WorkerJoined,
     WorkerState,
 )
@@ -51,7 +59,19 @@ from lumen_core.sim.workload import Workload
 # Request phases.
 _WAITING, _PREFILL, _DECODE, _MOVING, _LOST, _DONE = range(6)
 # Event kinds (heap entries: time, tie-break sequence, kind, a, b).
-_ITER_END, _FAIL, _DETECT, _ARRIVE_AT, _DRAFT_READY, _MODEL_READY, _HEARTBEAT = range(7)
+(
+    _ITER_END,
+    _FAIL,
+    _DETECT,
+    _ARRIVE_AT,
+    _DRAFT_READY,
+    _MODEL_READY,
+    _HEARTBEAT,
+    _DRAIN,
+    _MOVE_OUT,
+    _REJOIN,
+) = range(10)
+UPGRADE_STRATEGIES = ("graceful", "abort", "move")
 
 
 @dataclass(frozen=True)
@@ -163,6 +183,33 @@ def combination(
     return build
 
 
+@dataclass(frozen=True)
+class RollingUpgrade:
+    """Drain ``worker_ids`` (default: every worker, in id order) one after another from
+    ``start_s``, each restarted (the config's reload time) before the next is drained, by
+    ``strategy``: one of ``UPGRADE_STRATEGIES`` (module doc)."""
+
+    start_s: float
+    strategy: str
+    worker_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.start_s >= 0:
+            raise ValueError(f"`start_s` must be >= 0, got {self.start_s}")
+        if self.strategy not in UPGRADE_STRATEGIES:
+            raise ValueError(f"`strategy` must be one of {UPGRADE_STRATEGIES}, got {self.strategy!r}")
+
+
+@dataclass(frozen=True)
+class UpgradeStats:
+    """Per drained worker, in drain order: (worker id, drain start, free time, rejoin
+    time); ``reprefilled_tokens``: computed context tokens the moves recomputed elsewhere."""
+
+    drains: tuple[tuple[int, float, float, float], ...]
+    reprefilled_tokens: int
+    num_moved: int
+
+
 @dataclass
 class SimResult:
     """What one run produced: per-request records and cluster-level counters."""
@@ -181,6 +228,7 @@ class SimResult:
     accepted_draft_tokens: float
     assist_pairs: list[tuple[int, int]] = field(default_factory=list)
     finish_counts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    upgrade: UpgradeStats | None = None
 
 
 class _Req:
@@ -320,6 +368,7 @@ class ClusterSim:
         failures: tuple[Failure, ...] = (),
         event_log: Recorder | None = None,
         progress: bool = False,
+        upgrade: RollingUpgrade | None = None,
     ) -> None:
         if not isinstance(config, ClusterConfig):
             raise TypeError(f"`config` must be ClusterConfig, got {type(config).__name__}")
@@ -339,6 +388,17 @@ class ClusterSim:
             )
         self.workload = workload
         self.failures = tuple(sorted(failures, key=lambda f: f.time_s))
+        if upgrade is not None and not isinstance(upgrade, RollingUpgrade):
+            raise TypeError(f"`upgrade` must be a RollingUpgrade, got {type(upgrade).__name__}")
+        self.upgrade = upgrade
+        order = upgrade.worker_ids or tuple(range(config.num_workers)) if upgrade is not None else ()
+        bad = [w for w in order if not 0 <= w < config.num_workers]
+        if bad:
+            raise IndexError(f"upgrade worker ids {bad} out of range [0, {config.num_workers})")
+        self._upgrade_order = list(order)
+        self._drains: list[list[float]] = []  # [worker id, drain start, free, rejoin]
+        self._upgrade_reprefill = 0
+        self._num_moved = 0
         self.show_progress = progress
         load_config = LoadConfig(
             alpha=config.alpha,
@@ -393,6 +453,9 @@ class ClusterSim:
             self._push(config.heartbeat_s * (1.0 + worker.wid / config.num_workers), _HEARTBEAT, worker)
         for failure in self.failures:
             self._push(failure.time_s, _FAIL, failure)
+        if self._upgrade_order:
+            assert self.upgrade is not None
+            self._push(self.upgrade.start_s, _DRAIN, self.workers[self._upgrade_order.pop(0)])
         arrivals = self.workload.arrival_s.tolist()
         num = len(arrivals)
         next_arrival = 0
@@ -407,6 +470,9 @@ class ClusterSim:
             _DRAFT_READY: self._on_draft_ready,
             _MODEL_READY: self._on_model_ready,
             _HEARTBEAT: self._on_heartbeat,
+            _DRAIN: self._on_drain,
+            _MOVE_OUT: self._on_move_out,
+            _REJOIN: self._on_rejoin,
         }
         while self._num_done < num:
             if next_arrival < num and (not heap or arrivals[next_arrival] <= heap[0][0]):
@@ -454,6 +520,13 @@ class ClusterSim:
             accepted_draft_tokens=self._accepted,
             assist_pairs=list(self._pairs),
             finish_counts=self._finish_counts.copy(),
+            upgrade=None
+            if self.upgrade is None
+            else UpgradeStats(
+                tuple((int(d[0]), d[1], d[2], d[3]) for d in self._drains),
+                self._upgrade_reprefill,
+                self._num_moved,
+            ),
         )
 
     # ---- arrivals and routing of new requests ------------------------------------------------
@@ -486,7 +559,7 @@ class ClusterSim:
 
     # ---- iterations ---------------------------------------------------------------------------
     def _kick(self, worker: _Worker) -> None:
-        if not worker.busy and worker.state == WorkerState.SERVING:
+        if not worker.busy and worker.state in (WorkerState.SERVING, WorkerState.DRAINING):
             self._start_iteration(worker)
 
     def _start_iteration(self, worker: _Worker) -> None:
@@ -519,6 +592,8 @@ class ClusterSim:
         n_dec = worker.n_dec
         if not plan and n_dec == 0:
             worker.busy = False
+            if worker.state == WorkerState.DRAINING and not worker.queue_len:
+                self._on_free(worker)  # a graceful drain: everything it ran has finished
             return
         width = 1
         gain = 1.0
@@ -861,6 +936,112 @@ class ClusterSim:
             self.workers[freed].assistant = None
         worker.state = WorkerState.SERVING
         worker.progress = 0.0
+
+    # ---- rolling upgrade ------------------------------------------------------------------------
+    def _on_drain(self, worker: _Worker, _: Any) -> None:
+        """The driver's drain (admit nothing, its copies placed again), then the strategy."""
+        assert self.upgrade is not None
+        now = self._now
+        self._drains.append([worker.wid, now, math.nan, math.nan])
+        if worker.state != WorkerState.SERVING:  # failed meanwhile: upgraded by its restart
+            self._drains[-1][2] = now
+            self._next_drain(now)
+            return
+        plan = self.driver.drain(now, worker.wid)
+        worker.state = WorkerState.DRAINING
+        if plan.unpairing.freed_assistant_id is not None:
+            worker.assistant = None
+        for decision in plan.replacements:
+            self._replace(decision)
+        if self.upgrade.strategy == "graceful":
+            self._kick(worker)  # (an idle worker is free at once)
+            return
+        # It steps no more (its iteration in flight is void) while its streamer flushes: the
+        # backlog of checkpoint bytes at the stream rate; an abort flushes nothing.
+        self._advance_stream(worker, now)
+        flush_s = (
+            (worker.produced - worker.sent) / self._stream_bps if self.upgrade.strategy == "move" else 0.0
+        )
+        worker.epoch += 1
+        worker.busy = True
+        self._push(now + flush_s, _MOVE_OUT, worker, worker.epoch)
+
+    def _on_move_out(self, worker: _Worker, epoch: int) -> None:
+        """The drained worker flushed (or aborts): each of its requests is moved."""
+        assert self.upgrade is not None
+        if epoch != worker.epoch:
+            return
+        now = self._now
+        moved: list[tuple[_Req, int]] = []  # (request, context tokens computed on the drained worker)
+        for req in list(worker.waiting) + worker.prefill + list(worker.decoding.values()):
+            if req.phase == _DECODE:
+                req.gen = req.gen_base + int(worker.progress - req.base_progress + 1e-9)
+            computed = self._context(worker, req) if req.phase != _WAITING else 0
+            # A flushed streamer (``move``) has every computed token durable on the holders.
+            req.durable_at_failure = computed if self.upgrade.strategy == "move" and req.holders else 0
+            req.phase = _LOST
+            req.interrupted = True
+            req.target_ctx = req.prompt + req.gen
+            req.prefilled = 0
+            req.marks = []
+            req.pending_stream = 0
+            req.reported = 0
+            moved.append((req, computed))
+        self._reset(worker)
+        reprefill = self.upgrade.strategy == "abort"
+        for req, computed in sorted(moved, key=lambda m: m[0].rid):
+            if req.durable_at_failure and req.holders:
+                for holder_id in req.holders:  # the flushed worker's word on its replicas
+                    self.driver.apply(CheckpointGrew(now, req.rid, holder_id, req.durable_at_failure))
+            self._reroute(req, self.driver.move(now, req.rid, reprefill=reprefill))
+            self._upgrade_reprefill += max(0, computed - req.prefilled)  # _reroute set the restored prefix
+            self._num_moved += 1
+        for other in self.workers:
+            self._kick(other)
+        self._on_free(worker)
+
+    def _reset(self, worker: _Worker) -> None:
+        """Empty a worker that runs nothing from here on (its iteration in flight is void)."""
+        worker.epoch += 1
+        worker.busy = False
+        worker.waiting.clear()
+        worker.prefill = []
+        worker.heap = []
+        worker.decoding = {}
+        worker.n_dec = 0
+        worker.ctx_base = 0.0
+        worker.ckpt = {}
+        worker.ckpt_dec = 0
+        worker.kv_used = 0
+        worker.history.clear()
+        worker.sent = worker.produced
+        worker.sent_t = self._now
+
+    def _on_free(self, worker: _Worker) -> None:
+        """The drained worker runs nothing: retired (as the gateway does when a drained worker
+        exits), restarted, back after the reload time."""
+        now = self._now
+        self._drains[-1][2] = now
+        worker.state = WorkerState.FAILED
+        worker.epoch += 1
+        self.driver.apply(WorkerFailed(now, worker.wid))
+        self._push(now + self.reload_s, _REJOIN, worker, worker.epoch)
+
+    def _on_rejoin(self, worker: _Worker, epoch: int) -> None:
+        if epoch != worker.epoch:
+            return
+        now = self._now
+        self.driver.apply(
+            WorkerJoined(now, worker.wid, self.config.holder_budget_bytes, self.config.domain_of(worker.wid))
+        )
+        worker.state = WorkerState.SERVING
+        worker.progress = 0.0
+        self._drains[-1][3] = now
+        self._next_drain(now)
+
+    def _next_drain(self, now: float) -> None:
+        if self._upgrade_order:
+            self._push(now, _DRAIN, self.workers[self._upgrade_order.pop(0)])
 
     # ---- speculative assist gain (injected into the planner) ---------------------------------------
     def _gain(self, monitor: LoadMonitor, survivor_id: int, num_draft_tokens: int) -> float:

@@ -29,6 +29,7 @@ from lumen_core.sim.cluster import (
     ClusterConfig,
     ClusterSim,
     Failure,
+    RollingUpgrade,
     SimResult,
     combination,
 )
@@ -76,6 +77,7 @@ EXPERIMENTS = (
     "rack",
     "long_context",
     "scale",
+    "rolling_upgrade",
 )
 
 
@@ -557,6 +559,75 @@ def scale(options: Options) -> Outcome:
     return outcome
 
 
+# Strategies of the rolling upgrade and the names their rows carry in `policy`.
+UPGRADE_POLICIES = {"graceful": "graceful wait", "abort": "abort + re-prefill", "move": "LUMEN move"}
+UPGRADE_START_S = 10.0
+
+
+def upgrade_metrics(result: SimResult, start_s: float, end_s: float) -> dict[str, float]:
+    """The rolling-upgrade figures of one run: time until each drained worker was free (mean,
+    max), the upgrade's span (first drain to last rejoin; NaN if the run ended first), mean
+    TTFT and TPOT of the requests arriving in ``[start_s, end_s]`` (one window for every
+    strategy compared; a moved request keeps its first TTFT, its move shows in its TPOT),
+    context tokens re-prefilled because of the drains, requests moved, workers upgraded."""
+    assert result.upgrade is not None
+    drains = result.upgrade.drains
+    free_s = np.array([free - drained for _, drained, free, _ in drains])
+    rejoined = [r for *_, r in drains if not math.isnan(r)]
+    done_s = max(rejoined) if rejoined and len(rejoined) == len(drains) else math.nan
+    records = result.records
+    during = (records.arrival_s >= start_s) & (records.arrival_s <= end_s)
+    return {
+        "free_s": float(free_s.mean()) if len(free_s) else math.nan,
+        "max_free_s": float(free_s.max()) if len(free_s) else math.nan,
+        "upgrade_s": done_s - start_s,
+        "mean_ttft_s": float(np.nanmean(records.ttft_s[during])),
+        "mean_tpot_s": float(np.nanmean(records.tpot_s[during])),
+        "reprefilled_tokens": float(result.upgrade.reprefilled_tokens),
+        "moved": float(result.upgrade.num_moved),
+        "workers_upgraded": float(len(rejoined)),
+    }
+
+
+def rolling_upgrade(options: Options) -> Outcome:
+    """Each of 16 workers drained and restarted in turn (reload time as the config's), by
+    graceful wait, abort-and-re-prefill and LUMEN's move (issue 22), under the LUMEN policy.
+    The trace is played twice back to back so that arrivals last through the slowest upgrade."""
+    num_workers = options.workers or 16
+    config = proto_config(num_workers)
+    once = trace_workload(options, num_workers)
+    span_s = float(once.arrival_s[-1])
+    workload = Workload(
+        np.concatenate([once.arrival_s, once.arrival_s + span_s]),
+        np.concatenate([once.prompt_tokens, once.prompt_tokens]),
+        np.concatenate([once.output_tokens, once.output_tokens]),
+    )
+    outcome = Outcome("rolling_upgrade")
+    results = {
+        strategy: ClusterSim(
+            config,
+            workload,
+            preset("LUMEN"),
+            upgrade=RollingUpgrade(UPGRADE_START_S, strategy),
+            progress=options.progress,
+        ).run()
+        for strategy in UPGRADE_POLICIES
+    }
+    # One window for all: until the slowest upgrade's last rejoin.
+    end_s = max(max(d[3] for d in r.upgrade.drains) for r in results.values() if r.upgrade is not None)
+    for strategy, name in UPGRADE_POLICIES.items():
+        metrics = upgrade_metrics(results[strategy], UPGRADE_START_S, end_s)
+        outcome.rows += _rows(
+            "rolling_upgrade", name, num_workers, metrics, f"reload {config.reload_time_s:.1f} s"
+        )
+    outcome.notes.append(
+        f"{config.model} on {config.tp}x {config.gpu}, {len(workload)} requests over {2 * span_s:.0f} s, "
+        f"upgrade from {UPGRADE_START_S:g} s; TTFT and TPOT over arrivals in [{UPGRADE_START_S:g}, "
+        f"{end_s:.0f}] s for every strategy; free_s: drain start until the worker runs nothing"
+    )
+    return outcome
+
+
 def run_experiment(name: str, options: Options) -> Outcome:
     """Dispatch by name; raises ValueError for an unknown experiment."""
     runners: dict[str, Callable[[Options], Outcome]] = {
@@ -569,6 +640,7 @@ def run_experiment(name: str, options: Options) -> Outcome:
         "rack": rack,
         "long_context": long_context,
         "scale": scale,
+        "rolling_upgrade": rolling_upgrade,
     }
     if name not in runners:
         raise ValueError(f"`experiment` must be one of {list(EXPERIMENTS)}, got {name!r}")

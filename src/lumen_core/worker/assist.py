@@ -16,9 +16,9 @@ Assistant -> survivor: per request, how many tokens it now knows (the next ``bas
 Every datagram is sealed with the cluster secret (``lumen_core.auth.DatagramSeal``:
 ``HMAC-SHA256(secret, label || payload)`` then the JSON payload, which names the sending
 endpoint and a counter). A datagram whose MAC does not verify, or that is not the sealed
-JSON object, is dropped and counted (``num_refused``); so is one whose counter is not above
-the last one taken from its sender (``num_replayed``: a replayed sync would make the
-assistant draft again and count its drafted / accepted figures twice). verify_draft keeps
+JSON object, is dropped and counted (``seal.num_refused`` on either side); so is one whose
+counter is not above the last one taken from its sender (``seal.num_replayed``: a replayed
+sync would make the assistant draft again and count its drafted / accepted figures twice). verify_draft keeps
 the output exact whatever the drafts, so what the seal protects is the assistant's compute
 and the acceptance figures.
 """
@@ -102,14 +102,6 @@ class Assistant:
             except OSError:
                 continue  # the survivor is gone; it decodes without us
 
-    @property
-    def num_refused(self) -> int:
-        return self.seal.num_refused
-
-    @property
-    def num_replayed(self) -> int:
-        return self.seal.num_replayed
-
     def _take(self, messages: list[dict[str, Any]], data: bytes) -> list[dict[str, Any]]:
         message = self.seal.open(data)
         return messages if message is None else [*messages, message]
@@ -147,8 +139,7 @@ class Assistant:
 
 
 class AssistedRequests:
-    """The survivor's side: ``sync`` after a step, ``drafts`` before the next (never blocks).
-    ``num_refused`` / ``num_replayed`` count the datagrams dropped (as ``DatagramSeal``)."""
+    """The survivor's side: ``sync`` after a step, ``drafts`` before the next (never blocks)."""
 
     def __init__(self, peer: Address, peer_worker_id: int, *, secret: bytes, max_requests: int = 32) -> None:
         self.seal = DatagramSeal(secret)
@@ -178,14 +169,6 @@ class AssistedRequests:
                 self._sent[int(request_id)] = min(self._sent.get(int(request_id), 0), int(have))
                 if tokens:
                     out[int(request_id)] = (int(have), [int(t) for t in tokens])
-
-    @property
-    def num_refused(self) -> int:
-        return self.seal.num_refused
-
-    @property
-    def num_replayed(self) -> int:
-        return self.seal.num_replayed
 
     def finished(self, request_id: int) -> None:
         if self._sent.pop(request_id, None) is not None:

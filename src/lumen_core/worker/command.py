@@ -25,7 +25,12 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
     parser.add_argument("--worker-id", type=int, required=True)
     parser.add_argument("--gateway", required=True, metavar="HOST:PORT")
     parser.add_argument("--secret-file", required=True, metavar="PATH", help="cluster secret (0600 file)")
-    parser.add_argument("--model", required=True, metavar="PATH", help="weights written by engine.save_model")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="PATH",
+        help="weights written by engine.save_model, or a transformers Llama directory",
+    )
     parser.add_argument(
         "--draft", default=None, metavar="PATH", help="draft weights (loaded first on restart)"
     )

@@ -368,10 +368,17 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
         "--workdir", default=None, metavar="DIR", help="secret, models, worker logs (default: temporary)"
     )
     parser.add_argument(
+        "--scenario",
+        choices=("kill", "drain"),
+        default="kill",
+        help="kill: one worker SIGKILLed under each policy (default); drain: one worker running 16 "
+        "requests drained (lumen drain), its requests moved (worker/drain.py); --json rows metric, value",
+    )
+    parser.add_argument(
         "--engine",
         choices=("reference", "vllm"),
         default="reference",
-        help="vllm: 3 vLLM servers (CPU) with their agents behind the front door "
+        help="vllm: 3 vLLM servers (CPU) with their agents behind the front door, --scenario kill "
         "(lumen_core.worker.vllm_demo; uses --policy, --seed, --json, --workdir, --streams)",
     )
     parser.add_argument("--streams", type=int, default=16, help="--engine vllm: concurrent streams")
@@ -379,11 +386,45 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     return parser
 
 
+def _run_drain_command(args: argparse.Namespace) -> int:
+    """``--scenario drain``: the live drain (``worker.drain``) under --policy (LUMEN for all)."""
+    from lumen_core.worker.drain import run_drain
+
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        print(f"[{time.monotonic() - started:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+    policy = "LUMEN" if args.policy == "all" else args.policy
+    with tempfile.TemporaryDirectory(prefix="lumen-drain-") as scratch:
+        workdir = Path(args.workdir) if args.workdir else Path(scratch)
+        result = run_drain(workdir, policy=policy, seed=args.seed, progress=say)
+    rows = result.rows()
+    for row in rows:
+        print(f"{row['metric']:<40} {row['value']}")
+    if args.json:
+        finite = [
+            {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}
+            for row in rows
+        ]
+        Path(args.json).write_text(json.dumps(finite, indent=1, allow_nan=False) + "\n")
+        print(f"json: {args.json}")
+    if result.identical != result.total:
+        print(f"FAILED: {result.total - result.identical} outputs differ from the undisturbed run")
+        return 1
+    return 0
+
+
 def run_demo_command(args: argparse.Namespace) -> int:
     if args.engine == "vllm":
+        if args.scenario != "kill":
+            print("lumen demo: --engine vllm runs --scenario kill only", file=sys.stderr)
+            return 2
         from lumen_core.worker.vllm_demo import run_vllm_demo
 
         return run_vllm_demo(args)
+    if args.scenario == "drain":
+        return _run_drain_command(args)
     preset = FULL if args.full else DemoOptions()
     given = {
         "workers": args.workers,

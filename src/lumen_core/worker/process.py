@@ -17,8 +17,9 @@ first and the full model in the background; ``modelled_*_load_s`` add the load t
 tells the gateway ``ModelLoaded`` and serves.
 
 Paced (``WorkerConfig.pace``, issue 21): ``_step`` holds each engine step and its token
-reports to the modelled duration of what it ran (``lumen_core.pacing``); that hook is the
-only pacing code here.
+reports to the modelled duration of what it ran (``lumen_core.pacing``), and checkpoint
+streaming goes through ``PacedStreamingConnector`` (no faster than the modelled link); those
+two hooks are the only pacing code here.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from lumen_core.connector import RestoreSource, StreamGrant
+from lumen_core.connector import model_fingerprint as file_fingerprint
 from lumen_core.engine import (
     CacheConfig,
     Engine,
@@ -49,24 +52,27 @@ from lumen_core.gateway.directives import (
     AssistVerify,
     Cancel,
     Directive,
+    Flush,
     Hold,
     HolderGrant,
     Release,
     Resume,
     Run,
+    Stop,
     Stream,
 )
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
-from lumen_core.gateway.reports import HeldReport, LostReplica, WorkerReport
+from lumen_core.gateway.reports import HeldReport, LostReplica, StreamedReplica, WorkerReport
 from lumen_core.integrations.reference import StreamingConnector
-from lumen_core.pacing import Pacer, modelled_step_s, parse_pace
+from lumen_core.pacing import PacedSaves, Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
 from lumen_core.stream import HolderStore, RestoreResult
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
 from lumen_core.worker.engine_ids import engine_key, request_id_of
+from lumen_core.worker.paced_streaming import PacedStreamingConnector
 
 EXIT_OK = 0
 EXIT_FENCED = 3
@@ -74,8 +80,10 @@ EXIT_FENCED = 3
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path (and
-    draft_path): files written by ``engine.save_model``. state: "serving", or "recovering"
+    """worker_id: the cluster's id of this worker. gateway: ``host:port``. model_path: a file
+    written by ``engine.save_model`` or a transformers Llama directory (``config.json`` and
+    safetensors: its fingerprint is then ``connector.model_fingerprint``'s, as vLLM's is).
+    draft_path: a file written by ``engine.save_model``. state: "serving", or "recovering"
     for a restart after a failure. budget_bytes: host memory offered to other workers'
     checkpoints. holder_host: where the embedded holder listens. pace: a cost-model setup
     ("MODEL/GPUxTP", ``pacing.parse_pace``) every engine step and restore is paced to, each
@@ -108,8 +116,12 @@ class WorkerConfig:
             raise ValueError(f"worker_id must be an int >= 0, got {self.worker_id!r}")
         if self.state not in (WorkerState.SERVING, WorkerState.RECOVERING):
             raise ValueError(f"state must be 'serving' or 'recovering', got {self.state!r}")
-        if not Path(self.model_path).is_file():
-            raise ValueError(f"model_path must be a file written by save_model, got {self.model_path!r}")
+        model = Path(self.model_path)
+        if not (model.is_file() or (model / "config.json").is_file()):
+            raise ValueError(
+                "model_path must be a file written by save_model or a transformers Llama directory, "
+                f"got {self.model_path!r}"
+            )
         if self.draft_path is not None and not Path(self.draft_path).is_file():
             raise ValueError(f"draft_path must be a file written by save_model, got {self.draft_path!r}")
         for name in ("modelled_full_load_s", "modelled_draft_load_s"):
@@ -160,6 +172,9 @@ class Worker:
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
         self.counters = {"resumed": 0, "cancelled": 0}
+        self.flushed = threading.Event()  # drained (FLUSH): no more steps; reported in heartbeats
+        self.drained = False  # told to STOP: its exit is reported (the gateway retires it at once)
+        self._resumed_tokens: dict[str, int] = {}  # context (prompt + outputs) of each resume here
         self.remote_sources: set[str] = set()  # requests resumed from another worker's holder
         self.assistant: Assistant | None = None  # drafting for a survivor (while recovering)
         self.assisted: AssistedRequests | None = None  # verifying an assistant's drafts
@@ -191,16 +206,23 @@ class Worker:
 
     def _build_engine(self) -> None:
         assert self.model is not None
-        self.connector = StreamingConnector(
-            self.secret,
-            model_fingerprint(self.model),
-            store=self.store,
-            key_for=request_id_of,
-            streamer_options={
+        options: dict[str, Any] = {
+            "store": self.store,
+            "key_for": request_id_of,
+            "streamer_options": {
                 "ack_timeout_s": self.config.ack_timeout_s,
                 "give_up_after_s": self.config.give_up_after_s,
             },
-        )
+        }
+        if Path(self.config.model_path).is_dir():  # named from its files, as vLLM names them
+            fingerprint = file_fingerprint(self.config.model_path, dtype=str(self.model.dtype))
+        else:
+            fingerprint = model_fingerprint(self.model)
+        if self.pacer is None:
+            self.connector = StreamingConnector(self.secret, fingerprint, **options)
+        else:  # checkpoint streaming paced like the steps (issue 21)
+            paced = PacedSaves(self.pacer.cost, self.config.time_scale)
+            self.connector = PacedStreamingConnector(paced, self.secret, fingerprint, **options)
         self.engine = Engine(
             self.model,
             CacheConfig(num_blocks=self.config.num_blocks, block_size=self.config.block_size),
@@ -243,7 +265,22 @@ class Worker:
                 for request_id, holder in lost
                 if holder in self._holder_ids
             ),
+            flushed=self.flushed.is_set(),
+            streamed=self._streamed() if self.flushed.is_set() and streamer is not None else (),
         )
+
+    def _streamed(self) -> tuple[StreamedReplica, ...]:
+        """Durable tokens of each replica of each request served here (a flushed worker's
+        report: the gateway moves its requests knowing their checkpoints)."""
+        assert self.connector is not None and self.connector.streamer is not None
+        replicas = self.connector.streamer.stats().replicas
+        out = []
+        for request_id, served in self.served.items():
+            for replica in replicas.get(request_id, ()):
+                holder_id = self._holder_ids.get(replica.holder)
+                if holder_id is not None and replica.live:
+                    out.append(StreamedReplica(request_id, served.epoch, holder_id, replica.durable_tokens))
+        return tuple(out)
 
     def _reported(self, report: WorkerReport) -> None:
         """The gateway received ``report``: its refusals and evictions are not sent again."""
@@ -321,6 +358,11 @@ class Worker:
                 self._admit(directive)
             case Stream():
                 self._stream(directive)
+            case Flush():
+                self._flush()
+            case Stop():
+                self.drained = True
+                self.stopping.set()
             case AssistDraft():
                 self._stop_assistant()
                 if self.draft is not None and self.state == WorkerState.RECOVERING:
@@ -348,6 +390,39 @@ class Worker:
                     self.assisted = None
                 else:
                     self._stop_assistant()
+
+    def _flush(self) -> None:
+        """FLUSH (drained): step no more (``run`` stops stepping), wait (at most the
+        streamer's ack timeout) until every computed token is durable on a live replica, and
+        have the next heartbeat, sent now, say so with each replica's durable length; the
+        gateway then moves each request with all but its last token durable. (Runs on the
+        main thread, the one that steps: no step happens meanwhile; ``flushed`` is set once
+        done, so no heartbeat says it early.)"""
+        streamer = self.connector.streamer if self.connector is not None else None
+        if streamer is not None and self.engine is not None:
+            deadline_s = time.monotonic() + self.config.ack_timeout_s
+            while streamer.flush(timeout_s=max(0.01, deadline_s - time.monotonic())):
+                stale = {engine_key(r) for r in streamer.stats().stale}
+                if not stale or time.monotonic() > deadline_s:
+                    break
+                # Steps the streamer dropped (queue full, replica still connecting) are caught
+                # up only when a request is saved again: hand it each one's last token.
+                tails = []
+                for key in stale & set(self.engine.requests):
+                    request = self.engine.requests[key]
+                    n = request.num_computed_tokens
+                    if n:
+                        slot = self.engine.block_manager.slot_ids(request, n - 1, n)
+                        tails.append(SavedTokens(key, n - 1, tuple(slot), (request.token_ids[n - 1],)))
+                self.connector.resend_last(tails)
+                time.sleep(0.01)
+            if streamer.stats().stale:
+                print(
+                    f"worker {self.config.worker_id}: flush left requests stale", file=sys.stderr, flush=True
+                )
+        self.flushed.set()
+        if self.heartbeats is not None:
+            self.heartbeats.beat_now()
 
     def _reserve(self, directive: Hold) -> None:
         """HOLD (placement): charge ``reserved_bytes`` of the embedded store for each shard of
@@ -408,6 +483,7 @@ class Worker:
         self.connector.grant(key, self._grant(directive.epoch, directive.holders))
         if isinstance(directive, Resume):
             self.counters["resumed"] += 1
+            self._resumed_tokens[key] = len(directive.prompt_token_ids) + len(outputs)
             if (
                 directive.action in (RecoveryAction.RESTORE, RecoveryAction.REMOTE_RESTORE)
                 and directive.source is not None
@@ -526,9 +602,14 @@ class Worker:
     def stats(self) -> dict[str, int]:
         """Counters: requests resumed here, of which restored (a prefix came from a holder; of
         those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
-        restored; requests cancelled."""
+        restored, and tokens of resumed contexts computed again here (``reprefilled_tokens``:
+        context at the resume minus what was restored); requests cancelled."""
         restores = self.connector.restores if self.connector is not None else {}
         restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
+        reprefilled_tokens = sum(
+            context - (restores[key].restored_tokens if key in restores else 0)
+            for key, context in self._resumed_tokens.items()
+        )
         return {
             "worker_id": self.config.worker_id,
             "resumed": self.counters["resumed"],
@@ -538,6 +619,7 @@ class Worker:
             ),
             "reprefilled": self.counters["resumed"] - restored,
             "restored_tokens": sum(r.restored_tokens for r in restores.values()),
+            "reprefilled_tokens": reprefilled_tokens,
             "cancelled": self.counters["cancelled"],
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
@@ -557,11 +639,8 @@ class Worker:
                 self.state = WorkerState.SERVING
                 self.client.model_loaded(budget_bytes=self.config.budget_bytes)
             try:
-                directive = self.directives.get(
-                    timeout=0
-                    if self.engine is not None and self.engine.has_unfinished()
-                    else self.config.idle_wait_s
-                )
+                busy = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
+                directive = self.directives.get(timeout=0 if busy else self.config.idle_wait_s)
             except queue.Empty:
                 directive = None
             while directive is not None:
@@ -571,8 +650,14 @@ class Worker:
                     directive = self.directives.get_nowait()
                 except queue.Empty:
                     directive = None
-            if self.engine is not None and self.engine.has_unfinished() and self.client.lease_valid():
+            stepping = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
+            if stepping and self.client.lease_valid():
                 self._step()
+        if self.drained and not self.fenced.is_set():
+            try:  # so that a restarted worker may register at once, not a lease later
+                self.client.report_exit(self.config.worker_id, self.client.epoch, "drained")
+            except GatewayError:
+                pass  # its lease runs out instead, with the same outcome
         return EXIT_FENCED if self.fenced.is_set() else EXIT_OK
 
     def stop(self) -> None:

@@ -34,6 +34,8 @@ struct HolderStats {
   uint64_t budget_bytes = 0;
   uint64_t bytes_charged = 0;  // sum over checkpoints of max(reserved, held) bytes, plus
                                // the memory aborted receives still write into
+  uint64_t spare_bytes = 0;    // freed receive buffers kept for reuse; with bytes_charged
+                               // within the budget, and the first to go when room is needed
   uint64_t bytes_held = 0;     // durable record, token id and crc bytes
   uint64_t tokens_held = 0;
   uint64_t reservations = 0;
