@@ -46,7 +46,9 @@ def test_stats_release_and_flush_over_the_control_socket(
             for out in engine.step():
                 outputs[out.request_id] = len(out.outputs[0].token_ids)
 
-    step(4)
+    deadline = time.monotonic() + 60
+    while server.ask("stats")["store"]["checkpoints"] < 2 and time.monotonic() < deadline:
+        step(1)  # the holder's appends land asynchronously
     stats = ask(sock, "stats")
     assert (stats["requests"], stats["streaming"], stats["restoring"]) == (2, 2, 0)
     assert stats["worker"]["saved_tokens"] >= 200  # both prompts, from the steps' outputs
@@ -54,7 +56,6 @@ def test_stats_release_and_flush_over_the_control_socket(
 
     assert ask(sock, "release", request_id="released") == {"request_id": "released", "known": True}
     assert ask(sock, "release", request_id="unknown")["known"] is False
-    deadline = time.monotonic() + 60
     while server.ask("stats")["store"]["checkpoints"] > 1 and time.monotonic() < deadline:
         step(1)
     assert server.ask("stats")["store"]["checkpoints"] == 1  # released on the gateway's word
