@@ -1,6 +1,7 @@
 """The ``lumen`` command. Subcommands: ``sim`` (the cluster simulator's experiments),
 ``gateway`` (the live control plane, ``gateway.command``), ``holder`` (a checkpoint holder: a
-HolderStore behind a transport server), ``keygen`` (a capability issuer's key pair)."""
+HolderStore behind a transport server), ``keygen`` (a capability issuer's key pair), ``agent``
+(beside one vLLM server, ``worker.agent_command``)."""
 
 from __future__ import annotations
 
@@ -195,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     from lumen_core.gateway.command import add_gateway_parser
     from lumen_core.policy.presets import POLICY_NAMES
     from lumen_core.sim.experiments import EXPERIMENTS, RATE_PER_WORKER
+    from lumen_core.worker.agent_command import add_agent_parser
     from lumen_core.worker.command import add_worker_parser
     from lumen_core.worker.demo import add_demo_parser
 
@@ -275,6 +277,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_gateway_parser(commands)
     add_worker_parser(commands)
     add_demo_parser(commands)
+    add_agent_parser(commands)
     return parser
 
 

@@ -98,6 +98,20 @@ def test_restore_defaults_to_first_holder_at_the_request_epoch(
     assert _grants(config, (control.restore.capability,)) == [(request_key("r"), 0, 0, 4, Rights.READ)]
 
 
+def test_a_gateway_names_the_wire_key_its_capabilities_are_bound_to(config: ConnectorConfig) -> None:
+    control = RequestControl.parse("r", {"lumen": {"request_id": "42", "key": 42, "epoch": 3}}, config)
+    assert (control.request_id, control.key) == ("42", 42)
+    assert _grants(config, control.capabilities)[0] == (42, 0, 3, 0, Rights.WRITE | Rights.READ)
+    assert RequestControl.parse("r", {"lumen": {"request_id": "42"}}, config).key == request_key("42")
+
+
+def test_the_control_socket_is_configured(secret_file: Path, tmp_path: Path) -> None:
+    path = str(tmp_path / "c.sock")
+    extra = {"secret_file": str(secret_file), "control_socket": path}
+    assert ConnectorConfig.from_extra_config(extra).control_socket == path
+    assert ConnectorConfig.from_extra_config({"secret_file": str(secret_file)}).control_socket is None
+
+
 def test_empty_holders_means_not_checkpointed(config: ConnectorConfig) -> None:
     assert RequestControl.parse("r", {"lumen": {"holders": []}}, config).holders == ()
 
@@ -126,6 +140,8 @@ def test_empty_holders_means_not_checkpointed(config: ConnectorConfig) -> None:
             r"`holders\[0\].holder_id` must be",
         ),
         ({"restore": {"where": 1}}, ValueError, r"`restore` must be a dict of"),
+        ({"key": -1}, ValueError, r"`key` must be an int in \[0, 2\*\*64\)"),
+        ({"key": "42"}, ValueError, r"`key` must be an int in"),
     ],
 )
 def test_malformed_params_are_refused(config: ConnectorConfig, lumen: dict, error: type, match: str) -> None:
@@ -153,6 +169,7 @@ def test_restore_without_address_needs_a_holder(secret_file: Path) -> None:
         ({"tls": 1}, TypeError, r"`tls` must be a str"),
         ({"model_fingerprint": ""}, ValueError, r"`model_fingerprint` must be a non-empty str"),
         ({"connect_timeout_s": 0}, ValueError, r"`connect_timeout_s` must be a number > 0"),
+        ({"control_socket": ""}, ValueError, r"`control_socket` must be a non-empty str"),
     ],
 )
 def test_malformed_extra_config_is_refused(secret_file: Path, extra: dict, error: type, match: str) -> None:

@@ -82,6 +82,12 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
     http.add_argument(
         "--max-concurrent-requests", type=int, default=64, help="HTTP requests in flight; more get 429"
     )
+    http.add_argument(
+        "--engine",
+        default="reference",
+        choices=("reference", "vllm"),
+        help="what the workers run: vllm marks moved seeded streams resumed_inexact (docs/front_door.md)",
+    )
     parser.set_defaults(func=run_gateway)
     return parser
 
@@ -234,5 +240,6 @@ def _front_door(args: argparse.Namespace) -> tuple[FrontDoorConfig, frozenset[st
         vocab_size,
         max_model_len=args.max_model_len,
         max_concurrent_requests=args.max_concurrent_requests,
+        engine=args.engine,
     )
     return config, api_keys, tokenizer

@@ -374,6 +374,14 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
         help="kill: one worker SIGKILLed under each policy (default); drain: one worker running 16 "
         "requests drained (lumen drain), its requests moved (worker/drain.py); --json rows metric, value",
     )
+    parser.add_argument(
+        "--engine",
+        choices=("reference", "vllm"),
+        default="reference",
+        help="vllm: 3 vLLM servers (CPU) with their agents behind the front door, --scenario kill "
+        "(lumen_core.worker.vllm_demo; uses --policy, --seed, --json, --workdir, --streams)",
+    )
+    parser.add_argument("--streams", type=int, default=16, help="--engine vllm: concurrent streams")
     parser.set_defaults(func=run_demo_command)
     return parser
 
@@ -408,6 +416,13 @@ def _run_drain_command(args: argparse.Namespace) -> int:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    if args.engine == "vllm":
+        if args.scenario != "kill":
+            print("lumen demo: --engine vllm runs --scenario kill only", file=sys.stderr)
+            return 2
+        from lumen_core.worker.vllm_demo import run_vllm_demo
+
+        return run_vllm_demo(args)
     if args.scenario == "drain":
         return _run_drain_command(args)
     preset = FULL if args.full else DemoOptions()

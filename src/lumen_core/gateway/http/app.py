@@ -55,6 +55,8 @@ class _Admitted:
     num_prompt_tokens: int
     output: Output
     include_usage: bool
+    marks_moves: bool  # a move changes its draws (seeded, on workers whose draws restart)
+    resumed_inexact: bool = False  # moved since admission, with marks_moves
 
 
 class _Metrics:
@@ -182,8 +184,9 @@ class _FrontDoor:
             raise unavailable(str(exc)) from None
         self.num_in_flight += 1
         include_usage = body.stream_options is not None and body.stream_options.include_usage
+        marks_moves = sampling.temperature > 0 and self.config.engine == "vllm"
         return _Admitted(
-            admission.request_id, kind, len(prompt), Output(self.tokenizer, stops), include_usage
+            admission.request_id, kind, len(prompt), Output(self.tokenizer, stops), include_usage, marks_moves
         )
 
     def release(self, admitted: _Admitted, reason: str) -> None:
@@ -200,6 +203,12 @@ class _FrontDoor:
         if cancelled:
             self.metrics.cancelled.labels(reason).inc()
 
+    def _moved(self, request_id: int) -> bool:
+        """The request was moved since admission (its epoch, 1 at admission, grew). Read after
+        its tokens: a move seen now may have come after some of them, so a mark errs early,
+        never late."""
+        return self.bridge.read(lambda c: c.request_worker(request_id)[1]) > 1
+
     async def pieces(self, admitted: _Admitted) -> AsyncIterator[tuple[list[int], str]]:
         """(token ids, text) pieces of the output until it ends (``admitted.output``'s
         ``finish_reason`` is then set). Raises APIError when the request is lost or the
@@ -208,6 +217,8 @@ class _FrontDoor:
         position = 0
         while True:
             tokens, finished, lost = await self.bridge.wait_tokens(admitted.request_id, position)
+            if admitted.marks_moves and not admitted.resumed_inexact:
+                admitted.resumed_inexact = self._moved(admitted.request_id)
             if lost:
                 raise unavailable(f"request {admitted.request_id} lost: no worker was left serving")
             if not (tokens or finished):
@@ -235,6 +246,8 @@ class _FrontDoor:
         self, admitted: _Admitted, token_ids: list[int], text: str, finish_reason: str | None, created: int
     ) -> dict[str, Any]:
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish_reason, "token_ids": token_ids}
+        if admitted.resumed_inexact:
+            choice["resumed_inexact"] = True
         if admitted.kind == "chat":
             choice["delta"] = {"content": text} if text or finish_reason is None else {}
             choice["logprobs"] = None
@@ -299,6 +312,8 @@ class _FrontDoor:
             "logprobs": None,
             "token_ids": output.token_ids,
         }
+        if admitted.resumed_inexact:
+            choice["resumed_inexact"] = True
         if admitted.kind == "chat":
             choice["message"] = {"role": "assistant", "content": output.text}
         else:

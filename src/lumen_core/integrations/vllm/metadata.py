@@ -1,6 +1,7 @@
 """What the scheduler side tells the worker side each step (pickled between processes in
 vLLM's multiprocess mode): requests to start streaming, restores to run before the forward,
-the step's computed tokens to save, and preempted requests (streaming ones)."""
+the step's computed tokens to save, preempted requests (streaming ones), and what the local
+control channel asked for: requests to stop checkpointing, a durable-lag sample."""
 
 from __future__ import annotations
 
@@ -60,3 +61,5 @@ class LumenMetadata(KVConnectorMetadata):
     loads: list[LoadSpec] = field(default_factory=list)
     saves: list[SaveSpec] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
+    releases: list[str] = field(default_factory=list)  # LUMEN request ids (control `release`)
+    sample_lag: bool = False  # a control `flush` waits: sample the durable lag this step

@@ -75,7 +75,8 @@ class ConnectorConfig:
     ``holders`` of requests that name none with the ids capabilities name them by
     (``holder_ids``), the UCX transports (``tls``, "" leaves UCX's choice),
     ``model_fingerprint`` (default: computed from the model's files, see
-    ``model_fingerprint``) and ``connect_timeout_s`` of connections to source holders."""
+    ``model_fingerprint``), ``connect_timeout_s`` of connections to source holders, and
+    ``control_socket``, the path of the local control channel (``control.py``; None: none)."""
 
     secret: bytes
     holders: tuple[Address, ...] = ()
@@ -84,6 +85,7 @@ class ConnectorConfig:
     connect_timeout_s: float = 2.0
     issuer: CapabilityIssuer | None = None
     holder_ids: tuple[int, ...] = ()
+    control_socket: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.holder_ids) != len(self.holders):
@@ -106,7 +108,15 @@ class ConnectorConfig:
     def from_extra_config(cls, extra: Mapping[str, Any]) -> ConnectorConfig:
         """Raises TypeError on a value of the wrong type (``holders``, ``tls``), ValueError on
         an unknown key, a missing ``secret_file`` or a bad value."""
-        known = {"secret_file", "issuer_key_file", "holders", "tls", "model_fingerprint", "connect_timeout_s"}
+        known = {
+            "secret_file",
+            "issuer_key_file",
+            "holders",
+            "tls",
+            "model_fingerprint",
+            "connect_timeout_s",
+            "control_socket",
+        }
         unknown = sorted(set(extra) - known)
         if unknown:
             raise ValueError(
@@ -126,6 +136,9 @@ class ConnectorConfig:
         timeout = extra.get("connect_timeout_s", 2.0)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"`connect_timeout_s` must be a number > 0, got {timeout!r}")
+        control_socket = extra.get("control_socket")
+        if control_socket is not None and (not isinstance(control_socket, str) or not control_socket):
+            raise ValueError(f"`control_socket` must be a non-empty str (a path), got {control_socket!r}")
         parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders)]
         issuer = None
         if "issuer_key_file" in extra:
@@ -138,6 +151,7 @@ class ConnectorConfig:
             connect_timeout_s=float(timeout),
             issuer=issuer,
             holder_ids=tuple(holder_id for _, holder_id in parsed),
+            control_socket=control_socket,
         )
 
 
@@ -171,7 +185,8 @@ class RequestControl:
     ) -> RequestControl:
         """From a request's ``kv_transfer_params`` (its "lumen" entry; absent: every default).
 
-        Defaults: the engine's request id, epoch 0, the configured holders, capabilities
+        Defaults: the engine's request id, its wire key ``request_key(request_id)`` (a
+        gateway names its own u64: its capabilities are bound to it), epoch 0, the configured holders, capabilities
         issued by the configured issuer for (request, shard 0, epoch) on each holder;
         ``restore`` given as ``{}`` reads from the first configured holder.
 
@@ -184,7 +199,7 @@ class RequestControl:
         lumen = (params or {}).get("lumen", {})
         if not isinstance(lumen, Mapping):
             raise TypeError(f"`kv_transfer_params['lumen']` must be a dict, got {type(lumen).__name__}")
-        known = {"request_id", "epoch", "holders", "capabilities", "restore"}
+        known = {"request_id", "key", "epoch", "holders", "capabilities", "restore"}
         unknown = sorted(set(lumen) - known)
         if unknown:
             raise ValueError(
@@ -193,7 +208,9 @@ class RequestControl:
         request_id = lumen.get("request_id", engine_request_id)
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"`request_id` must be a non-empty str, got {request_id!r}")
-        key = request_key(request_id)
+        key = lumen.get("key", request_key(request_id))
+        if isinstance(key, bool) or not isinstance(key, int) or not 0 <= key < 2**64:
+            raise ValueError(f"`key` must be an int in [0, 2**64), got {key!r}")
         epoch = _epoch("epoch", lumen.get("epoch", 0))
         if "holders" in lumen:
             holders_value = lumen["holders"]

@@ -1,12 +1,19 @@
 """The scheduler side of LumenConnector: per-request control, non-blocking restore lookups,
-and the per-step plan of what to restore and save (``LumenMetadata``)."""
+the per-step plan of what to restore and save (``LumenMetadata``), and the local control
+channel's commands (``control.py``), answered from what this side knows or queued for the
+next step's plan."""
 
 from __future__ import annotations
 
 import logging
+import math
+import threading
+import time
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from lumen_core.connector import RestoreLookup, RestoreSource
+from lumen_core.integrations.vllm.control import ControlServer
 from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, SaveSpec
 from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl
 
@@ -18,6 +25,9 @@ if TYPE_CHECKING:
 __all__ = ["SchedulerSide"]
 
 logger = logging.getLogger(__name__)
+
+MAX_FLUSH_S = 30.0  # bound on one `flush` command's wait
+_DURABLE_LAG = "durable_lag_tokens"  # the worker's gauge (stats.DURABLE_LAG, without importing vLLM)
 
 
 class SchedulerSide:
@@ -40,6 +50,15 @@ class SchedulerSide:
             record_bytes=record_bytes,
             tls=config.tls,
             connect_timeout_s=config.connect_timeout_s,
+        )
+        # What the control channel's threads share with the engine's: under _lock.
+        self._lock = threading.Condition()
+        self._releases: list[str] = []  # LUMEN ids to stop checkpointing at the next step
+        self._worker_totals: Counter[str] = Counter()
+        self._lag: tuple[int, float] = (-1, math.inf)  # (tokens, time) of the worker's last sample
+        self._num_flushing = 0
+        self._control = (
+            None if config.control_socket is None else ControlServer(config.control_socket, self.control)
         )
 
     def on_new_request(self, request: Request) -> None:
@@ -136,7 +155,90 @@ class SchedulerSide:
         for req_id in scheduler_output.preempted_req_ids or ():
             if req_id in self._opened:
                 meta.preempted_req_ids.append(req_id)
+        with self._lock:
+            meta.releases, self._releases = self._releases, []
+            meta.sample_lag = self._num_flushing > 0
         return meta
+
+    def update_connector_output(self, stats: Any) -> None:
+        """The worker's figures of the last step (``LumenStats`` or None), kept for ``stats``
+        and ``flush``."""
+        if stats is None or not stats.data:
+            return
+        with self._lock:
+            for name, value in stats.data.items():
+                if name == _DURABLE_LAG:
+                    self._lag = (int(value), time.monotonic())
+                else:
+                    self._worker_totals[name] += value
+            self._lock.notify_all()
+
+    # ---- the control channel (its threads) -------------------------------------------------
+    def control(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One control command (module docstring of ``control.py``); ValueError for a bad one.
+
+        - ``stats``: ``requests`` (known to the scheduler), ``streaming``, ``restoring``, and
+          ``worker``: the worker's counter totals since the engine started, with its last
+          ``durable_lag_tokens`` (-1 before its first sample).
+        - ``release`` ``{"request_id": str}``: stop checkpointing that LUMEN request from the
+          next step on and drop its checkpoint on its holders (the gateway's word; the vLLM
+          request itself runs on). ``known``: it streams here.
+        - ``flush`` ``{"wait_s": number}``: wait (at most ``wait_s``, <= 30, default 5) until the
+          worker samples no saved-but-not-durable token; ``flushed`` and the last lag.
+        """
+        command = request.get("command")
+        if command == "stats":
+            with self._lock:
+                worker = dict(self._worker_totals)
+                worker[_DURABLE_LAG] = self._lag[0]
+            return {
+                "requests": len(self._requests),
+                "streaming": len(self._opened),
+                "restoring": len(self._sources),
+                "worker": worker,
+            }
+        if command == "release":
+            request_id = request.get("request_id")
+            if not isinstance(request_id, str) or not request_id:
+                raise ValueError(f"`request_id` must be a non-empty str, got {request_id!r}")
+            known = any(
+                c.request_id == request_id and r in self._opened for r, c in list(self._controls.items())
+            )
+            with self._lock:
+                self._releases.append(request_id)
+            return {"request_id": request_id, "known": known}
+        if command == "flush":
+            wait_s = request.get("wait_s", 5.0)
+            if (
+                isinstance(wait_s, bool)
+                or not isinstance(wait_s, (int, float))
+                or not 0 <= wait_s <= MAX_FLUSH_S
+            ):
+                raise ValueError(f"`wait_s` must be a number in [0, {MAX_FLUSH_S}], got {wait_s!r}")
+            return self._flush(float(wait_s))
+        raise ValueError(f"`command` must be one of 'stats', 'release', 'flush', got {command!r}")
+
+    def _flush(self, wait_s: float) -> dict[str, Any]:
+        """Wait for a lag sample taken after this call that is 0 (the worker samples every
+        step while a flush waits; the engine steps while a request streams or waits for its
+        last gather, and with none there is nothing to flush)."""
+        asked_at = time.monotonic()
+        if not self._opened:  # nothing streams, nothing waits for its last gather
+            return {"flushed": True, _DURABLE_LAG: 0}
+        deadline = asked_at + wait_s
+        with self._lock:
+            self._num_flushing += 1
+            try:
+                while True:
+                    lag, sampled_at = self._lag
+                    if sampled_at >= asked_at and lag == 0:
+                        return {"flushed": True, _DURABLE_LAG: 0}
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return {"flushed": False, _DURABLE_LAG: lag}
+                    self._lock.wait(left)
+            finally:
+                self._num_flushing -= 1
 
     def request_finished(self, request: Request) -> tuple[bool, dict[str, Any] | None]:
         """Blocks of a streamed request stay allocated until the worker reports its gathers
@@ -153,4 +255,6 @@ class SchedulerSide:
         return False, None
 
     def shutdown(self) -> None:
+        if self._control is not None:
+            self._control.close()
         self._lookup.close()

@@ -43,6 +43,8 @@ class WorkerSide:
         self._failed_loads: dict[str, int] = {}  # this step's restores that stopped early: verified tokens
         self._reported: Counter[str] = Counter()
         self._lag_sampled_at = 0.0
+        self._released: set[str] = set()  # vLLM req_ids the control channel released: not saved
+        self._finished_in_vllm: set[str] = set()  # finished by vLLM, not reported done yet
 
     @property
     def counters(self) -> Counter[str]:
@@ -90,6 +92,19 @@ class WorkerSide:
             grant = StreamGrant(spec.epoch, spec.holders, spec.capabilities, spec.expected_tokens)
             if self.core.begin(spec.request_id, spec.key, grant):
                 self._request_ids[spec.req_id] = spec.request_id
+        self._release(meta.releases)
+        if meta.sample_lag:
+            self._lag_sampled_at = 0.0  # this step's stats sample the lag
+
+    def _release(self, request_ids: list[str]) -> None:
+        """Stop checkpointing these LUMEN requests (the gateway's word, over the control
+        channel): no more saves; their checkpoints are released once their pending gathers
+        are done (``finished`` polls), while vLLM goes on serving them."""
+        wanted = set(request_ids)
+        for req_id, request_id in self._request_ids.items():
+            if request_id in wanted and req_id not in self._released:
+                self._released.add(req_id)
+                self._finishing.add(req_id)
 
     def _load(self, load: LoadSpec) -> None:
         outcome = self.core.restore(load.request_id, load.key, load.restore, load.slot_ids, load.token_ids)
@@ -118,7 +133,7 @@ class WorkerSide:
         steps = []
         for save in meta.saves:
             request_id = self._request_ids.get(save.req_id)
-            if request_id is None:
+            if request_id is None or save.req_id in self._released:
                 continue
             n = len(save.slot_ids)
             verified = self._failed_loads.get(save.req_id)
@@ -136,11 +151,17 @@ class WorkerSide:
     def finished(self, finished_req_ids: Sequence[str] | set[str]) -> set[str]:
         """Finished requests whose gathers are done: released on their holders, their blocks
         free to reuse (vLLM frees them when they are reported here)."""
-        self._finishing.update(r for r in finished_req_ids if r in self._request_ids)
+        finished = {r for r in finished_req_ids if r in self._request_ids}
+        self._finishing |= finished
+        self._finished_in_vllm |= finished
         done: set[str] = set()
         for req_id in list(self._finishing):
             if self.core.finish(self._request_ids[req_id], timeout_s=_FINISHED_POLL_S):
                 self._finishing.discard(req_id)
+                if req_id not in self._finished_in_vllm:
+                    continue  # released while vLLM still runs it: reported when it finishes
+                self._finished_in_vllm.discard(req_id)
+                self._released.discard(req_id)
                 del self._request_ids[req_id]
                 done.add(req_id)
         return done

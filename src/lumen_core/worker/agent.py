@@ -1,0 +1,561 @@
+"""``Agent``: what ``lumen agent`` runs beside one vLLM server (LumenConnector loaded).
+
+To the gateway it is a worker: it registers the server (worker id, holder address),
+heartbeats with the server's load (running and waiting requests from vLLM's ``/metrics``),
+and applies the gateway's directives. It serves the node's ``HolderStore`` on the transport
+(other servers' requests checkpoint into it; HOLD reserves room, RELEASE drops). RUN and
+RESUME become streaming requests to the server's OpenAI endpoint (``upstream``), whose tokens
+it reports by position; CANCEL closes that stream (vLLM aborts the request). It starts the
+server (its CPU binding ``VLLM_CPU_OMP_THREADS_BIND`` and KV space ``VLLM_CPU_KVCACHE_SPACE``,
+the connector's ``kv_transfer_config`` with the control socket) or attaches to a running one,
+and reports the server's exit to the gateway at once (``ReportExit``): the gateway fails the
+worker and moves its requests without waiting for the lease.
+
+Threads: the heartbeat loop's (directives arrive there), one asyncio loop for the upstream
+streams, one reporter (token reports, batched), and the supervisor (waits on the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import json
+import logging
+import math
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from lumen_core.gateway.client import FencedError, GatewayClient, RequestTokens
+from lumen_core.gateway.directives import (
+    AssistDraft,
+    AssistStop,
+    AssistVerify,
+    Cancel,
+    Directive,
+    Hold,
+    Release,
+    Resume,
+    Run,
+    Stream,
+)
+from lumen_core.gateway.errors import GatewayError, StaleEpochError
+from lumen_core.gateway.heartbeat import HeartbeatLoop
+from lumen_core.gateway.reports import HeldReport, WorkerReport
+from lumen_core.integrations.vllm import control
+from lumen_core.stream import HolderStore
+from lumen_core.worker.upstream import UpstreamError, completion_body, stream_tokens
+
+__all__ = [
+    "EXIT_FENCED",
+    "EXIT_OK",
+    "EXIT_SERVER_EXITED",
+    "Agent",
+    "AgentConfig",
+    "record_bytes_of",
+    "server_load",
+]
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FENCED = 3
+EXIT_SERVER_EXITED = 4
+
+_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_HEALTH_POLL_S = 0.5
+_METRICS_TIMEOUT_S = 1.0
+_ATTACHED_MISSES = 3  # an attached server that fails this many health checks in a row exited
+
+
+def record_bytes_of(model_dir: str | os.PathLike[str], dtype: str) -> int:
+    """Bytes of one token's KV record of the model in ``model_dir`` (its ``config.json``) at
+    ``dtype``: layers x 2 (K, V) x KV heads x head size x item size, as the connector's
+    records. Raises ValueError for an unknown dtype or a config without those fields."""
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"`dtype` must be one of {sorted(_DTYPE_BYTES)}, got {dtype!r}")
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    try:
+        num_layers = int(config["num_hidden_layers"])
+        num_heads = int(config["num_attention_heads"])
+        num_kv_heads = int(config.get("num_key_value_heads", num_heads))
+        head_dim = int(config.get("head_dim") or config["hidden_size"] // num_heads)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(
+            f"`config.json` of {model_dir} must name the attention shape, missing {exc}"
+        ) from None
+    return num_layers * 2 * num_kv_heads * head_dim * _DTYPE_BYTES[dtype]
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """worker_id: this server's id in the cluster. gateway: ``host:port`` of its gRPC.
+    secret_file: the cluster secret (0600). model: the model directory the server serves
+    (its ``config.json`` sizes HOLD reservations), at ``dtype``. server_url: attach to a
+    server already running there (None: start one on ``port``, 0 = a free one, with
+    ``server_args`` added to its command line). cpu_bind: the started server's
+    ``VLLM_CPU_OMP_THREADS_BIND`` (None: core ``worker_id`` mod the CPUs, so servers on one
+    host do not all bind to the same core). kv_space_gib: its ``VLLM_CPU_KVCACHE_SPACE``.
+    control_socket: the connector's control channel (started server: created there; default
+    ``workdir/control-<id>.sock``). budget_bytes: the holder's budget for other servers'
+    checkpoints; holder_host its listen address; tls the UCX transports of the holder and
+    the connector. start_timeout_s: bound on the server's start."""
+
+    worker_id: int
+    gateway: str
+    secret_file: str
+    model: str
+    workdir: str
+    dtype: str = "float32"
+    server_url: str | None = None
+    port: int = 0
+    server_args: tuple[str, ...] = ()
+    cpu_bind: str | None = None
+    kv_space_gib: float = 1.0
+    control_socket: str | None = None
+    budget_bytes: int = 1 << 30
+    holder_host: str = "127.0.0.1"
+    tls: str = ""
+    start_timeout_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
+            raise ValueError(f"`worker_id` must be an int >= 0, got {self.worker_id!r}")
+        if not (Path(self.model) / "config.json").is_file():
+            raise ValueError(f"`model` must be a model directory with a config.json, got {self.model!r}")
+        if not Path(self.workdir).is_dir():
+            raise ValueError(f"`workdir` must be an existing directory, got {self.workdir!r}")
+        if self.dtype not in _DTYPE_BYTES:
+            raise ValueError(f"`dtype` must be one of {sorted(_DTYPE_BYTES)}, got {self.dtype!r}")
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"`port` must be in [0, 65535], got {self.port}")
+        if not 0 < self.kv_space_gib < math.inf:
+            raise ValueError(f"`kv_space_gib` must be a number > 0, got {self.kv_space_gib}")
+        if self.budget_bytes < 0:
+            raise ValueError(f"`budget_bytes` must be >= 0, got {self.budget_bytes}")
+        if self.server_url is not None and self.server_args:
+            raise ValueError("`server_args` must be empty when attaching to a running server (`server_url`)")
+
+    @property
+    def socket_path(self) -> str:
+        return self.control_socket or str(Path(self.workdir) / f"control-{self.worker_id}.sock")
+
+
+def server_load(metrics_text: str) -> tuple[int, int]:
+    """(running, waiting) from vLLM's Prometheus text (summed over its label sets)."""
+    counts = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0}
+    for line in metrics_text.splitlines():
+        name = line.partition("{")[0].partition(" ")[0]
+        if name in counts:
+            counts[name] += float(line.rsplit(" ", 1)[1])
+    return int(counts["vllm:num_requests_running"]), int(counts["vllm:num_requests_waiting"])
+
+
+@dataclass
+class _Counters:
+    served: int = 0
+    resumed: int = 0
+    restoring: int = 0
+    cancelled: int = 0
+    upstream_errors: int = 0
+    streams_ignored: int = 0
+    tokens: int = 0
+    errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
+
+
+class Agent:
+    """One node's agent (module doc). ``start`` (server up, registered), then ``wait``
+    returns an exit status (EXIT_SERVER_EXITED, EXIT_FENCED, or EXIT_OK after ``stop``);
+    ``close`` ends everything it started (the server it started: SIGTERM, then SIGKILL)."""
+
+    def __init__(self, config: AgentConfig) -> None:
+        from lumen_core.auth import read_secret_file
+
+        self.config = config
+        self.secret = read_secret_file(config.secret_file)
+        self.record_bytes = record_bytes_of(config.model, config.dtype)
+        self.store = HolderStore(config.budget_bytes)
+        self.holder = self.store.serve(
+            self.secret, address=config.holder_host, port=0, holder_id=config.worker_id, tls=config.tls
+        )
+        self.holder_address = f"{config.holder_host}:{self.holder.port}"
+        self.client = GatewayClient(config.gateway, self.secret, on_issuer_key=self.holder.trust_issuer)
+        self.server_url = config.server_url
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.counters = _Counters()
+        self.heartbeats: HeartbeatLoop | None = None
+        self._done = threading.Event()
+        self._status = EXIT_OK
+        self._reason = ""
+        self._exit_reported = False
+        self._exit_lock = threading.Lock()
+        self._store_lock = threading.Lock()
+        self._refused: set[int] = set()
+        self._evicted: set[int] = set()
+        self._load = (0, 0)
+        self._http_sync = httpx.Client(timeout=_METRICS_TIMEOUT_S)
+        self._loop = asyncio.new_event_loop()
+        self._http: httpx.AsyncClient | None = None  # made on the loop's thread
+        self._tasks: dict[int, tuple[int, asyncio.Task[None]]] = {}  # request id -> (epoch, task)
+        self._reports: queue.Queue[RequestTokens | None] = queue.Queue()
+        self._threads: list[threading.Thread] = []
+
+    # ---- the server ----------------------------------------------------------------------
+    def _transfer_config(self) -> dict[str, Any]:
+        """LumenConnector with no static holders (each request names its own, with the
+        gateway's capabilities) and the control socket."""
+        return {
+            "kv_connector": "LumenConnector",
+            "kv_connector_module_path": "lumen_core.integrations.vllm",
+            "kv_role": "kv_both",
+            "kv_load_failure_policy": "recompute",
+            "kv_connector_extra_config": {
+                "secret_file": self.config.secret_file,
+                "holders": [],
+                "tls": self.config.tls,
+                "control_socket": self.config.socket_path,
+            },
+        }
+
+    def _start_server(self) -> None:
+        config = self.config
+        port = config.port or _free_port()
+        # The API server's module: vllm-cpu's `vllm` command exits at start (docs/vllm.md).
+        argv = [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", config.model,
+            "--host", "127.0.0.1", "--port", str(port), "--dtype", config.dtype,
+            "--kv-transfer-config", json.dumps(self._transfer_config()),
+            "--disable-access-log-for-endpoints", "/health,/metrics",  # the agent polls them
+            *config.server_args,
+        ]  # fmt: skip
+        bind = (
+            config.cpu_bind if config.cpu_bind is not None else str(config.worker_id % (os.cpu_count() or 1))
+        )
+        env = {
+            **os.environ,
+            "VLLM_CPU_OMP_THREADS_BIND": bind,
+            "VLLM_CPU_KVCACHE_SPACE": f"{config.kv_space_gib:g}",
+        }
+        log = open(Path(config.workdir) / f"vllm-{config.worker_id}.log", "ab")  # noqa: SIM115 - the child's
+        # Its own process group: the agent ends the server's whole tree, and a test can kill it.
+        # It dies with the agent (SIGKILL on the parent's death): no server runs unsupervised.
+        self.proc = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - one resolved syscall, no lock taken
+        )
+        log.close()
+        self.server_url = f"http://127.0.0.1:{port}"
+
+    def _healthy(self) -> bool:
+        try:
+            return self._http_sync.get(f"{self.server_url}/health").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def _wait_healthy(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout_s
+        while not self._healthy():
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(
+                    f"the vLLM server exited with {self.proc.returncode} before it was healthy"
+                )
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the vLLM server at {self.server_url} was not healthy after "
+                                   f"{self.config.start_timeout_s} s")  # fmt: skip
+            time.sleep(_HEALTH_POLL_S)
+
+    def _supervise(self) -> None:
+        """Waits for the server's exit (started: the process; attached: its health) and
+        reports it to the gateway at once."""
+        if self.proc is not None:
+            code = self.proc.wait()
+            reason = f"the vLLM server exited with {code}"
+        else:
+            misses = 0
+            while misses < _ATTACHED_MISSES and not self._done.wait(_HEALTH_POLL_S):
+                misses = 0 if self._healthy() else misses + 1
+            if misses < _ATTACHED_MISSES:
+                return  # the agent stopped, the server did not fail
+            reason = f"the vLLM server at {self.server_url} failed {_ATTACHED_MISSES} health checks"
+        # The status first: once the exit is reported the gateway fences this epoch, and a
+        # token report or heartbeat refused then must not make it read "fenced".
+        self._finish(EXIT_SERVER_EXITED, reason)
+        self._report_exit(reason)
+
+    def _report_exit(self, reason: str) -> None:
+        """Tell the gateway this incarnation is gone (once, from whichever thread is first)."""
+        with self._exit_lock:
+            if self._exit_reported or self.client.epoch == 0:
+                return
+            self._exit_reported = True
+        try:
+            self.client.report_exit(self.config.worker_id, self.client.epoch, reason)
+        except GatewayError as exc:  # the lease then decides
+            logger.warning("lumen agent: could not report the exit (%s): %s", reason, exc)
+
+    def _finish(self, status: int, reason: str) -> None:
+        """The first ending wins (the server's exit, a fence, or a stop)."""
+        with self._exit_lock:
+            if not self._done.is_set():
+                self._status, self._reason = status, reason
+                self._done.set()
+
+    # ---- the gateway ---------------------------------------------------------------------
+    def report(self) -> WorkerReport:
+        """The heartbeat's report: the server's load (its last /metrics; kept when it does
+        not answer in time), what the holder keeps, refusals and evictions not acknowledged."""
+        try:
+            self._load = server_load(self._http_sync.get(f"{self.server_url}/metrics").text)
+        except (httpx.HTTPError, ValueError, IndexError):
+            pass
+        checkpoints = self.store.checkpoints()
+        held = tuple(
+            HeldReport(c.request_id, c.epoch, c.durable_tokens)
+            for c in checkpoints
+            if c.shard == 0 and c.opened
+        )
+        with self._store_lock:
+            refused, evicted = tuple(sorted(self._refused)), tuple(sorted(self._evicted))
+        return WorkerReport(
+            num_running=self._load[0],
+            num_waiting=self._load[1],
+            held_bytes=sum(c.durable_tokens * (c.record_bytes + 8) for c in checkpoints),
+            held=held,
+            refused_request_ids=refused,
+            evicted_request_ids=evicted,
+        )
+
+    def _reported(self, report: WorkerReport) -> None:
+        with self._store_lock:
+            self._refused.difference_update(report.refused_request_ids)
+            self._evicted.difference_update(report.evicted_request_ids)
+
+    def _on_directives(self, directives: tuple[Directive, ...]) -> None:
+        """On the heartbeat loop's threads (one at a time): holder directives here, request
+        directives handed to the upstream loop."""
+        for directive in directives:
+            match directive:
+                case Hold():
+                    self._reserve(directive)
+                case Release():
+                    self.store.expire(directive.request_id)
+                case Run() | Resume():
+                    self._loop.call_soon_threadsafe(self._serve, directive)
+                case Cancel():
+                    self._loop.call_soon_threadsafe(self._cancel, directive.request_id)
+                case Stream():
+                    # vLLM gives a running request no new holders: its checkpoint stays where
+                    # it streams (a later restore from a new holder finds nothing and
+                    # re-prefills; docs/front_door.md).
+                    self.counters.streams_ignored += 1
+                case AssistDraft() | AssistVerify() | AssistStop():
+                    pass  # vLLM takes no outside drafts: no mechanism 3 here
+
+    def _reserve(self, directive: Hold) -> None:
+        """HOLD: charge ``reserved_bytes`` of the store per shard, as tokens of this model's
+        record size (plus 8 bytes of token id and crc each), as a reference worker does."""
+        if directive.reserved_bytes == 0:
+            return
+        request_id = directive.request_id
+        num_tokens = -(-directive.reserved_bytes // (self.record_bytes + 8))
+        with self._store_lock:
+            before = {c.request_id for c in self.store.checkpoints()}
+            shards = max(1, len(directive.grant.capabilities))
+            refused = not all(
+                self.store.reserve(request_id, num_tokens, self.record_bytes, shard=s) for s in range(shards)
+            )
+            if refused:
+                self.store.expire(request_id)
+                self._refused.add(request_id)
+            self._evicted |= before - {c.request_id for c in self.store.checkpoints()} - {request_id}
+
+    def _on_fenced(self, reason: str) -> None:
+        self._finish(EXIT_FENCED, reason)
+
+    # ---- requests (on the upstream loop) -------------------------------------------------
+    def _serve(self, directive: Run | Resume) -> None:
+        self._cancel(directive.request_id)
+        task = self._loop.create_task(self._relay(directive))
+        self._tasks[directive.request_id] = (directive.epoch, task)
+
+    def _cancel(self, request_id: int, epoch: int | None = None) -> None:
+        """Close the request's stream (vLLM aborts it); with ``epoch``, only if it serves that
+        epoch (a refused report of an older one does not end a newer stream)."""
+        entry = self._tasks.get(request_id)
+        if entry is not None and epoch in (None, entry[0]):
+            del self._tasks[request_id]
+            entry[1].cancel()
+            self.counters.cancelled += 1
+
+    async def _relay(self, directive: Run | Resume) -> None:
+        request_id, epoch = directive.request_id, directive.epoch
+        self.counters.served += 1
+        try:
+            body, position = completion_body(directive, self.config.model)
+        except ValueError:  # nothing left to generate: it ends where it is
+            sent = len(directive.output_token_ids) if isinstance(directive, Resume) else 0
+            self._reports.put(RequestTokens(request_id, epoch, sent, (), True))
+            return
+        if isinstance(directive, Resume):
+            self.counters.resumed += 1
+            self.counters.restoring += "restore" in body["kv_transfer_params"]["lumen"]
+        assert self._http is not None
+        try:
+            async for piece in stream_tokens(self._http, f"{self.server_url}/v1/completions", body, position):
+                self.counters.tokens += len(piece.token_ids)
+                self._reports.put(RequestTokens(request_id, epoch, piece.start_position, piece.token_ids,
+                                                piece.finished))  # fmt: skip
+        except (UpstreamError, httpx.HTTPError, ValueError) as exc:
+            # A server that died is the supervisor's to report; a refusal is logged (the
+            # front door checked the request, so it should not happen).
+            self.counters.upstream_errors += 1
+            self.counters.errors.append(f"{request_id}: {exc}"[:300])
+            logger.warning("lumen agent: request %d: %s", request_id, exc)
+        finally:
+            if self._tasks.get(request_id, (None,))[0] == epoch:
+                del self._tasks[request_id]
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        # One connection per concurrent stream, to the one server, never timed out mid-stream.
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=None)
+        )
+        self._loop.run_forever()
+
+    def _report_loop(self) -> None:
+        """Token reports in arrival order, batched: whatever queued while a call was out
+        goes in the next one."""
+        while True:
+            first = self._reports.get()
+            if first is None:
+                return
+            batch = [first]
+            while True:
+                try:
+                    item = self._reports.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._reports.put(None)
+                    break
+                batch.append(item)
+            try:
+                acks = self.client.report_tokens_batch(batch)
+            except (FencedError, StaleEpochError) as exc:
+                self._finish(EXIT_FENCED, str(exc))
+                return
+            except GatewayError as exc:  # unreachable: the lease decides
+                logger.warning("lumen agent: token report failed: %s", exc)
+                continue
+            for ack, sent in zip(acks, batch):
+                if ack.code != 0:  # moved on (a newer epoch elsewhere): stop serving it here
+                    self._loop.call_soon_threadsafe(self._cancel, ack.request_id, sent.epoch)
+
+    # ---- lifecycle -----------------------------------------------------------------------
+    def start(self) -> Agent:
+        """Start (or attach to) the server, wait until it is healthy, register, heartbeat.
+        Raises RuntimeError when the server does not come up, GatewayError when the gateway
+        refuses the registration."""
+        if self.server_url is None:
+            self._start_server()
+        self._wait_healthy()
+        for target, name in ((self._run_loop, "loop"), (self._report_loop, "reports")):
+            thread = threading.Thread(target=target, name=f"lumen-agent-{name}", daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        self.client.register(
+            self.config.worker_id,
+            budget_bytes=self.config.budget_bytes,
+            holder_address=self.holder_address,
+            on_directives=self._on_directives,
+        )
+        self.heartbeats = HeartbeatLoop(
+            self.client, self.report, self._on_directives, self._on_fenced, on_reported=self._reported
+        ).start()
+        supervisor = threading.Thread(target=self._supervise, name="lumen-agent-supervisor", daemon=True)
+        supervisor.start()
+        return self
+
+    def connector_stats(self, timeout_s: float = 2.0) -> dict[str, Any]:
+        """The connector's ``stats`` over the control channel (ControlError, OSError)."""
+        return control.ask(self.config.socket_path, "stats", timeout_s=timeout_s)
+
+    def stats(self) -> dict[str, Any]:
+        c = self.counters
+        return {
+            "worker_id": self.config.worker_id,
+            "served": c.served,
+            "resumed": c.resumed,
+            "restoring": c.restoring,
+            "cancelled": c.cancelled,
+            "tokens": c.tokens,
+            "upstream_errors": c.upstream_errors,
+            "streams_ignored": c.streams_ignored,
+            "errors": list(c.errors),
+        }
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        """The exit status once the agent is done (None if not within ``timeout_s``)."""
+        return self._status if self._done.wait(timeout_s) else None
+
+    @property
+    def reason(self) -> str:
+        return self._reason
+
+    def stop(self) -> None:
+        self._finish(EXIT_OK, "stopped")
+
+    def close(self) -> None:
+        """End the server it started, tell the gateway it is gone, stop every thread."""
+        self._finish(EXIT_OK, "stopped")
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=15)
+        if self._status != EXIT_FENCED:
+            self._report_exit(self._reason or "the agent stopped")
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+        self._reports.put(None)
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        for thread in self._threads:
+            thread.join(timeout=5.0)
+        self._http_sync.close()
+        self.holder.close()
+        self.client.close()
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the forked child only calls it
+
+
+def _die_with_parent() -> None:
+    """In the forked child, before exec: SIGKILL when the agent's thread that forked it dies."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

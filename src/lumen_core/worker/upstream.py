@@ -1,0 +1,128 @@
+"""One gateway request on one vLLM server: a RUN or RESUME directive as a streaming
+``POST /v1/completions`` to the server's OpenAI endpoint (``httpx``, async), and the server's
+events as output tokens by position.
+
+The body carries the request's ``kv_transfer_params["lumen"]`` (docs/vllm.md): the gateway's
+request id and its u64 ``key`` (the gateway's capabilities are bound to it), the epoch, the
+holders with the gateway's capabilities, and for a restoring RESUME the source holder. A
+RESUME sends the prompt followed by the tokens the client already has and the ``max_tokens``
+left, so the server's first output is the request's next position. ``ignore_eos``: the
+server produces ``max_tokens`` (the front door ends a choice at EOS or a stop sequence, as
+over the reference engine's workers). No vLLM import.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from lumen_core.gateway.directives import HolderGrant, Resume, Run
+from lumen_core.gateway.protocol import parse_address
+from lumen_core.policy.events import RecoveryAction
+
+__all__ = ["UpstreamError", "UpstreamTokens", "completion_body", "stream_tokens"]
+
+
+class UpstreamError(RuntimeError):
+    """The server refused the request or broke its stream off."""
+
+
+@dataclass(frozen=True)
+class UpstreamTokens:
+    """Output tokens ``start_position ..`` of a request (output positions: 0 is the first
+    token after the prompt); ``finished``: the server ended the request."""
+
+    start_position: int
+    token_ids: tuple[int, ...]
+    finished: bool
+
+
+def _holder(grant: HolderGrant) -> dict[str, Any]:
+    address, port = parse_address(grant.address)
+    return {"address": address, "port": port, "holder_id": grant.worker_id}
+
+
+def _lumen_params(directive: Run | Resume) -> dict[str, Any]:
+    """The request's ``kv_transfer_params["lumen"]``: shard 0's capability of each holder (a
+    server streams one shard)."""
+    lumen: dict[str, Any] = {
+        "request_id": str(directive.request_id),
+        "key": directive.request_id,
+        "epoch": directive.epoch,
+        "holders": [_holder(h) for h in directive.holders],
+        "capabilities": [h.capabilities[0].hex() for h in directive.holders],
+    }
+    restoring = isinstance(directive, Resume) and directive.action in (
+        RecoveryAction.RESTORE,
+        RecoveryAction.REMOTE_RESTORE,
+    )
+    if restoring and directive.source is not None and directive.source.capabilities:
+        # Read at the new epoch: the read fences the dead incarnation's writers.
+        source = directive.source
+        lumen["restore"] = {
+            **_holder(source),
+            "epoch": directive.epoch,
+            "capability": source.capabilities[0].hex(),
+        }
+    return lumen
+
+
+def completion_body(directive: Run | Resume, model: str) -> tuple[dict[str, Any], int]:
+    """(the JSON body for the server's ``/v1/completions``, the output position of its first
+    token). ``max_tokens`` is what is left of the request's ``max_new_tokens``; ValueError
+    when nothing is left (the caller reports the request finished instead)."""
+    outputs = list(directive.output_token_ids) if isinstance(directive, Resume) else []
+    left = directive.max_new_tokens - len(outputs)
+    if left <= 0:
+        raise ValueError(
+            f"`max_new_tokens` must exceed the {len(outputs)} tokens sent, got {directive.max_new_tokens}"
+        )
+    body: dict[str, Any] = {
+        "model": model,
+        "prompt": [*directive.prompt_token_ids, *outputs],
+        "max_tokens": left,
+        "temperature": directive.sampling.temperature,
+        "stream": True,
+        "return_token_ids": True,
+        "ignore_eos": True,
+        "kv_transfer_params": {"lumen": _lumen_params(directive)},
+    }
+    if directive.sampling.temperature > 0:
+        body["seed"] = directive.sampling.seed % 2**63  # vLLM takes a signed 64-bit seed
+    return body, len(outputs)
+
+
+async def stream_tokens(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any], start_position: int
+) -> AsyncIterator[UpstreamTokens]:
+    """POST ``body`` to ``url`` (the server's ``/v1/completions``) and yield its tokens by
+    output position as they arrive, the last with ``finished``. Raises UpstreamError for a
+    refusal (the server's error message), an error event, or a stream that ends unfinished;
+    httpx errors when the server cannot be reached or goes away."""
+    position = start_position
+    async with http.stream("POST", url, json=body) as response:
+        if response.status_code != 200:
+            detail = (await response.aread()).decode(errors="replace")[:500]
+            raise UpstreamError(f"the server answered {response.status_code}: {detail}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line.removeprefix("data: ")
+            if data == "[DONE]":
+                break
+            event = json.loads(data)
+            if "error" in event:
+                raise UpstreamError(f"the server's stream failed: {event['error']}")
+            for choice in event.get("choices", ()):
+                tokens = tuple(int(t) for t in choice.get("token_ids") or ())
+                finished = choice.get("finish_reason") is not None
+                if tokens or finished:
+                    yield UpstreamTokens(position, tokens, finished)
+                    position += len(tokens)
+                if finished:
+                    return
+    raise UpstreamError(f"the server's stream ended at output position {position} without a finish")

@@ -1,0 +1,205 @@
+"""``lumen agent`` beside real ``vllm serve`` processes, behind the gateway's front door: the
+official ``openai`` client's streams survive a server's SIGKILL with every token once.
+
+Two servers (CPU, the tiny Llama of engines.py, 1 GiB of KV each, each bound to its own
+core by its agent). 16 concurrent streams (half greedy, half seeded at temperature 0.8) run
+once without a failure, then again while the busiest server's process group is SIGKILLed
+once every stream has 8 tokens: its agent reports the exit at once, the gateway moves each
+interrupted request to the survivor (restored from the checkpoint the survivor's holder
+kept, prompt + tokens already sent, ``max_tokens`` shrunk) and every stream goes on. Greedy
+streams are the failure-free run's token for token; a moved seeded stream is marked
+``resumed_inexact`` (vLLM's generator restarts), one that was not moved is unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from engines import TLS, build_model, record_bytes
+
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.http.config import FrontDoorConfig
+from lumen_core.gateway.http.front_door import FrontDoor
+from lumen_core.gateway.server import GatewayServer
+from lumen_core.integrations.vllm import control
+from lumen_core.policy.events import RecoveryAction
+from lumen_core.policy.load import LoadConfig
+
+KEY = "agent-test-key-0123456789abcdef"
+MODEL = "tiny"
+NUM_SERVERS = 2
+NUM_STREAMS = 16
+PROMPT_TOKENS = 40
+MAX_TOKENS = 160  # long enough that every stream is mid-way when the last one has 8 tokens, durably
+KILL_AFTER_TOKENS = 8
+SERVER_ARGS = "--skip-tokenizer-init --enforce-eager --max-model-len 1024 --seed 0"
+
+
+def _prompt(i: int) -> list[int]:
+    return [(7 * i + 3 * j + 1) % 500 + 5 for j in range(PROMPT_TOKENS)]
+
+
+def _temperature(i: int) -> float:
+    """Greedy and seeded in pairs: whichever way the streams split over the servers, each has both."""
+    return 0.0 if i % 4 < 2 else 0.8
+
+
+class _Stream:
+    def __init__(self) -> None:
+        self.request_id = 0
+        self.inexact_from = -1  # output position of the first token marked resumed_inexact
+        self.token_ids: list[int] = []
+        self.finish_reasons: list[str] = []
+        self.usages: list[Any] = []
+        self.error = ""
+
+
+def _consume(client: openai.OpenAI, i: int, stream: _Stream) -> None:
+    try:
+        events = client.completions.create(
+            model=MODEL,
+            prompt=_prompt(i),
+            max_tokens=MAX_TOKENS,
+            temperature=_temperature(i),
+            seed=1000 + i,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in events:
+            stream.request_id = int(chunk.id.removeprefix("cmpl-"))
+            if chunk.usage is not None:
+                stream.usages.append(chunk.usage)
+            for choice in chunk.choices:
+                if (choice.model_extra or {}).get("resumed_inexact") and stream.inexact_from < 0:
+                    stream.inexact_from = len(stream.token_ids)
+                stream.token_ids.extend(choice.token_ids)
+                if choice.finish_reason is not None:
+                    stream.finish_reasons.append(choice.finish_reason)
+    except Exception as exc:  # noqa: BLE001 - the test asserts on it
+        stream.error = f"{type(exc).__name__}: {exc}"
+
+
+def _run_streams(
+    client: openai.OpenAI, on_progress: Callable[[list[_Stream]], None] | None = None
+) -> list[_Stream]:
+    streams = [_Stream() for _ in range(NUM_STREAMS)]
+    threads = [threading.Thread(target=_consume, args=(client, i, s)) for i, s in enumerate(streams)]
+    for thread in threads:
+        thread.start()
+    if on_progress is not None:
+        on_progress(streams)
+    for thread in threads:
+        thread.join(timeout=300.0)
+    assert not any(t.is_alive() for t in threads)
+    return streams
+
+
+def _kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+@pytest.mark.timeout(900)
+def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
+    tmp_path: Path, secret: bytes, secret_file: Path, spawn: Callable[[list[str]], Any]
+) -> None:
+    model = build_model(tmp_path / "model")
+    gateway = GatewayServer(
+        GatewayConfig(policy="LUMEN", load_config=LoadConfig(kv_bytes_per_token=record_bytes())),
+        secret,
+        port=0,
+        max_streams=256,
+    ).start()
+    agents, registered = [], []
+    try:
+        for worker_id in range(NUM_SERVERS):
+            argv = [
+                sys.executable, "-m", "lumen_core.cli", "agent", "--worker-id", str(worker_id),
+                "--gateway", gateway.address, "--secret-file", str(secret_file), "--model", str(model),
+                "--workdir", str(tmp_path), "--tls", TLS, "--kv-space-gib", "1", "--server-args", SERVER_ARGS,
+                "--start-timeout-s", "400",
+            ]  # fmt: skip
+            agents.append(spawn(argv))
+        registered = [agent.read() for agent in agents]  # the servers start side by side
+        assert [r["event"] for r in registered] == ["registered"] * NUM_SERVERS
+        config = FrontDoorConfig(MODEL, vocab_size=512, max_model_len=1024, engine="vllm")
+        with FrontDoor(gateway, config, frozenset([KEY])) as door:
+            client = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=300.0)
+            reference = _run_streams(client)
+            assert [s.error for s in reference] == [""] * NUM_STREAMS
+
+            coordinator = gateway.coordinator
+            victims: list[int] = []
+
+            def _coverage() -> float:
+                with gateway.condition:
+                    return coordinator.metrics().coverage
+
+            def kill_the_busiest(streams: list[_Stream]) -> None:
+                deadline = time.monotonic() + 300.0
+                # Every stream has 8 tokens and every checkpoint is durable (all but the last
+                # 16 tokens, as the holders' heartbeats report): the survivor can restore.
+                while min(len(s.token_ids) for s in streams) < KILL_AFTER_TOKENS or _coverage() < 1.0:
+                    assert time.monotonic() < deadline and not any(s.error for s in streams)
+                    time.sleep(0.002)
+                with gateway.condition:
+                    running = {
+                        w: len(coordinator.monitor.running_on(w))
+                        for w in coordinator.monitor.live_worker_ids()
+                    }
+                victim = max(running, key=lambda w: running[w])
+                victims.append(victim)
+                _kill_group(registered[victim]["server_pid"])
+
+            streams = _run_streams(client, kill_the_busiest)
+            with gateway.condition:
+                moved = [coordinator.request_worker(s.request_id)[1] > 1 for s in streams]
+            (victim,) = victims
+            survivor = 1 - victim
+            connector = control.ask(tmp_path / f"control-{survivor}.sock", "stats")
+        stopped = agents[victim].read()  # the victim's agent reported the exit and ended
+        failures = coordinator.failures
+    finally:
+        for r in registered:
+            _kill_group(r["server_pid"])
+        gateway.stop(grace_s=0.1)
+    assert [s.error for s in streams] == [""] * NUM_STREAMS
+    assert (stopped["event"], stopped["status"]) == ("stopped", 4)
+    killed = next(f for f in failures if f.worker_ids == (victim,))
+    assert "exited" in killed.cause and len(killed.reroutes) >= 2  # streams were cut mid-way
+    assert all(len(s.token_ids) == MAX_TOKENS for s in reference + streams)
+    assert [s.inexact_from for s in reference] == [-1] * NUM_STREAMS
+    greedy = [i for i in range(NUM_STREAMS) if _temperature(i) == 0.0]
+    seeded = [i for i in range(NUM_STREAMS) if _temperature(i) > 0.0]
+    # none repeated, none missing, none changed
+    assert [streams[i].token_ids for i in greedy] == [reference[i].token_ids for i in greedy]
+    assert [streams[i].inexact_from for i in greedy] == [-1] * len(greedy)  # greedy resumes exactly
+    assert any(moved[i] for i in greedy) and any(moved[i] for i in seeded)
+    for i in seeded:
+        stream, expected = streams[i], reference[i].token_ids
+        if moved[i]:  # marked from the move on; what it had before is the failure-free run's
+            assert stream.inexact_from >= KILL_AFTER_TOKENS
+            assert stream.token_ids[:KILL_AFTER_TOKENS] == expected[:KILL_AFTER_TOKENS]
+        else:
+            assert (stream.inexact_from, stream.token_ids) == (-1, expected)
+    for stream in streams:
+        assert stream.finish_reasons == ["length"]
+        (usage,) = stream.usages  # counted once, across the failover too
+        assert (usage.prompt_tokens, usage.completion_tokens) == (PROMPT_TOKENS, MAX_TOKENS)
+    # The gateway routed the moved requests to restore from the survivor's holder, and the
+    # survivor restored (a prompt still in its prefix cache from the failure-free run is
+    # served from there instead: vLLM asks the connector only past a local hit).
+    assert all(r.route.action == RecoveryAction.RESTORE for r in killed.reroutes)
+    assert connector["worker"].get("restores", 0) >= 1
+    assert connector["worker"].get("restored_tokens", 0) > 0

@@ -1,0 +1,152 @@
+"""The agent's pieces that need no vLLM: the request body a RUN or RESUME becomes, the
+server's load read from its metrics, the KV record size of a model, the vLLM demo's token
+counts, and the checks of ``AgentConfig`` and ``lumen agent``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lumen_core.cli import main
+from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
+from lumen_core.policy.events import RecoveryAction
+from lumen_core.worker.agent import AgentConfig, record_bytes_of, server_load
+from lumen_core.worker.upstream import completion_body
+from lumen_core.worker.vllm_demo import count_token_errors
+
+CAP_A, CAP_B = bytes(range(128)), bytes(128)
+HOLDERS = (HolderGrant(1, "10.0.0.1:7001", (CAP_A,)), HolderGrant(2, "10.0.0.2:7002", (CAP_B, CAP_A)))
+
+
+def _resume(action: RecoveryAction, source: HolderGrant | None, **kw: object) -> Resume:
+    fields = {"max_new_tokens": 10, "sampling": Sampling(0.8, 2**63 + 5)} | kw
+    return Resume(42, 3, action, HOLDERS, source, (1, 2, 3), (9, 8), **fields)  # type: ignore[arg-type]
+
+
+def test_a_run_streams_to_its_holders_with_the_gateways_key_and_capabilities() -> None:
+    body, start = completion_body(Run(42, 1, HOLDERS, (1, 2, 3), 16), "m")
+    assert start == 0
+    assert (body["model"], body["prompt"], body["max_tokens"], body["temperature"]) == (
+        "m",
+        [1, 2, 3],
+        16,
+        0.0,
+    )
+    assert body["stream"] and body["return_token_ids"] and body["ignore_eos"] and "seed" not in body
+    assert body["kv_transfer_params"] == {
+        "lumen": {
+            "request_id": "42",
+            "key": 42,
+            "epoch": 1,
+            "holders": [
+                {"address": "10.0.0.1", "port": 7001, "holder_id": 1},
+                {"address": "10.0.0.2", "port": 7002, "holder_id": 2},
+            ],
+            "capabilities": [CAP_A.hex(), CAP_B.hex()],  # shard 0's: a server streams one shard
+        }
+    }
+
+
+def test_a_resume_sends_the_tokens_so_far_shrinks_max_tokens_and_restores_at_its_epoch() -> None:
+    source = HolderGrant(2, "10.0.0.2:7002", (CAP_B,))
+    body, start = completion_body(_resume(RecoveryAction.REMOTE_RESTORE, source), "m")
+    assert (start, body["prompt"], body["max_tokens"]) == (2, [1, 2, 3, 9, 8], 8)
+    assert body["seed"] == 5  # the seed as vLLM's signed 64 bits take it
+    restore = body["kv_transfer_params"]["lumen"]["restore"]
+    assert restore == {
+        "address": "10.0.0.2",
+        "port": 7002,
+        "holder_id": 2,
+        "epoch": 3,
+        "capability": CAP_B.hex(),
+    }
+    local, _ = completion_body(_resume(RecoveryAction.RESTORE, source), "m")
+    assert local["kv_transfer_params"]["lumen"]["restore"] == restore
+    prefill, _ = completion_body(_resume(RecoveryAction.REPREFILL, None), "m")
+    assert "restore" not in prefill["kv_transfer_params"]["lumen"]
+
+
+def test_a_resume_with_nothing_left_is_refused() -> None:
+    with pytest.raises(ValueError, match="`max_new_tokens` must exceed the 2 tokens sent, got 2"):
+        completion_body(_resume(RecoveryAction.REPREFILL, None, max_new_tokens=2), "m")
+
+
+def test_the_load_is_read_from_vllms_metrics() -> None:
+    text = """# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 4.0
+vllm:num_requests_waiting_by_reason{engine="0",reason="capacity"} 9.0
+"""
+    assert server_load(text) == (5, 4)
+    assert server_load("") == (0, 0)
+
+
+def _model(tmp_path: Path, **config: int) -> Path:
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+def test_record_bytes_follow_the_models_attention_shape(tmp_path: Path) -> None:
+    model = _model(tmp_path, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    assert record_bytes_of(model, "float32") == 2 * 2 * 2 * 32 * 4
+    model = _model(tmp_path, num_hidden_layers=3, num_attention_heads=8, hidden_size=512)  # MHA, no head_dim
+    assert record_bytes_of(model, "bfloat16") == 3 * 2 * 8 * 64 * 2
+    with pytest.raises(ValueError, match="`dtype` must be one of"):
+        record_bytes_of(model, "int8")
+    with pytest.raises(ValueError, match="must name the attention shape, missing 'num_hidden_layers'"):
+        record_bytes_of(_model(tmp_path, num_attention_heads=8), "float32")
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"worker_id": -1}, "`worker_id` must be an int >= 0, got -1"),
+        ({"model": "/nonexistent"}, "`model` must be a model directory with a config.json"),
+        ({"workdir": "/nonexistent"}, "`workdir` must be an existing directory"),
+        ({"dtype": "int8"}, "`dtype` must be one of"),
+        ({"port": 70000}, r"`port` must be in \[0, 65535\], got 70000"),
+        ({"kv_space_gib": 0}, "`kv_space_gib` must be a number > 0, got 0"),
+        ({"budget_bytes": -1}, "`budget_bytes` must be >= 0, got -1"),
+        ({"server_url": "http://h:1", "server_args": ("--x",)}, "`server_args` must be empty when attaching"),
+    ],
+)
+def test_agent_config_is_checked(tmp_path: Path, fields: dict, match: str) -> None:
+    model = _model(tmp_path, num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
+    base = {
+        "worker_id": 0,
+        "gateway": "h:1",
+        "secret_file": "s",
+        "model": str(model),
+        "workdir": str(tmp_path),
+    }
+    with pytest.raises(ValueError, match=match):
+        AgentConfig(**(base | fields))
+    assert AgentConfig(**base).socket_path == str(tmp_path / "control-0.sock")
+
+
+def test_lumen_agent_reports_bad_arguments_with_status_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    argv = ["agent", "--worker-id", "0", "--gateway", "127.0.0.1:1", "--secret-file", str(tmp_path / "none"),
+            "--model", str(tmp_path), "--workdir", str(tmp_path)]  # fmt: skip
+    assert main(argv) == 2
+    assert "`model` must be a model directory with a config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("received", "errors"),
+    [
+        ([1, 2, 3, 4, 5], (0, 0, 0)),
+        ([1, 2, 3, 3, 4, 5], (1, 0, 0)),  # a token sent twice across the resume point
+        ([1, 2, 4, 5], (0, 1, 0)),  # one lost
+        ([1, 2, 9, 4, 5], (0, 0, 1)),  # one changed in place
+        ([1, 2], (0, 3, 0)),  # a stream that broke off
+        ([], (0, 5, 0)),
+    ],
+)
+def test_the_demo_counts_duplicate_missing_and_changed_tokens(received: list[int], errors: tuple) -> None:
+    assert count_token_errors([1, 2, 3, 4, 5], received) == errors
