@@ -778,21 +778,8 @@ class ClusterSim:
                 req.reported = 0
             worker.lost = lost
             worker.state = WorkerState.FAILED
-            worker.epoch += 1
-            worker.busy = False
-            worker.waiting.clear()
-            worker.prefill = []
-            worker.heap = []
-            worker.decoding = {}
-            worker.n_dec = 0
-            worker.ctx_base = 0.0
-            worker.ckpt = {}
-            worker.ckpt_dec = 0
-            worker.kv_used = 0
+            self._reset(worker)  # its stream backlog died with it
             worker.num_moving = 0
-            worker.history.clear()
-            worker.sent = worker.produced  # its stream backlog died with it
-            worker.sent_t = now
             # The simulator knows a failure when it happens (a gateway, at detection): its
             # pairings end now. A freed assistant keeps loading and may pair again at a heartbeat.
             unpairing = self.driver.end_pairings(wid)
