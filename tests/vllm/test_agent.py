@@ -39,7 +39,10 @@ MODEL = "tiny"
 NUM_SERVERS = 2
 NUM_STREAMS = 16
 PROMPT_TOKENS = 40
-MAX_TOKENS = 160  # long enough that every stream is mid-way when the last one has 8 tokens, durably
+# Long enough that every stream is mid-way when the last one has 8 tokens and the holders'
+# heartbeats report every checkpoint durable (160 was not, once, under load: the streams had
+# ended when the kill came, and nothing was cut).
+MAX_TOKENS = 480
 KILL_AFTER_TOKENS = 8
 SERVER_ARGS = "--skip-tokenizer-init --enforce-eager --max-model-len 1024 --seed 0"
 
@@ -159,6 +162,7 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
                         for w in coordinator.monitor.live_worker_ids()
                     }
                 victim = max(running, key=lambda w: running[w])
+                assert running[victim] >= 2, f"the streams ended before the kill: running {running}"
                 victims.append(victim)
                 _kill_group(registered[victim]["server_pid"])
 
