@@ -38,7 +38,10 @@ from lumen_core.transport import Client
 HERE = Path(__file__).parent
 # Prompt lengths around vLLM's CPU block size (128) and across several blocks.
 PROMPT_LENGTHS = {"r0": 100, "r1": 127, "r2": 128, "r3": 129, "r4": 200, "r5": 255, "r6": 300, "r7": 513}
-TOTAL_TOKENS = 200  # output tokens of every request of the uninterrupted run (EOS ignored)
+# Output tokens of every request of the uninterrupted run (EOS ignored). A step takes ~5 ms,
+# so the kill at DECODED_BEFORE_KILL leaves seconds, not the ~1 s 200 tokens left, for a slow
+# first connection to the holder or a stalled poll (CI failed both resume tests that way).
+TOTAL_TOKENS = 1200
 DECODED_BEFORE_KILL = 32  # durable output tokens every request holds when A dies
 CORRUPTED = "r4"
 BAD_CAPABILITY = "r6"
@@ -138,6 +141,8 @@ def _run_and_kill(
         f"emitted and finish reasons {ends}; holder {server.ask('stats')}; its last lines:\n{''.join(log)}"
     )
     _assert_group_gone(proc.pid)
+    finished = {r: ends[r] for r, q in requests.items() if ends.get(r, (0,))[0] >= q["max_tokens"]}
+    assert not finished, f"requests finished before the kill: {finished}; durable past prompt {past_prompt}"
     return emitted
 
 
