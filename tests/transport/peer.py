@@ -7,9 +7,10 @@
     python peer.py stream --port P --secret-file F --capability HEX --request-id R
                           --num-appends K --tokens-per-append N --record-bytes RB [--window W]
                           [--tls T] [--interval-s S]
-        opens R (shard 0, epoch 1, with the capability the test issued) and appends make_append() data in order with W appends in
-        flight (pausing S seconds between appends), printing {"durable": D} after each ack and
-        {"done": true} at the end.
+        opens R (shard 0, epoch 1, with the capability the test issued) and appends make_append()
+        data in order with W appends in flight (pausing S seconds between appends), printing
+        {"durable": D} after each ack and {"done": true, "appends": K} at the end; a line on
+        stdin stops it early (after the appends in flight).
 
 make_append() is the deterministic content both sides agree on.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import threading
 import time
 from collections import deque
 from pathlib import Path
@@ -82,14 +84,18 @@ def stream(args: argparse.Namespace) -> None:
 
     secret = read_secret_file(args.secret_file)
     capability = bytes.fromhex(args.capability)
-    appends = [
-        make_append(args.request_id, i * args.tokens_per_append, args.tokens_per_append, args.record_bytes)
-        for i in range(args.num_appends)
-    ]
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
+    appended = 0
     with Client("127.0.0.1", args.port, secret, tls=args.tls) as client:
         client.open(args.request_id, SHARD, EPOCH, args.record_bytes, LAYOUT_FP, MODEL_FP, capability)
         in_flight: deque[int] = deque()
-        for i, (token_ids, crcs, records) in enumerate(appends):
+        for i in range(args.num_appends):
+            if stop.is_set():
+                break
+            token_ids, crcs, records = make_append(
+                args.request_id, i * args.tokens_per_append, args.tokens_per_append, args.record_bytes
+            )
             if args.interval_s > 0:
                 time.sleep(args.interval_s)
             in_flight.append(
@@ -104,11 +110,12 @@ def stream(args: argparse.Namespace) -> None:
                     capability,
                 )
             )
+            appended += 1
             if len(in_flight) >= args.window:
                 _emit({"durable": client.wait(in_flight.popleft(), timeout_s=30.0)})
         while in_flight:
             _emit({"durable": client.wait(in_flight.popleft(), timeout_s=30.0)})
-    _emit({"done": True})
+    _emit({"done": True, "appends": appended})
 
 
 def main() -> None:

@@ -181,17 +181,19 @@ def _malformed_messages() -> st.SearchStrategy[tuple[bytes, bytes]]:
 def test_malformed_messages_are_refused_while_another_client_streams(
     issuer: CapabilityIssuer, server, spawn_streamer, peer, secret
 ) -> None:
-    request_id, n, record_bytes, num_appends = 31, 16, 4096, 200
-    streamer = spawn_streamer(
-        server.port, request_id, n, record_bytes, num_appends=num_appends, interval_s=0.01
-    )
+    # The honest client streams until the attack is over (stopped then, at most 100 s).
+    request_id, n, record_bytes = 31, 16, 4096
+    streamer = spawn_streamer(server.port, request_id, n, record_bytes, num_appends=10_000, interval_s=0.01)
     acks: list[float] = []
     first = streamer.read()  # streaming has begun
     assert "durable" in first
 
+    done: list[dict] = []
+
     def follow() -> None:
-        while "done" not in streamer.read():
+        while "done" not in (line := streamer.read()):
             acks.append(time.monotonic())
+        done.append(line)
 
     follower = threading.Thread(target=follow, daemon=True)
     follower.start()
@@ -218,9 +220,13 @@ def test_malformed_messages_are_refused_while_another_client_streams(
                 attacker._native.send_raw(header, payload, RAW_OP, 10.0)
         sent.append(time.monotonic())
 
+    assert follower.is_alive(), "the honest streamer ended before the attack did"
+    streamer.proc.stdin.write("stop\n")
+    streamer.proc.stdin.flush()
     follower.join(timeout=60)
     assert not follower.is_alive(), "the honest streamer stalled"
     assert any(sent[0] < t < sent[-1] for t in acks), "the streamer was not served meanwhile"
+    num_appends = done[0]["appends"]
     stats = server.ask("stats")
     assert stats["malformed"] == len(sent)
     assert stats["handshakes_ok"] == len(sent) + 1
