@@ -1,54 +1,32 @@
-"""Helpers of the vLLM tests: tiny models built here, engine arguments, and the holder checks.
+"""Helpers of the vLLM tests: the tiny model, engine arguments, and the holder checks.
 
-Models are random Llama weights saved with ``save_pretrained``; the LM head is scaled so the
-top-2 logit gap at every greedy position is far above fp32 noise (tests assert it from the
-reference run's logprobs), so token-for-token identity cannot flake.
+The model is the demo's (``vllm_demo.write_tiny_llama``: random Llama weights saved with
+``save_pretrained``, LM head scaled so the top-2 logit gap at every greedy position is far above
+fp32 noise; tests assert it from the reference run's logprobs), so token-for-token identity
+cannot flake.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-import torch
 from vllm import SamplingParams
 
 from lumen_core.auth import CapabilityIssuer, Rights
 from lumen_core.stream import request_key
 from lumen_core.transport import Client, Rejected
+from lumen_core.worker.vllm_demo import HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS
+from lumen_core.worker.vllm_demo import write_tiny_llama as build_model  # the demo's tiny Llama
 
-VOCAB = 512
-NUM_LAYERS = 2
-NUM_KV_HEADS = 2
-HEAD_DIM = 32
+__all__ = [
+    "FP32_NOISE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_LAYERS", "TLS", "build_model", "durable_tokens",
+    "engine_kwargs", "greedy", "params", "record_bytes", "transfer_config",
+]  # fmt: skip
+
 # fp32 logits of this model differ between kernels by ~1e-5; a gap 100x that cannot flip.
 FP32_NOISE = 1e-3
 TLS = "tcp"
-
-
-def build_model(path: Path, *, seed: int = 0) -> Path:
-    """A 2-layer Llama (GQA 4/2 heads, head_dim 32) saved in fp32 under ``path``."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=NUM_KV_HEADS,
-        head_dim=HEAD_DIM,
-        max_position_embeddings=4096,
-        initializer_range=0.1,  # large enough that outputs depend on the context
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(100.0)  # top-2 gaps of ~0.1-10 logits
-    model.save_pretrained(path)
-    return path
 
 
 def record_bytes() -> int:
@@ -108,7 +86,3 @@ def greedy(max_tokens: int, **kwargs: Any) -> SamplingParams:
 
 def params(request_id: str, **lumen: Any) -> dict[str, Any]:
     return {"kv_transfer_params": {"lumen": {"request_id": request_id, **lumen}}}
-
-
-def dump(value: Any) -> str:
-    return json.dumps(value)

@@ -38,7 +38,11 @@ NUM_SERVERS = 3
 PROMPT_TOKENS = 300  # long enough that a restore saves a real prefill
 MAX_TOKENS = 96
 KILL_AFTER_TOKENS = 8
+# The tiny Llama of write_tiny_llama (the vLLM tests build theirs here too).
 VOCAB = 512
+NUM_LAYERS = 2
+NUM_KV_HEADS = 2
+HEAD_DIM = 32
 MODEL_NAME = "tiny"
 _KEY = "lumen-demo-vllm-key-0123456789ab"
 _SERVER_ARGS = "--skip-tokenizer-init --enforce-eager --max-model-len 1024 --seed 0"
@@ -53,14 +57,16 @@ def write_tiny_llama(path: Path, *, seed: int = 0) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=32, max_position_embeddings=4096, initializer_range=0.1,
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4, num_key_value_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+        max_position_embeddings=4096,
+        initializer_range=0.1,  # large enough that outputs depend on the context
         tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():
-        model.lm_head.weight.mul_(100.0)
+        model.lm_head.weight.mul_(100.0)  # top-2 gaps of ~0.1-10 logits
     model.save_pretrained(path)
     return path
 
