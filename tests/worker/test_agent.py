@@ -1,18 +1,25 @@
 """The agent's pieces that need no vLLM: the request body a RUN or RESUME becomes, the
 server's load read from its metrics, the KV record size of a model, the vLLM demo's token
-counts, and the checks of ``AgentConfig`` and ``lumen agent``."""
+counts, the checks of ``AgentConfig`` and ``lumen agent``, and the exit report of an agent
+attached to a plain HTTP server standing in for vLLM's (``/health``, ``/metrics``)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from lumen_core.cli import main
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
+from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.events import RecoveryAction
-from lumen_core.worker.agent import AgentConfig, record_bytes_of, server_load
+from lumen_core.worker.agent import EXIT_SERVER_EXITED, Agent, AgentConfig, record_bytes_of, server_load
 from lumen_core.worker.upstream import completion_body
 from lumen_core.worker.vllm_demo import count_token_errors
 
@@ -150,3 +157,77 @@ def test_lumen_agent_reports_bad_arguments_with_status_2(
 )
 def test_the_demo_counts_duplicate_missing_and_changed_tokens(received: list[int], errors: tuple) -> None:
     assert count_token_errors([1, 2, 3, 4, 5], received) == errors
+
+
+class _ServerEndpoints(BaseHTTPRequestHandler):
+    """What the agent polls on a vLLM server: ``/health`` (200) and ``/metrics`` (no load)."""
+
+    def do_GET(self) -> None:
+        body = b"vllm:num_requests_running 0.0\n" if self.path == "/metrics" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass  # the agent polls every 0.5 s: not worth a line each
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ServerEndpoints)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=5.0)
+
+
+def test_close_waits_for_the_supervisors_exit_report_so_the_gateway_gets_it(
+    tmp_path: Path,
+    secret: bytes,
+    secret_file: Path,
+    ucx_module: None,
+    server: ThreadingHTTPServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The supervisor ends the agent, then reports the exit; ``close`` (what ``lumen agent``
+    runs once the agent ended) must not close the gateway client while that report is out:
+    a cancelled report leaves the gateway to notice the exit at lease expiry. A gateway that
+    answers late (its lock held here) keeps the report out while ``close`` runs."""
+    model = _model(tmp_path, num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
+    caplog.set_level(logging.WARNING, logger="lumen_core.worker.agent")
+    # No heartbeat falls due while the gateway is held: only the exit report is out then.
+    gateway = GatewayServer(GatewayConfig(lease_s=60.0, heartbeat_s=30.0), secret, port=0).start()
+    agent: Agent | None = None
+    closing: threading.Thread | None = None
+    try:
+        config = AgentConfig(
+            worker_id=0,
+            gateway=gateway.address,
+            secret_file=str(secret_file),
+            model=str(model),
+            workdir=str(tmp_path),
+            server_url=f"http://127.0.0.1:{server.server_address[1]}",
+            tls="tcp",
+        )
+        agent = Agent(config).start()
+        with gateway.condition:
+            server.shutdown()
+            server.server_close()  # the server is gone: its health checks fail from now on
+            assert agent.wait(timeout_s=10.0) == EXIT_SERVER_EXITED
+            closing = threading.Thread(target=agent.close)
+            closing.start()
+            closing.join(timeout=1.0)
+            assert closing.is_alive(), "close returned while the exit report was still out"
+        closing.join(timeout=10.0)
+        assert not closing.is_alive()
+        assert "could not report the exit" not in caplog.text
+        (failure,) = gateway.coordinator.failures
+        assert failure.worker_ids == (0,)
+        assert failure.cause.startswith("process exited: the vLLM server at")
+    finally:
+        if agent is not None and closing is None:  # not closed by the test's thread
+            agent.close()
+        gateway.stop(grace_s=0.1)

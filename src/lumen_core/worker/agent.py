@@ -198,7 +198,8 @@ class Agent:
         self._status = EXIT_OK
         self._reason = ""
         self._exit_reported = False
-        self._exit_lock = threading.Lock()
+        self._exit_lock = threading.Lock()  # the first ending
+        self._report_lock = threading.Lock()  # the one exit report, held while it is out
         self._store_lock = threading.Lock()
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
@@ -297,15 +298,19 @@ class Agent:
         self._report_exit(reason)
 
     def _report_exit(self, reason: str) -> None:
-        """Tell the gateway this incarnation is gone (once, from whichever thread is first)."""
-        with self._exit_lock:
+        """Tell the gateway this incarnation is gone: once, from whichever thread is first.
+        A second caller waits until the first report is answered: ``close`` (woken by the
+        supervisor's ``_finish``, just before its report) must not close the client under
+        it, or the report is cancelled and the gateway learns of the exit only when the
+        lease expires, ``lease_s`` later."""
+        with self._report_lock:
             if self._exit_reported or self.client.epoch == 0:
                 return
             self._exit_reported = True
-        try:
-            self.client.report_exit(self.config.worker_id, self.client.epoch, reason)
-        except GatewayError as exc:  # the lease then decides
-            logger.warning("lumen agent: could not report the exit (%s): %s", reason, exc)
+            try:
+                self.client.report_exit(self.config.worker_id, self.client.epoch, reason)
+            except GatewayError as exc:  # the lease then decides
+                logger.warning("lumen agent: could not report the exit (%s): %s", reason, exc)
 
     def _finish(self, status: int, reason: str) -> None:
         """The first ending wins (the server's exit, a fence, or a stop)."""
