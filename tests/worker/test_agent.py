@@ -1,17 +1,25 @@
 """The agent's pieces that need no vLLM: the request body a RUN or RESUME becomes, the
 server's load read from its metrics, the KV record size of a model, the vLLM demo's token
-counts, the checks of ``AgentConfig`` and ``lumen agent``, and the exit report of an agent
-attached to a plain HTTP server standing in for vLLM's (``/health``, ``/metrics``)."""
+counts, the checks of ``AgentConfig`` and ``lumen agent``, how a server is started (beside
+gRPC channels, dying with the agent), and the exit report of an agent attached to a plain
+HTTP server standing in for vLLM's (``/health``, ``/metrics``)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 from collections.abc import Iterator
+from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import grpc
 import pytest
 
 from lumen_core.cli import main
@@ -19,7 +27,14 @@ from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.events import RecoveryAction
-from lumen_core.worker.agent import EXIT_SERVER_EXITED, Agent, AgentConfig, record_bytes_of, server_load
+from lumen_core.worker.agent import (
+    EXIT_SERVER_EXITED,
+    Agent,
+    AgentConfig,
+    record_bytes_of,
+    server_load,
+    start_dying_with_parent,
+)
 from lumen_core.worker.upstream import completion_body
 from lumen_core.worker.vllm_demo import count_token_errors
 
@@ -157,6 +172,68 @@ def test_lumen_agent_reports_bad_arguments_with_status_2(
 )
 def test_the_demo_counts_duplicate_missing_and_changed_tokens(received: list[int], errors: tuple) -> None:
     assert count_token_errors([1, 2, 3, 4, 5], received) == errors
+
+
+def test_servers_start_beside_live_grpc_channels() -> None:
+    """The agent holds gRPC channels when it starts its server. A fork of such a process
+    (what a preexec_fn makes subprocess do) runs gRPC's fork handlers, and the child crashed
+    before its exec in 3 to 5 of 40 starts here; 40 starts in a row must all run."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=10.0)  # its poller threads run
+        outcomes = []
+        for _ in range(40):
+            proc = start_dying_with_parent([sys.executable, "-c", "print('up')"], stdout=subprocess.PIPE)
+            out, _ = proc.communicate(timeout=60.0)
+            outcomes.append((proc.returncode, out))
+        assert outcomes == [(0, b"up\n")] * 40
+    finally:
+        channel.close()
+        server.stop(grace=None)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``Z`` a zombie), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_started_server_dies_with_its_agent() -> None:
+    """SIGKILL of the agent (its process here, started like ``lumen agent``) takes the server
+    down with it: no server runs unsupervised."""
+    agent_code = (
+        "import sys, time\n"
+        "from lumen_core.worker.agent import start_dying_with_parent\n"
+        "server = start_dying_with_parent([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    agent = subprocess.Popen([sys.executable, "-c", agent_code], stdout=subprocess.PIPE, text=True)
+    server_pid = 0
+    try:
+        assert agent.stdout is not None
+        server_pid = int(agent.stdout.readline())
+        deadline = time.monotonic() + 60.0
+        # Past its first program (it asked for the signal), now the server itself.
+        while b"prctl" in Path(f"/proc/{server_pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        agent.kill()
+        agent.wait(timeout=10.0)
+        deadline = time.monotonic() + 10.0
+        while _state(server_pid) not in ("", "Z"):
+            assert time.monotonic() < deadline, "the server outlived its agent"
+            time.sleep(0.01)
+    finally:
+        agent.kill()
+        agent.wait(timeout=10.0)
+        if server_pid and _state(server_pid) not in ("", "Z"):
+            os.kill(server_pid, signal.SIGKILL)
 
 
 class _ServerEndpoints(BaseHTTPRequestHandler):
