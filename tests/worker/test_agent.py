@@ -1,18 +1,40 @@
 """The agent's pieces that need no vLLM: the request body a RUN or RESUME becomes, the
 server's load read from its metrics, the KV record size of a model, the vLLM demo's token
-counts, and the checks of ``AgentConfig`` and ``lumen agent``."""
+counts, the checks of ``AgentConfig`` and ``lumen agent``, how a server is started (beside
+gRPC channels, dying with the agent), and the exit report of an agent attached to a plain
+HTTP server standing in for vLLM's (``/health``, ``/metrics``)."""
 
 from __future__ import annotations
 
 import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import grpc
 import pytest
 
 from lumen_core.cli import main
+from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
+from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.events import RecoveryAction
-from lumen_core.worker.agent import AgentConfig, record_bytes_of, server_load
+from lumen_core.worker.agent import (
+    EXIT_SERVER_EXITED,
+    Agent,
+    AgentConfig,
+    record_bytes_of,
+    server_load,
+    start_dying_with_parent,
+)
 from lumen_core.worker.upstream import completion_body
 from lumen_core.worker.vllm_demo import count_token_errors
 
@@ -150,3 +172,139 @@ def test_lumen_agent_reports_bad_arguments_with_status_2(
 )
 def test_the_demo_counts_duplicate_missing_and_changed_tokens(received: list[int], errors: tuple) -> None:
     assert count_token_errors([1, 2, 3, 4, 5], received) == errors
+
+
+def test_servers_start_beside_live_grpc_channels() -> None:
+    """The agent holds gRPC channels when it starts its server. A fork of such a process
+    (what a preexec_fn makes subprocess do) runs gRPC's fork handlers, and the child crashed
+    before its exec in 3 to 5 of 40 starts here; 40 starts in a row must all run."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=10.0)  # its poller threads run
+        outcomes = []
+        for _ in range(40):
+            proc = start_dying_with_parent([sys.executable, "-c", "print('up')"], stdout=subprocess.PIPE)
+            out, _ = proc.communicate(timeout=60.0)
+            outcomes.append((proc.returncode, out))
+        assert outcomes == [(0, b"up\n")] * 40
+    finally:
+        channel.close()
+        server.stop(grace=None)
+
+
+def _state(pid: int) -> str:
+    """The process's state letter (``Z`` a zombie), or "" once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+def test_a_started_server_dies_with_its_agent() -> None:
+    """SIGKILL of the agent (its process here, started like ``lumen agent``) takes the server
+    down with it: no server runs unsupervised."""
+    agent_code = (
+        "import sys, time\n"
+        "from lumen_core.worker.agent import start_dying_with_parent\n"
+        "server = start_dying_with_parent([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        "print(server.pid, flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    agent = subprocess.Popen([sys.executable, "-c", agent_code], stdout=subprocess.PIPE, text=True)
+    server_pid = 0
+    try:
+        assert agent.stdout is not None
+        server_pid = int(agent.stdout.readline())
+        deadline = time.monotonic() + 60.0
+        # Past its first program (it asked for the signal), now the server itself.
+        while b"prctl" in Path(f"/proc/{server_pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        agent.kill()
+        agent.wait(timeout=10.0)
+        deadline = time.monotonic() + 10.0
+        while _state(server_pid) not in ("", "Z"):
+            assert time.monotonic() < deadline, "the server outlived its agent"
+            time.sleep(0.01)
+    finally:
+        agent.kill()
+        agent.wait(timeout=10.0)
+        if server_pid and _state(server_pid) not in ("", "Z"):
+            os.kill(server_pid, signal.SIGKILL)
+
+
+class _ServerEndpoints(BaseHTTPRequestHandler):
+    """What the agent polls on a vLLM server: ``/health`` (200) and ``/metrics`` (no load)."""
+
+    def do_GET(self) -> None:
+        body = b"vllm:num_requests_running 0.0\n" if self.path == "/metrics" else b""
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass  # the agent polls every 0.5 s: not worth a line each
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ServerEndpoints)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=5.0)
+
+
+def test_close_waits_for_the_supervisors_exit_report_so_the_gateway_gets_it(
+    tmp_path: Path,
+    secret: bytes,
+    secret_file: Path,
+    ucx_module: None,
+    server: ThreadingHTTPServer,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The supervisor ends the agent, then reports the exit; ``close`` (what ``lumen agent``
+    runs once the agent ended) must not close the gateway client while that report is out:
+    a cancelled report leaves the gateway to notice the exit at lease expiry. A gateway that
+    answers late (its lock held here) keeps the report out while ``close`` runs."""
+    model = _model(tmp_path, num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
+    caplog.set_level(logging.WARNING, logger="lumen_core.worker.agent")
+    # No heartbeat falls due while the gateway is held: only the exit report is out then.
+    gateway = GatewayServer(GatewayConfig(lease_s=60.0, heartbeat_s=30.0), secret, port=0).start()
+    agent: Agent | None = None
+    closing: threading.Thread | None = None
+    try:
+        config = AgentConfig(
+            worker_id=0,
+            gateway=gateway.address,
+            secret_file=str(secret_file),
+            model=str(model),
+            workdir=str(tmp_path),
+            server_url=f"http://127.0.0.1:{server.server_address[1]}",
+            tls="tcp",
+        )
+        agent = Agent(config).start()
+        with gateway.condition:
+            server.shutdown()
+            server.server_close()  # the server is gone: its health checks fail from now on
+            assert agent.wait(timeout_s=10.0) == EXIT_SERVER_EXITED
+            closing = threading.Thread(target=agent.close)
+            closing.start()
+            closing.join(timeout=1.0)
+            assert closing.is_alive(), "close returned while the exit report was still out"
+        closing.join(timeout=10.0)
+        assert not closing.is_alive()
+        assert "could not report the exit" not in caplog.text
+        (failure,) = gateway.coordinator.failures
+        assert failure.worker_ids == (0,)
+        assert failure.cause.startswith("process exited: the vLLM server at")
+    finally:
+        if agent is not None and closing is None:  # not closed by the test's thread
+            agent.close()
+        gateway.stop(grace_s=0.1)

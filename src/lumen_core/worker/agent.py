@@ -18,7 +18,6 @@ streams, one reporter (token reports, batched), and the supervisor (waits on the
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import json
 import logging
 import math
@@ -64,6 +63,7 @@ __all__ = [
     "AgentConfig",
     "record_bytes_of",
     "server_load",
+    "start_dying_with_parent",
 ]
 
 logger = logging.getLogger(__name__)
@@ -198,7 +198,8 @@ class Agent:
         self._status = EXIT_OK
         self._reason = ""
         self._exit_reported = False
-        self._exit_lock = threading.Lock()
+        self._exit_lock = threading.Lock()  # the first ending
+        self._report_lock = threading.Lock()  # the one exit report, held while it is out
         self._store_lock = threading.Lock()
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
@@ -246,18 +247,8 @@ class Agent:
             "VLLM_CPU_OMP_THREADS_BIND": bind,
             "VLLM_CPU_KVCACHE_SPACE": f"{config.kv_space_gib:g}",
         }
-        log = open(Path(config.workdir) / f"vllm-{config.worker_id}.log", "ab")  # noqa: SIM115 - the child's
-        # Its own process group: the agent ends the server's whole tree, and a test can kill it.
-        # It dies with the agent (SIGKILL on the parent's death): no server runs unsupervised.
-        self.proc = subprocess.Popen(
-            argv,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - one resolved syscall, no lock taken
-        )
-        log.close()
+        with open(Path(config.workdir) / f"vllm-{config.worker_id}.log", "ab") as log:
+            self.proc = start_dying_with_parent(argv, env=env, stdout=log)
         self.server_url = f"http://127.0.0.1:{port}"
 
     def _healthy(self) -> bool:
@@ -297,15 +288,19 @@ class Agent:
         self._report_exit(reason)
 
     def _report_exit(self, reason: str) -> None:
-        """Tell the gateway this incarnation is gone (once, from whichever thread is first)."""
-        with self._exit_lock:
+        """Tell the gateway this incarnation is gone: once, from whichever thread is first.
+        A second caller waits until the first report is answered: ``close`` (woken by the
+        supervisor's ``_finish``, just before its report) must not close the client under
+        it, or the report is cancelled and the gateway learns of the exit only when the
+        lease expires, ``lease_s`` later."""
+        with self._report_lock:
             if self._exit_reported or self.client.epoch == 0:
                 return
             self._exit_reported = True
-        try:
-            self.client.report_exit(self.config.worker_id, self.client.epoch, reason)
-        except GatewayError as exc:  # the lease then decides
-            logger.warning("lumen agent: could not report the exit (%s): %s", reason, exc)
+            try:
+                self.client.report_exit(self.config.worker_id, self.client.epoch, reason)
+            except GatewayError as exc:  # the lease then decides
+                logger.warning("lumen agent: could not report the exit (%s): %s", reason, exc)
 
     def _finish(self, status: int, reason: str) -> None:
         """The first ending wins (the server's exit, a fence, or a stop)."""
@@ -544,13 +539,36 @@ class Agent:
         self.client.close()
 
 
-_PR_SET_PDEATHSIG = 1
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the forked child only calls it
+# The started server's first program: it asks for SIGKILL when the agent's thread that
+# started it dies (PR_SET_PDEATHSIG = 1), leaves if the agent is already gone, then becomes
+# the server (same process). Set there, not in a preexec_fn: a preexec_fn makes subprocess
+# fork instead of vfork, a fork runs gRPC's fork handlers, and the poller thread they start
+# in the child crashes it (SIGSEGV) before its exec now and then (grpc/grpc#43055; 3 to 5
+# of 40 starts from a process with a gRPC channel, here).
+_EXEC_DYING_WITH_PARENT = """\
+import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+if os.getppid() != int(sys.argv[1]):
+    sys.exit("lumen agent: the agent that started this server is gone")
+os.execv(sys.argv[2], sys.argv[2:])
+"""
 
 
-def _die_with_parent() -> None:
-    """In the forked child, before exec: SIGKILL when the agent's thread that forked it dies."""
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def start_dying_with_parent(
+    argv: list[str], *, env: dict[str, str] | None = None, stdout: Any = None
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` (``argv[0]`` a path) in a session and process group of its own (the
+    agent ends the server's whole tree; a test can kill it) that is SIGKILLed when its
+    parent dies: no server runs unsupervised. The parent is the calling thread (call it from
+    one that lives as long as the agent: ``lumen agent`` starts from its main thread).
+    ``stdout`` takes stderr too. Raises OSError when it cannot start."""
+    return subprocess.Popen(
+        [sys.executable, "-c", _EXEC_DYING_WITH_PARENT, str(os.getpid()), *argv],
+        env=env,
+        stdout=stdout,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 def _free_port() -> int:
