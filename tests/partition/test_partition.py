@@ -236,7 +236,7 @@ def test_partition_schedules_are_replayable_from_their_seed() -> None:
     assert draw("x", 7, kinds) == draw("x", 7, kinds)
     assert draw("x", 7, kinds) != draw("x", 8, kinds)
     line = draw("x", 7, kinds).describe()
-    assert line.startswith("schedule x seed 7 (S&R, lease 3.0 s") and "x lease" in line
+    assert line.startswith("schedule x seed 7 (LUMEN, lease 3.0 s") and "x lease" in line
 
 
 def test_partition_each_invariant_can_fail() -> None:
