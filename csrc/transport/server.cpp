@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <unordered_set>
 
 #include "lumen/checksum.h"
 #include "lumen/transport/error.h"
@@ -76,9 +77,9 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
   if (!sink_) throw std::invalid_argument("sink must be a RecordSink, got null");
   check_timeout("handshake_timeout_s", options_.handshake_timeout_s);
   check_timeout("receive_timeout_s", options_.receive_timeout_s);
-  // UCX listens on loopback only; clients reach it through the gate on options_.address.
   socklen_t address_length = 0;
-  const sockaddr_storage address = resolve_address("127.0.0.1", 0, &address_length);
+  const sockaddr_storage address =
+      resolve_address(options_.address, options_.port, &address_length);
 
   worker_.set_message_handler(&Server::on_message, this);
 
@@ -89,7 +90,9 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
   params.conn_handler.cb = &Server::on_conn_request;
   params.conn_handler.arg = this;
   ucs_status_t status = ucp_listener_create(worker_.handle(), &params, &listener_);
-  if (status != UCS_OK) throw_ucs("listen on 127.0.0.1", status);
+  if (status != UCS_OK) {
+    throw_ucs("listen on " + options_.address + ":" + std::to_string(options_.port), status);
+  }
   ucp_listener_attr_t attr{};
   attr.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
   status = ucp_listener_query(listener_, &attr);
@@ -97,19 +100,17 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
     ucp_listener_destroy(listener_);
     throw_ucs("ucp_listener_query", status);
   }
-  GateOptions gate;
-  gate.address = options_.address;
-  gate.port = options_.port;
-  gate.upstream_port = ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
-  gate.deadline_s = options_.handshake_timeout_s;
-  gate.max_pending = options_.max_unauthenticated;
+  port_ = attr.sockaddr.ss_family == AF_INET6
+              ? ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port)
+              : ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
   try {
-    gate_ = std::make_unique<Gate>(gate);
+    admission_ = std::make_unique<Admission>(
+        attr.sockaddr,
+        AdmissionOptions{options_.handshake_timeout_s, options_.max_unauthenticated});
   } catch (...) {
     ucp_listener_destroy(listener_);
     throw;
   }
-  port_ = gate_->port();
   worker_.start([this] { shutdown(); }, [this] { return !appends_.empty(); }, [this] { expire(); });
 }
 
@@ -120,21 +121,18 @@ void Server::trust_issuer(const IssuerKey& public_key) {
   worker_.call([&] { verifier_ = std::move(verifier); });
 }
 
-void Server::close() {
-  worker_.stop();  // its flushing closes reach the clients through the gate
-  gate_->stop();
-}
+void Server::close() { worker_.stop(); }
 
 ServerStats Server::stats() const {
   ServerStats copy;
   worker_.call([&] {
     copy = stats_;
     for (const auto& [ticket, pending] : appends_) copy.receives_in_flight += pending->receiving;
+    const AdmissionStats& admission = admission_->stats();
+    copy.connections_refused = admission.refused;
+    copy.connections_unauthenticated = admission.pending;
+    copy.handshake_timeouts += admission.expired;
   });
-  const GateStats gate = gate_->stats();
-  copy.connections_refused = gate.refused;
-  copy.connections_unauthenticated = gate.pending;
-  copy.handshake_timeouts += gate.expired;
   return copy;
 }
 
@@ -170,18 +168,8 @@ void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   conn->accepted_at = std::chrono::steady_clock::now();
   ucp_conn_request_attr_t request_attr{};
   request_attr.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
-  if (ucp_conn_request_query(request, &request_attr) == UCS_OK &&
-      request_attr.client_address.ss_family == AF_INET) {
-    const auto* client = reinterpret_cast<const sockaddr_in*>(&request_attr.client_address);
-    if (client->sin_addr.s_addr == htonl(INADDR_LOOPBACK))
-      conn->relay_port = ntohs(client->sin_port);
-  }
-  // The listener is on a loopback port a local process can reach around the gate: only the
-  // gate's relays, which bound and time unauthenticated connections, get in.
-  if (conn->relay_port == 0 || !self->gate_->relays(conn->relay_port)) {
-    self->stats_.connections_direct++;
-    ucp_listener_reject(self->listener_, request);
-    return;
+  if (ucp_conn_request_query(request, &request_attr) == UCS_OK) {
+    conn->peer = endpoint_name(request_attr.client_address);
   }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
@@ -217,6 +205,11 @@ bool Server::handshake_expired(const Conn& conn) const {
 }
 
 void Server::expire() {
+  std::unordered_set<std::string> authenticated;
+  std::unordered_set<std::string> requested;
+  for (const auto& [id, conn] : conns_)
+    (conn->authenticated ? authenticated : requested).insert(conn->peer);
+  admission_->sweep(authenticated, requested);
   std::vector<Conn*> expired;
   for (auto& [id, conn] : conns_) {
     if (!conn->authenticated && handshake_expired(*conn)) expired.push_back(conn.get());
@@ -504,7 +497,6 @@ void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload
     return;
   }
   conn->authenticated = true;
-  gate_->authenticated(conn->relay_port);
   stats_.handshakes_ok++;
   // The proof, then the limits it covers: the client sends nothing these would refuse.
   auto proof_and_limits = std::make_shared<std::vector<uint8_t>>(kMacBytes + kLimitsBytes);

@@ -78,6 +78,15 @@ Worker::Worker(const WorkerOptions& options) {
     ucp_config_release(config);
     throw_ucs("UCX_MM_ERROR_HANDLING=y", status);
   }
+  // A holder restarted on its port must listen again while the last one's connections are
+  // in TIME_WAIT. The environment wins.
+  if (std::getenv("UCX_TCP_CM_REUSEADDR") == nullptr) {
+    status = ucp_config_modify(config, "TCP_CM_REUSEADDR", "y");
+    if (status != UCS_OK) {
+      ucp_config_release(config);
+      throw_ucs("UCX_TCP_CM_REUSEADDR=y", status);
+    }
+  }
   // Peer error handling costs UCX its zero-copy rendezvous over tcp: bulk data goes through
   // tcp segments, and at UCX's default segment size the syscalls bound the transfer (1.2-1.6
   // GB/s here). 256 KiB segments moved 6.7 GB/s (bench/RESULTS.md). The environment wins.

@@ -38,7 +38,6 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["connections_accepted"] = s.connections_accepted;
   d["connections_refused"] = s.connections_refused;
   d["connections_unauthenticated"] = s.connections_unauthenticated;
-  d["connections_direct"] = s.connections_direct;
   d["connections_active"] = s.connections_active;
   d["handshakes_ok"] = s.handshakes_ok;
   d["handshakes_failed"] = s.handshakes_failed;

@@ -98,11 +98,9 @@ class Schedule:
     num_requests: int = 9
     span_s: float = 3.0
     output_tokens: int = 200
-    # S&R: no checkpoint crosses a namespace. LUMEN's streaming cannot cross one yet (the
-    # holder's gate relays UCX's connection request, so UCX answers the client at the gate's
-    # own address: test_partition_ucx_crosses_namespaces_over_tcp_only); its stalled connects
-    # then starve the workers' leases. LUMEN becomes the default once that is fixed.
-    policy: str = "S&R"
+    # LUMEN: every worker streams its checkpoints to holders in the other workers' namespaces
+    # (test_partition_ucx_crosses_namespaces_over_tcp_only), so a failover restores them.
+    policy: str = "LUMEN"
 
     def describe(self) -> str:
         faults = "; ".join(f.describe(self.lease_s) for f in self.faults)
@@ -298,6 +296,11 @@ def summary(outcome: Outcome) -> dict[str, object]:
         "finished": sum(bool(r["finished"]) for r in outcome.records),
         "gateway_failures": outcome.num_failures,
         "restarts": len(outcome.restarts),
+        # Requests resumed from a checkpoint (a local or a remote holder) instead of re-prefilled.
+        "restored": sum(
+            int(s.get("restored", 0)) + int(s.get("remote_restored", 0))  # type: ignore[call-overload]
+            for s in outcome.worker_stats
+        ),
         # Faults healed together share one count: the largest is the schedule's.
         "dropped_packets": max((int(e.get("dropped_packets", 0)) for e in outcome.evidence), default=0),  # type: ignore[call-overload]
         "violations": len(violations(outcome)),

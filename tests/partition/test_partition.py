@@ -92,16 +92,11 @@ def test_partition_stale_namespaces_of_a_dead_run_are_deleted() -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the holder's gate (csrc/transport/gate.cpp) relays UCX's connection request from "
-    "its own address: UCX (tcp) then wires the data lane to the client's port at that address, "
-    "on the holder's host, so no client on another host connects",
-)
 @pytest.mark.parametrize("network", [TWO], indirect=True)
 def test_partition_ucx_crosses_namespaces_over_tcp_only(network: netns.Network, tmp_path: Path) -> None:
-    """A holder's transport server in a, a client in b: UCX must connect (its listener sits
-    behind the gate on the link address, not loopback) and report TCP on eth0 only."""
+    """A holder's transport server in a, a client in b: UCX connects (the client reaches UCX's
+    listener itself, so UCX wires its data lanes to the client's own address) and reports TCP
+    on eth0 only."""
     env = dict(os.environ, **PROCESS_ENV)
     serve = (
         "import json, sys, time\n"
@@ -141,6 +136,59 @@ def test_partition_ucx_crosses_namespaces_over_tcp_only(network: netns.Network, 
     transports = {tuple(t) for t in json.loads(done.stdout)}
     assert transports and all(t == "tcp" for t, _ in transports), transports
     assert ("tcp", "eth0") in transports or ("tcp", "") in transports, transports
+
+
+@pytest.mark.parametrize("network", [TWO], indirect=True)
+def test_partition_checkpoint_streams_across_namespaces_and_restores(
+    network: netns.Network, secret_file: Path, issuer_key_file: Path, issuer_public_key_file: Path
+) -> None:
+    """A `lumen holder` in a, a writer in b (tests/partition/stream_node.py): the checkpoint
+    streamed over tcp is durable on the holder, and read back from it bit-exact."""
+    env = dict(os.environ, **PROCESS_ENV)
+    address = network.node("a").address
+    serve = [
+        sys.executable, "-m", "lumen_core.cli", "holder", "--address", address, "--port", "0",
+        "--budget-bytes", str(1 << 26), "--secret-file", str(secret_file),
+        "--issuer-key-file", str(issuer_public_key_file), "--tls", "tcp",
+    ]  # fmt: skip
+    holder = subprocess.Popen(
+        network.argv("a", serve),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        port = json.loads(holder.stdout.readline())["port"]
+        num_tokens = 200
+        stream = [
+            sys.executable, str(Path(__file__).resolve().parent / "stream_node.py"),
+            "--holder", f"{address}:{port}", "--secret-file", str(secret_file),
+            "--issuer-key-file", str(issuer_key_file), "--num-tokens", str(num_tokens),
+        ]  # fmt: skip
+        done = subprocess.run(
+            network.argv("b", stream),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=90,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        result = json.loads(done.stdout)
+        holder.stdin.write("stats\n")
+        holder.stdin.flush()
+        stats = json.loads(holder.stdout.readline())
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
+    assert result["flushed"] and result["durable"] == num_tokens, result
+    assert (result["status"], result["restored_tokens"], result["equal"]) == ("COMPLETE", num_tokens, True)
+    assert {tuple(t) for t in result["transports"]} <= {("tcp", "eth0"), ("tcp", "")}, result
+    server = stats["server"]
+    assert server["tokens_committed"] == num_tokens and server["reads"] >= 1, server
+    assert server["handshakes_ok"] >= 2 and server["handshake_timeouts"] == 0, server
 
 
 @pytest.mark.parametrize("network", [TWO], indirect=True)
@@ -188,7 +236,7 @@ def test_partition_schedules_are_replayable_from_their_seed() -> None:
     assert draw("x", 7, kinds) == draw("x", 7, kinds)
     assert draw("x", 7, kinds) != draw("x", 8, kinds)
     line = draw("x", 7, kinds).describe()
-    assert line.startswith("schedule x seed 7 (S&R, lease 3.0 s") and "x lease" in line
+    assert line.startswith("schedule x seed 7 (LUMEN, lease 3.0 s") and "x lease" in line
 
 
 def test_partition_each_invariant_can_fail() -> None:

@@ -1,5 +1,6 @@
-// The receiving side of the data plane: a UCP listener (behind a Gate that bounds connections
-// not yet authenticated) whose connections must prove the cluster secret (and agree on
+// The receiving side of the data plane: a UCP listener (whose connections not yet
+// authenticated are bounded by lumen/transport/admission.h) whose connections must prove the
+// cluster secret (and agree on
 // session keys that seal every later message, lumen/transport/auth.h), then
 // open/append/release/read checkpoints held by a RecordSink, each as far as a capability signed
 // by the trusted issuer grants it (lumen/transport/capability.h). Appends are received straight
@@ -15,9 +16,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "lumen/transport/admission.h"
 #include "lumen/transport/auth.h"
 #include "lumen/transport/capability.h"
-#include "lumen/transport/gate.h"
 #include "lumen/transport/sink.h"
 #include "lumen/transport/wire.h"
 #include "lumen/transport/worker.h"
@@ -46,14 +47,13 @@ struct ServerOptions {
 
 // Counters; every refusal and failure is visible here.
 struct ServerStats {
-  uint64_t connections_accepted = 0;         // UCX connections (past the gate)
-  uint64_t connections_refused = 0;          // closed at accept: max_unauthenticated were waiting
+  uint64_t connections_accepted = 0;         // UCX connection requests
+  uint64_t connections_refused = 0;          // closed at once: max_unauthenticated were waiting
   uint64_t connections_unauthenticated = 0;  // accepted, not yet authenticated (now)
-  uint64_t connections_direct = 0;           // refused: reached UCX's listener around the gate
   uint64_t connections_active = 0;
   uint64_t handshakes_ok = 0;
   uint64_t handshakes_failed = 0;
-  uint64_t handshake_timeouts = 0;  // at the gate or after UCX's connection request
+  uint64_t handshake_timeouts = 0;  // before or after UCX's connection request
   uint64_t malformed = 0;           // messages that failed validation (connection dropped)
   uint64_t unauthenticated = 0;     // messages before the handshake (connection dropped)
   uint64_t bad_seals = 0;           // after it, a seal that does not verify (connection dropped)
@@ -100,7 +100,7 @@ class Server {
   struct Conn {
     uint64_t id = 0;
     ucp_ep_h ep = nullptr;
-    uint16_t relay_port = 0;  // the gate's upstream socket it came through
+    std::string peer;  // endpoint_name of its socket's peer, as admission_ sees it
     std::chrono::steady_clock::time_point accepted_at;
     HandshakeTranscript transcript;
     EphemeralKey exchange;  // its private half is wiped once the session keys are derived
@@ -149,8 +149,8 @@ class Server {
   Conn* find(uint64_t conn_id);
   void count_refusal(Status status);
   bool handshake_expired(const Conn& conn) const;
-  // Every tick: drops connections past their handshake deadline or with a receive past its
-  // receive deadline.
+  // Every tick: sweeps admission_, drops connections past their handshake deadline or with a
+  // receive past its receive deadline.
   void expire();
   // Drops every connection that has not authenticated (force: nothing is flushed to it).
   void drop_unauthenticated();
@@ -160,8 +160,8 @@ class Server {
   std::shared_ptr<RecordSink> sink_;
   std::unique_ptr<CapabilityVerifier> verifier_;  // progress thread only
   mutable Worker worker_;                         // stats() hands a copy job to its thread
-  ucp_listener_h listener_ = nullptr;             // on 127.0.0.1, behind gate_
-  std::unique_ptr<Gate> gate_;
+  ucp_listener_h listener_ = nullptr;             // on options_.address
+  std::unique_ptr<Admission> admission_;          // progress thread only
   uint16_t port_ = 0;
   uint64_t next_conn_id_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
