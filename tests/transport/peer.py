@@ -7,9 +7,9 @@
     python peer.py stream --port P --secret-file F --capability HEX --request-id R
                           --num-appends K --tokens-per-append N --record-bytes RB [--window W]
                           [--tls T] [--interval-s S]
-        opens R (shard 0, epoch 1, with the capability the test issued) and appends make_append() data in order with W appends in
-        flight (pausing S seconds between appends), printing {"durable": D} after each ack and
-        {"done": true} at the end.
+        opens R (shard 0, epoch 1, with the capability the test issued) and appends
+        make_append() data in order with W appends in flight (pausing S seconds between
+        appends), printing {"durable": D} after each ack and {"done": true} at the end.
 
 make_append() is the deterministic content both sides agree on.
 """

@@ -48,9 +48,9 @@ def holder(
 
     def _holder(budget_bytes: int = 1 << 30, *extra: str) -> Any:
         proc = spawn(
-            [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0", "--budget-bytes", str(budget_bytes),
-             "--secret-file", str(secret_file), "--issuer-key-file", str(issuer_public_key_file),
-             "--tls", "tcp", *extra]
+            [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0",
+             "--budget-bytes", str(budget_bytes), "--secret-file", str(secret_file),
+             "--issuer-key-file", str(issuer_public_key_file), "--tls", "tcp", *extra]
         )  # fmt: skip
         proc.port = proc.read()["port"]
         return proc

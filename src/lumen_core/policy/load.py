@@ -181,11 +181,12 @@ class LoadMonitor:
         """Update the accounting with one event (any type of ``policy.events``).
 
         Raises TypeError for an object that is not an event, IndexError for an unknown worker
-        (and for RequestFinished of an unknown request), ValueError for an impossible
-        transition (joining a serving worker, draining one that is not serving, admitting to a worker that is not serving,
-        negative sizes). Reports that arrive late are ignored: a heartbeat of a worker that is
-        not serving, growth, release, eviction or refusal of a copy the monitor no longer
-        records (that copy is stale: it was dropped, released or lost with its holder).
+        (and for RequestFinished of an unknown request), ValueError for an impossible transition
+        (joining a serving worker, draining one that is not serving, admitting to a worker that
+        is not serving, negative sizes). Reports that arrive late are ignored: a heartbeat of a
+        worker that is not serving, growth, release, eviction or refusal of a copy the monitor
+        no longer records (that copy is stale: it was dropped, released or lost with its
+        holder).
         A second WorkerFailed for a failed worker is a no-op.
         """
         handler = self._handlers.get(type(event))
@@ -649,10 +650,7 @@ class LoadMonitor:
 
     def _set_domain(self, slot: int, worker_id: int, domain: str) -> None:
         # "" is a domain of its own: a unique negative code per worker.
-        if domain:
-            code = self._domain_code.setdefault(domain, len(self._domain_code))
-        else:
-            code = -1 - worker_id
+        code = self._domain_code.setdefault(domain, len(self._domain_code)) if domain else -1 - worker_id
         self._domain_name[slot] = domain
         self._domain[slot] = code
         self._domain_size[code] = self._domain_size.get(code, 0) + 1

@@ -383,8 +383,8 @@ class ClusterSim:
         need = workload.prompt_tokens + workload.output_tokens
         if len(workload) and int(need.max()) > self.cost.kv_capacity_tokens:
             raise ValueError(
-                f"`workload` requests must fit one worker's KV cache ({self.cost.kv_capacity_tokens} tokens), "
-                f"got one of {int(need.max())} tokens"
+                "`workload` requests must fit one worker's KV cache "
+                f"({self.cost.kv_capacity_tokens} tokens), got one of {int(need.max())} tokens"
             )
         self.workload = workload
         self.failures = tuple(sorted(failures, key=lambda f: f.time_s))

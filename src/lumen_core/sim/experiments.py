@@ -312,7 +312,8 @@ def proto(experiment: str, num_workers: int, options: Options) -> Outcome:
     reload_s = config.reload_time_s
     outcome.notes.append(
         f"{config.model} on {config.tp}x {config.gpu} per worker, {options.rate_per_worker:.2f} req/s per "
-        f"worker, worker 0 fails, T_eval 60 s, W 10 s, detection {config.detect_s:g} s, reload {reload_s:.1f} s"
+        f"worker, worker 0 fails, T_eval 60 s, W 10 s, detection {config.detect_s:g} s, reload "
+        f"{reload_s:.1f} s"
     )
     return outcome
 
