@@ -132,7 +132,7 @@ def replay_event_log(
         record = gains.popleft()
         if (record["survivor_id"], record["num_draft_tokens"]) != (survivor_id, num_draft_tokens):
             raise AssertionError(f"gain asked for {(survivor_id, num_draft_tokens)}, log has {record}")
-        return record["value"]
+        return float(record["value"])
 
     monitor = LoadMonitor(load_config)
     policies = policy(logged_gain)

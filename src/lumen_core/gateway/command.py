@@ -17,7 +17,9 @@ if TYPE_CHECKING:  # the front door's modules (and the http extra) only load whe
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_gateway_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     from lumen_core.policy.presets import POLICY_NAMES
 
     parser = commands.add_parser(

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -161,7 +162,8 @@ class LoadMonitor:
         self._held_ids: dict[int, set[int]] = {}
         self._affected_ids: dict[int, set[int]] = {}
         self._mean_before_failure: dict[int, float] = {}
-        self._handlers: dict[type, Callable[[Event], None]] = {
+        # Each handler takes the event type it is keyed by (``apply`` dispatches on the type).
+        self._handlers: dict[type, Callable[[Any], None]] = {
             WorkerJoined: self._on_worker_joined,
             WorkerFailed: self._on_worker_failed,
             WorkerDraining: self._on_worker_draining,
@@ -473,9 +475,9 @@ class LoadMonitor:
         else:
             masked = self._avail[:n].copy()
         for worker_id in exclude:
-            slot = self._slot.get(worker_id)
-            if slot is not None:
-                masked[slot] = np.inf
+            excluded_slot = self._slot.get(worker_id)
+            if excluded_slot is not None:
+                masked[excluded_slot] = np.inf
         if shared_codes:
             domains = self._domain[:n]
             conflict = domains == shared_codes[0]

@@ -31,6 +31,7 @@ import heapq
 import math
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -462,7 +463,8 @@ class ClusterSim:
         heap = self._heap
         end_hint = arrivals[-1] if num else 0.0
         next_report = 0.0
-        handlers = {
+        # Each handler takes the (a, b) its event kind was pushed with.
+        handlers: dict[int, Callable[[Any, Any], None]] = {
             _ITER_END: self._on_iter_end,
             _FAIL: self._on_fail,
             _DETECT: self._on_detect,

@@ -424,10 +424,10 @@ def sensitivity(options: Options) -> Outcome:
                 )
             elif parameter == "reload_s":
                 scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, reload_s=value))
-            elif parameter in ("alpha", "beta"):
-                scenario = dataclasses.replace(
-                    base, config=dataclasses.replace(base.config, **{parameter: value})
-                )
+            elif parameter == "alpha":
+                scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, alpha=value))
+            elif parameter == "beta":
+                scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, beta=value))
             factory = preset("LUMEN", router_config=router_config, assist_config=assist_config)
             rows, _, _ = compare_policies(
                 "sensitivity",
