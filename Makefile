@@ -10,7 +10,7 @@ export LUMEN_CUDA_ARCHS ?= 80;90
 NATIVE_SOURCES := $(shell find csrc python -type f) CMakeLists.txt pyproject.toml
 PYTEST_ARGS ?=
 
-.PHONY: install test test-slow demo bench clean proto vllm-env test-vllm
+.PHONY: install test test-slow demo bench clean proto vllm-env test-vllm lint lint-style lint-types
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -31,18 +31,42 @@ WHEEL = $(wildcard dist/lumen_core-*.whl)
 
 # The wheel's version does not change between builds: --force-reinstall --no-deps swaps it in.
 $(VENV)/.installed: $(VENV)/.torch $(WHEEL_STAMP)
-	$(BIN)/pip install -q "$(WHEEL)[test,http]"
+	$(BIN)/pip install -q "$(WHEEL)[test,http,typecheck]"
 	$(BIN)/pip install -q --force-reinstall --no-deps "$(WHEEL)"
 	touch $@
 
 install: $(VENV)/.installed
 
+# --durations=25: the slowest tests of each run, to keep the CI budget (.ci/run) in view.
 test: install
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest --durations=25 $(PYTEST_ARGS)
 
 # The tests marked slow (long fault and cluster scenarios; the default run deselects them).
 test-slow: install
-	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow --durations=25 $(PYTEST_ARGS)
+
+# Style and type gates (issue 24). ruff and clang-format come pinned from pyproject.toml's `lint`
+# group in .venv-lint; lint-style needs nothing built, so it runs (and fails) first. mypy runs
+# in .venv, beside the package's dependencies it checks against (config in pyproject.toml).
+LINT_VENV := .venv-lint
+LINT_BIN := $(LINT_VENV)/bin
+CXX_SOURCES := $(shell find csrc python -type f \( -name '*.cpp' -o -name '*.cu' -o -name '*.h' \))
+
+$(LINT_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(LINT_VENV)
+	$(LINT_BIN)/pip install -q --upgrade pip
+	$(LINT_BIN)/pip install -q --group lint
+	touch $@
+
+lint: lint-style lint-types
+
+lint-style: $(LINT_VENV)/.installed
+	$(LINT_BIN)/ruff check .
+	$(LINT_BIN)/ruff format --check .
+	$(LINT_BIN)/clang-format --dry-run -Werror $(CXX_SOURCES)
+
+lint-types: install
+	$(BIN)/python -m mypy
 
 # The live loopback cluster (gateway + 4 workers, one SIGKILL) under S&R, FC and LUMEN (issue 9).
 # Needs the UCX module (LUMEN_UCX=ON or AUTO with libucx found). DEMO_ARGS: e.g. --repeats 3.
@@ -83,7 +107,7 @@ $(VLLM_VENV)/.installed: $(VLLM_BIN)/python $(VLLM_CONSTRAINTS) $(WHEEL_STAMP)
 vllm-env: $(VLLM_VENV)/.installed
 
 test-vllm: vllm-env
-	LUMEN_VLLM=ON $(VLLM_BIN)/python -m pytest -m vllm tests/vllm $(PYTEST_ARGS)
+	LUMEN_VLLM=ON $(VLLM_BIN)/python -m pytest -m vllm tests/vllm --durations=25 $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) build dist
+	rm -rf $(VENV) $(VLLM_VENV) $(LINT_VENV) build dist

@@ -336,12 +336,14 @@ def format_table(rows: list[Row]) -> str:
         return "-" if value is None else f"{value:.2f}x"
 
     lines = [
-        f"{'shape':7} {'batch':8} {'op':15} {'thr':>3} {'GB/s':>7} {'vs memcpy':>9} {'vs torch':>9} {'vs naive':>9}"
+        f"{'shape':7} {'batch':8} {'op':15} {'thr':>3} {'GB/s':>7} "
+        f"{'vs memcpy':>9} {'vs torch':>9} {'vs naive':>9}"
     ]
     for r in rows:
         lines.append(
             f"{r.shape:7} {r.batch:8} {r.op:15} {r.threads:>3} {r.gb_per_s:7.2f} "
-            f"{ratio(r.ratio_vs_memcpy):>9} {ratio(r.ratio_vs_torch_best):>9} {ratio(r.ratio_vs_torch_naive):>9}"
+            f"{ratio(r.ratio_vs_memcpy):>9} {ratio(r.ratio_vs_torch_best):>9} "
+            f"{ratio(r.ratio_vs_torch_naive):>9}"
         )
     return "\n".join(lines)
 

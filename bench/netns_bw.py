@@ -47,7 +47,8 @@ try:
     with Client(host, int(port), read_secret_file(secret_file), connect_timeout_s=10.0) as client:
         result = client.self_test(bytes.fromhex(capability), shard=0, message_bytes=int(size),
                                   count=int(count), window=int(window), expected_gb_per_s=0.0)
-    print(json.dumps({"gb_per_s": result.gb_per_s, "transports": sorted(f"{t}/{d}" for t, d in result.transports)}))
+    transports = sorted(f"{t}/{d}" for t, d in result.transports)
+    print(json.dumps({"gb_per_s": result.gb_per_s, "transports": transports}))
 except Exception as exc:
     print(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
 """

@@ -13,8 +13,8 @@ Measures, in one run and on one thread:
 Correctness is checked once before timing: the placement equals the obvious argmin, and the
 router gives one decision per interrupted request. Output: one JSON row per (workers, op)
 with ``workers, op, p50_us, p99_us, per_s`` (operations per second of CPU time: lifecycles,
-placements, or whole-failure routings), ``per_s_wall`` (per wall-clock second), and ``baseline`` and ``ratio`` (op p50 over the
-baseline's p50) where a baseline applies.
+placements, or whole-failure routings), ``per_s_wall`` (per wall-clock second), and
+``baseline`` and ``ratio`` (op p50 over the baseline's p50) where a baseline applies.
 
     python bench/policy_latency.py --json bench/policy_latency.json
 """
@@ -229,13 +229,14 @@ def run(worker_counts: list[int], requests_per_worker: int, count: int) -> list[
         rows.append(row(num_workers, "lifecycle", lumen) | {"baseline": "lifecycle_fc"})
         rows.append(row(num_workers, "lifecycle_fc", fc))
 
+        # The lambdas run inside bench_place, within this iteration: the late binding is harmless.
         cluster = Cluster(num_workers, requests_per_worker, LoadAware())
-        place = bench_place(cluster, lambda r: cluster.placement.place(cluster.monitor, r), count)
-        fixed = bench_place(cluster, lambda r: FixedNeighbour().place(cluster.monitor, r), count)
+        place = bench_place(cluster, lambda r: cluster.placement.place(cluster.monitor, r), count)  # noqa: B023
+        fixed = bench_place(cluster, lambda r: FixedNeighbour().place(cluster.monitor, r), count)  # noqa: B023
         naive_count = max(20, count // max(1, num_workers // 8) // 10)
         naive = bench_place(
             cluster,
-            lambda r: naive_argmin(cluster.monitor, cluster.monitor.request(r).worker_id),
+            lambda r: naive_argmin(cluster.monitor, cluster.monitor.request(r).worker_id),  # noqa: B023
             naive_count,
         )
         rows.append(row(num_workers, "place", place) | {"baseline": "place_naive"})

@@ -442,12 +442,14 @@ def main() -> int:
                     },
                 ]
                 print(
-                    f"{case}: off p50 {p50[1] * 1e3:.1f} ms p99 {p99[1] * 1e3:.1f} ms | on p50 {p50[0] * 1e3:.1f} ms "
-                    f"p99 {p99[0] * 1e3:.1f} ms | p50 ratio {p50[0] / p50[1]:.3f} p99 ratio {p99[0] / p99[1]:.3f} | "
+                    f"{case}: off p50 {p50[1] * 1e3:.1f} ms p99 {p99[1] * 1e3:.1f} ms | "
+                    f"on p50 {p50[0] * 1e3:.1f} ms p99 {p99[0] * 1e3:.1f} ms | "
+                    f"p50 ratio {p50[0] / p50[1]:.3f} p99 ratio {p99[0] / p99[1]:.3f} | "
                     f"stream {gbps:.2f} GB/s acked (produced {demand:.2f} GB/s) | dropped steps "
-                    f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']} | decode-thread "
-                    f"CPU p50 ratio {cpu50[0] / cpu50[1]:.3f} p99 ratio {cpu99[0] / cpu99[1]:.3f} | data plane "
-                    f"{data_cpu / elapsed:.0%} of a core ({os.getloadavg()[0]:.1f} load)",
+                    f"{counters['steps_dropped']}, deferred tokens {counters['tokens_deferred']} | "
+                    f"decode-thread CPU p50 ratio {cpu50[0] / cpu50[1]:.3f} "
+                    f"p99 ratio {cpu99[0] / cpu99[1]:.3f} | "
+                    f"data plane {data_cpu / elapsed:.0%} of a core ({os.getloadavg()[0]:.1f} load)",
                     flush=True,
                 )
                 del layout, decode

@@ -199,7 +199,8 @@ def hot_path_rows(device: str, calls: int, threads: int) -> list[dict[str, objec
             }
         )
         print(
-            f"verify_draft_ms B={NUM_REQUESTS} k={NUM_DRAFTS} V={vocab_size} {device} {clock:>10} {ms:9.4f} ms"
+            f"verify_draft_ms B={NUM_REQUESTS} k={NUM_DRAFTS} V={vocab_size} {device} {clock:>10} "
+            f"{ms:9.4f} ms"
         )
     return rows
 

@@ -36,9 +36,9 @@ def check_int(name: str, value: object, low: int | None = None, high: int | None
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"`{name}` must be an int, got {type(value).__name__}")
         value = int(value)
-    if (low is not None and value < low) or (high is not None and value > high):  # type: ignore[operator]
+    if (low is not None and value < low) or (high is not None and value > high):
         raise ValueError(f"`{name}` must be {_bounds(low, high)}, got {value}")
-    return value  # type: ignore[return-value]
+    return value
 
 
 def check_number(

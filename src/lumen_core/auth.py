@@ -167,7 +167,8 @@ def read_secret_file(path: str | os.PathLike[str]) -> bytes:
 def _check_secret_directory(info: os.stat_result) -> None:
     if info.st_uid not in (os.geteuid(), 0):
         raise PermissionError(
-            f"`path` must be in a directory owned by this user ({os.geteuid()}) or root, got owner {info.st_uid}"
+            f"`path` must be in a directory owned by this user ({os.geteuid()}) or root, got owner "
+            f"{info.st_uid}"
         )
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
         raise PermissionError(

@@ -98,7 +98,8 @@ def _sim(args: argparse.Namespace) -> int:
             print(f"plot: {path}")
         if not paths:
             print(
-                f"plot: {args.experiment} has no figure (proto4, proto8, ablation, sensitivity, long_context do)"
+                f"plot: {args.experiment} has no figure (proto4, proto8, ablation, sensitivity, "
+                "long_context do)"
             )
     return 0
 
@@ -214,8 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rate",
         type=float,
         default=RATE_PER_WORKER,
-        help=f"requests per second per worker (default {RATE_PER_WORKER}: calibrated once on the conversation "
-        "trace to the paper's failure-free mean TTFT; a prefill-heavy --trace can saturate at it)",
+        help=f"requests per second per worker (default {RATE_PER_WORKER}: calibrated once on the "
+        "conversation trace to the paper's failure-free mean TTFT; a prefill-heavy --trace can saturate "
+        "at it)",
     )
     sim.add_argument(
         "--calibrate-ttft",

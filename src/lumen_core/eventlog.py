@@ -7,9 +7,10 @@ Each line is one record:
 - ``{"op": "gain", "survivor_id": s, "num_draft_tokens": k, "value": g}``: a call of the gain
   function the planner was given (the driver's cost model), answered in replay from the log;
 - ``{"op": OP, "args": {...}, "result": ...}`` for the calls ``place`` (args ``request_id``),
-  ``route`` (``failed_worker_id``), ``move`` (``request_id``, ``reprefill`` 0 or 1), ``replace`` (``lost_holder_id``), ``pair``
-  (``assistant_id``), ``finish`` (``assistant_id``) and ``release_survivor`` (``survivor_id``):
-  ``result`` is a list of decisions ``{"type": NAME, ...fields}`` or an int / null.
+  ``route`` (``failed_worker_id``), ``move`` (``request_id``, ``reprefill`` 0 or 1), ``replace``
+  (``lost_holder_id``), ``pair`` (``assistant_id``), ``finish`` (``assistant_id``) and
+  ``release_survivor`` (``survivor_id``): ``result`` is a list of decisions
+  ``{"type": NAME, ...fields}`` or an int / null.
 """
 
 from __future__ import annotations
@@ -131,7 +132,7 @@ def replay_event_log(
         record = gains.popleft()
         if (record["survivor_id"], record["num_draft_tokens"]) != (survivor_id, num_draft_tokens):
             raise AssertionError(f"gain asked for {(survivor_id, num_draft_tokens)}, log has {record}")
-        return record["value"]
+        return float(record["value"])
 
     monitor = LoadMonitor(load_config)
     policies = policy(logged_gain)

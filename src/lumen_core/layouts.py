@@ -121,7 +121,8 @@ class KVLayout:
             for dim in range(3):
                 if view.shape[dim] > 1 and view.stride(dim) == 0:
                     raise ValueError(
-                        f"`{name}` must not repeat memory (zero stride in dimension {dim}), got strides {view.stride()}"
+                        f"`{name}` must not repeat memory (zero stride in dimension {dim}), got "
+                        f"strides {view.stride()}"
                     )
             item = view.element_size()
             num_pieces, piece_elems = view.shape[2], view.shape[3]
@@ -129,8 +130,8 @@ class KVLayout:
             piece_stride = view.stride(2) * item
             if num_pieces > 1 and piece_stride < piece_bytes:
                 raise ValueError(
-                    f"`{name}` must not overlap its pieces (stride {view.stride(2)} < {piece_elems} elements in "
-                    f"dimension 2), got strides {view.stride()}"
+                    f"`{name}` must not overlap its pieces (stride {view.stride(2)} < "
+                    f"{piece_elems} elements in dimension 2), got strides {view.stride()}"
                 )
             if num_pieces == 1 or piece_stride == piece_bytes:  # contiguous row: one piece
                 piece_bytes, piece_stride, merged = num_pieces * piece_bytes, num_pieces * piece_bytes, 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -50,7 +51,8 @@ class RequestRecords:
 
     @property
     def ttft_s(self) -> np.ndarray:
-        return self.first_token_s - self.arrival_s
+        # numpy's stubs type arithmetic on an ndarray of unknown dtype as Any.
+        return cast(np.ndarray, self.first_token_s - self.arrival_s)
 
     @property
     def tpot_s(self) -> np.ndarray:
@@ -61,7 +63,7 @@ class RequestRecords:
 
     def replay_ttft_s(self, failure_s: float) -> np.ndarray:
         """Failure to next output token, for the interrupted requests only."""
-        return self.replay_token_s[self.interrupted] - failure_s
+        return cast(np.ndarray, self.replay_token_s[self.interrupted] - failure_s)
 
 
 def nan_mean(values: np.ndarray) -> float:
@@ -154,7 +156,7 @@ def recovery_time_s(
     def within(value: np.ndarray, base: np.ndarray) -> np.ndarray:
         missing = np.isnan(value) | np.isnan(base)
         with np.errstate(invalid="ignore"):
-            return missing | (np.abs(value - base) <= tolerance * base)
+            return cast(np.ndarray, missing | (np.abs(value - base) <= tolerance * base))
 
     ok = within(ttft, base_ttft) & within(tpot, base_tpot)
     per_window = int(round(window_s / step_s))

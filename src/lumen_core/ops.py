@@ -129,12 +129,12 @@ def _check_records_device(
     if mode is None or mode == "device":
         if records.device != layout.device:
             raise ValueError(f"`{name}` must be on {layout.device}, got {records.device}")
-    elif records.numel() > 0:  # an empty tensor has no storage to pin; nothing is copied
-        if records.device.type != "cpu" or not records.is_pinned():
-            raise ValueError(
-                f"`{name}` must be pinned CPU memory for mode {mode!r}, got {records.device} "
-                f"(pinned={records.device.type == 'cpu' and records.is_pinned()})"
-            )
+    # An empty tensor has no storage to pin; nothing is copied.
+    elif records.numel() > 0 and (records.device.type != "cpu" or not records.is_pinned()):
+        raise ValueError(
+            f"`{name}` must be pinned CPU memory for mode {mode!r}, got {records.device} "
+            f"(pinned={records.device.type == 'cpu' and records.is_pinned()})"
+        )
 
 
 def _cuda_move(

@@ -51,7 +51,8 @@ class StepChunk:
             raise ValueError(f"`num_tokens` must be >= 1, got {self.num_tokens}")
         if not 0 <= self.num_draft_tokens < self.num_tokens:
             raise ValueError(
-                f"`num_draft_tokens` must be in [0, num_tokens={self.num_tokens}), got {self.num_draft_tokens}"
+                f"`num_draft_tokens` must be in [0, num_tokens={self.num_tokens}), got "
+                f"{self.num_draft_tokens}"
             )
 
 

@@ -128,6 +128,7 @@ def _request_uniforms(
     """(u0, u1) of rows 0..k of request b: explicit, or Philox (numpy reference)."""
     if uniforms is not None:
         return [(float(uniforms[row_start + i, 0]), float(uniforms[row_start + i, 1])) for i in range(k + 1)]
+    assert seeds is not None and positions is not None  # no uniforms: the Philox stream's seeds
     seed = np.uint64(int(seeds[b]) & 0xFFFFFFFFFFFFFFFF)
     first = int(positions[b])
     return [
@@ -166,8 +167,7 @@ def verify_draft_reference(
     validation): one request at a time, one position at a time."""
     compute = torch.float64 if target.dtype == torch.float64 else torch.float32
     target = target.to(compute)
-    sparse = isinstance(draft_probs, tuple)
-    q_ids, q_probs = draft_probs if sparse else (None, draft_probs)
+    q_ids, q_probs = draft_probs if isinstance(draft_probs, tuple) else (None, draft_probs)
     if q_probs is not None:
         q_probs = q_probs.to(compute)
     if target.dim() == 3:
@@ -183,13 +183,14 @@ def verify_draft_reference(
         draft_starts = [b * (rows - 1) for b in range(num_requests)]
         out_cols = rows
     else:
+        assert num_draft_tokens is not None  # a packed (2-D) target always comes with its counts
         ks = [int(k) for k in num_draft_tokens]
         num_requests = len(ks)
         row_starts = [sum(ks[:b]) + b for b in range(num_requests)]
         draft_starts = [sum(ks[:b]) for b in range(num_requests)]
         out_cols = max(ks, default=0) + 1
     if isinstance(temperature, torch.Tensor):
-        temps = [float(t) for t in temperature]
+        temps: list[float | None] = [float(t) for t in temperature]
     else:
         temps = [None if temperature is None else float(temperature)] * num_requests
 

@@ -12,7 +12,10 @@ two output words give a 53-bit double in [0, 1): ``((x0 >> 5) * 2**26 + (x1 >> 6
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
+import numpy.typing as npt
 
 _M0 = np.uint64(0xD2511F53)
 _M1 = np.uint64(0xCD9E8D57)
@@ -50,7 +53,7 @@ def philox4x32(counter: np.ndarray, key: np.ndarray) -> np.ndarray:
     return np.stack([c0, c1, c2, c3], axis=-1).astype(np.uint32)
 
 
-def uniforms(seeds, positions, index: int = 0) -> np.ndarray:
+def uniforms(seeds: npt.ArrayLike, positions: npt.ArrayLike, index: int = 0) -> np.ndarray:
     """Uniform doubles in [0, 1) for each ``(seed, position)`` pair (broadcast), draw ``index``.
 
     ``seeds``: uint64-compatible array; ``positions``: non-negative int array; returns float64
@@ -76,4 +79,5 @@ def uniforms(seeds, positions, index: int = 0) -> np.ndarray:
     out = philox4x32(counter, key).astype(np.uint64)
     hi = (out[..., 0] >> np.uint64(5)).astype(np.float64)
     lo = (out[..., 1] >> np.uint64(6)).astype(np.float64)
-    return (hi * 67108864.0 + lo) / 9007199254740992.0
+    # numpy's stubs type arithmetic on an ndarray of unknown dtype as Any.
+    return cast(np.ndarray, (hi * 67108864.0 + lo) / 9007199254740992.0)

@@ -58,7 +58,7 @@ class StagingPool:
         self._arena = torch.from_numpy(self._native.arena())
         self._pinned = False
         if pinned:
-            status = torch.cuda.cudart().cudaHostRegister(
+            status = torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
                 self._arena.data_ptr(), self._arena.numel(), _CUDA_HOST_REGISTER_PORTABLE_MAPPED
             )
             if int(status) != 0:
@@ -70,15 +70,15 @@ class StagingPool:
 
     @property
     def num_buffers(self) -> int:
-        return self._native.num_buffers
+        return int(self._native.num_buffers)
 
     @property
     def buffer_bytes(self) -> int:
-        return self._native.buffer_bytes
+        return int(self._native.buffer_bytes)
 
     @property
     def num_free(self) -> int:
-        return self._native.num_free
+        return int(self._native.num_free)
 
     @property
     def pinned(self) -> bool:
@@ -141,7 +141,7 @@ class StagingPool:
     def close(self) -> None:
         """Unpin the buffers (the memory itself lives while any tensor views it)."""
         if self._pinned:
-            torch.cuda.cudart().cudaHostUnregister(self._arena.data_ptr())
+            torch.cuda.cudart().cudaHostUnregister(self._arena.data_ptr())  # type: ignore[no-untyped-call]
             self._pinned = False
 
     def __del__(self) -> None:

@@ -108,7 +108,8 @@ def slots_for_blocks(block_ids: Sequence[int], *, block_size: int, num_tokens: i
     slot mapping: token ``i`` lives at ``block_ids[i // block_size] * block_size + i % block_size``)."""
     if num_tokens > len(block_ids) * block_size:
         raise ValueError(
-            f"`num_tokens` must be <= {len(block_ids) * block_size} for {len(block_ids)} blocks, got {num_tokens}"
+            f"`num_tokens` must be <= {len(block_ids) * block_size} for {len(block_ids)} blocks, "
+            f"got {num_tokens}"
         )
     positions = torch.arange(num_tokens, dtype=torch.int64)
     blocks = torch.as_tensor(list(block_ids), dtype=torch.int64)
@@ -154,5 +155,6 @@ def assert_kv_equal(
             if not torch.equal(row_a, row_b):
                 first = int((row_a != row_b).nonzero()[0])
                 raise AssertionError(
-                    f"token {t} (slot {slot_a} vs {slot_b}), plane {plane.name}: rows differ first at byte {first}"
+                    f"token {t} (slot {slot_a} vs {slot_b}), plane {plane.name}: rows differ first "
+                    f"at byte {first}"
                 )

@@ -14,6 +14,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeGuard
 
 import torch
 
@@ -165,7 +166,7 @@ def _verify_layout(
     raise ValueError(f"`target` must be 3-D [B, k+1, V] or 2-D packed [sum(k+1), V], got {target.dim()}-D")
 
 
-def _on_cuda_like(x: object, target: torch.Tensor) -> bool:
+def _on_cuda_like(x: object, target: torch.Tensor) -> TypeGuard[torch.Tensor]:
     """Whether ``x`` is a tensor on ``target``'s CUDA device: its values are left to the kernel."""
     return target.device.type == "cuda" and isinstance(x, torch.Tensor) and x.device == target.device
 
@@ -210,7 +211,7 @@ def _used_draft_mask(layout: _VerifyLayout, draft_shape: torch.Size) -> torch.Te
     ks = layout.num_draft_tokens
     if len(draft_shape) != 2 or ks is None or bool((ks == draft_shape[1]).all()):
         return None
-    return torch.arange(draft_shape[1]).unsqueeze(0) < layout.num_draft_tokens.unsqueeze(1)
+    return torch.arange(draft_shape[1]).unsqueeze(0) < ks.unsqueeze(1)
 
 
 def _check_ids(ids: torch.Tensor, name: str, vocab_size: int, mask: torch.Tensor | None) -> None:

@@ -128,7 +128,8 @@ def test_plane_items_must_be_tensors():
 def test_plane_rank():
     with pytest.raises(
         ValueError,
-        match=r"`planes\[0\]` must be 4-D \[num_blocks, block_size, num_pieces, piece_elems\], got shape \(2, 3\)",
+        match=r"`planes\[0\]` must be 4-D \[num_blocks, block_size, num_pieces, piece_elems\], "
+        r"got shape \(2, 3\)",
     ):
         KVLayout([torch.zeros(2, 3)])
 
@@ -189,7 +190,8 @@ def test_names_length():
 def test_vllm_flash_shape():
     with pytest.raises(
         ValueError,
-        match=r"`kv_caches\[0\]` must be 5-D \[2, num_blocks, block_size, num_kv_heads, head_dim\], got shape \(2, 3, 4\)",
+        match=r"`kv_caches\[0\]` must be 5-D \[2, num_blocks, block_size, num_kv_heads, head_dim\], "
+        r"got shape \(2, 3, 4\)",
     ):
         KVLayout.vllm_flash([torch.zeros(2, 3, 4)])
 

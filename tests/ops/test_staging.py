@@ -49,19 +49,20 @@ def test_waiting_acquire_wakes_on_release_from_another_thread():
 
 def test_borrow_releases_even_on_error():
     pool = StagingPool(1, 64, pinned=False)
-    with pytest.raises(RuntimeError, match="inside"):
-        with pool.borrow() as buf:
-            assert pool.num_free == 0 and buf.numel() == 64
-            raise RuntimeError("inside")
+    with pytest.raises(RuntimeError, match="inside"), pool.borrow() as buf:
+        assert pool.num_free == 0 and buf.numel() == 64
+        raise RuntimeError("inside")
     assert pool.num_free == 1
 
 
 def test_borrow_times_out():
     pool = StagingPool(1, 64, pinned=False)
-    with pool.borrow():
-        with pytest.raises(TimeoutError, match="no staging buffer became free within 0.01 s"):
-            with pool.borrow(timeout_s=0.01):
-                pass
+    with (
+        pool.borrow(),
+        pytest.raises(TimeoutError, match="no staging buffer became free within 0.01 s"),
+        pool.borrow(timeout_s=0.01),
+    ):
+        pass
 
 
 def test_buffer_outlives_pool_object():

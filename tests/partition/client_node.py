@@ -6,10 +6,11 @@
 IN.json: ``[{"time_s": t, "prompt": [ids], "max_new_tokens": n}, ...]``. Each request is
 submitted at its ``time_s`` (from start) on its own thread; a stream that breaks after the
 request id is known is picked up again with ``Watch`` from the tokens received, until ``T``
-seconds have passed or the gateway says the request is lost. Prints ``{"event": "started"}`` as the first arrival's clock starts, and
-``{"event": "done", ...}`` at the end. OUT.json: one record per arrival, in order: ``request_id``, ``chunks``
-(``[start_position, num_tokens]`` as received, so the checker sees a repeat or a gap),
-``token_ids``, ``finished``, ``error`` (the last one, "" if none), ``reconnects``.
+seconds have passed or the gateway says the request is lost. Prints ``{"event": "started"}`` as
+the first arrival's clock starts, and ``{"event": "done", ...}`` at the end. OUT.json: one
+record per arrival, in order: ``request_id``, ``chunks`` (``[start_position, num_tokens]`` as
+received, so the checker sees a repeat or a gap), ``token_ids``, ``finished``, ``error`` (the
+last one, "" if none), ``reconnects``.
 """
 
 from __future__ import annotations

@@ -134,7 +134,8 @@ class Network:
         _run(["ip", "-n", br, "link", "set", "br0", "up"])
         for node in self.nodes.values():
             self._add_netns(node.netns)
-            _run(["ip", "-n", br, "link", "add", node.port, "type", "veth", "peer", "name", "eth0", "netns", node.netns])  # fmt: skip
+            _run(["ip", "-n", br, "link", "add", node.port, "type", "veth",
+                  "peer", "name", "eth0", "netns", node.netns])  # fmt: skip
             _run(["ip", "-n", br, "link", "set", node.port, "master", "br0", "up"])
             _run(["ip", "-n", node.netns, "addr", "add", f"{node.address}/{PREFIX_LEN}", "dev", "eth0"])
             _run(["ip", "-n", node.netns, "link", "set", "eth0", "up"])
@@ -142,7 +143,8 @@ class Network:
         # One chain for every drop rule; `heal` flushes it. Counters make drops visible.
         _run(
             ["ip", "netns", "exec", br, "nft", "-f", "-"],
-            input_text=f"table bridge {NFT_TABLE} {{ chain forward {{ type filter hook forward priority 0; policy accept; }}; }}\n",
+            input_text=f"table bridge {NFT_TABLE} "
+            "{ chain forward { type filter hook forward priority 0; policy accept; }; }\n",
         )
 
     def _add_netns(self, name: str) -> None:
@@ -170,7 +172,8 @@ class Network:
 
     # ---- faults --------------------------------------------------------------------------
     def _nft(self, rule: str) -> None:
-        _run(["ip", "netns", "exec", self.bridge_netns, "nft", "add", "rule", "bridge", NFT_TABLE, "forward", *rule.split()])  # fmt: skip
+        _run(["ip", "netns", "exec", self.bridge_netns,
+              "nft", "add", "rule", "bridge", NFT_TABLE, "forward", *rule.split()])  # fmt: skip
 
     def _drop(self, a: str, b: str, *, one_way: bool) -> None:
         src, dst = self.node(a).address, self.node(b).address
@@ -217,7 +220,8 @@ class Network:
 
     def dropped_packets(self) -> int:
         """Packets the drop rules dropped since the last ``heal`` (the faults' effect)."""
-        out = _run(["ip", "netns", "exec", self.bridge_netns, "nft", "list", "chain", "bridge", NFT_TABLE, "forward"])  # fmt: skip
+        out = _run(["ip", "netns", "exec", self.bridge_netns,
+                    "nft", "list", "chain", "bridge", NFT_TABLE, "forward"])  # fmt: skip
         return sum(int(n) for n in re.findall(r"counter packets (\d+)", out))
 
     def limited(self) -> tuple[int, int]:
@@ -235,7 +239,8 @@ class Network:
     def heal(self) -> int:
         """Undo every fault; the packets dropped since the last heal."""
         dropped = self.dropped_packets()
-        _run(["ip", "netns", "exec", self.bridge_netns, "nft", "flush", "chain", "bridge", NFT_TABLE, "forward"])  # fmt: skip
+        _run(["ip", "netns", "exec", self.bridge_netns,
+              "nft", "flush", "chain", "bridge", NFT_TABLE, "forward"])  # fmt: skip
         for node in sorted(self._rated):
             target = self.node(node)
             _run(["tc", "-n", self.bridge_netns, "qdisc", "del", "dev", target.port, "root"], check=False)

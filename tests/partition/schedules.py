@@ -105,8 +105,8 @@ class Schedule:
     def describe(self) -> str:
         faults = "; ".join(f.describe(self.lease_s) for f in self.faults)
         return (
-            f"schedule {self.name} seed {self.seed} ({self.policy}, lease {self.lease_s} s, {self.num_workers} workers, "
-            f"{self.num_requests} requests over {self.span_s} s): {faults}"
+            f"schedule {self.name} seed {self.seed} ({self.policy}, lease {self.lease_s} s, "
+            f"{self.num_workers} workers, {self.num_requests} requests over {self.span_s} s): {faults}"
         )
 
 

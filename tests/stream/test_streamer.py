@@ -355,7 +355,7 @@ def test_tensor_parallel_shards_restore_to_the_shortest(
         for r, s in enumerate(streamers):
             s.add_request(7, [("127.0.0.1", h.port)], [issuer.issue(7, r, 0, holder_id=0)])
         lengths = (40, 29)  # rank 1 fell behind (its later steps were lost with it)
-        for r, (s, n) in enumerate(zip(streamers, lengths, strict=True)):
+        for s, n in zip(streamers, lengths, strict=True):
             s.save_step([7] * n, list(range(n)), list(range(n)), list(range(n)))
             assert s.flush(timeout_s=10)
         durable = []

@@ -174,9 +174,8 @@ def test_a_copied_capability_does_not_let_another_connection_append_without_open
 ) -> None:
     cap = issuer.issue(7, 0, 1, holder_id=HOLDER_ID)
     worker.open(7, 0, 1, RECORD_BYTES, FP, FP, cap)
-    with tp.Client("127.0.0.1", holder.port, SECRET, tls=TLS) as other:
-        with pytest.raises(tp.Rejected):
-            other.append(7, 0, 1, 0, *_records(0, 2, 9), cap)
+    with tp.Client("127.0.0.1", holder.port, SECRET, tls=TLS) as other, pytest.raises(tp.Rejected):
+        other.append(7, 0, 1, 0, *_records(0, 2, 9), cap)
     assert holder.stats()["tokens_committed"] == 0
 
 
@@ -213,22 +212,24 @@ def test_reopening_with_a_fresh_capability_renews_the_grant(
     issuer: CapabilityIssuer, worker: tp.Client
 ) -> None:
     short = CapabilityIssuer(bytes(range(32)), ttl_s=1.0)
-    with tp.Server(
-        SECRET, store=HolderStore(), holder_id=0, issuer_public_key=short.public_key, tls=TLS
-    ) as server:
-        with tp.Client("127.0.0.1", server.port, SECRET, tls=TLS) as client:
-            first = short.issue(9, 0, 1, holder_id=0)
-            client.open(9, 0, 1, RECORD_BYTES, FP, FP, first)
-            assert client.append(9, 0, 1, 0, *_records(0, 2, 1), first) == 2
-            renewed = short.issue(9, 0, 1, holder_id=0, now_s=time.time() + 1.0)
-            assert client.open(9, 0, 1, RECORD_BYTES, FP, FP, renewed) == 2  # same epoch: renewal
-            time.sleep(1.2)  # the first has expired, the renewed one has not
-            assert client.append(9, 0, 1, 2, *_records(2, 2, 1), renewed) == 4
-            with pytest.raises(tp.Rejected):
-                client.append(9, 0, 1, 4, *_records(4, 2, 1), first)
-            time.sleep(1.0)  # now the renewed one has expired too: appends stop
-            with pytest.raises(tp.Rejected):
-                client.append(9, 0, 1, 4, *_records(4, 2, 1), renewed)
+    with (
+        tp.Server(
+            SECRET, store=HolderStore(), holder_id=0, issuer_public_key=short.public_key, tls=TLS
+        ) as server,
+        tp.Client("127.0.0.1", server.port, SECRET, tls=TLS) as client,
+    ):
+        first = short.issue(9, 0, 1, holder_id=0)
+        client.open(9, 0, 1, RECORD_BYTES, FP, FP, first)
+        assert client.append(9, 0, 1, 0, *_records(0, 2, 1), first) == 2
+        renewed = short.issue(9, 0, 1, holder_id=0, now_s=time.time() + 1.0)
+        assert client.open(9, 0, 1, RECORD_BYTES, FP, FP, renewed) == 2  # same epoch: renewal
+        time.sleep(1.2)  # the first has expired, the renewed one has not
+        assert client.append(9, 0, 1, 2, *_records(2, 2, 1), renewed) == 4
+        with pytest.raises(tp.Rejected):
+            client.append(9, 0, 1, 4, *_records(4, 2, 1), first)
+        time.sleep(1.0)  # now the renewed one has expired too: appends stop
+        with pytest.raises(tp.Rejected):
+            client.append(9, 0, 1, 4, *_records(4, 2, 1), renewed)
 
 
 def test_a_holder_trusts_only_the_issuer_it_was_given(issuer: CapabilityIssuer) -> None:

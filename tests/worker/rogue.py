@@ -21,13 +21,13 @@ import grpc
 import numpy as np
 import torch
 
+from lumen_core.auth import read_secret_file
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.directives import Run
 from lumen_core.gateway.protocol import parse_address
 from lumen_core.ops import checksum
-from lumen_core.auth import read_secret_file
 from lumen_core.transport import Client, TransportError
 
 RECORD_BYTES = 2048  # the tiny float64 model's KV record

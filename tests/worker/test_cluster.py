@@ -3,15 +3,14 @@ durable checkpoints, a restart; every request completes with the failure-free ou
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from lumen_core import _native
-from lumen_core.policy.events import RecoveryAction
 from lumen_core.engine import Engine, SamplingParams, load_model
+from lumen_core.policy.events import RecoveryAction
 from lumen_core.sim.workload import Workload
 from lumen_core.worker.scenario import KillRule, arrivals_from_workload, run_scenario
-
-import numpy as np
 
 pytestmark = [
     pytest.mark.ucx,

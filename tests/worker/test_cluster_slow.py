@@ -127,7 +127,8 @@ def test_two_failures_one_after_the_other_lose_nothing(tmp_path: Path) -> None:
         victims: list[int] = []
         for failure in range(2):
             assert _wait(lambda: _checkpointed_worker(cluster, set(victims)) is not None, 60), (
-                f"failure {failure}: no worker outside {victims} runs a checkpointed request at {cluster.now_s():.1f} s"
+                f"failure {failure}: no worker outside {victims} runs a checkpointed request at "
+                f"{cluster.now_s():.1f} s"
             )
             victim = _checkpointed_worker(cluster, set(victims))
             assert victim is not None
@@ -141,11 +142,11 @@ def test_two_failures_one_after_the_other_lose_nothing(tmp_path: Path) -> None:
             with cluster.gateway.condition:
                 before = {r: len(cluster.gateway.coordinator.tokens(r)[0]) for r in interrupted}
 
-            def resumed() -> bool:
+            def resumed() -> bool:  # waited on within this iteration: the loop variables are current
                 with cluster.gateway.condition:
                     return all(
-                        len(tokens) > before[r] or finished
-                        for r in interrupted
+                        len(tokens) > before[r] or finished  # noqa: B023
+                        for r in interrupted  # noqa: B023
                         for tokens, finished, _ in [cluster.gateway.coordinator.tokens(r)]
                     )
 
@@ -222,8 +223,9 @@ def test_rogue_worker_acting_with_its_old_epochs_is_refused(tmp_path: Path) -> N
         cluster.start()
         rogue = subprocess.Popen(
             [
-                sys.executable, str(Path(__file__).with_name("rogue.py")), "--gateway", cluster.gateway.address,
-                "--secret-file", str(cluster.secret_path), "--worker-id", "3",
+                sys.executable, str(Path(__file__).with_name("rogue.py")),
+                "--gateway", cluster.gateway.address, "--secret-file", str(cluster.secret_path),
+                "--worker-id", "3",
             ],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
@@ -306,6 +308,6 @@ def test_worker_whose_lease_runs_out_fences_itself(tmp_path: Path) -> None:
         cluster.gateway.stop(grace_s=0.1)  # the gateway goes silent; the workers are alive
         for worker in cluster.workers.values():
             assert worker.process.wait(timeout=60) == 3
-            assert _wait(lambda: bool([e for e in worker.events if e.get("event") == "stopped"]), 5)
+            assert _wait(lambda: bool([e for e in worker.events if e.get("event") == "stopped"]), 5)  # noqa: B023
             stopped = [e for e in worker.events if e.get("event") == "stopped"]
             assert stopped[0]["status"] == 3 and "lease" in str(stopped[0]["reason"])

@@ -40,8 +40,8 @@ def test_comparison_prints_live_simulated_and_their_ratio_per_policy(capsys) -> 
     assert lines["mean_ttft_s"] == ["0.300", "0.200", "1.500"]
     assert lines["recovery_s"] == ["-", "2.000", "-"]
     assert lines["restored"] == ["31", "30", "1.033"]
-    assert set(lines) == {"mean_ttft_s", "mean_tpot_s", "replay_ttft_s", "recovery_s", "interrupted", "restored",
-                          "accepted_drafts"}  # fmt: skip
+    assert set(lines) == {"mean_ttft_s", "mean_tpot_s", "replay_ttft_s", "recovery_s", "interrupted",
+                          "restored", "accepted_drafts"}  # fmt: skip
 
 
 @pytest.mark.parametrize(

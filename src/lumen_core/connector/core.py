@@ -323,7 +323,8 @@ class ConnectorCore:
         slots, tokens = [int(s) for s in slot_ids], [int(t) for t in token_ids]
         if len(slots) != len(tokens):
             raise ValueError(
-                f"`slot_ids` and `token_ids` must have one entry per token, got {len(slots)} and {len(tokens)}"
+                f"`slot_ids` and `token_ids` must have one entry per token, got {len(slots)} and "
+                f"{len(tokens)}"
             )
         if self._lookup is not None:
             self._lookup.forget(request_id)

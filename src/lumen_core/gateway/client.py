@@ -102,7 +102,9 @@ def _current_instance(error: grpc.RpcError) -> str | None:
     """The gateway instance a refusal names (a call signed for another instance), or None."""
     if error.code() != grpc.StatusCode.UNAUTHENTICATED:
         return None
-    return dict(error.trailing_metadata() or ()).get(INSTANCE_METADATA_KEY)
+    # grpc's stubs type every trailing value as bytes; a key not ending in "-bin" carries a str.
+    metadata: dict[str, str] = dict(error.trailing_metadata() or ())  # type: ignore[arg-type]
+    return metadata.get(INSTANCE_METADATA_KEY)
 
 
 def _translate(error: grpc.RpcError) -> GatewayError:
@@ -191,7 +193,7 @@ class GatewayClient:
             raise TypeError(f"on_issuer_key must be callable, got {type(on_issuer_key).__name__}")
         self.on_issuer_key = on_issuer_key
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        self._calls = {
+        self._calls: dict[str, Any] = {
             name: (self._channel.unary_stream if streams else self._channel.unary_unary)(
                 method(name), response_deserializer=reply.FromString
             )
@@ -207,7 +209,7 @@ class GatewayClient:
         self._lease_deadline_s = -math.inf
         self.fenced = False
         self.fence_reason = ""
-        self.state = WorkerState.SERVING
+        self.state: str = WorkerState.SERVING
         self._registration: dict[str, object] = {}
         self.inbox = DirectiveInbox()
         self._pushed: Any = None  # the open Directives call, cancelled by cancel_directives

@@ -17,7 +17,9 @@ if TYPE_CHECKING:  # the front door's modules (and the http extra) only load whe
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
-def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_gateway_parser(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+) -> argparse.ArgumentParser:
     from lumen_core.policy.presets import POLICY_NAMES
 
     parser = commands.add_parser(
@@ -94,10 +96,10 @@ def add_gateway_parser(commands: argparse._SubParsersAction) -> argparse.Argumen
 
 def run_gateway(args: argparse.Namespace) -> int:
     from lumen_core.auth import read_secret_file, write_secret_file
+    from lumen_core.eventlog import EventLog
     from lumen_core.gateway.config import GatewayConfig
     from lumen_core.gateway.server import GatewayServer
     from lumen_core.policy.load import LoadConfig
-    from lumen_core.eventlog import EventLog
 
     if args.write_secret is not None:
         write_secret_file(args.write_secret)

@@ -723,14 +723,16 @@ class Coordinator:
     def move(self, now_s: float, request_id: int, reason: str, *, reprefill: bool = False) -> Reroute:
         """Move a running request to where the router decides (restore on a holder, remote
         restore, or re-prefill; ``reprefill`` skips the checkpoint): CANCEL where it runs
-        (unless it is draining: flushed, it steps no more), its epoch advanced (the old worker's reports and appends are refused from here on),
-        HOLD to its holders at the new epoch and RESUME on the target with the prompt and the
-        tokens the client already has, so its stream continues with none repeated or missing.
-        The failure path moves each interrupted request the same way (``reason`` "failover");
+        (unless it is draining: flushed, it steps no more), its epoch advanced (the old worker's
+        reports and appends are refused from here on), HOLD to its holders at the new epoch and
+        RESUME on the target with the prompt and the tokens the client already has, so its
+        stream continues with none repeated or missing. The failure path moves each interrupted
+        request the same way (``reason`` "failover");
         a drain moves with "drain". A reference worker's CANCEL releases the request's
         checkpoint on its holders, so moving off a worker that still serves (rebalancing)
-        needs a cancel that keeps it (TODO issue 22: rebalancing). Returns the driver's reroute. Raises IndexError for an
-        unknown request, ValueError for a finished one or when no other worker serves."""
+        needs a cancel that keeps it (TODO issue 22: rebalancing). Returns the driver's reroute.
+        Raises IndexError for an unknown request, ValueError for a finished one or when no
+        other worker serves."""
         request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
@@ -794,9 +796,9 @@ class Coordinator:
         ``deadline_s`` seconds without a flush, its requests are moved without their
         checkpoints (re-prefilled, counted). A worker dying mid-drain is failed as any other.
         Calling it again for the same incarnation returns the progress (the first deadline
-        stands), also after it was retired or failed. Raises IndexError for an unknown worker, ValueError for one that is not
-        serving or a deadline that is not > 0, NoWorkerError when its requests have nowhere
-        to go."""
+        stands), also after it was retired or failed. Raises IndexError for an unknown worker,
+        ValueError for one that is not serving or a deadline that is not > 0, NoWorkerError
+        when its requests have nowhere to go."""
         worker = self._workers.get(check_int("worker_id", worker_id, low=0))
         if worker is None:
             raise IndexError(f"worker_id {worker_id} is not a registered worker")

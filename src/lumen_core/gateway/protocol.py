@@ -92,7 +92,7 @@ def parse_address(address: str) -> tuple[str, int]:
 def state_to_pb(state: str) -> pb.WorkerState:
     if state not in _STATE_TO_PB:
         raise ValueError(f"state must be 'serving' or 'recovering', got {state!r}")
-    return _STATE_TO_PB[state]
+    return _STATE_TO_PB[WorkerState(state)]
 
 
 def state_from_pb(value: int) -> WorkerState:

@@ -55,8 +55,9 @@ class WorkerReport:
     requests it serves that their holders lost for good (the gateway places them again,
     as after a refusal); the assist counters are cumulative since
     it registered; ``flushed``: it applied a FLUSH (drained: it steps no more, its streamer
-    is flushed), with ``streamed``: the durable length of each replica it streams. ``running`` travels only with a registration (after a gateway restart),
-    never in a heartbeat."""
+    is flushed), with ``streamed``: the durable length of each replica it streams.
+    ``running`` travels only with a registration (after a gateway restart), never in a
+    heartbeat."""
 
     num_running: int = 0
     num_waiting: int = 0

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any
+from typing import Any, TypeVar
 
 import grpc
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from lumen_core._validate import check_int
 from lumen_core.auth import (
@@ -57,6 +57,7 @@ from lumen_core.gateway.protocol import (
 )
 from lumen_core.policy.events import WorkerState
 
+_Reply = TypeVar("_Reply")
 _STREAM_POLL_S = 0.25  # a waiting token stream re-checks its client and the server this often
 _ERROR_CODES = {
     StaleEpochError: grpc.StatusCode.FAILED_PRECONDITION,
@@ -95,6 +96,7 @@ class _AuthInterceptor(grpc.ServerInterceptor):
         if handler is None or name in UNSIGNED:
             return handler
         value = dict(details.invocation_metadata or ()).get(CALL_METADATA_KEY)
+        assert not isinstance(value, bytes)  # grpc gives bytes only for keys ending in "-bin"
         behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
         deserialize = handler.request_deserializer
         server = self._server
@@ -129,7 +131,7 @@ class _Servicer(pb_grpc.GatewayServicer):
     def _now(self) -> float:
         return self._server.now_s()
 
-    def _run(self, context: grpc.ServicerContext, fn: Any) -> Any:
+    def _run(self, context: grpc.ServicerContext, fn: Callable[[Coordinator], _Reply]) -> _Reply:
         """Call ``fn(coordinator)`` under the lock; map the Coordinator's errors to statuses."""
         server = self._server
         try:
@@ -433,7 +435,7 @@ class _Collector:
     def __init__(self, server: GatewayServer) -> None:
         self._server = server
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         with self._server.condition:
             m = self._server.coordinator.metrics()
         yield GaugeMetricFamily(
@@ -487,8 +489,8 @@ class _Collector:
             ),
         ):
             family = GaugeMetricFamily(name, doc, labels=["worker"])
-            for worker_id, value in sorted(values.items()):
-                family.add_metric([str(worker_id)], float(value))
+            for worker_id, worker_value in sorted(values.items()):
+                family.add_metric([str(worker_id)], float(worker_value))
             yield family
         states = GaugeMetricFamily(
             "lumen_worker_state", "1 for the worker's current state", labels=["worker", "state"]
@@ -573,10 +575,10 @@ class GatewayServer:
             interceptors=[_AuthInterceptor(self)],
             options=[("grpc.so_reuseport", 0)],
         )
-        pb_grpc.add_GatewayServicer_to_server(_Servicer(self), self._grpc)
+        pb_grpc.add_GatewayServicer_to_server(_Servicer(self), self._grpc)  # type: ignore[no-untyped-call]
         # What the metrics endpoint serves; the HTTP front door adds its counters to it.
         self.registry = CollectorRegistry()
-        self.registry.register(_Collector(self))  # type: ignore[arg-type]
+        self.registry.register(_Collector(self))
         self._stop_reaper = threading.Event()
         self._reaper: threading.Thread | None = None
         self._httpd: Any = None

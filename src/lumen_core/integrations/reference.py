@@ -80,7 +80,8 @@ class StreamingConnector(KVConnector):
             self._default_address = _check_address("restore_from", restore_from)
         elif restore_from is not None:
             raise TypeError(
-                f"`restore_from` must be a HolderStore or an (address, port) tuple, got {type(restore_from).__name__}"
+                "`restore_from` must be a HolderStore or an (address, port) tuple, got "
+                f"{type(restore_from).__name__}"
             )
         if not callable(key_for):
             raise TypeError(f"`key_for` must be callable, got {type(key_for).__name__}")

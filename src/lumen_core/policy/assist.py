@@ -106,7 +106,7 @@ class SpecAssistPlanner:
             )
         candidates = [w for w in monitor.live_worker_ids() if w not in self._assistant_of]
         candidates.sort(key=lambda w: (-monitor.load(w), w))
-        skipped = []
+        skipped: list[str] = []
         for survivor_id in candidates:
             gain = float(self._gain_fn(monitor, survivor_id, k))
             if gain > 0.0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -161,7 +162,8 @@ class LoadMonitor:
         self._held_ids: dict[int, set[int]] = {}
         self._affected_ids: dict[int, set[int]] = {}
         self._mean_before_failure: dict[int, float] = {}
-        self._handlers: dict[type, Callable[[Event], None]] = {
+        # Each handler takes the event type it is keyed by (``apply`` dispatches on the type).
+        self._handlers: dict[type, Callable[[Any], None]] = {
             WorkerJoined: self._on_worker_joined,
             WorkerFailed: self._on_worker_failed,
             WorkerDraining: self._on_worker_draining,
@@ -181,11 +183,12 @@ class LoadMonitor:
         """Update the accounting with one event (any type of ``policy.events``).
 
         Raises TypeError for an object that is not an event, IndexError for an unknown worker
-        (and for RequestFinished of an unknown request), ValueError for an impossible
-        transition (joining a serving worker, draining one that is not serving, admitting to a worker that is not serving,
-        negative sizes). Reports that arrive late are ignored: a heartbeat of a worker that is
-        not serving, growth, release, eviction or refusal of a copy the monitor no longer
-        records (that copy is stale: it was dropped, released or lost with its holder).
+        (and for RequestFinished of an unknown request), ValueError for an impossible transition
+        (joining a serving worker, draining one that is not serving, admitting to a worker that
+        is not serving, negative sizes). Reports that arrive late are ignored: a heartbeat of a
+        worker that is not serving, growth, release, eviction or refusal of a copy the monitor
+        no longer records (that copy is stale: it was dropped, released or lost with its
+        holder).
         A second WorkerFailed for a failed worker is a no-op.
         """
         handler = self._handlers.get(type(event))
@@ -472,9 +475,9 @@ class LoadMonitor:
         else:
             masked = self._avail[:n].copy()
         for worker_id in exclude:
-            slot = self._slot.get(worker_id)
-            if slot is not None:
-                masked[slot] = np.inf
+            excluded_slot = self._slot.get(worker_id)
+            if excluded_slot is not None:
+                masked[excluded_slot] = np.inf
         if shared_codes:
             domains = self._domain[:n]
             conflict = domains == shared_codes[0]
@@ -649,10 +652,7 @@ class LoadMonitor:
 
     def _set_domain(self, slot: int, worker_id: int, domain: str) -> None:
         # "" is a domain of its own: a unique negative code per worker.
-        if domain:
-            code = self._domain_code.setdefault(domain, len(self._domain_code))
-        else:
-            code = -1 - worker_id
+        code = self._domain_code.setdefault(domain, len(self._domain_code)) if domain else -1 - worker_id
         self._domain_name[slot] = domain
         self._domain[slot] = code
         self._domain_size[code] = self._domain_size.get(code, 0) + 1

@@ -125,10 +125,10 @@ class Router(ABC):
         monitor.assign(request_id, decision.target_worker_id)
         return decision
 
-    def _begin(self, monitor: LoadMonitor, failed_worker_id: int) -> None:
+    def _begin(self, monitor: LoadMonitor, failed_worker_id: int) -> None:  # noqa: B027 (optional hook)
         """Hook run once per failure before the first decision (LocalityAware sets theta)."""
 
-    def _begin_move(self, monitor: LoadMonitor) -> None:
+    def _begin_move(self, monitor: LoadMonitor) -> None:  # noqa: B027 (optional hook)
         """Hook run before a ``move`` decision (LocalityAware sets theta from the load now)."""
 
     @abstractmethod

@@ -31,6 +31,7 @@ import heapq
 import math
 import sys
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -383,8 +384,8 @@ class ClusterSim:
         need = workload.prompt_tokens + workload.output_tokens
         if len(workload) and int(need.max()) > self.cost.kv_capacity_tokens:
             raise ValueError(
-                f"`workload` requests must fit one worker's KV cache ({self.cost.kv_capacity_tokens} tokens), "
-                f"got one of {int(need.max())} tokens"
+                "`workload` requests must fit one worker's KV cache "
+                f"({self.cost.kv_capacity_tokens} tokens), got one of {int(need.max())} tokens"
             )
         self.workload = workload
         self.failures = tuple(sorted(failures, key=lambda f: f.time_s))
@@ -462,7 +463,8 @@ class ClusterSim:
         heap = self._heap
         end_hint = arrivals[-1] if num else 0.0
         next_report = 0.0
-        handlers = {
+        # Each handler takes the (a, b) its event kind was pushed with.
+        handlers: dict[int, Callable[[Any, Any], None]] = {
             _ITER_END: self._on_iter_end,
             _FAIL: self._on_fail,
             _DETECT: self._on_detect,

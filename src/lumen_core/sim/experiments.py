@@ -312,7 +312,8 @@ def proto(experiment: str, num_workers: int, options: Options) -> Outcome:
     reload_s = config.reload_time_s
     outcome.notes.append(
         f"{config.model} on {config.tp}x {config.gpu} per worker, {options.rate_per_worker:.2f} req/s per "
-        f"worker, worker 0 fails, T_eval 60 s, W 10 s, detection {config.detect_s:g} s, reload {reload_s:.1f} s"
+        f"worker, worker 0 fails, T_eval 60 s, W 10 s, detection {config.detect_s:g} s, reload "
+        f"{reload_s:.1f} s"
     )
     return outcome
 
@@ -423,10 +424,10 @@ def sensitivity(options: Options) -> Outcome:
                 )
             elif parameter == "reload_s":
                 scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, reload_s=value))
-            elif parameter in ("alpha", "beta"):
-                scenario = dataclasses.replace(
-                    base, config=dataclasses.replace(base.config, **{parameter: value})
-                )
+            elif parameter == "alpha":
+                scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, alpha=value))
+            elif parameter == "beta":
+                scenario = dataclasses.replace(base, config=dataclasses.replace(base.config, beta=value))
             factory = preset("LUMEN", router_config=router_config, assist_config=assist_config)
             rows, _, _ = compare_policies(
                 "sensitivity",

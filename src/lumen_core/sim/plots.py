@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
 from lumen_core.sim.experiments import Outcome
 
 
-def pyplot():  # type: ignore[no-untyped-def]
+def pyplot() -> ModuleType:
     """matplotlib.pyplot on the Agg backend; RuntimeError when matplotlib is missing."""
     try:
         import matplotlib

@@ -8,6 +8,7 @@ import datetime as dt
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -154,6 +155,8 @@ def poisson_workload(
 
     def lengths(bounds: tuple[int, int], index: int) -> np.ndarray:
         lo, hi = bounds
-        return lo + np.floor(rng.uniforms(seed, positions, index=index) * (hi - lo + 1)).astype(np.int64)
+        draws = np.floor(rng.uniforms(seed, positions, index=index) * (hi - lo + 1)).astype(np.int64)
+        # numpy's stubs type arithmetic on an ndarray of unknown dtype as Any.
+        return cast(np.ndarray, lo + draws)
 
     return Workload(arrival, lengths(prompt_tokens, 1), lengths(output_tokens, 2))

@@ -1,7 +1,8 @@
 """The holder's store and the restore path (DESIGN.md 3.4).
 
 ``HolderStore`` keeps each (request, shard)'s token records in host memory (fixed-size chunks,
-pinned where a GPU is present) under a byte budget; ``serve`` puts it behind a transport ``Server`` so streamers append into it.
+pinned where a GPU is present) under a byte budget; ``serve`` puts it behind a transport
+``Server`` so streamers append into it.
 ``restore`` writes a checkpoint's verified durable prefix into an engine's cache;
 ``remote_restore`` pulls it from another holder over the transport first.
 """

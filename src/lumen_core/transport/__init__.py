@@ -6,7 +6,8 @@ authenticated clients append in a ``RecordSink`` it is given (the holder's store
 checkpoints keyed by (request_id, shard), each as far as a capability signed by the issuer
 (``lumen_core.auth.CapabilityIssuer``) grants on that holder; ``wire`` has the limits both ends
 enforce; a ``ClientPool`` (``pool``) keeps connections to many holders open for reuse. The data
-path (send, receive, crc check) runs in C++ on a progress thread with no GIL. Failures raise the typed errors of ``errors``.
+path (send, receive, crc check) runs in C++ on a progress thread with no GIL. Failures raise
+the typed errors of ``errors``.
 """
 
 from __future__ import annotations

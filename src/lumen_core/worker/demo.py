@@ -255,7 +255,8 @@ def print_comparison(rows: list[dict[str, object]]) -> None:
             a, b = float(row[live]), float(row[sim])  # type: ignore[arg-type]
             ratio = a / b if b and not (math.isnan(a) or math.isnan(b)) else math.nan
             print(
-                f"{row['policy']!s:8}  {live:16}  {_cell(row[live]):>10}  {_cell(row[sim]):>10}  {_cell(ratio):>8}"
+                f"{row['policy']!s:8}  {live:16}  "
+                f"{_cell(row[live]):>10}  {_cell(row[sim]):>10}  {_cell(ratio):>8}"
             )
 
 
@@ -347,8 +348,9 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     parser.add_argument(
         "--full",
         action="store_true",
-        help=f"the faithful run for bench/RESULTS.md (docs/live_cluster.md): {FULL.workers} workers, {FULL.duration_s:g} s at "
-        f"{FULL.rate_per_s:g}/s, time scale {FULL.time_scale:g}, {FULL.repeats} repeats (flags override)",
+        help=f"the faithful run for bench/RESULTS.md (docs/live_cluster.md): {FULL.workers} workers, "
+        f"{FULL.duration_s:g} s at {FULL.rate_per_s:g}/s, time scale {FULL.time_scale:g}, "
+        f"{FULL.repeats} repeats (flags override)",
     )
     parser.add_argument(
         "--compare-sim",
@@ -478,7 +480,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
     else:
         print(f"Live loopback cluster paced to {pace} (modelled seconds, time scale {options.time_scale:g}; "
               f"medians of {options.repeats} run(s)): an emulation of that hardware by real processes; "
-              "it validates the simulator's event, queueing and streaming logic, not its cost model.")  # fmt: skip
+              "it validates the simulator's event, queueing and streaming logic, "
+              "not its cost model.")  # fmt: skip
     print_table(rows)
     if options.compare_sim:
         print("Live vs simulated on the same arrivals (same failure time and worker, cost model, policies):")

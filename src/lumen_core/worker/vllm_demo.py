@@ -165,9 +165,9 @@ class _Cluster:
             for worker_id in range(NUM_SERVERS):
                 argv = [
                     sys.executable, "-m", "lumen_core.cli", "agent", "--worker-id", str(worker_id),
-                    "--gateway", self.gateway.address, "--secret-file", str(secret_file), "--model", str(model),
-                    "--workdir", str(workdir), "--tls", "tcp", "--kv-space-gib", "1", "--server-args", _SERVER_ARGS,
-                    "--start-timeout-s", str(_START_TIMEOUT_S),
+                    "--gateway", self.gateway.address, "--secret-file", str(secret_file),
+                    "--model", str(model), "--workdir", str(workdir), "--tls", "tcp", "--kv-space-gib", "1",
+                    "--server-args", _SERVER_ARGS, "--start-timeout-s", str(_START_TIMEOUT_S),
                 ]  # fmt: skip
                 self.agents.append(subprocess.Popen(argv, stdout=subprocess.PIPE, text=True))
             self.registered = [_read_line(agent, _START_TIMEOUT_S + 30) for agent in self.agents]

@@ -368,12 +368,12 @@ def build_app(
             f"config.vocab_size must be >= the tokenizer's {tokenizer.vocab_size}, got {config.vocab_size}"
         )
     try:
-        metrics = _Metrics(registry)
+        counters = _Metrics(registry)
     except ValueError as exc:  # prometheus_client: duplicated timeseries
         raise ValueError(
             f"registry must not hold a front door's counters yet (one per gateway), got {exc}"
         ) from None
-    door = _FrontDoor(config, bridge, api_keys, tokenizer, metrics)
+    door = _FrontDoor(config, bridge, api_keys, tokenizer, counters)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

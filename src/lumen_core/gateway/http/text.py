@@ -97,7 +97,7 @@ def write_byte_tokenizer(directory: str | os.PathLike[str]) -> Path:
     raw = RawTokenizer(models.BPE(vocab={stand_in[b]: b for b in range(256)}, merges=[]))
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     raw.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=raw)  # type: ignore[no-untyped-call]
     tokenizer.chat_template = (
         "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"

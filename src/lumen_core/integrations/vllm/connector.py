@@ -64,7 +64,8 @@ class LumenConnector(KVConnectorBase_V1):
             )
         if vllm_config.cache_config.cache_dtype != "auto":
             raise ValueError(
-                f"`cache_dtype` must be 'auto' for LumenConnector, got {vllm_config.cache_config.cache_dtype!r}"
+                "`cache_dtype` must be 'auto' for LumenConnector, got "
+                f"{vllm_config.cache_config.cache_dtype!r}"
             )
         config = ConnectorConfig.from_extra_config(transfer.kv_connector_extra_config)
         self._block_size = vllm_config.cache_config.block_size

@@ -27,7 +27,8 @@ def _holder(name: str, value: object) -> tuple[Address, int]:
         value = {"address": host, "port": int(port)}
     if not isinstance(value, Mapping) or set(value) - {"address", "port", "holder_id"}:
         raise ValueError(
-            f"`{name}` must be {{'address': str, 'port': int, 'holder_id': int}} or 'host:port', got {value!r}"
+            f"`{name}` must be {{'address': str, 'port': int, 'holder_id': int}} or 'host:port', "
+            f"got {value!r}"
         )
     holder_id = value.get("holder_id", 0)
     if isinstance(holder_id, bool) or not isinstance(holder_id, int) or not 0 <= holder_id < 2**64:
@@ -186,8 +187,8 @@ class RequestControl:
         """From a request's ``kv_transfer_params`` (its "lumen" entry; absent: every default).
 
         Defaults: the engine's request id, its wire key ``request_key(request_id)`` (a
-        gateway names its own u64: its capabilities are bound to it), epoch 0, the configured holders, capabilities
-        issued by the configured issuer for (request, shard 0, epoch) on each holder;
+        gateway names its own u64: its capabilities are bound to it), epoch 0, the configured
+        holders, capabilities issued by the configured issuer for (request, shard 0, epoch) on each holder;
         ``restore`` given as ``{}`` reads from the first configured holder.
 
         Raises:

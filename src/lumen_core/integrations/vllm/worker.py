@@ -86,8 +86,8 @@ class WorkerSide:
             self._load(load)
         for spec in meta.opens:
             if self.core.is_streaming(spec.request_id):  # two live requests named alike
-                logger.error("lumen: request %s is already streaming: %s is not checkpointed", spec.request_id,
-                             spec.req_id)  # fmt: skip
+                logger.error("lumen: request %s is already streaming: %s is not checkpointed",
+                             spec.request_id, spec.req_id)  # fmt: skip
                 continue
             grant = StreamGrant(spec.epoch, spec.holders, spec.capabilities, spec.expected_tokens)
             if self.core.begin(spec.request_id, spec.key, grant):
