@@ -3,7 +3,7 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Build switches (DESIGN.md section 10); .ci/run turns AUTO into ON so a missing module fails.
+# Build switches (docs/design.md); .ci/run turns AUTO into ON so a missing module fails.
 export LUMEN_CUDA ?= AUTO
 export LUMEN_UCX ?= AUTO
 export LUMEN_CUDA_ARCHS ?= 80;90
@@ -107,7 +107,7 @@ $(VLLM_VENV)/.installed: $(VLLM_BIN)/python $(VLLM_CONSTRAINTS) $(WHEEL_STAMP)
 vllm-env: $(VLLM_VENV)/.installed
 
 test-vllm: vllm-env
-	LUMEN_VLLM=ON $(VLLM_BIN)/python -m pytest -m vllm tests/vllm --durations=25 $(PYTEST_ARGS)
+	LUMEN_VLLM=ON $(VLLM_BIN)/python -m pytest -m vllm tests/vllm tests/test_docs.py --durations=25 $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) $(LINT_VENV) build dist

@@ -1,4 +1,4 @@
-"""Checkpoint streaming versus decode latency (DESIGN.md 3.3, 3.4).
+"""Checkpoint streaming versus decode latency (docs/streaming.md).
 
 A decode loop on the CPU stands in for the GPU: each step does real matmul work on one thread
 (calibrated to --step-ms, never a sleep) and writes one new token of KV per running request

@@ -1,4 +1,4 @@
-"""Layering contracts of every area of lumen_core (DESIGN.md section 2, STYLE.md "Layering"),
+"""Layering contracts of every area of lumen_core (docs/design.md, STYLE.md "Layering"),
 checked by parsing imports, lazy ones inside functions included.
 
 An area is a subpackage (``policy``, ``transport``, ...) or a top-level module (``ops``,

@@ -2,7 +2,7 @@
 
 KV token records stream to checkpoint holders during decode; after a worker failure each
 interrupted request is restored on its holder or re-prefilled, and the restarted worker drafts
-tokens for the busiest survivor while its model reloads. See README.md and DESIGN.md.
+tokens for the busiest survivor while its model reloads. See README.md and docs/design.md.
 """
 
 from lumen_core._native import BUILD_INFO, HAS_CUDA, HAS_UCX

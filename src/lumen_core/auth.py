@@ -1,5 +1,5 @@
 """The cluster secret, the keys derived from it or issued beside it, and every MAC scheme
-(DESIGN.md section 3.3; docs/security.md has the threat model).
+(docs/streaming.md; docs/security.md has the threat model).
 
 - The cluster secret has no default: ``write_secret_file`` writes 32 random bytes to a new
   0600 file; ``read_secret_file`` opens it once (no symbolic link), then checks on what it

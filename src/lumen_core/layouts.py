@@ -1,6 +1,6 @@
 """KV layouts: an engine's paged KV cache described as planes of token rows.
 
-Built from the engine's own tensors, never by importing the engine (DESIGN.md section 3.1).
+Built from the engine's own tensors, never by importing the engine (docs/data_plane.md).
 A plane is a view ``[num_blocks, block_size, num_pieces, piece_elems]`` whose last dimension is
 contiguous: the row of slot ``block_id * block_size + offset`` is ``num_pieces`` pieces
 (one for NHD rows, ``num_kv_heads`` strided pieces for HND rows). A token record is the rows of

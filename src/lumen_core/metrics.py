@@ -1,4 +1,4 @@
-"""Serving metrics of DESIGN.md section 8, one module for the simulator, the gateway and the demo.
+"""Serving metrics (docs/design.md, Metrics): one module for the simulator, the gateway and the demo.
 
 - TTFT: arrival to first output token. Replay TTFT of an interrupted request: from the
   failure (so detection counts) to its next output token.
@@ -172,7 +172,7 @@ def recovery_time_s(
     return math.nan
 
 
-# "All but the last few tokens" of checkpoint coverage (DESIGN.md section 8): a checkpoint may
+# "All but the last few tokens" of checkpoint coverage (docs/design.md, Metrics): a checkpoint may
 # trail its request by the tokens of the steps not yet flushed. Both drivers measure with it.
 COVERAGE_SLACK_TOKENS = 16
 

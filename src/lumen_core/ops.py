@@ -1,7 +1,7 @@
 """Data-plane ops on token records: gather, scatter and checksum (``csrc/gather.*``,
 ``csrc/checksum.*``). Validation in Python, then one native call.
 
-Records are ``[n, record_bytes]`` uint8 tensors (DESIGN.md section 3.1). Every argument is
+Records are ``[n, record_bytes]`` uint8 tensors (docs/data_plane.md). Every argument is
 checked here before a pointer reaches native code; the native side re-checks cheap invariants.
 Draft verification, the other op family, lives in ``lumen_core.verify``.
 """

@@ -66,7 +66,7 @@ def scatter_tokens(layout: KVLayout, slot_ids: torch.Tensor, records: torch.Tens
             row.copy_(data.clone().to(row.device).view(row.dtype).reshape(row.shape))
 
 
-# ---- verify_draft (DESIGN.md section 5) ---------------------------------------------------
+# ---- verify_draft (docs/verify_draft.md) ---------------------------------------------------
 #: Chunk of the sampling rule (``kSampleChunk`` in lumen/verify_draft.h).
 SAMPLE_CHUNK = 1024
 #: Residual mass at or below which the token is sampled from p instead (``kResidualMinMass``).

@@ -1,4 +1,4 @@
-"""Draft verification: exact batched chain speculative sampling (DESIGN.md section 5), the
+"""Draft verification: exact batched chain speculative sampling (docs/verify_draft.md), the
 Python face of ``csrc/verify_draft.*``. Shapes, dtypes, devices and host-resident values are
 checked in Python; then one native call, which checks every value it reads and reports per
 request. On CUDA the call never waits for the device: the kernel's verdicts stay in device

@@ -1,4 +1,4 @@
-// Philox4x32-10, the package's one counter-based generator (DESIGN.md section 10).
+// Philox4x32-10, the package's one counter-based generator (docs/verify_draft.md).
 // Bit-identical to src/lumen_core/rng.py: counter = (position lo, position hi, index, 0),
 // key = (seed lo, seed hi); the first two output words give a 53-bit double in [0, 1):
 // ((x0 >> 5) * 2^26 + (x1 >> 6)) / 2^53. Header-only and __host__ __device__ so the CPU

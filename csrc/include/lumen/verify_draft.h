@@ -1,4 +1,4 @@
-// verify_draft: exact batched chain speculative sampling (DESIGN.md section 5).
+// verify_draft: exact batched chain speculative sampling (docs/verify_draft.md).
 //
 // One signature for the CPU (csrc/verify_draft.cpp) and CUDA (csrc/verify_draft.cu) paths.
 // Every pointer of VerifyDraftArgs is on the device that runs the op. Request b owns

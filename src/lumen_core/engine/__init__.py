@@ -1,5 +1,5 @@
 """Reference engine: a small Llama-style model with paged KV (vLLM flash layout), continuous
-batching, chunked prefill, draft verification and LUMEN checkpoint hooks (DESIGN.md section 6)."""
+batching, chunked prefill, draft verification and LUMEN checkpoint hooks (docs/engine.md)."""
 
 from lumen_core.engine.config import CacheConfig, ModelConfig, SamplingParams, SchedulerConfig
 from lumen_core.engine.connector import (

@@ -59,7 +59,7 @@ class ModelConfig:
             )
 
     def kv_bytes_per_token(self, dtype: torch.dtype) -> int:
-        """Bytes of K and V of one token over all layers (DESIGN.md Eq. 1 for one token)."""
+        """Bytes of K and V of one token over all layers (docs/data_plane.md)."""
         element_bytes = torch.empty((), dtype=dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_bytes
 

@@ -141,7 +141,7 @@ class SpecStats:
 
     @property
     def acceptance_rate(self) -> float:
-        """Accepted / proposed drafts (DESIGN.md section 8). Drafts after a rejection count
+        """Accepted / proposed drafts (docs/design.md, Metrics). Drafts after a rejection count
         as not accepted although they were never tested."""
         return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0
 

@@ -103,7 +103,7 @@ class TokenAck:
 
 @dataclass(frozen=True)
 class GatewayMetrics:
-    """The gauges the metrics endpoint exports (DESIGN.md section 8 definitions).
+    """The gauges the metrics endpoint exports (defined in docs/design.md, Metrics).
 
     coverage: fraction of running requests whose durable checkpoint covers all but the last
     16 tokens. holder_balance: max/min held checkpoint tokens over serving workers.

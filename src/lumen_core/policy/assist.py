@@ -1,4 +1,4 @@
-"""Speculative-assist planning (mechanism 3, Algorithm 3's choices; DESIGN.md section 4.1).
+"""Speculative-assist planning (mechanism 3, Algorithm 3's choices; docs/policies.md).
 
 A recovering worker (draft model loaded, full model still loading) assists one survivor: the
 most loaded serving worker that has no assistant yet, provided the predicted gain is positive.

@@ -1,7 +1,7 @@
 """LoadMonitor: the coordinator's view of worker load, requests and checkpoint reservations.
 
 ``L(w) = alpha * held_tokens(w) / mean_request_tokens + beta * Q_w`` in queue-equivalents
-(DESIGN.md section 4): a held checkpoint of an average request weighs like one queued request
+(docs/policies.md): a held checkpoint of an average request weighs like one queued request
 when ``alpha = 1``; ``Q_w`` is running plus waiting requests. The monitor is fed events
 (heartbeat aggregates and the coordinator's own decisions, never per token) and keeps every
 per-worker quantity incrementally, so one event costs O(1) and one argmin over the workers is

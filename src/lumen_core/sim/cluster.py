@@ -77,7 +77,7 @@ UPGRADE_STRATEGIES = ("graceful", "abort", "move")
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """The simulated cluster. Defaults: DESIGN.md section 7 (Qwen3-32B on 2x H100 per worker).
+    """The simulated cluster. Defaults: docs/simulator.md (Qwen3-32B on 2x H100 per worker).
 
     ``max_batched_tokens``: chunked-prefill token budget per iteration (vLLM's V1 default for
     large GPUs). ``holder_budget_bytes``: host DRAM each worker offers for other workers'

@@ -43,7 +43,7 @@ from lumen_core.sim.workload import Workload, load_trace, poisson_workload
 RATE_PER_WORKER = 6.91
 FAILURE_FREE_TTFT_S = 1.16
 
-# Figures of the paper (DESIGN.md section 8), keyed (experiment, policy, metric).
+# Figures of the paper (docs/design.md, Metrics), keyed (experiment, policy, metric).
 PAPER: dict[tuple[str, str, str], float] = {
     ("proto4", "S&R", "mean_ttft_s"): 4.69,
     ("proto4", "FC", "mean_ttft_s"): 2.80,
@@ -134,7 +134,7 @@ class Scenario:
 
 
 def proto_config(num_workers: int) -> ClusterConfig:
-    """DESIGN.md section 7 defaults: Qwen3-32B on 2x H100 for 4 workers, else Qwen3-14B on 1x H100."""
+    """docs/simulator.md defaults: Qwen3-32B on 2x H100 for 4 workers, else Qwen3-14B on 1x H100."""
     if num_workers == 4:
         return ClusterConfig(num_workers=4, model="Qwen3-32B", gpu="H100", tp=2)
     return ClusterConfig(num_workers=num_workers, model="Qwen3-14B", gpu="H100", tp=1)

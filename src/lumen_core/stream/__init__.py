@@ -1,5 +1,5 @@
 """Checkpoint streaming, the holder store and restore: the data plane of mechanism 1
-(DESIGN.md 3.1, 3.3, 3.4). Needs the native UCX module (``lumen_core._C_ucx``)."""
+(docs/streaming.md, docs/transport.md). Needs the native UCX module (``lumen_core._C_ucx``)."""
 
 from lumen_core.stream._common import fingerprint_bytes, request_key
 from lumen_core.stream.holder import (

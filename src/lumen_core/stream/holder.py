@@ -1,4 +1,4 @@
-"""The holder's store and the restore path (DESIGN.md 3.4).
+"""The holder's store and the restore path (docs/streaming.md).
 
 ``HolderStore`` keeps each (request, shard)'s token records in host memory (fixed-size chunks,
 pinned where a GPU is present) under a byte budget; ``serve`` puts it behind a transport

@@ -1,4 +1,4 @@
-"""The engine side of checkpoint streaming (DESIGN.md 3.3): a Python face over the native
+"""The engine side of checkpoint streaming (docs/streaming.md): a Python face over the native
 streamer, which gathers, checksums and sends on its own thread while the engine decodes."""
 
 from __future__ import annotations

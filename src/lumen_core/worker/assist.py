@@ -1,4 +1,4 @@
-"""Speculative assist between a recovering worker and a survivor (DESIGN.md section 4.1).
+"""Speculative assist between a recovering worker and a survivor (docs/policies.md).
 
 The channel is UDP datagrams of JSON on loopback (or the cluster network), at the port
 number of each worker's holder listener (the holder uses TCP there, so the two do not

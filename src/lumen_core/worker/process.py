@@ -1,4 +1,4 @@
-"""A worker process of a live cluster (DESIGN.md sections 3 and 4).
+"""A worker process of a live cluster (docs/streaming.md, docs/policies.md).
 
 ``Worker`` = the reference engine + a ``StreamingConnector`` (checkpoint streaming to the
 holders the gateway grants each request, restore on RESUME) + an embedded ``HolderStore``

@@ -1,4 +1,4 @@
-// The holder's store (DESIGN.md 3.4): each (request, shard)'s token records kept in host
+// The holder's store (docs/streaming.md): each (request, shard)'s token records kept in host
 // memory (ChunkArena chunks, pinned where a GPU is present) with their token ids and crcs,
 // under a byte budget. It is the RecordSink a
 // transport Server writes into (appends in position order, overlaps checked against stored

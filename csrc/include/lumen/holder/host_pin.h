@@ -1,5 +1,5 @@
 // Page-locking host memory for a holder, so restores into GPU memory run at DMA speed
-// (DESIGN.md 3.4: "pinned where a GPU is present"). Built on the CUDA runtime when the
+// (docs/streaming.md: pinned where a GPU is present). Built on the CUDA runtime when the
 // package is built with CUDA (LUMEN_HOLDER_CUDA); without it there is nothing to pin for.
 #pragma once
 #include <cstddef>

@@ -1,4 +1,4 @@
-// How the streamer reads a step's token records out of the engine's KV cache (DESIGN.md 3.3).
+// How the streamer reads a step's token records out of the engine's KV cache (docs/streaming.md).
 // On the CPU, a multithreaded gather on the streamer thread. On a CUDA device, the gather
 // kernel on the streamer's own stream: save_step records an event on the engine's stream
 // (the step's KV was written by work queued there), the streamer's stream waits for it, the

@@ -1,4 +1,4 @@
-// The engine side of checkpoint streaming (DESIGN.md 3.3): save_step() only records the
+// The engine side of checkpoint streaming (docs/streaming.md): save_step() only records the
 // step's slots and enqueues it; a background thread gathers every new record of the step with
 // one gather_tokens call into a staging buffer, checksums them, and appends them to each
 // request's holders (replicas) over the transport. When the queue or the staging pool is full

@@ -1,4 +1,4 @@
-// Authentication of the data plane's connections (DESIGN.md 3.3, docs/security.md). The
+// Authentication of the data plane's connections (docs/transport.md, docs/security.md). The
 // handshake is an HMAC-SHA256 (OpenSSL) challenge-response on the cluster secret over an X25519
 // exchange of ephemeral keys; from the shared secret both ends derive a pair of session keys,
 // and every message after the handshake is sealed: a sequence number and an HMAC-SHA256 under

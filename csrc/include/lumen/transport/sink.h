@@ -1,4 +1,4 @@
-// Where a transport server puts what it receives (DESIGN.md 3.3/3.4). RecordSink is the seam
+// Where a transport server puts what it receives (docs/streaming.md). RecordSink is the seam
 // between the wire protocol and a store: the server authenticates, validates and checks
 // capabilities, then asks the sink to order, place and keep records. The store implementing it
 // is lumen::holder::HolderStore (lumen/holder/holder_store.h). The server calls every method on

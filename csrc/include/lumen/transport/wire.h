@@ -1,4 +1,4 @@
-// Wire format of the checkpoint data plane (DESIGN.md 3.3): every message is one UCP active
+// Wire format of the checkpoint data plane (docs/streaming.md): every message is one UCP active
 // message whose AM header is a fixed-size, versioned, little-endian WireHeader and whose data
 // is the payload. Byte layout (offsets in bytes):
 //
