@@ -96,6 +96,8 @@ def test_block_runs(
     if block.marker in (("needs", "ucx"), ("needs", "vllm")):
         request.getfixturevalue("ucx_module")  # the vLLM blocks stream over it too
     monkeypatch.chdir(tmp_path)  # blocks write files (weights, secrets) where they run
+    # Run from the repository, the trace is found under ./data/traces; from here, say where.
+    monkeypatch.setenv("LUMEN_TRACE_DIR", str(ROOT / "data" / "traces"))
     exec(compile(block.code, block.name, "exec"), {"__name__": "__docs__"})  # noqa: S102 (the test's job)
 
 
