@@ -109,6 +109,7 @@ class NetCluster:
             start_new_session=True,
         )
         self.stopped: dict[str, object] | None = None
+        self.client: subprocess.Popen[str] | None = None
         listening = self._gateway_line()
         if listening.get("event") != "listening":
             raise RuntimeError(f"the gateway did not start: {listening}")
@@ -164,14 +165,15 @@ class NetCluster:
     @staticmethod
     def _read(worker: WorkerNode) -> None:
         assert worker.process.stdout is not None
-        for line in worker.process.stdout:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            worker.events.append(event)
-            if event.get("event") == "registered":
-                worker.registered.set()
+        with worker.process.stdout:  # closed once the process has ended
+            for line in worker.process.stdout:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                worker.events.append(event)
+                if event.get("event") == "registered":
+                    worker.registered.set()
 
     def wait_registered(self, worker: WorkerNode) -> None:
         deadline = time.monotonic() + self.start_timeout_s
@@ -246,6 +248,7 @@ class NetCluster:
                 env=self.env,
                 start_new_session=True,
             )
+        self.client = client
         assert client.stdout is not None
         if client.stdout.readline().strip() != '{"event": "started"}':
             raise RuntimeError(
@@ -265,7 +268,14 @@ class NetCluster:
         return [e for w in self.exited for e in w.events if e.get("event") == "stopped"]
 
     def close(self, grace_s: float = 10.0) -> dict[str, object]:
-        """SIGTERM (then SIGKILL) every worker, stop the gateway; its ``stopped`` record."""
+        """SIGTERM (then SIGKILL) every worker and the client, stop the gateway; its ``stopped``
+        record. Every pipe to them is closed."""
+        if self.client is not None:
+            if self.client.poll() is None:
+                os.killpg(self.client.pid, signal.SIGKILL)
+            self.client.wait(timeout=30)
+            assert self.client.stdout is not None
+            self.client.stdout.close()
         for worker in self.workers.values():
             if worker.process.poll() is None:
                 os.killpg(worker.process.pid, signal.SIGCONT)
@@ -289,5 +299,7 @@ class NetCluster:
             except (OSError, RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError):
                 os.killpg(self.gateway.pid, signal.SIGKILL)
                 self.gateway.wait(timeout=30)
-        self._gateway_log.close()
+        for pipe in (self.gateway.stdin, self.gateway.stdout, self._gateway_log):
+            if pipe is not None:
+                pipe.close()
         return self.stopped or {}

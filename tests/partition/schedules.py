@@ -17,9 +17,10 @@ its printed line (``Schedule.describe``). Kinds:
 - ``sigkill``: a worker SIGKILLed (the supervisor reports it and restarts it);
 - ``sigstop``: a worker stopped (SIGSTOP), then continued.
 
-Faults that overlap in time are healed together at the end of the last one. A worker that
-exits (fenced, or killed) is restarted as a recovering one by the supervisor once no network
-fault is active. Delay is not a fault here: the kernel has no ``netem``.
+A fault ``while_serving`` starts once its target serves a request (else at the last arrival),
+and lasts its length from then. Faults that overlap in time are healed together at the end of
+the last one. A worker that exits (fenced, or killed) is restarted as a recovering one by the
+supervisor once no network fault is active. Delay is not a fault here: the kernel has no ``netem``.
 
 Invariants (``violations``): no request lost; every client stream contiguous (no token
 repeated, none missing); no token report of a fenced or outdated epoch accepted by the
@@ -64,6 +65,10 @@ class Fault:
     target: str = ""  # node name; "" for loss
     percent: int = 5  # loss
     mbit: int = 100  # rate
+    # Wait, from the start, until the target worker serves a request with a checkpoint (at most
+    # ``Schedule.span_s``): a fault that must catch the worker serving cannot rely on the
+    # arrival clock and the router placing a request there in time.
+    while_serving: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in NETWORK_KINDS | PROCESS_KINDS:
@@ -79,8 +84,9 @@ class Fault:
         what = {"loss": f"loss {self.percent}%", "rate": f"rate {self.mbit} Mbit/s {self.target}"}.get(
             self.kind, f"{self.kind} {self.target}"
         )
+        serving = " once serving" if self.while_serving else ""
         return (
-            f"{what} at {self.start_lease * lease_s:.2f} s for {self.length_lease * lease_s:.2f} s "
+            f"{what} at {self.start_lease * lease_s:.2f} s{serving} for {self.length_lease * lease_s:.2f} s "
             f"({self.length_lease:.2f} x lease)"
         )
 
@@ -168,6 +174,13 @@ def reference_outputs(model_path: Path, arrivals: list[dict[str, object]]) -> li
         torch.set_num_threads(previous)
 
 
+def _serving(cluster: NetCluster, node: str) -> bool:
+    """Whether worker ``node`` runs a request it has checkpointed (so it has served it)."""
+    status = cluster.ask("status")
+    running = status["running"].get(node[1:], [])  # type: ignore[attr-defined]
+    return any(status["holders"].get(str(r)) for r in running)  # type: ignore[attr-defined]
+
+
 def _apply(cluster: NetCluster, network: Network, fault: Fault) -> None:
     workers = [f"w{i}" for i in range(cluster.num_workers)]
     match fault.kind:
@@ -197,7 +210,10 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
     print(schedule.describe(), flush=True)
     lease = schedule.lease_s
     arrivals = _arrivals(schedule)
-    last_end_s = max((f.start_lease + f.length_lease) * lease for f in schedule.faults)
+    last_end_s = max(
+        max(f.start_lease * lease, schedule.span_s if f.while_serving else 0.0) + f.length_lease * lease
+        for f in schedule.faults
+    )
     timeout_s = schedule.span_s + last_end_s + 60.0
     cluster = NetCluster(
         workdir,
@@ -223,14 +239,17 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
         while pending or active:
             now = time.monotonic() - t0
             for i in [i for i in pending if schedule.faults[i].start_lease * lease <= now]:
-                _apply(cluster, network, schedule.faults[i])
+                fault = schedule.faults[i]
+                if fault.while_serving and now < schedule.span_s and not _serving(cluster, fault.target):
+                    continue
+                _apply(cluster, network, fault)
                 evidence[i]["applied_s"] = round(now, 2)
                 pending.remove(i)
                 active.append(i)
             for i in [
                 i
                 for i in active
-                if (schedule.faults[i].start_lease + schedule.faults[i].length_lease) * lease <= now
+                if evidence[i]["applied_s"] + schedule.faults[i].length_lease * lease <= now  # type: ignore[operator]
             ]:
                 fault = schedule.faults[i]
                 active.remove(i)

@@ -4,6 +4,7 @@ every invariant after it (schedules.violations). Lengths are multiples of the 3 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import netns
@@ -149,8 +150,11 @@ def test_partition_two_faults_rate_cut_and_sigstop(network: netns.Network, tmp_p
 def test_partition_fencing_disabled_is_caught(network: netns.Network, tmp_path: Path) -> None:
     """The invariants can fail: with the gateway's epoch checks and the workers' self-fencing
     off, a worker cut from the gateway for two leases serves on; after the heal its token
-    reports for the epochs the gateway fenced are accepted, and the checker says so."""
-    schedule = draw("fencing_disabled", 215, [("cut_gateway", LONG, 0.6)])
+    reports for the epochs the gateway fenced are accepted, and the checker says so. The cut
+    waits until the worker serves a request (one arrived first at another worker on CI, so the
+    cut worker had nothing to report)."""
+    drawn = draw("fencing_disabled", 215, [("cut_gateway", LONG, 0.6)])
+    schedule = dataclasses.replace(drawn, faults=(dataclasses.replace(drawn.faults[0], while_serving=True),))
     outcome = run_schedule(tmp_path, network, schedule, unfenced=True)
     found = violations(outcome)
     assert any("of a fenced or outdated epoch accepted" in v for v in found), found
