@@ -17,13 +17,14 @@
 #include "lumen/transport/worker.h"
 
 namespace lumen::transport {
-namespace {
 
 uint16_t port_of(const sockaddr_storage& address) {
   return address.ss_family == AF_INET6
              ? ntohs(reinterpret_cast<const sockaddr_in6*>(&address)->sin6_port)
              : ntohs(reinterpret_cast<const sockaddr_in*>(&address)->sin_port);
 }
+
+namespace {
 
 // The file descriptor numbers open in this process now.
 std::vector<int> open_descriptors() {

@@ -3,8 +3,6 @@
 // the constructor's setup call, stats() and close().
 #include "lumen/transport/server.h"
 
-#include <netinet/in.h>
-
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
@@ -100,9 +98,7 @@ Server::Server(const ServerOptions& options, std::shared_ptr<RecordSink> sink)
     ucp_listener_destroy(listener_);
     throw_ucs("ucp_listener_query", status);
   }
-  port_ = attr.sockaddr.ss_family == AF_INET6
-              ? ntohs(reinterpret_cast<const sockaddr_in6*>(&attr.sockaddr)->sin6_port)
-              : ntohs(reinterpret_cast<const sockaddr_in*>(&attr.sockaddr)->sin_port);
+  port_ = port_of(attr.sockaddr);
   try {
     admission_ = std::make_unique<Admission>(
         attr.sockaddr,

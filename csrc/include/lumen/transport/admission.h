@@ -44,6 +44,9 @@ struct AdmissionStats {
 // another family. How admission and the server name a peer.
 std::string endpoint_name(const sockaddr_storage& address);
 
+// The port of an IPv4 or IPv6 socket address, in host order.
+uint16_t port_of(const sockaddr_storage& address);
+
 class Admission {
  public:
   // listener: the address UCX's listener is bound to (a wildcard address matches every local
