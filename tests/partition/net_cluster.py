@@ -18,13 +18,12 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from netns import Network
 
 from lumen_core.auth import write_secret_file
-from lumen_core.worker.cluster import TINY_RECORD_BYTES, write_models
+from lumen_core.worker.cluster import TINY_RECORD_BYTES, WorkerProcess, write_models
 
 HERE = Path(__file__).resolve().parent
 GATEWAY_PORT = 50051  # the gateway namespace has nothing else listening
@@ -33,20 +32,6 @@ PROCESS_ENV = {"UCX_TLS": "tcp", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 def node_names(num_workers: int) -> list[str]:
     return ["gateway", *(f"w{i}" for i in range(num_workers)), "client"]
-
-
-@dataclass
-class WorkerNode:
-    worker_id: int
-    process: subprocess.Popen[str]
-    log_path: Path
-    events: list[dict[str, object]] = field(default_factory=list)
-    registered: threading.Event = field(default_factory=threading.Event)
-    reader: threading.Thread | None = None
-    killed: bool = False
-
-    def event(self, name: str) -> dict[str, object] | None:
-        return next((e for e in self.events if e.get("event") == name), None)
 
 
 class NetCluster:
@@ -86,8 +71,8 @@ class NetCluster:
         self.model_path, self.draft_path = write_models(self.workdir, seed=seed)
         self.env = dict(os.environ, **PROCESS_ENV)
         self.gateway_address = f"{network.node('gateway').address}:{GATEWAY_PORT}"
-        self.workers: dict[int, WorkerNode] = {}
-        self.exited: list[WorkerNode] = []
+        self.workers: dict[int, WorkerProcess] = {}
+        self.exited: list[WorkerProcess] = []
         self._gateway_lock = threading.Lock()
         command = [
             sys.executable, str(HERE / "gateway_node.py"),
@@ -132,7 +117,7 @@ class NetCluster:
             return self._gateway_line()
 
     # ---- workers -------------------------------------------------------------------------
-    def spawn(self, worker_id: int, *, recovering: bool = False) -> WorkerNode:
+    def spawn(self, worker_id: int, *, recovering: bool = False) -> WorkerProcess:
         node = f"w{worker_id}"
         program = [str(HERE / "unfenced_worker.py")] if self.unfenced else ["-m", "lumen_core.cli", "worker"]
         command = [
@@ -156,49 +141,33 @@ class NetCluster:
                 env=self.env,
                 start_new_session=True,
             )
-        worker = WorkerNode(worker_id, process, log_path)
-        worker.reader = threading.Thread(target=self._read, args=(worker,), daemon=True)
-        worker.reader.start()
+        worker = WorkerProcess(worker_id, process, log_path)
+        worker.follow()
         self.workers[worker_id] = worker
         return worker
 
-    @staticmethod
-    def _read(worker: WorkerNode) -> None:
-        assert worker.process.stdout is not None
-        with worker.process.stdout:  # closed once the process has ended
-            for line in worker.process.stdout:
-                try:
-                    event = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                worker.events.append(event)
-                if event.get("event") == "registered":
-                    worker.registered.set()
-
-    def wait_registered(self, worker: WorkerNode) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while not worker.registered.wait(0.1):
-            if worker.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"worker {worker.worker_id} did not register (exit {worker.process.poll()}): "
-                    f"{worker.log_path.read_text()[-2000:]}"
-                )
+    def wait_registered(self, worker: WorkerProcess) -> None:
+        worker.wait_registered(self.start_timeout_s)
 
     def start(self) -> None:
         started = [self.spawn(w) for w in range(self.num_workers)]
         for worker in started:
             self.wait_registered(worker)
 
-    def signal(self, worker_id: int, signum: signal.Signals) -> None:
-        """Send ``signum`` to the worker's process group (SIGSTOP / SIGCONT: a stall)."""
-        os.killpg(self.workers[worker_id].process.pid, signum)
+    def signal(self, node: str, signum: signal.Signals) -> None:
+        """Send ``signum`` to the process group of node ``node`` (a worker, or ``client``;
+        SIGSTOP / SIGCONT: a stall)."""
+        if node == "client":
+            assert self.client is not None
+            os.killpg(self.client.pid, signum)
+        else:
+            os.killpg(self.workers[int(node[1:])].process.pid, signum)
 
     def kill(self, worker_id: int) -> None:
         """SIGKILL the worker, reap it and report its exit to the gateway (the supervisor)."""
         worker = self.workers.pop(worker_id)
         os.killpg(worker.process.pid, signal.SIGKILL)
         worker.process.wait(timeout=30)
-        worker.killed = True
         self.exited.append(worker)
         registered = worker.event("registered")
         if registered is not None:
@@ -262,10 +231,7 @@ class NetCluster:
     # ---- teardown ------------------------------------------------------------------------
     def worker_stopped(self) -> list[dict[str, object]]:
         """The ``stopped`` line of every worker process that ended by itself or by SIGTERM."""
-        for worker in self.exited:
-            assert worker.reader is not None
-            worker.reader.join(timeout=10)  # the process has exited: its pipe ends
-        return [e for w in self.exited for e in w.events if e.get("event") == "stopped"]
+        return [stopped for w in self.exited if (stopped := w.stopped()) is not None]
 
     def close(self, grace_s: float = 10.0) -> dict[str, object]:
         """SIGTERM (then SIGKILL) every worker and the client, stop the gateway; its ``stopped``

@@ -67,11 +67,53 @@ class RequestResult:
 
 @dataclass
 class WorkerProcess:
+    """A ``lumen worker`` process and the JSON events of its stdout, read by a thread of its
+    own (``follow``; also the partition tests' NetCluster's record)."""
+
     worker_id: int
     process: subprocess.Popen[str]
-    registered: threading.Event
-    events: list[dict[str, object]]
     stderr_path: Path
+    events: list[dict[str, object]] = field(default_factory=list)
+    registered: threading.Event = field(default_factory=threading.Event)
+    reader: threading.Thread | None = None
+
+    def follow(self) -> None:
+        """Start reading the events; the pipe is closed once the process has ended."""
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        with self.process.stdout:
+            for line in self.process.stdout:
+                try:
+                    event = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                self.events.append(event)
+                if event.get("event") == "registered":
+                    self.registered.set()
+
+    def event(self, name: str) -> dict[str, object] | None:
+        """The first event called ``name``, or None."""
+        return next((e for e in self.events if e.get("event") == name), None)
+
+    def stopped(self) -> dict[str, object] | None:
+        """The ``stopped`` line of a process that has ended (None: it wrote none)."""
+        if self.reader is not None:
+            self.reader.join(timeout=10)  # the process has ended: its pipe ends
+        return self.event("stopped")
+
+    def wait_registered(self, timeout_s: float) -> None:
+        """Until the worker has registered; RuntimeError (with its log's tail) if it exits or
+        ``timeout_s`` passes first."""
+        deadline = time.monotonic() + timeout_s
+        while not self.registered.wait(0.1):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"worker {self.worker_id} did not register (exit {self.process.poll()}): "
+                    f"{self.stderr_path.read_text()[-2000:]}"
+                )
 
 
 class LocalCluster:
@@ -169,30 +211,13 @@ class LocalCluster:
             process = subprocess.Popen(
                 command, stdout=subprocess.PIPE, stderr=stderr, text=True, env=env, start_new_session=True
             )
-        worker = WorkerProcess(worker_id, process, threading.Event(), [], stderr_path)
-        threading.Thread(target=self._read, args=(worker,), daemon=True).start()
+        worker = WorkerProcess(worker_id, process, stderr_path)
+        worker.follow()
         self.workers[worker_id] = worker
         return worker
 
-    def _read(self, worker: WorkerProcess) -> None:
-        assert worker.process.stdout is not None
-        for line in worker.process.stdout:
-            try:
-                event = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            worker.events.append(event)
-            if event.get("event") == "registered":
-                worker.registered.set()
-
     def wait_registered(self, worker: WorkerProcess) -> None:
-        deadline = time.monotonic() + self.start_timeout_s
-        while not worker.registered.wait(0.1):
-            if worker.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"worker {worker.worker_id} did not register (exit {worker.process.poll()}): "
-                    f"{worker.stderr_path.read_text()[-2000:]}"
-                )
+        worker.wait_registered(self.start_timeout_s)
 
     def start(self) -> None:
         started = [self.spawn(w) for w in range(self.num_workers)]
@@ -224,7 +249,7 @@ class LocalCluster:
 
     def worker_stats(self) -> list[dict[str, object]]:
         """The ``stopped`` line of every worker that ended cleanly."""
-        return [e for w in self.exited for e in w.events if e.get("event") == "stopped"]
+        return [stopped for w in self.exited if (stopped := w.stopped()) is not None]
 
     # ---- requests ------------------------------------------------------------------------
     def run_request(
