@@ -218,6 +218,8 @@ def test_partition_fault_primitives_act_on_tcp_and_heal(network: netns.Network) 
     finally:
         sink.kill()
         sink.wait(timeout=10)
+        assert sink.stdout is not None
+        sink.stdout.close()
 
 
 def test_partition_bad_arguments_are_refused() -> None:

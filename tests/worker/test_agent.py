@@ -232,6 +232,7 @@ def test_a_started_server_dies_with_its_agent() -> None:
     finally:
         agent.kill()
         agent.wait(timeout=10.0)
+        agent.stdout.close()
         if server_pid and _state(server_pid) not in ("", "Z"):
             os.kill(server_pid, signal.SIGKILL)
 

@@ -430,7 +430,15 @@ class Agent:
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=None)
         )
-        self._loop.run_forever()
+        try:
+            self._loop.run_forever()
+        finally:  # stopped by close(): end the relays still out, then the loop's resources
+            pending = asyncio.all_tasks(self._loop)
+            for task in pending:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.run_until_complete(self._http.aclose())
+            self._loop.close()
 
     def _report_loop(self) -> None:
         """Token reports in arrival order, batched: whatever queued while a call was out
@@ -534,6 +542,8 @@ class Agent:
             self._loop.call_soon_threadsafe(self._loop.stop)
         for thread in self._threads:
             thread.join(timeout=5.0)
+        if not self._loop.is_running() and not self._loop.is_closed():  # its thread never ran
+            self._loop.close()
         self._http_sync.close()
         self.holder.close()
         self.client.close()
