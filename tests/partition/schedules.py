@@ -15,7 +15,8 @@ its printed line (``Schedule.describe``). Kinds:
 - ``rate``: a worker's link cut to ``mbit`` Mbit/s;
 - ``link_down``: a worker's bridge port down;
 - ``sigkill``: a worker SIGKILLed (the supervisor reports it and restarts it);
-- ``sigstop``: a worker stopped (SIGSTOP), then continued.
+- ``sigstop``: a worker (or the client: a consumer that stalls) stopped (SIGSTOP), then
+  continued.
 
 A fault ``while_serving`` starts once its target serves a request (else at the last arrival),
 and lasts its length from then. Faults that overlap in time are healed together at the end of
@@ -118,15 +119,17 @@ class Schedule:
 
 def draw(name: str, seed: int, kinds: list[tuple[str, float, float]], **options: object) -> Schedule:
     """A schedule of one fault per ``(kind, length_lease, latest_start_lease)``: its target
-    worker and its start (uniform in [0.25, latest_start_lease] leases) drawn from ``seed``."""
+    worker and its start (uniform in [0.25, latest_start_lease] leases) drawn from ``seed``.
+    Kind ``sigstop_client`` is ``sigstop`` of the client."""
     rng = np.random.default_rng(seed)
     num_workers = int(options.get("num_workers", 3))  # type: ignore[call-overload]
     faults = []
     workers = [f"w{i}" for i in rng.permutation(num_workers)]  # distinct targets, in drawn order
     for kind, length_lease, latest in kinds:
-        target = {"loss": "", "isolate_gateway": "gateway"}.get(kind) or workers.pop(0)
+        fixed = {"loss": "", "isolate_gateway": "gateway", "sigstop_client": "client"}
+        target = fixed[kind] if kind in fixed else workers.pop(0)
         start = float(np.round(rng.uniform(0.25, max(0.25, latest)), 2))
-        faults.append(Fault(kind, start, length_lease, target))
+        faults.append(Fault(kind.removesuffix("_client"), start, length_lease, target))
     return Schedule(name, seed, tuple(faults), **options)  # type: ignore[arg-type]
 
 
@@ -201,7 +204,7 @@ def _apply(cluster: NetCluster, network: Network, fault: Fault) -> None:
         case "sigkill":
             cluster.kill(int(fault.target[1:]))
         case "sigstop":
-            cluster.signal(int(fault.target[1:]), signal.SIGSTOP)
+            cluster.signal(fault.target, signal.SIGSTOP)
 
 
 def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfenced: bool = False) -> Outcome:
@@ -254,7 +257,7 @@ def run_schedule(workdir: Path, network: Network, schedule: Schedule, *, unfence
                 fault = schedule.faults[i]
                 active.remove(i)
                 if fault.kind == "sigstop":
-                    cluster.signal(int(fault.target[1:]), signal.SIGCONT)
+                    cluster.signal(fault.target, signal.SIGCONT)
                 elif fault.kind in NETWORK_KINDS and not any(
                     schedule.faults[j].kind in NETWORK_KINDS for j in active
                 ):
@@ -365,7 +368,7 @@ def violations(outcome: Outcome) -> list[str]:
         if fault.kind == "rate" and not seen.get("limited_bytes"):
             found.append(f"{label}: no traffic passed the rate limit")
         outlasts = fault.kind == "sigkill" or fault.length_lease > 1.0
-        if fault.kind in FAILS_WORKER and outlasts:
+        if fault.kind in FAILS_WORKER and outlasts and fault.target.startswith("w"):
             worker_id = int(fault.target[1:])
             if not any(worker_id in f["worker_ids"] for f in failures):  # type: ignore[index, operator, union-attr]
                 found.append(f"{label}: the gateway never failed worker {worker_id}")

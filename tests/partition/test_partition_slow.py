@@ -158,3 +158,47 @@ def test_partition_fencing_disabled_is_caught(network: netns.Network, tmp_path: 
     outcome = run_schedule(tmp_path, network, schedule, unfenced=True)
     found = violations(outcome)
     assert any("of a fenced or outdated epoch accepted" in v for v in found), found
+
+
+def test_partition_holder_cut_from_writers_shorter_than_lease(network: netns.Network, tmp_path: Path) -> None:
+    # The writers' streamers wait out the cut (shorter than their give-up time) and go on.
+    outcome = _run(
+        tmp_path, network, "holder_cut_from_writers_shorter_than_lease", 218, [("cut_writers", SHORT, 0.6)]
+    )
+    assert outcome.restarts == []
+
+
+def test_partition_holder_cut_from_writers_longer_than_lease(network: netns.Network, tmp_path: Path) -> None:
+    # The holder still reaches the gateway, so nobody fails: its writers give its replicas up
+    # (give_up_after_s) and serve on, checkpointing to the holders they still reach.
+    outcome = _run(
+        tmp_path, network, "holder_cut_from_writers_longer_than_lease", 219, [("cut_writers", LONG, 0.6)]
+    )
+    assert outcome.num_failures == 0 and outcome.restarts == []
+
+
+def test_partition_two_faults_holder_cut_and_sigkill(network: netns.Network, tmp_path: Path) -> None:
+    # A worker killed while one of the holders of its requests is cut from it: those requests
+    # resume from another copy or are re-prefilled, never lost.
+    outcome = _run(
+        tmp_path,
+        network,
+        "two_faults_holder_cut_and_sigkill",
+        220,
+        [("cut_writers", LONG, 0.3), ("sigkill", 0.0, 0.6)],
+    )
+    assert int(outcome.schedule.faults[1].target[1:]) in outcome.restarts
+
+
+def test_partition_worker_link_down_shorter_than_lease(network: netns.Network, tmp_path: Path) -> None:
+    outcome = _run(tmp_path, network, "worker_link_down_shorter_than_lease", 221, [("link_down", SHORT, 0.6)])
+    assert outcome.restarts == []
+
+
+def test_partition_sigstop_client_longer_than_lease(network: netns.Network, tmp_path: Path) -> None:
+    # A client that stops reading for two leases holds up only its own streams: no worker is
+    # failed, and every stream resumes where it stopped once the client continues.
+    outcome = _run(
+        tmp_path, network, "sigstop_client_longer_than_lease", 222, [("sigstop_client", LONG, 0.6)]
+    )
+    assert outcome.num_failures == 0 and outcome.restarts == []
