@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from lumen_core.auth import Rights, verify_capability
-from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl, RestorePlan
+from lumen_core.connector import RestoreSource
+from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl
 from lumen_core.stream import request_key
 
 
@@ -83,7 +84,7 @@ def test_explicit_params(config: ConnectorConfig, secret: bytes) -> None:
     )
     assert (control.request_id, control.key, control.epoch) == ("lumen-9", request_key("lumen-9"), 3)
     assert control.holders == (("10.0.0.5", 9000),) and control.capabilities == (capability,)
-    assert control.restore == RestorePlan(("10.0.0.6", 9001), 3, capability)
+    assert control.restore == RestoreSource(3, ("10.0.0.6", 9001), capability)
 
 
 def test_restore_defaults_to_first_holder_at_the_request_epoch(

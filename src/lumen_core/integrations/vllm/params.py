@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from lumen_core.auth import CapabilityIssuer, Rights, read_issuer_key_file, read_secret_file
+from lumen_core.connector import RestoreSource
 from lumen_core.stream import request_key
 from lumen_core.transport import CAPABILITY_BYTES
 
-__all__ = ["ConnectorConfig", "RequestControl", "RestorePlan"]
+__all__ = ["ConnectorConfig", "RequestControl"]
 
 Address = tuple[str, int]
 _U32_MAX = 2**32 - 1
@@ -157,17 +158,6 @@ class ConnectorConfig:
 
 
 @dataclass(frozen=True)
-class RestorePlan:
-    """Where a resumed request's checkpoint is read: the holder at ``address``, at ``epoch``
-    (the request's new epoch: reading fences the dead incarnation's writers) with
-    ``capability``."""
-
-    address: Address
-    epoch: int
-    capability: bytes
-
-
-@dataclass(frozen=True)
 class RequestControl:
     """One request's checkpointing: its LUMEN ``request_id`` (keyed on the wire as ``key``),
     ``epoch``, the ``holders`` it streams to (empty: not checkpointed) with its capability on
@@ -178,7 +168,7 @@ class RequestControl:
     epoch: int
     holders: tuple[Address, ...]
     capabilities: tuple[bytes, ...]
-    restore: RestorePlan | None
+    restore: RestoreSource | None
 
     @classmethod
     def parse(
@@ -236,11 +226,11 @@ class RequestControl:
             )
         restore = None
         if "restore" in lumen:
-            restore = cls._restore_plan(lumen["restore"], key, epoch, config)
+            restore = cls._restore_source(lumen["restore"], key, epoch, config)
         return cls(request_id, key, epoch, holders, capabilities, restore)
 
     @staticmethod
-    def _restore_plan(value: object, key: int, epoch: int, config: ConnectorConfig) -> RestorePlan:
+    def _restore_source(value: object, key: int, epoch: int, config: ConnectorConfig) -> RestoreSource:
         fields = {"address", "port", "holder_id", "epoch", "capability"}
         if not isinstance(value, Mapping) or set(value) - fields:
             raise ValueError(
@@ -262,4 +252,4 @@ class RequestControl:
             capability = _capability("restore.capability", value["capability"])
         else:
             capability = config.issue("restore.capability", key, restore_epoch, holder_id, Rights.READ)
-        return RestorePlan(address, restore_epoch, capability)
+        return RestoreSource(restore_epoch, address, capability)

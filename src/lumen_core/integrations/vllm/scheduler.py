@@ -72,8 +72,7 @@ class SchedulerSide:
         self._controls[request.request_id] = control
         self._requests[request.request_id] = request
         if control.restore is not None:
-            plan = control.restore
-            self._sources[request.request_id] = RestoreSource(plan.epoch, plan.address, plan.capability)
+            self._sources[request.request_id] = control.restore
 
     # ---- restore --------------------------------------------------------------------------
     def get_num_new_matched_tokens(
