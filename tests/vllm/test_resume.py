@@ -104,11 +104,12 @@ def _run_and_kill(
 
     def read_lines() -> None:  # it prints after every step; EOF once it is dead
         assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.startswith("emitted "):
-                latest[0] = json.loads(line[len("emitted ") :])
-            else:
-                log.append(line)
+        with proc.stdout:
+            for line in proc.stdout:
+                if line.startswith("emitted "):
+                    latest[0] = json.loads(line[len("emitted ") :])
+                else:
+                    log.append(line)
 
     # The holder is polled on a clock, not per line: in the multiprocess mode the engine core
     # runs ahead of the process that prints, and a finished request's checkpoint is released.
