@@ -1,4 +1,5 @@
-"""GatewayConfig: the gateway's policy, lease and retention settings, checked on construction.
+"""GatewayConfig: the gateway's policy, lease, retention and capability lifetime settings,
+checked on construction.
 
 A module of its own so that what only configures a gateway (the worker's local cluster, the
 command line) need not import the coordinator.
