@@ -405,6 +405,9 @@ void Streamer::open_replicas(const std::vector<uint64_t>& request_ids) {
     if (it == requests_.end() || it->second.replicas.size() <= item.replica) continue;
     Replica& replica = it->second.replicas[item.replica];
     if (replica.holder != item.holder) continue;  // moved meanwhile
+    // Renewed meanwhile: the connection's grant is the old capability, so open again with the
+    // new one before any append carries it (an append with another capability is refused).
+    if (replica.capability != item.capability) continue;
     if (status == Status::kOk) {
       replica.opened = true;
       replica.durable = durable;

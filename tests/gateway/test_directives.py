@@ -21,6 +21,7 @@ from lumen_core.gateway.directives import (
     Hold,
     HolderGrant,
     Release,
+    Renew,
     Resume,
     Run,
     Sampling,
@@ -47,6 +48,7 @@ EXAMPLES = [
     Hold(13, 4, GRANT, 4096, 1, "placed"),
     Stream(14, 5, (GRANT,), "re-placed"),
     Stream(15, 1, (), "no holder left"),
+    Renew(18, 6, (GRANT, OTHER), "before expiry"),
     Release(16, 2, "finished"),
     AssistDraft(2, "127.0.0.1:7002", 3, "most loaded"),
     AssistVerify(0, "127.0.0.1:7100", 3, "most loaded"),
@@ -60,7 +62,7 @@ EXAMPLES = [
 def test_the_examples_cover_every_kind():
     assert {type(d) for d in EXAMPLES} == set(typing.get_args(Directive)) and len(
         typing.get_args(Directive)
-    ) == 11
+    ) == 12
 
 
 @pytest.mark.parametrize("directive", EXAMPLES, ids=lambda d: type(d).__name__)

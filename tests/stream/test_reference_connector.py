@@ -5,13 +5,14 @@ by a gateway's per-request grants and restore sources (request epochs, its capab
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
 
-from lumen_core.auth import CapabilityIssuer, Rights
+from lumen_core.auth import CapabilityIssuer, Rights, read_issuer_key_file
 from lumen_core.connector import RestoreSource, StreamGrant
 from lumen_core.engine import (
     CacheConfig,
@@ -310,3 +311,50 @@ def test_connector_arguments_are_checked(issuer: CapabilityIssuer, secret: bytes
         connector.set_restore_source("1", None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="`source` must name an address: this connector has no store"):
         connector.set_restore_source("1", RestoreSource(2, None, b""))
+
+
+def test_a_renewed_grant_keeps_a_request_streaming_past_its_first_capabilities_expiry(
+    issuer_key_file: Any, model: Llama, secret: bytes
+) -> None:
+    short = CapabilityIssuer(read_issuer_key_file(issuer_key_file), ttl_s=2.0)  # the holders' issuer
+    stores = [HolderStore(), HolderStore()]
+    servers = [
+        s.serve(secret, issuer_public_key=short.public_key, tls="tcp", holder_id=i)
+        for i, s in enumerate(stores)
+    ]
+    holders = tuple(("127.0.0.1", server.port) for server in servers)
+    try:
+        connector = _gateway_connector(secret, model)
+        engine = Engine(model, connector=connector)
+
+        def grant(epoch: int, order: tuple[int, ...], later_s: float = 0.0) -> StreamGrant:
+            now_s = time.time() + later_s
+            return StreamGrant(
+                epoch,
+                tuple(holders[i] for i in order),
+                tuple(short.issue(1, 0, 1, holder_id=i, now_s=now_s) for i in order),
+            )
+
+        assert not connector.renew("1", grant(1, (0, 1)))  # nothing granted yet
+        connector.grant("1", grant(1, (0, 1)))
+        engine.add_request("1", GATEWAY_PROMPT, SamplingParams(max_tokens=GATEWAY_MAX_TOKENS))
+        outputs: list[int] = []
+        for _ in range(5):
+            outputs += engine.step().new_token_ids.get("1", [])
+        assert not connector.renew("1", grant(2, (0, 1), later_s=3.0))  # another epoch: stale
+        assert not connector.renew("1", grant(1, (0,), later_s=3.0))  # other holders: stale
+        assert connector.renew("1", grant(1, (1, 0), later_s=3.0))  # any order: matched by holder
+        time.sleep(2.2)  # the first capabilities have expired, the renewed ones have not
+        for _ in range(5):
+            outputs += engine.step().new_token_ids.get("1", [])
+        assert connector.streamer is not None and connector.streamer.flush(timeout_s=10)
+        stats = connector.streamer.stats()
+        assert stats.lost == () and stats.counters["replicas_lost"] == 0
+        for store in stores:
+            [checkpoint] = store.checkpoints()
+            assert (checkpoint.request_id, checkpoint.epoch) == (1, 1)
+            assert checkpoint.durable_tokens == len(GATEWAY_PROMPT) + len(outputs) - 1
+        connector.close()
+    finally:
+        for server in servers:
+            server.close()

@@ -519,3 +519,28 @@ def test_renewed_capabilities_keep_a_long_request_streaming(
         streamer.renew(99, [short.issue(99, 0, 0, holder_id=0)])
     with pytest.raises(TypeError, match="capabilities must be a sequence of bytes"):
         streamer.renew(71, b"x")  # type: ignore[arg-type]
+
+
+def test_a_renewal_that_lands_while_its_replica_is_opening_opens_it_again(
+    issuer: CapabilityIssuer, holder: Any, make_streamer: Any
+) -> None:
+    """The open with the old capability is in flight (its holder stopped) when the renewal
+    comes: the replica opens again with the new one, rather than appending with a capability
+    its connection was not granted (refused: the replica would be lost)."""
+    h = holder()
+    streamer = make_streamer(ack_timeout_s=3.0)
+    add(streamer, issuer, 81, h.port)
+    loop = Loop(streamer, [81, 82])
+    loop.step(rids=[81])  # connected
+    assert streamer.flush(timeout_s=10)
+    add(streamer, issuer, 82, h.port)
+    h.proc.send_signal(signal.SIGSTOP)
+    try:
+        loop.step(new=4, rids=[82])  # its open waits for the stopped holder
+        time.sleep(0.3)
+        streamer.renew(82, [issuer.issue(82, 0, 0, holder_id=0, now_s=time.time() + 60.0)])
+    finally:
+        h.proc.send_signal(signal.SIGCONT)
+    stats = catch_up(loop, streamer)
+    assert stats.lost == () and stats.counters["replicas_lost"] == 0
+    assert stats.durable[82] == loop.length[82] and h.ask("stats")["server"]["capability_refused"] == 0

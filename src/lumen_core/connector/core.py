@@ -159,6 +159,17 @@ class ConnectorCore:
         self._streaming[request_id] = _Streaming(key)
         return True
 
+    def renew(self, request_id: str, capabilities: Sequence[bytes]) -> bool:
+        """Fresh capabilities (same epoch, later expiry) for ``request_id``'s replicas, one
+        per holder in its grant's order: each re-opens with its new one before its next append
+        (``CheckpointStreamer.renew``). False (nothing done) when it is not streaming."""
+        state = self._streaming.get(request_id)
+        if state is None:
+            return False
+        assert self.streamer is not None  # begun: the streamer exists
+        self.streamer.renew(state.key, capabilities)
+        return True
+
     def is_streaming(self, request_id: str) -> bool:
         """Whether ``request_id`` was begun (with holders) and not finished."""
         return request_id in self._streaming

@@ -20,6 +20,7 @@ LOOPBACK = ("127.0.0.1", "::1", "localhost")
 def add_gateway_parser(
     commands: argparse._SubParsersAction[argparse.ArgumentParser],
 ) -> argparse.ArgumentParser:
+    from lumen_core.auth import DEFAULT_CAPABILITY_TTL_S
     from lumen_core.policy.presets import POLICY_NAMES
 
     parser = commands.add_parser(
@@ -53,6 +54,13 @@ def add_gateway_parser(
         "--lease-s", type=float, default=10.0, help="lease; a silent worker is failed after it"
     )
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="heartbeat period told to workers")
+    parser.add_argument(
+        "--capability-ttl-s",
+        type=float,
+        default=DEFAULT_CAPABILITY_TTL_S,
+        help="lifetime of a checkpoint capability; a running request's are renewed at half of it "
+        "(default: one hour)",
+    )
     parser.add_argument(
         "--kv-bytes-per-token",
         type=int,
@@ -117,15 +125,6 @@ def run_gateway(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"lumen gateway: cannot use {args.secret_file} as the cluster secret: {exc}", file=sys.stderr)
         return 2
-    issuer = None
-    if args.issuer_key_file is not None:
-        try:
-            issuer = _persistent_issuer(Path(args.issuer_key_file))
-        except (OSError, ValueError, RuntimeError) as exc:
-            print(
-                f"lumen gateway: cannot use {args.issuer_key_file} as the issuer key: {exc}", file=sys.stderr
-            )
-            return 2
     try:
         load_config = (
             LoadConfig()
@@ -133,11 +132,24 @@ def run_gateway(args: argparse.Namespace) -> int:
             else LoadConfig(kv_bytes_per_token=args.kv_bytes_per_token)
         )
         config = GatewayConfig(
-            policy=args.policy, lease_s=args.lease_s, heartbeat_s=args.heartbeat_s, load_config=load_config
+            policy=args.policy,
+            lease_s=args.lease_s,
+            heartbeat_s=args.heartbeat_s,
+            capability_ttl_s=args.capability_ttl_s,
+            load_config=load_config,
         )
     except ValueError as exc:
         print(f"lumen gateway: {exc}", file=sys.stderr)
         return 2
+    issuer = None
+    if args.issuer_key_file is not None:
+        try:
+            issuer = _persistent_issuer(Path(args.issuer_key_file), config.capability_ttl_s)
+        except (OSError, ValueError, RuntimeError) as exc:
+            print(
+                f"lumen gateway: cannot use {args.issuer_key_file} as the issuer key: {exc}", file=sys.stderr
+            )
+            return 2
     front_door_config = None
     if args.http_port is not None:
         try:
@@ -205,17 +217,18 @@ def run_gateway(args: argparse.Namespace) -> int:
     return 0
 
 
-def _persistent_issuer(path: Path) -> CapabilityIssuer:
-    """The issuer whose private key is in ``path``, created (0600) with a fresh key if there is
-    none. Raises PermissionError for a file others can access, ValueError for one that is not
-    a key, RuntimeError without the UCX module (the signing code's home)."""
+def _persistent_issuer(path: Path, ttl_s: float) -> CapabilityIssuer:
+    """The issuer (capabilities valid ``ttl_s``) whose private key is in ``path``, created
+    (0600) with a fresh key if there is none. Raises PermissionError for a file others can
+    access, ValueError for one that is not a key, RuntimeError without the UCX module (the
+    signing code's home)."""
     from lumen_core.auth import CapabilityIssuer, read_issuer_key_file, write_issuer_key_file
 
     try:
         write_issuer_key_file(path)
     except FileExistsError:  # a restart: the key capabilities in flight were signed with
         pass
-    return CapabilityIssuer(read_issuer_key_file(path))
+    return CapabilityIssuer(read_issuer_key_file(path), ttl_s=ttl_s)
 
 
 def _front_door(args: argparse.Namespace) -> tuple[FrontDoorConfig, frozenset[str], Tokenizer | None]:

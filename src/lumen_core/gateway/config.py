@@ -1,4 +1,5 @@
-"""GatewayConfig: the gateway's policy, lease and retention settings, checked on construction.
+"""GatewayConfig: the gateway's policy, lease, retention and capability lifetime settings,
+checked on construction.
 
 A module of its own so that what only configures a gateway (the worker's local cluster, the
 command line) need not import the coordinator.
@@ -6,9 +7,11 @@ command line) need not import the coordinator.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from lumen_core._validate import check_number
+from lumen_core.auth import DEFAULT_CAPABILITY_TTL_S
 from lumen_core.policy.assist import AssistConfig
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.placement import PlacementConfig
@@ -22,12 +25,18 @@ class GatewayConfig:
     (10 s: several missed heartbeats on a busy 2-core machine before anyone is declared dead).
     heartbeat_s: the period workers are told to heartbeat at (well under lease_s).
     finished_retention_s: a finished request's tokens stay watchable this long, then are
-    forgotten (``forget_finished``), so a long-running gateway does not grow without bound."""
+    forgotten (``forget_finished``), so a long-running gateway does not grow without bound.
+    capability_ttl_s: how long a checkpoint capability is valid after it is issued (the
+    issuer's lifetime). capability_renew_share: once a running request's capabilities have
+    used this share of their lifetime, the gateway issues fresh ones (``Renew``); the rest is
+    the margin a renewal has to reach the worker, which must exceed ``heartbeat_s``."""
 
     policy: str = "LUMEN"
     lease_s: float = 10.0
     heartbeat_s: float = 1.0
     finished_retention_s: float = 600.0
+    capability_ttl_s: float = DEFAULT_CAPABILITY_TTL_S
+    capability_renew_share: float = 0.5
     load_config: LoadConfig = LoadConfig()
     placement_config: PlacementConfig = PlacementConfig()
     router_config: RouterConfig = RouterConfig()
@@ -39,6 +48,18 @@ class GatewayConfig:
         check_number("lease_s", self.lease_s, positive=True)
         check_number("heartbeat_s", self.heartbeat_s, positive=True)
         check_number("finished_retention_s", self.finished_retention_s, positive=True)
+        ttl_s = check_number("capability_ttl_s", self.capability_ttl_s, positive=True)
+        if math.isinf(ttl_s):
+            raise ValueError(f"capability_ttl_s must be finite, got {self.capability_ttl_s}")
+        share = check_number("capability_renew_share", self.capability_renew_share, positive=True)
+        if not share < 1.0:
+            raise ValueError(f"capability_renew_share must be in (0, 1), got {self.capability_renew_share}")
+        # A renewal must have time to arrive even by a heartbeat reply (the fallback path).
+        if ttl_s * (1.0 - share) <= self.heartbeat_s:
+            raise ValueError(
+                "capability_ttl_s * (1 - capability_renew_share) must be > "
+                f"heartbeat_s ({self.heartbeat_s}), got {ttl_s} * (1 - {share}) = {ttl_s * (1.0 - share)}"
+            )
         if self.heartbeat_s >= self.lease_s:
             raise ValueError(f"heartbeat_s must be < lease_s ({self.lease_s}), got {self.heartbeat_s}")
         for name, cls in (

@@ -18,7 +18,8 @@ Each request has an epoch too, bumped whenever it is re-routed; capabilities are
 The coordinator's ``CapabilityIssuer`` signs them with a key only the gateway holds, each for
 one holder (by worker id): workers cannot mint one, so epochs advance only through here. Its
 expiries are read on the issuer's wall clock, the one clock this module does not take as an
-argument.
+argument; when to renew them (``renew_capabilities``) is decided on ``now_s``, from when each
+request's grants were last issued.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from lumen_core.gateway.directives import (
     Hold,
     HolderGrant,
     Release,
+    Renew,
     Resume,
     Run,
     Sampling,
@@ -206,6 +208,7 @@ class _Request:
     worker_id: int
     epoch: int
     arrival_s: float
+    granted_s: float  # when the serving worker's capabilities were last issued (-inf: unknown)
     tokens: list[int] = field(default_factory=list)
     sampling: Sampling = GREEDY
     finished: bool = False
@@ -248,8 +251,13 @@ class Coordinator:
         self._secret = check_secret(secret)
         if issuer is not None and not isinstance(issuer, CapabilityIssuer):
             raise TypeError(f"issuer must be a CapabilityIssuer, got {type(issuer).__name__}")
+        if issuer is not None and issuer.ttl_s != config.capability_ttl_s:
+            raise ValueError(
+                f"issuer.ttl_s must be config.capability_ttl_s ({config.capability_ttl_s}), "
+                f"got {issuer.ttl_s}"
+            )
         # None: a fresh key for this gateway run (holders learn it when they register).
-        self._issuer = issuer or CapabilityIssuer.generate()
+        self._issuer = issuer or CapabilityIssuer.generate(ttl_s=config.capability_ttl_s)
         policy = preset(
             config.policy,
             placement_config=config.placement_config,
@@ -411,6 +419,7 @@ class Coordinator:
             worker_id,
             report.epoch,
             now_s,
+            -math.inf,  # signed by the gateway before the restart, when is unknown: renew soon
             list(_check_tokens("output_token_ids", report.output_token_ids)),
         )
         self._requests[request_id] = request
@@ -504,7 +513,7 @@ class Coordinator:
             return None
         decision = self.driver.place(request_id)
         if decision.new_holder_ids:
-            self._stream_to_new(request, decision)
+            self._stream_to_new(now_s, request, decision)
         elif not self.monitor.request(request_id).holder_ids:
             self._send(request.worker_id, Stream(request_id, request.epoch, (), decision.reason))
         return decision
@@ -529,13 +538,14 @@ class Coordinator:
         self._send(holder_id, Release(request_id, request.epoch, "replica lost: placed again"))
         return self.report_dropped(now_s, holder_id, request_id, refused=True)
 
-    def _stream_to_new(self, request: _Request, decision: PlacementDecision) -> None:
+    def _stream_to_new(self, now_s: float, request: _Request, decision: PlacementDecision) -> None:
         """HOLD to the new holders; STREAM to the serving worker naming every holder the
         request has now (the surviving replicas too: the worker streams to the list it is
         given)."""
         if not decision.new_holder_ids:
             return
         self._hold(request, decision.new_holder_ids, decision.reserved_bytes, decision.reason)
+        request.granted_s = now_s
         self._send(
             request.worker_id,
             Stream(
@@ -715,7 +725,7 @@ class Coordinator:
             self._move(now_s, request, reroute, "failover")
             interrupted.append(request.request_id)
         for placed in plan.replacements:
-            self._stream_to_new(self._requests[placed.request_id], placed)
+            self._stream_to_new(now_s, self._requests[placed.request_id], placed)
         self._failures.append(plan)
         self._last_interrupted = interrupted
         return plan
@@ -760,6 +770,7 @@ class Coordinator:
             self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
         request.epoch += 1
         request.worker_id = decision.target_worker_id
+        request.granted_s = now_s
         request.interrupted_at_s = now_s
         request.replay_token_s = math.nan
         if reroute.placement is not None:
@@ -822,7 +833,7 @@ class Coordinator:
         if unpairing.freed_survivor_id is not None:
             self._send(unpairing.freed_survivor_id, AssistStop(worker_id, "assistant drained"))
         for placed in plan.replacements:
-            self._stream_to_new(self._requests[placed.request_id], placed)
+            self._stream_to_new(now_s, self._requests[placed.request_id], placed)
         for request_id in held:
             self._send(worker_id, Release(request_id, self._requests[request_id].epoch, "holder drained"))
         drain = _Drain(worker_id, worker.epoch, now_s, now_s + deadline_s, len(plan.request_ids))
@@ -903,7 +914,7 @@ class Coordinator:
         self._next_request_id = max(self._next_request_id, request_id + 1)
         plan = self.driver.admit(now_s, request_id, worker_id, len(prompt), expected)
         request = _Request(
-            request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s, sampling=sampling
+            request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s, now_s, sampling=sampling
         )
         self._requests[request_id] = request
         placement = plan.placement
@@ -984,6 +995,26 @@ class Coordinator:
         self._close(now_s, request)
         for holder_id in self.driver.finish(now_s, request_id):
             self._send(holder_id, Release(request_id, request.epoch, "finished"))
+
+    def renew_capabilities(self, now_s: float) -> int:
+        """RENEW to the serving worker of each running request whose capabilities have used
+        ``capability_renew_share`` of their lifetime since they were issued: fresh ones for
+        each of its holders at the same epoch. Requests finished, without a holder or on a
+        failed worker are skipped (a moved request's grants are as new as its RESUME). Returns
+        how many were renewed (the gateway's reaper calls it with the lease checks)."""
+        due_s = now_s - self.config.capability_renew_share * self.config.capability_ttl_s
+        renewed = 0
+        for request in self._requests.values():
+            if request.finished or request.granted_s > due_s:
+                continue
+            holder_ids = self.monitor.request(request.request_id).holder_ids
+            if not holder_ids or self._workers[request.worker_id].state == WorkerState.FAILED:
+                continue
+            request.granted_s = now_s
+            grants = self._grants(request, holder_ids)
+            self._send(request.worker_id, Renew(request.request_id, request.epoch, grants, "before expiry"))
+            renewed += 1
+        return renewed
 
     def cancel(self, now_s: float, request_id: int, reason: str) -> bool:
         """The client gave up on a request (it disconnected, or the front door ended it at a

@@ -102,6 +102,19 @@ class Stream:
 
 
 @dataclass(frozen=True)
+class Renew:
+    """The capabilities of a request served here are due for renewal: the same holders, in
+    the same order as its last RUN, RESUME or STREAM, at the same ``epoch``, each with fresh
+    capabilities (a later expiry). Unlike STREAM, the checkpoint goes on where it is: each
+    replica re-opens with its new capability before its next append."""
+
+    request_id: int
+    epoch: int
+    holders: tuple[HolderGrant, ...]
+    reason: str = ""
+
+
+@dataclass(frozen=True)
 class Release:
     """Drop the checkpoint of ``request_id`` (finished, re-homed or stale); ``epoch`` 0 when
     the gateway does not know the request's epoch."""
@@ -165,7 +178,18 @@ class Stop:
 
 
 Directive = (
-    Run | Resume | Hold | Stream | Release | AssistDraft | AssistVerify | AssistStop | Cancel | Flush | Stop
+    Run
+    | Resume
+    | Hold
+    | Stream
+    | Renew
+    | Release
+    | AssistDraft
+    | AssistVerify
+    | AssistStop
+    | Cancel
+    | Flush
+    | Stop
 )
 
 

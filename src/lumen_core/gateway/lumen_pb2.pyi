@@ -115,6 +115,18 @@ class Stream(_message.Message):
     reason: str
     def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class Renew(_message.Message):
+    __slots__ = ("request_id", "epoch", "holders", "reason")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    epoch: int
+    holders: _containers.RepeatedCompositeFieldContainer[HolderGrant]
+    reason: str
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., holders: _Optional[_Iterable[_Union[HolderGrant, _Mapping]]] = ..., reason: _Optional[str] = ...) -> None: ...
+
 class Release(_message.Message):
     __slots__ = ("request_id", "epoch", "reason")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
@@ -178,7 +190,7 @@ class Stop(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class Directive(_message.Message):
-    __slots__ = ("sequence", "run", "resume", "hold", "stream", "release", "assist_draft", "assist_verify", "assist_stop", "cancel", "flush", "stop")
+    __slots__ = ("sequence", "run", "resume", "hold", "stream", "release", "assist_draft", "assist_verify", "assist_stop", "cancel", "flush", "stop", "renew")
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     RUN_FIELD_NUMBER: _ClassVar[int]
     RESUME_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +203,7 @@ class Directive(_message.Message):
     CANCEL_FIELD_NUMBER: _ClassVar[int]
     FLUSH_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    RENEW_FIELD_NUMBER: _ClassVar[int]
     sequence: int
     run: Run
     resume: Resume
@@ -203,7 +216,8 @@ class Directive(_message.Message):
     cancel: Cancel
     flush: Flush
     stop: Stop
-    def __init__(self, sequence: _Optional[int] = ..., run: _Optional[_Union[Run, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., stream: _Optional[_Union[Stream, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., assist_draft: _Optional[_Union[AssistDraft, _Mapping]] = ..., assist_verify: _Optional[_Union[AssistVerify, _Mapping]] = ..., assist_stop: _Optional[_Union[AssistStop, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ...) -> None: ...
+    renew: Renew
+    def __init__(self, sequence: _Optional[int] = ..., run: _Optional[_Union[Run, _Mapping]] = ..., resume: _Optional[_Union[Resume, _Mapping]] = ..., hold: _Optional[_Union[Hold, _Mapping]] = ..., stream: _Optional[_Union[Stream, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., assist_draft: _Optional[_Union[AssistDraft, _Mapping]] = ..., assist_verify: _Optional[_Union[AssistVerify, _Mapping]] = ..., assist_stop: _Optional[_Union[AssistStop, _Mapping]] = ..., cancel: _Optional[_Union[Cancel, _Mapping]] = ..., flush: _Optional[_Union[Flush, _Mapping]] = ..., stop: _Optional[_Union[Stop, _Mapping]] = ..., renew: _Optional[_Union[Renew, _Mapping]] = ...) -> None: ...
 
 class RunningRequest(_message.Message):
     __slots__ = ("request_id", "epoch", "prompt_token_ids", "output_token_ids", "max_new_tokens", "expected_output_tokens")

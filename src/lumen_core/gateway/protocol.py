@@ -25,6 +25,7 @@ from lumen_core.gateway.directives import (
     Hold,
     HolderGrant,
     Release,
+    Renew,
     Resume,
     Run,
     Sampling,
@@ -217,6 +218,14 @@ def _stream_from_pb(m: pb.Stream) -> Stream:
     return Stream(m.request_id, m.epoch, _grants_from_pb(m.holders), m.reason)
 
 
+def _renew_to_pb(d: Renew) -> pb.Renew:
+    return pb.Renew(request_id=d.request_id, epoch=d.epoch, holders=_grants_to_pb(d.holders), reason=d.reason)
+
+
+def _renew_from_pb(m: pb.Renew) -> Renew:
+    return Renew(m.request_id, m.epoch, _grants_from_pb(m.holders), m.reason)
+
+
 def _release_to_pb(d: Release) -> pb.Release:
     return pb.Release(request_id=d.request_id, epoch=d.epoch, reason=d.reason)
 
@@ -289,6 +298,7 @@ _FIELDS: dict[type, tuple[str, Callable[[Any], Any], Callable[[Any], Directive]]
     Resume: ("resume", _resume_to_pb, _resume_from_pb),
     Hold: ("hold", _hold_to_pb, _hold_from_pb),
     Stream: ("stream", _stream_to_pb, _stream_from_pb),
+    Renew: ("renew", _renew_to_pb, _renew_from_pb),
     Release: ("release", _release_to_pb, _release_from_pb),
     AssistDraft: ("assist_draft", _assist_draft_to_pb, _assist_draft_from_pb),
     AssistVerify: ("assist_verify", _assist_verify_to_pb, _assist_verify_from_pb),

@@ -670,7 +670,8 @@ class GatewayServer:
                 failed |= self.coordinator.expire_drains(self.now_s()) > 0
                 self.coordinator.forget_finished(self.now_s())
                 released = self.coordinator.drop_orphaned_holds(self.now_s()) > 0
-                if failed or released:  # directives were decided: push them now
+                renewed = self.coordinator.renew_capabilities(self.now_s()) > 0
+                if failed or released or renewed:  # directives were decided: push them now
                     self.condition.notify_all()
 
     def stop(self, grace_s: float = 1.0) -> None:

@@ -14,6 +14,7 @@ request's new epoch). A request with a grant or a source uses it; the others use
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from lumen_core.auth import check_secret
@@ -124,6 +125,23 @@ class StreamingConnector(KVConnector):
         if not isinstance(grant, StreamGrant):
             raise TypeError(f"`grant` must be a StreamGrant, got {type(grant).__name__}")
         self._grants[request_id] = grant
+
+    def renew(self, request_id: str, grant: StreamGrant) -> bool:
+        """Renew ``request_id``'s capabilities: ``grant`` names the same epoch and holders as
+        its grant (in any order) with fresh capabilities, which replace the grant's and go to
+        the streamer's replicas if it streams already. False (nothing changed) for a request
+        granted nothing here, or at another epoch or to other holders (stale)."""
+        check_str("request_id", request_id)
+        if not isinstance(grant, StreamGrant):
+            raise TypeError(f"`grant` must be a StreamGrant, got {type(grant).__name__}")
+        current = self._grants.get(request_id)
+        if current is None or current.epoch != grant.epoch or set(current.holders) != set(grant.holders):
+            return False
+        fresh = dict(zip(grant.holders, grant.capabilities))
+        capabilities = tuple(fresh[holder] for holder in current.holders)
+        self._grants[request_id] = replace(current, capabilities=capabilities)
+        self.core.renew(request_id, capabilities)
+        return True
 
     def set_restore_source(self, request_id: str, source: RestoreSource) -> None:
         """Restore ``request_id`` from ``source`` when it is admitted (a resumed request)."""

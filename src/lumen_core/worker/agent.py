@@ -44,6 +44,7 @@ from lumen_core.gateway.directives import (
     Directive,
     Hold,
     Release,
+    Renew,
     Resume,
     Run,
     Stream,
@@ -169,6 +170,7 @@ class _Counters:
     cancelled: int = 0
     upstream_errors: int = 0
     streams_ignored: int = 0
+    renews_ignored: int = 0
     tokens: int = 0
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
 
@@ -357,6 +359,11 @@ class Agent:
                     # it streams (a later restore from a new holder finds nothing and
                     # re-prefills; docs/front_door.md).
                     self.counters.streams_ignored += 1
+                case Renew():
+                    # TODO(issue 19): the capabilities live in vLLM's worker process; renewing
+                    # them needs a control command carried to it in the step's metadata. Until
+                    # then a request served past the capability lifetime stops being checkpointed.
+                    self.counters.renews_ignored += 1
                 case AssistDraft() | AssistVerify() | AssistStop():
                     pass  # vLLM takes no outside drafts: no mechanism 3 here
 
@@ -509,6 +516,7 @@ class Agent:
             "tokens": c.tokens,
             "upstream_errors": c.upstream_errors,
             "streams_ignored": c.streams_ignored,
+            "renews_ignored": c.renews_ignored,
             "errors": list(c.errors),
         }
 

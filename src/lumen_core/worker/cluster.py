@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lumen_core._validate import check_int
-from lumen_core.auth import read_secret_file, write_secret_file
+from lumen_core.auth import DEFAULT_CAPABILITY_TTL_S, read_secret_file, write_secret_file
 from lumen_core.engine import ModelConfig, build_draft_pair, save_model
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.config import GatewayConfig
@@ -119,8 +119,8 @@ class WorkerProcess:
 class LocalCluster:
     """See module doc. ``kv_bytes_per_token`` (the tiny model's record size) makes L(w)'s
     held-token term count real checkpoint sizes. ``router_config`` goes to the gateway (e.g.
-    ``remote_restore``); ``ack_timeout_s`` and ``give_up_after_s`` to every worker's
-    checkpoint streamer (None: the worker's defaults)."""
+    ``remote_restore``) with ``capability_ttl_s``; ``ack_timeout_s`` and ``give_up_after_s`` to
+    every worker's checkpoint streamer (None: the worker's defaults)."""
 
     def __init__(
         self,
@@ -140,6 +140,7 @@ class LocalCluster:
         router_config: RouterConfig = RouterConfig(),
         ack_timeout_s: float | None = None,
         give_up_after_s: float | None = None,
+        capability_ttl_s: float = DEFAULT_CAPABILITY_TTL_S,
     ) -> None:
         check_int("num_workers", num_workers, low=2)
         self.workdir = Path(workdir)
@@ -169,6 +170,7 @@ class LocalCluster:
                 heartbeat_s=heartbeat_s,
                 load_config=LoadConfig(kv_bytes_per_token=TINY_RECORD_BYTES),
                 router_config=router_config,
+                capability_ttl_s=capability_ttl_s,
             ),
             self.secret,
             port=0,

@@ -56,6 +56,7 @@ from lumen_core.gateway.directives import (
     Hold,
     HolderGrant,
     Release,
+    Renew,
     Resume,
     Run,
     Stop,
@@ -171,7 +172,7 @@ class Worker:
         self.heartbeats: HeartbeatLoop | None = None
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
-        self.counters = {"resumed": 0, "cancelled": 0}
+        self.counters = {"resumed": 0, "cancelled": 0, "renewed": 0, "renews_ignored": 0}
         self.flushed = threading.Event()  # drained (FLUSH): no more steps; reported in heartbeats
         self.drained = False  # told to STOP: its exit is reported (the gateway retires it at once)
         self._resumed_tokens: dict[str, int] = {}  # context (prompt + outputs) of each resume here
@@ -358,6 +359,8 @@ class Worker:
                 self._admit(directive)
             case Stream():
                 self._stream(directive)
+            case Renew():
+                self._renew(directive)
             case Flush():
                 self._flush()
             case Stop():
@@ -524,6 +527,21 @@ class Worker:
             slots = self.engine.block_manager.slot_ids(request, 0, n)
             self.connector.save_kv([SavedTokens(key, 0, tuple(slots), tuple(request.token_ids[:n]))])
 
+    def _renew(self, directive: Renew) -> None:
+        """RENEW: the request's replicas re-open with the fresh capabilities before their next
+        append. One not served here at that epoch (finished, moved, or its holders changed by
+        a STREAM since) is ignored and counted (``renews_ignored``): the gateway's view was older."""
+        assert self.connector is not None
+        served = self.served.get(directive.request_id)
+        renewed = (
+            served is not None
+            and served.epoch == directive.epoch
+            and self.connector.renew(
+                engine_key(directive.request_id), self._grant(directive.epoch, directive.holders)
+            )
+        )
+        self.counters["renewed" if renewed else "renews_ignored"] += 1
+
     # ---- serving -------------------------------------------------------------------------
     def _report(self, reports: list[RequestTokens]) -> None:
         if not reports:
@@ -603,7 +621,8 @@ class Worker:
         """Counters: requests resumed here, of which restored (a prefix came from a holder; of
         those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
         restored, and tokens of resumed contexts computed again here (``reprefilled_tokens``:
-        context at the resume minus what was restored); requests cancelled."""
+        context at the resume minus what was restored); requests cancelled; RENEWs applied and
+        ignored (for a request no longer served here)."""
         restores = self.connector.restores if self.connector is not None else {}
         restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
         reprefilled_tokens = sum(
@@ -621,6 +640,8 @@ class Worker:
             "restored_tokens": sum(r.restored_tokens for r in restores.values()),
             "reprefilled_tokens": reprefilled_tokens,
             "cancelled": self.counters["cancelled"],
+            "renewed": self.counters["renewed"],
+            "renews_ignored": self.counters["renews_ignored"],
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
             "accepted_drafts": self._assist_counts()["accepted"],
