@@ -360,9 +360,9 @@ class Agent:
                     # re-prefills; docs/front_door.md).
                     self.counters.streams_ignored += 1
                 case Renew():
-                    # TODO(issue 19): the capabilities live in vLLM's worker process; renewing
-                    # them needs a control command carried to it in the step's metadata. Until
-                    # then a request served past the capability lifetime stops being checkpointed.
+                    # Not applied over vLLM yet (issue 19): the capabilities live in vLLM's
+                    # worker process, reached only through a step's metadata, so a request
+                    # served past their lifetime stops being checkpointed (docs/vllm.md).
                     self.counters.renews_ignored += 1
                 case AssistDraft() | AssistVerify() | AssistStop():
                     pass  # vLLM takes no outside drafts: no mechanism 3 here
