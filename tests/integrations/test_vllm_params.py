@@ -8,8 +8,10 @@ import pytest
 
 from lumen_core.auth import Rights, verify_capability
 from lumen_core.connector import RestoreSource
-from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl
+from lumen_core.gateway.directives import HolderGrant, Renew
+from lumen_core.integrations.vllm.params import ConnectorConfig, Renewal, RequestControl
 from lumen_core.stream import request_key
+from lumen_core.worker.upstream import renew_args
 
 
 @pytest.fixture(autouse=True)
@@ -178,3 +180,21 @@ def test_malformed_extra_config_is_refused(secret_file: Path, extra: dict, error
         extra = {"secret_file": str(secret_file), **extra}
     with pytest.raises(error, match=match):
         ConnectorConfig.from_extra_config(extra)
+
+
+def test_a_renew_from_the_gateway_reaches_the_connector_in_the_requests_holder_order() -> None:
+    cap_a, cap_b = bytes(range(128)), bytes(128)
+    directive = Renew(
+        7, 2, (HolderGrant(1, "10.0.0.1:7001", (cap_a,)), HolderGrant(2, "10.0.0.2:7002", (cap_b,)))
+    )
+    renewal = Renewal.parse(renew_args(directive))  # what the agent sends, as the connector reads it
+    assert (renewal.request_id, renewal.epoch) == ("7", 2)
+    assert renewal.for_holders((("10.0.0.2", 7002), ("10.0.0.1", 7001))) == (cap_b, cap_a)
+    assert renewal.for_holders((("10.0.0.1", 7001),)) is None  # not the request's holders
+    args = renew_args(directive)
+    with pytest.raises(ValueError, match=r"`capabilities` must be a list of one capability per holder \(2\)"):
+        Renewal.parse({**args, "capabilities": args["capabilities"][:1]})
+    with pytest.raises(ValueError, match=r"`epoch` must be an int in \[0, 4294967295\], got -1"):
+        Renewal.parse({**args, "epoch": -1})
+    with pytest.raises(ValueError, match=r"`request_id` must be a non-empty str, got 7"):
+        Renewal.parse({**args, "request_id": 7})

@@ -18,6 +18,7 @@ streams, one reporter (token reports, batched), and the supervisor (waits on the
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import math
@@ -54,7 +55,7 @@ from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import HeldReport, WorkerReport
 from lumen_core.integrations.vllm import control
 from lumen_core.stream import HolderStore
-from lumen_core.worker.upstream import UpstreamError, completion_body, stream_tokens
+from lumen_core.worker.upstream import UpstreamError, completion_body, renew_args, stream_tokens
 
 __all__ = [
     "EXIT_FENCED",
@@ -170,6 +171,7 @@ class _Counters:
     cancelled: int = 0
     upstream_errors: int = 0
     streams_ignored: int = 0
+    renewed: int = 0
     renews_ignored: int = 0
     tokens: int = 0
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
@@ -360,12 +362,31 @@ class Agent:
                     # re-prefills; docs/front_door.md).
                     self.counters.streams_ignored += 1
                 case Renew():
-                    # Not applied over vLLM yet (issue 19): the capabilities live in vLLM's
-                    # worker process, reached only through a step's metadata, so a request
-                    # served past their lifetime stops being checkpointed (docs/vllm.md).
-                    self.counters.renews_ignored += 1
+                    # Off the heartbeat thread: a stalled engine answers the channel late.
+                    self._loop.call_soon_threadsafe(self._renew, directive)
                 case AssistDraft() | AssistVerify() | AssistStop():
                     pass  # vLLM takes no outside drafts: no mechanism 3 here
+
+    def _renew(self, directive: Renew) -> None:
+        """RENEW (on the loop): the fresh capabilities go to the connector (control ``renew``)
+        on an executor thread, which hands them to the request's replicas at its next step."""
+        ask = functools.partial(control.ask, self.config.socket_path, "renew", **renew_args(directive))
+        self._loop.run_in_executor(None, ask).add_done_callback(
+            functools.partial(self._renewed, directive.request_id)
+        )
+
+    def _renewed(self, request_id: int, reply: asyncio.Future[Any]) -> None:
+        """A renew's answer (on the loop): one the connector does not run at that epoch, or
+        could not take, counts as ignored."""
+        if reply.cancelled():
+            return
+        if (error := reply.exception()) is not None:
+            self.counters.renews_ignored += 1
+            logger.warning("lumen agent: renew of request %d: %s", request_id, error)
+        elif reply.result()["known"]:
+            self.counters.renewed += 1
+        else:
+            self.counters.renews_ignored += 1
 
     def _reserve(self, directive: Hold) -> None:
         """HOLD: charge ``reserved_bytes`` of the store per shard, as tokens of this model's
@@ -516,6 +537,7 @@ class Agent:
             "tokens": c.tokens,
             "upstream_errors": c.upstream_errors,
             "streams_ignored": c.streams_ignored,
+            "renewed": c.renewed,
             "renews_ignored": c.renews_ignored,
             "errors": list(c.errors),
         }

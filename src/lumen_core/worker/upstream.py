@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from lumen_core.gateway.directives import HolderGrant, Resume, Run
+from lumen_core.gateway.directives import HolderGrant, Renew, Resume, Run
 from lumen_core.gateway.protocol import parse_address
 from lumen_core.policy.events import RecoveryAction
 
@@ -69,6 +69,17 @@ def _lumen_params(directive: Run | Resume) -> dict[str, Any]:
             "capability": source.capabilities[0].hex(),
         }
     return lumen
+
+
+def renew_args(directive: Renew) -> dict[str, Any]:
+    """The connector's control ``renew`` arguments for a RENEW (shard 0's capabilities, as in
+    ``kv_transfer_params``)."""
+    return {
+        "request_id": str(directive.request_id),
+        "epoch": directive.epoch,
+        "holders": [_holder(h) for h in directive.holders],
+        "capabilities": [h.capabilities[0].hex() for h in directive.holders],
+    }
 
 
 def completion_body(directive: Run | Resume, model: str) -> tuple[dict[str, Any], int]:

@@ -1,7 +1,8 @@
 """What the scheduler side tells the worker side each step (pickled between processes in
 vLLM's multiprocess mode): requests to start streaming, restores to run before the forward,
 the step's computed tokens to save, preempted requests (streaming ones), and what the local
-control channel asked for: requests to stop checkpointing, a durable-lag sample."""
+control channel asked for: requests to stop checkpointing, renewed capabilities, a durable-lag
+sample."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from lumen_core.connector import Address, RestoreSource
 
-__all__ = ["LoadSpec", "LumenMetadata", "OpenSpec", "SaveSpec"]
+__all__ = ["LoadSpec", "LumenMetadata", "OpenSpec", "RenewSpec", "SaveSpec"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,15 @@ class SaveSpec:
     token_ids: list[int]
 
 
+@dataclass(frozen=True)
+class RenewSpec:
+    """Fresh ``capabilities`` for the replicas of LUMEN request ``request_id`` (streaming), one
+    per holder in its open's order (control ``renew``)."""
+
+    request_id: str
+    capabilities: tuple[bytes, ...]
+
+
 @dataclass
 class LumenMetadata(KVConnectorMetadata):
     opens: list[OpenSpec] = field(default_factory=list)
@@ -62,4 +72,5 @@ class LumenMetadata(KVConnectorMetadata):
     saves: list[SaveSpec] = field(default_factory=list)
     preempted_req_ids: list[str] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)  # LUMEN request ids (control `release`)
+    renewals: list[RenewSpec] = field(default_factory=list)  # control `renew`
     sample_lag: bool = False  # a control `flush` waits: sample the durable lag this step

@@ -14,7 +14,7 @@ from lumen_core.connector import RestoreSource
 from lumen_core.stream import request_key
 from lumen_core.transport import CAPABILITY_BYTES
 
-__all__ = ["ConnectorConfig", "RequestControl"]
+__all__ = ["ConnectorConfig", "Renewal", "RequestControl"]
 
 Address = tuple[str, int]
 _U32_MAX = 2**32 - 1
@@ -253,3 +253,45 @@ class RequestControl:
         else:
             capability = config.issue("restore.capability", key, restore_epoch, holder_id, Rights.READ)
         return RestoreSource(restore_epoch, address, capability)
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """A control ``renew``: fresh ``capabilities`` (same epoch, later expiry) for LUMEN request
+    ``request_id`` at ``epoch``, one per holder of ``holders`` (any order of the request's)."""
+
+    request_id: str
+    epoch: int
+    holders: tuple[Address, ...]
+    capabilities: tuple[bytes, ...]
+
+    @classmethod
+    def parse(cls, request: Mapping[str, Any]) -> Renewal:
+        """From ``{"request_id": str, "epoch": int, "holders": [holder, ...], "capabilities":
+        [hex, ...]}`` (a holder as in ``kv_transfer_params``). ValueError/TypeError for a bad
+        field."""
+        request_id = request.get("request_id")
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"`request_id` must be a non-empty str, got {request_id!r}")
+        holders, capabilities = request.get("holders"), request.get("capabilities")
+        if not isinstance(holders, list) or not holders:
+            raise ValueError(f"`holders` must be a non-empty list, got {holders!r:.80}")
+        if not isinstance(capabilities, list) or len(capabilities) != len(holders):
+            raise ValueError(
+                f"`capabilities` must be a list of one capability per holder ({len(holders)}), "
+                f"got {capabilities!r:.80}"
+            )
+        return cls(
+            request_id,
+            _epoch("epoch", request.get("epoch")),
+            tuple(_holder(f"holders[{i}]", h)[0] for i, h in enumerate(holders)),
+            tuple(_capability(f"capabilities[{i}]", c) for i, c in enumerate(capabilities)),
+        )
+
+    def for_holders(self, holders: tuple[Address, ...]) -> tuple[bytes, ...] | None:
+        """The capabilities in the order of ``holders`` (a request's), or None when they are
+        not the renewal's holders."""
+        fresh = dict(zip(self.holders, self.capabilities, strict=True))
+        if set(fresh) != set(holders) or len(fresh) != len(self.holders):
+            return None
+        return tuple(fresh[h] for h in holders)

@@ -5,6 +5,7 @@ next step's plan."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -14,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from lumen_core.connector import RestoreLookup, RestoreSource
 from lumen_core.integrations.vllm.control import ControlServer
-from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, SaveSpec
-from lumen_core.integrations.vllm.params import ConnectorConfig, RequestControl
+from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, RenewSpec, SaveSpec
+from lumen_core.integrations.vllm.params import ConnectorConfig, Renewal, RequestControl
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -54,6 +55,7 @@ class SchedulerSide:
         # What the control channel's threads share with the engine's: under _lock.
         self._lock = threading.Condition()
         self._releases: list[str] = []  # LUMEN ids to stop checkpointing at the next step
+        self._renewals: list[Renewal] = []  # applied at the next step
         self._worker_totals: Counter[str] = Counter()
         self._lag: tuple[int, float] = (-1, math.inf)  # (tokens, time) of the worker's last sample
         self._num_flushing = 0
@@ -156,8 +158,27 @@ class SchedulerSide:
                 meta.preempted_req_ids.append(req_id)
         with self._lock:
             meta.releases, self._releases = self._releases, []
+            renewals, self._renewals = self._renewals, []
             meta.sample_lag = self._num_flushing > 0
+        meta.renewals = self._renew(renewals)
         return meta
+
+    def _renew(self, renewals: list[Renewal]) -> list[RenewSpec]:
+        """Apply control ``renew``s to the requests they name (at their epoch and holders): a
+        request not opened yet opens with the fresh capabilities, an opened one's replicas get
+        them from the worker side this step. Others (finished, moved on) are dropped."""
+        specs = []
+        for renewal in renewals:
+            for req_id, control in list(self._controls.items()):
+                if control.request_id != renewal.request_id or control.epoch != renewal.epoch:
+                    continue
+                capabilities = renewal.for_holders(control.holders)
+                if capabilities is None:
+                    continue
+                self._controls[req_id] = dataclasses.replace(control, capabilities=capabilities)
+                if req_id in self._opened:
+                    specs.append(RenewSpec(control.request_id, capabilities))
+        return specs
 
     def update_connector_output(self, stats: Any) -> None:
         """The worker's figures of the last step (``LumenStats`` or None), kept for ``stats``
@@ -182,6 +203,10 @@ class SchedulerSide:
         - ``release`` ``{"request_id": str}``: stop checkpointing that LUMEN request from the
           next step on and drop its checkpoint on its holders (the gateway's word; the vLLM
           request itself runs on). ``known``: it streams here.
+        - ``renew`` ``{"request_id": str, "epoch": int, "holders": [...], "capabilities":
+          [hex, ...]}``: fresh capabilities (same epoch, later expiry) for that request's
+          replicas from the next step on (the gateway's RENEW). ``known``: it runs here at
+          that epoch.
         - ``flush`` ``{"wait_s": number}``: wait (at most ``wait_s``, <= 30, default 5) until the
           worker samples no saved-but-not-durable token; ``flushed`` and the last lag.
         """
@@ -206,6 +231,15 @@ class SchedulerSide:
             with self._lock:
                 self._releases.append(request_id)
             return {"request_id": request_id, "known": known}
+        if command == "renew":
+            renewal = Renewal.parse(request)
+            known = any(
+                c.request_id == renewal.request_id and c.epoch == renewal.epoch
+                for c in list(self._controls.values())
+            )
+            with self._lock:
+                self._renewals.append(renewal)
+            return {"request_id": renewal.request_id, "known": known}
         if command == "flush":
             wait_s = request.get("wait_s", 5.0)
             if (
@@ -215,7 +249,7 @@ class SchedulerSide:
             ):
                 raise ValueError(f"`wait_s` must be a number in [0, {MAX_FLUSH_S}], got {wait_s!r}")
             return self._flush(float(wait_s))
-        raise ValueError(f"`command` must be one of 'stats', 'release', 'flush', got {command!r}")
+        raise ValueError(f"`command` must be one of 'stats', 'release', 'renew', 'flush', got {command!r}")
 
     def _flush(self, wait_s: float) -> dict[str, Any]:
         """Wait for a lag sample taken after this call that is 0 (the worker samples every

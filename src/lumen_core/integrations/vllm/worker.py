@@ -92,6 +92,8 @@ class WorkerSide:
             grant = StreamGrant(spec.epoch, spec.holders, spec.capabilities, spec.expected_tokens)
             if self.core.begin(spec.request_id, spec.key, grant):
                 self._request_ids[spec.req_id] = spec.request_id
+        for renewal in meta.renewals:
+            self.core.renew(renewal.request_id, renewal.capabilities)
         self._release(meta.releases)
         if meta.sample_lag:
             self._lag_sampled_at = 0.0  # this step's stats sample the lag
