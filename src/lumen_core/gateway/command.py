@@ -54,6 +54,13 @@ def add_gateway_parser(
     )
     parser.add_argument("--heartbeat-s", type=float, default=1.0, help="heartbeat period told to workers")
     parser.add_argument(
+        "--park-leases",
+        type=float,
+        default=6.0,
+        help="with no worker serving, keep interrupted requests this many leases for one to register",
+    )
+    parser.add_argument("--max-parked", type=int, default=1024, help="most requests parked at once")
+    parser.add_argument(
         "--kv-bytes-per-token",
         type=int,
         default=None,
@@ -133,7 +140,12 @@ def run_gateway(args: argparse.Namespace) -> int:
             else LoadConfig(kv_bytes_per_token=args.kv_bytes_per_token)
         )
         config = GatewayConfig(
-            policy=args.policy, lease_s=args.lease_s, heartbeat_s=args.heartbeat_s, load_config=load_config
+            policy=args.policy,
+            lease_s=args.lease_s,
+            heartbeat_s=args.heartbeat_s,
+            park_leases=args.park_leases,
+            max_parked=args.max_parked,
+            load_config=load_config,
         )
     except ValueError as exc:
         print(f"lumen gateway: {exc}", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lumen_core._validate import check_number
+from lumen_core._validate import check_int, check_number
 from lumen_core.policy.assist import AssistConfig
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.placement import PlacementConfig
@@ -22,12 +22,17 @@ class GatewayConfig:
     (10 s: several missed heartbeats on a busy 2-core machine before anyone is declared dead).
     heartbeat_s: the period workers are told to heartbeat at (well under lease_s).
     finished_retention_s: a finished request's tokens stay watchable this long, then are
-    forgotten (``forget_finished``), so a long-running gateway does not grow without bound."""
+    forgotten (``forget_finished``), so a long-running gateway does not grow without bound.
+    park_leases: with no worker left serving, interrupted requests are parked this many leases
+    (then lost) waiting for a worker to register; max_parked: at most this many are parked
+    (the rest are lost), so a broken cluster cannot make the gateway hold unbounded state."""
 
     policy: str = "LUMEN"
     lease_s: float = 10.0
     heartbeat_s: float = 1.0
     finished_retention_s: float = 600.0
+    park_leases: float = 6.0
+    max_parked: int = 1024
     load_config: LoadConfig = LoadConfig()
     placement_config: PlacementConfig = PlacementConfig()
     router_config: RouterConfig = RouterConfig()
@@ -39,6 +44,8 @@ class GatewayConfig:
         check_number("lease_s", self.lease_s, positive=True)
         check_number("heartbeat_s", self.heartbeat_s, positive=True)
         check_number("finished_retention_s", self.finished_retention_s, positive=True)
+        check_number("park_leases", self.park_leases, low=0.0)
+        check_int("max_parked", self.max_parked, low=0)
         if self.heartbeat_s >= self.lease_s:
             raise ValueError(f"heartbeat_s must be < lease_s ({self.lease_s}), got {self.heartbeat_s}")
         for name, cls in (
