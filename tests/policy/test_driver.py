@@ -233,7 +233,7 @@ def test_with_no_worker_left_the_requests_are_parked_then_rerouted_on_a_join(mak
     assert [r.route.action for r in moved.reroutes] == [RecoveryAction.REPREFILL] * 2
     assert [r.route.target_worker_id for r in moved.reroutes] == [0, 5]  # least loaded each time
     assert all(r.placement is not None and r.holder_ids for r in moved.reroutes)
-    assert recorder.ops() == ["RequestAdmitted", "unpark", "place"] * 2
+    assert recorder.ops() == ["RequestAdmitted", "place"] * 2
     assert driver.parked == () and driver.monitor.request(1).worker_id == 0
 
 

@@ -313,7 +313,6 @@ class RecoveryDriver:
             raise ValueError(f"request {request_id} must be admitted: worker {live[0]} serves")
         if not self._keep(now_s, request_id, prompt_tokens, expected_output_tokens):
             return None
-        self._record("park_admission", {"request_id": request_id}, [])
         placement = PlacementDecision(request_id, -1, (), 0, "parked: no worker is serving")
         return AdmissionPlan(request_id, -1, placement, parked=True)
 
@@ -329,7 +328,9 @@ class RecoveryDriver:
     def unpark(self, now_s: float) -> UnparkPlan:
         """Re-admit the parked requests on serving workers (none serving: only the expiry),
         each re-prefilled on the least-loaded worker and placed, as a failover's reroute;
-        those past their deadline are lost (``RequestFinished`` was applied when parked)."""
+        those past their deadline are lost (``RequestFinished`` was applied when parked).
+        The re-admission is recorded as its ``RequestAdmitted`` event, not as a policy call:
+        no policy decides it, so a replay (``lumen_core.eventlog``) has nothing to re-run."""
         lost: list[Parked] = []
         for parked in list(self._parked.values()):
             if now_s >= parked.deadline_s:
@@ -354,7 +355,6 @@ class RecoveryDriver:
                 f"parked {now_s - parked.parked_s:.1f} s with no worker serving; "
                 f"re-prefill on least-loaded worker {target_id} (L={self.monitor.load(target_id):.3f})",
             )
-            self._record("unpark", {"request_id": parked.request_id}, [decision])
             reroutes.append(self._placed(decision))
         return UnparkPlan(now_s, tuple(reroutes), tuple(lost))
 
