@@ -1,6 +1,7 @@
 """Slower live-cluster scenarios: a holder dies with the worker it holds for, two failures one
 after the other, a remote restore, a worker without the cluster secret, a rogue worker acting
-with its epochs after it was declared failed, a worker whose lease runs out while it is alive, every worker killed at once (parking)."""
+with its epochs after it was declared failed, a worker whose lease runs out while it is alive,
+every worker killed at once (its requests parked)."""
 
 import json
 import subprocess
