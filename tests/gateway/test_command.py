@@ -40,6 +40,10 @@ def test_gateway_refuses_an_inconsistent_configuration(tmp_path, capsys):
     assert "heartbeat_s must be < lease_s (1.0), got 2.0" in capsys.readouterr().err
     assert main(["gateway", "--secret-file", str(path), "--kv-bytes-per-token", "0"]) == 2
     assert "`kv_bytes_per_token` must be >= 1, got 0" in capsys.readouterr().err
+    assert main(["gateway", "--secret-file", str(path), "--park-leases", "-1"]) == 2
+    assert "`park_leases` must be >= 0.0, got -1.0" in capsys.readouterr().err
+    assert main(["gateway", "--secret-file", str(path), "--max-parked", "-3"]) == 2
+    assert "`max_parked` must be >= 0, got -3" in capsys.readouterr().err
 
 
 def test_write_secret_creates_a_private_file_once(tmp_path, capsys):

@@ -36,6 +36,10 @@ def test_config_validation():
         GatewayConfig(policy="X")
     with pytest.raises(ValueError, match="`lease_s` must be > 0, got 0"):
         GatewayConfig(lease_s=0)
+    with pytest.raises(ValueError, match="park_leases.*-1"):
+        GatewayConfig(park_leases=-1.0)
+    with pytest.raises(ValueError, match="max_parked.*-2"):
+        GatewayConfig(max_parked=-2)
     with pytest.raises(ValueError, match=r"heartbeat_s must be < lease_s \(10.0\), got 10.0"):
         GatewayConfig(heartbeat_s=10.0)
     with pytest.raises(TypeError, match="load_config must be a LoadConfig, got dict"):
@@ -255,12 +259,60 @@ def test_a_refused_checkpoint_with_no_other_holder_degrades_to_reprefill():
     assert [r.action for r in outcome.routes] == [RecoveryAction.REPREFILL]
 
 
-def test_when_no_worker_is_left_the_requests_are_lost_and_said_so():
-    coordinator = cluster(1, policy="S&R")
+def test_when_no_worker_is_left_and_parking_is_off_the_requests_are_lost_and_said_so():
+    coordinator = cluster(1, policy="S&R", park_leases=0.0)
     rid = coordinator.admit(0.0, [1], 2).request_id
     outcome = coordinator.fail(1.0, [0], cause="test")
     assert outcome.lost_request_ids == (rid,) and outcome.routes == ()
     assert coordinator.tokens(rid) == ((), True, True)
+    assert coordinator.lost_reason(rid) == "no worker was left serving (park_leases 0: parking is off)"
+
+
+def test_with_no_worker_left_requests_park_and_resume_on_a_registering_worker():
+    coordinator = cluster(2, policy="LUMEN", lease_s=3.0)
+    a = coordinator.admit(0.0, [1, 2, 3], 6)
+    coordinator.take_directives(a.worker_id)
+    coordinator.report_tokens(0.1, a.worker_id, 1, a.request_id, 1, 0, [7, 8])
+    outcome = coordinator.fail(1.0, [0, 1], cause="lease expired")
+    assert outcome.parked_request_ids == (a.request_id,) and outcome.lost_request_ids == ()
+    assert coordinator.tokens(a.request_id) == ((7, 8), False, False)  # the stream stays open
+    metrics = coordinator.metrics()
+    assert (metrics.num_parked, metrics.num_parked_total) == (1, 1)
+    assert coordinator.unpark(5.0) == 0  # nobody registered yet, within 6 leases
+    coordinator.register(6.0, 1, budget_bytes=64 * GIB, holder_address="h1", last_epoch=1)
+    (resume,) = [d for d in coordinator.take_directives(1) if isinstance(d, Resume)]
+    assert (resume.request_id, resume.epoch, resume.action) == (a.request_id, 2, RecoveryAction.REPREFILL)
+    assert (resume.prompt_token_ids, resume.output_token_ids) == ((1, 2, 3), (7, 8))
+    assert coordinator.request_worker(a.request_id) == (1, 2)
+    assert coordinator.metrics().num_parked == 0
+    coordinator.report_tokens(6.5, 1, 2, a.request_id, 2, 2, [9], finished=True)
+    assert coordinator.tokens(a.request_id) == ((7, 8, 9), True, False)
+
+
+def test_parked_requests_past_park_leases_or_max_parked_are_lost_with_the_bound_named():
+    coordinator = cluster(2, policy="S&R", lease_s=3.0, max_parked=1)
+    first = coordinator.admit(0.0, [1], 4).request_id
+    second = coordinator.admit(0.0, [1], 4).request_id
+    outcome = coordinator.fail(1.0, [0, 1], cause="lease expired")
+    assert (outcome.parked_request_ids, outcome.lost_request_ids) == ((first,), (second,))
+    assert coordinator.lost_reason(second) == "no worker was left serving and max_parked 1 reached"
+    assert coordinator.unpark(19.0) == 1  # the reaper's call: 18 s parked, past 6 x 3 s
+    assert coordinator.tokens(first) == ((), True, True)
+    assert coordinator.lost_reason(first) == (
+        "parked 18.0 s (park_leases 6.0 x lease 3.0 s): no worker registered"
+    )
+    coordinator.register(20.0, 0, budget_bytes=64 * GIB, last_epoch=1)
+    assert not [d for d in coordinator.take_directives(0) if isinstance(d, Resume)]
+
+
+def test_a_parked_request_its_client_cancels_is_dropped():
+    coordinator = cluster(1, policy="S&R")
+    rid = coordinator.admit(0.0, [1], 4).request_id
+    coordinator.fail(1.0, [0], cause="test")
+    assert coordinator.cancel(2.0, rid, "client gone")
+    coordinator.register(3.0, 0, budget_bytes=64 * GIB, last_epoch=1)
+    assert not [d for d in coordinator.take_directives(0) if isinstance(d, Resume)]
+    assert coordinator.metrics().num_parked == 0
 
 
 def test_restart_rebuild_attaches_holds_reported_before_their_request_and_releases_stale_ones():
@@ -418,3 +470,18 @@ def test_a_request_keeps_its_sampling_when_it_is_moved():
     target, _ = coordinator.request_worker(rid)
     (resume,) = [d for d in coordinator.take_directives(target) if isinstance(d, Resume)]
     assert (resume.sampling, resume.output_token_ids) == (sampling, (5, 6))
+
+
+def test_a_request_admitted_while_every_worker_failed_is_parked_then_run():
+    coordinator = cluster(1, policy="S&R")
+    coordinator.fail(1.0, [0], cause="lease expired")
+    plan = coordinator.admit(2.0, [4, 5], 3)
+    assert plan.parked and coordinator.tokens(plan.request_id) == ((), False, False)
+    coordinator.register(3.0, 0, budget_bytes=64 * GIB, last_epoch=1)
+    (resume,) = [d for d in coordinator.take_directives(0) if isinstance(d, Resume)]
+    assert (resume.request_id, resume.prompt_token_ids) == (plan.request_id, (4, 5))
+    assert resume.output_token_ids == ()
+    full = cluster(1, policy="S&R", max_parked=0)
+    full.fail(1.0, [0], cause="lease expired")
+    with pytest.raises(NoWorkerError, match="no worker is serving and max_parked 0 reached"):
+        full.admit(2.0, [4, 5], 3)

@@ -17,7 +17,7 @@ import pytest
 
 from lumen_core.eventlog import EventLog, read_event_log, replay_event_log
 from lumen_core.gateway.config import GatewayConfig
-from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
+from lumen_core.gateway.coordinator import Coordinator
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.driver import RecoveryDriver
 from lumen_core.policy.events import (
@@ -46,13 +46,16 @@ DRIVER_CALLS = (
     "end_pairings",
     "fail",
     "finish",
+    "forget_parked",
     "move",
     "num_draft_tokens",
     "pair",
+    "park_admission",
     "place",
     "recover",
     "survivor_of",
     "switch_over",
+    "unpark",
 )
 
 
@@ -157,9 +160,10 @@ def test_gateway_calls_map_onto_driver_calls():
     ]
     assert coordinator.expire_leases(20.0) is not None
     assert log.take() == [call("fail", 20.0, [0, 1, 2], cause="lease expired")]
-    with pytest.raises(NoWorkerError):
-        coordinator.admit(20.1, [1] * 5, 5)
-    assert log.take() == [call("choose_worker")]
+    assert coordinator.admit(20.1, [1] * 5, 5).parked  # every worker failed: parked, not refused
+    assert log.take() == [call("choose_worker"), call("park_admission", 20.1, 3, 5, 5)]
+    coordinator.register(21.0, 2, budget_bytes=BUDGET, holder_address="h2")
+    assert log.take() == [call("apply", WorkerJoined(21.0, 2, BUDGET, "")), call("unpark", 21.0)]
 
 
 def test_a_drain_maps_onto_drain_then_a_move_per_request():

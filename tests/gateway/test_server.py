@@ -334,15 +334,22 @@ def test_gateway_restart_rebuilds_state_from_worker_reports(start_gateway, conne
     assert next(connect(second).submit([1], 1, timeout_s=5.0)).request_id == 1000
 
 
-def test_a_request_whose_last_worker_dies_ends_its_stream_with_unavailable(start_gateway, connect):
-    server = start_gateway(GatewayConfig(policy="S&R"))
+def test_a_request_whose_last_worker_dies_is_parked_then_ends_with_the_bound_named(start_gateway, connect):
+    # Parked (the stream stays open) until the reaper finds it past park_leases x lease_s.
+    config = GatewayConfig(policy="S&R", lease_s=1.0, heartbeat_s=0.25, park_leases=0.5)
+    server = start_gateway(config, reap_interval_s=0.02)
     (worker,) = register_workers(server, connect, 1)
     stream = connect(server).submit([1, 2], 4, timeout_s=30.0)
     request_id = next(stream).request_id
     worker.report_tokens(request_id, 1, 0, [6])
     assert next(stream).token_ids == (6,)
     assert worker.report_exit(0, 1, "SIGKILL")
-    with pytest.raises(GatewayError, match=f"UNAVAILABLE: request {request_id} lost"):
+    with server.condition:
+        assert server.coordinator.metrics().num_parked == 1
+    with pytest.raises(
+        GatewayError,
+        match=rf"UNAVAILABLE: request {request_id} lost: parked 0\.\d s \(park_leases 0\.5 x lease 1\.0 s\)",
+    ):
         next(stream)
 
 

@@ -119,15 +119,11 @@ def test_partition_two_faults_two_workers_cut_from_gateway(network: netns.Networ
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every worker's lease runs out at once: the gateway fails them together and loses "
-    "their requests (FailurePlan.lost_request_ids, 'no worker was left serving'); nothing keeps "
-    "them for the workers that register again after the heal",
-)
 def test_partition_gateway_cut_from_everyone_longer_than_lease(
     network: netns.Network, tmp_path: Path
 ) -> None:
+    """Every lease runs out at once: the gateway parks the requests (no worker is left serving)
+    and moves them to the workers that register again after the heal."""
     _run(
         tmp_path,
         network,

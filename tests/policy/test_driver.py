@@ -204,3 +204,53 @@ def test_a_move_routes_one_request_off_its_live_worker_and_is_recorded(make_driv
     again = driver.move(0.4, 1, reprefill=True)  # never onto the worker it runs on
     assert again.route.action is RecoveryAction.REPREFILL and again.route.target_worker_id != holder
     assert again.placement is not None and again.holder_ids == again.placement.holder_ids
+
+
+def parking_driver(make_cluster, *, park_s=6.0, max_parked=8, num_workers=2):
+    recorder = ListRecorder()
+    driver = RecoveryDriver(
+        preset("FC"), make_cluster(0).config, recorder=recorder, park_s=park_s, max_parked=max_parked
+    )
+    for worker_id in range(num_workers):
+        driver.apply(WorkerJoined(0.0, worker_id, 10**9))
+    return driver, recorder
+
+
+def test_with_no_worker_left_the_requests_are_parked_then_rerouted_on_a_join(make_cluster):
+    driver, recorder = parking_driver(make_cluster)
+    driver.admit(0.1, 1, 0, 40, 10)
+    driver.admit(0.1, 2, 1, 40, 10)
+    plan = driver.fail(1.0, [0, 1])
+    assert (plan.parked_request_ids, plan.lost_request_ids, plan.reroutes) == ((1, 2), (), ())
+    assert [p.request_id for p in driver.parked] == [1, 2] and driver.parked[0].deadline_s == 7.0
+    assert driver.unpark(2.0).reroutes == ()  # nobody serves yet: they stay parked
+    assert len(driver.parked) == 2
+    driver.apply(WorkerJoined(3.0, 0, 10**9))
+    driver.apply(WorkerJoined(3.0, 5, 10**9))
+    del recorder.records[:]
+    moved = driver.unpark(3.0)
+    assert [r.route.request_id for r in moved.reroutes] == [1, 2] and moved.expired == ()
+    assert [r.route.action for r in moved.reroutes] == [RecoveryAction.REPREFILL] * 2
+    assert [r.route.target_worker_id for r in moved.reroutes] == [0, 5]  # least loaded each time
+    assert all(r.placement is not None and r.holder_ids for r in moved.reroutes)
+    assert recorder.ops() == ["RequestAdmitted", "place"] * 2
+    assert driver.parked == () and driver.monitor.request(1).worker_id == 0
+
+
+def test_parked_requests_past_their_deadline_or_over_max_parked_are_lost(make_cluster):
+    driver, _ = parking_driver(make_cluster, max_parked=1)
+    driver.admit(0.1, 1, 0, 40, 10)
+    driver.admit(0.1, 2, 1, 40, 10)
+    plan = driver.fail(1.0, [0, 1])
+    assert (plan.parked_request_ids, plan.lost_request_ids) == ((1,), (2,))
+    driver.apply(WorkerJoined(7.5, 0, 10**9))
+    late = driver.unpark(7.5)  # 6.5 s parked, past park_s 6.0
+    assert [p.request_id for p in late.expired] == [1] and late.reroutes == ()
+    assert driver.parked == () and driver.monitor.request_ids() == []
+
+
+def test_parking_bounds_are_checked(make_cluster):
+    with pytest.raises(ValueError, match="park_s"):
+        parking_driver(make_cluster, park_s=-1.0)
+    with pytest.raises(ValueError, match="max_parked"):
+        parking_driver(make_cluster, max_parked=-1)

@@ -240,3 +240,11 @@ def test_progress_bar_goes_to_stderr(capsys):
     ClusterSim(SMALL, small_workload(num_requests=100), preset("S&R"), progress=True).run()
     captured = capsys.readouterr()
     assert "100.0%" in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_every_worker_failing_at_once_parks_the_requests_until_one_recovers(policy):
+    result = run(policy, failures=(Failure(10.0, (0, 1, 2, 3)),))
+    assert result.num_interrupted > 0
+    assert_conserved(result, 600)
+    assert result.actions["reprefill"] >= result.num_interrupted  # no holder survived

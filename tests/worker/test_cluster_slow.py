@@ -1,6 +1,7 @@
 """Slower live-cluster scenarios: a holder dies with the worker it holds for, two failures one
 after the other, a remote restore, a worker without the cluster secret, a rogue worker acting
-with its epochs after it was declared failed, a worker whose lease runs out while it is alive."""
+with its epochs after it was declared failed, a worker whose lease runs out while it is alive,
+every worker killed at once (its requests parked)."""
 
 import json
 import subprocess
@@ -315,3 +316,28 @@ def test_worker_whose_lease_runs_out_fences_itself(tmp_path: Path) -> None:
             assert _wait(lambda: bool([e for e in worker.events if e.get("event") == "stopped"]), 5)  # noqa: B023
             stopped = [e for e in worker.events if e.get("event") == "stopped"]
             assert stopped[0]["status"] == 3 and "lease" in str(stopped[0]["reason"])
+
+
+@pytest.mark.timeout(240)
+def test_every_worker_killed_then_one_restarted_parks_and_loses_nothing(tmp_path: Path) -> None:
+    """Issue 23: with no worker left serving the gateway parks the requests (their streams stay
+    open) and resumes them on the worker that comes back, output equal to a failure-free run."""
+    n = 4
+    arrivals = arrivals_from_workload(
+        Workload(np.linspace(0, 0.5, n), np.full(n, 200), np.full(n, 200)), seed=7, max_output_tokens=200
+    )
+    with LocalCluster(tmp_path, policy="LUMEN", num_workers=2) as cluster:
+        cluster.start()
+        results, threads = _submit_all(cluster, arrivals)
+        assert _wait(lambda: all(len(r.token_ids) >= 4 for r in results), 60)
+        cluster.kill(0)
+        cluster.kill(1)
+        with cluster.gateway.condition:
+            plan = cluster.gateway.coordinator.failures[-1]
+            assert plan.parked_request_ids and not plan.lost_request_ids
+        cluster.restart(0)
+        for thread in threads:
+            thread.join(150)
+    assert all(r.finished and not r.error for r in results), [r.error for r in results]
+    assert [r.token_ids for r in results] == _reference(tmp_path, arrivals)
+    assert cluster.gateway.coordinator.metrics().num_parked_total >= 1

@@ -62,6 +62,13 @@ def add_gateway_parser(
         "(default: one hour)",
     )
     parser.add_argument(
+        "--park-leases",
+        type=float,
+        default=6.0,
+        help="with no worker serving, keep interrupted requests this many leases for one to register",
+    )
+    parser.add_argument("--max-parked", type=int, default=1024, help="most requests parked at once")
+    parser.add_argument(
         "--kv-bytes-per-token",
         type=int,
         default=None,
@@ -136,6 +143,8 @@ def run_gateway(args: argparse.Namespace) -> int:
             lease_s=args.lease_s,
             heartbeat_s=args.heartbeat_s,
             capability_ttl_s=args.capability_ttl_s,
+            park_leases=args.park_leases,
+            max_parked=args.max_parked,
             load_config=load_config,
         )
     except ValueError as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lumen_core._validate import check_number
+from lumen_core._validate import check_int, check_number
 from lumen_core.auth import DEFAULT_CAPABILITY_TTL_S
 from lumen_core.policy.assist import AssistConfig
 from lumen_core.policy.load import LoadConfig
@@ -29,7 +29,10 @@ class GatewayConfig:
     capability_ttl_s: how long a checkpoint capability is valid after it is issued (the
     issuer's lifetime). capability_renew_share: once a running request's capabilities have
     used this share of their lifetime, the gateway issues fresh ones (``Renew``); the rest is
-    the margin a renewal has to reach the worker, which must exceed ``heartbeat_s``."""
+    the margin a renewal has to reach the worker, which must exceed ``heartbeat_s``.
+    park_leases: with no worker left serving, interrupted requests are parked this many leases
+    (then lost) waiting for a worker to register; max_parked: at most this many are parked
+    (the rest are lost), so a broken cluster cannot make the gateway hold unbounded state."""
 
     policy: str = "LUMEN"
     lease_s: float = 10.0
@@ -37,6 +40,8 @@ class GatewayConfig:
     finished_retention_s: float = 600.0
     capability_ttl_s: float = DEFAULT_CAPABILITY_TTL_S
     capability_renew_share: float = 0.5
+    park_leases: float = 6.0
+    max_parked: int = 1024
     load_config: LoadConfig = LoadConfig()
     placement_config: PlacementConfig = PlacementConfig()
     router_config: RouterConfig = RouterConfig()
@@ -60,6 +65,8 @@ class GatewayConfig:
                 "capability_ttl_s * (1 - capability_renew_share) must be > "
                 f"heartbeat_s ({self.heartbeat_s}), got {ttl_s} * (1 - {share}) = {ttl_s * (1.0 - share)}"
             )
+        check_number("park_leases", self.park_leases, low=0.0)
+        check_int("max_parked", self.max_parked, low=0)
         if self.heartbeat_s >= self.lease_s:
             raise ValueError(f"heartbeat_s must be < lease_s ({self.lease_s}), got {self.heartbeat_s}")
         for name, cls in (

@@ -121,6 +121,8 @@ class GatewayMetrics:
     recovery_s: float
     replay_ttft_s: float
     num_failures: int
+    num_parked: int  # requests parked now (no worker was left serving), waiting for one
+    num_parked_total: int  # requests parked since the gateway started
     worker_load: dict[int, float]
     worker_queue_depth: dict[int, int]
     worker_held_bytes: dict[int, int]
@@ -217,6 +219,7 @@ class _Request:
     finish_s: float = math.nan
     interrupted_at_s: float = math.nan
     replay_token_s: float = math.nan
+    lost_reason: str = ""
 
 
 def _check_tokens(name: str, token_ids: Iterable[int]) -> tuple[int, ...]:
@@ -264,7 +267,14 @@ class Coordinator:
             router_config=config.router_config,
             assist_config=config.assist_config,
         )
-        self.driver = RecoveryDriver(policy, config.load_config, gain_fn=gain_fn, recorder=event_log)
+        self.driver = RecoveryDriver(
+            policy,
+            config.load_config,
+            gain_fn=gain_fn,
+            recorder=event_log,
+            park_s=config.park_leases * config.lease_s,
+            max_parked=config.max_parked,
+        )
         self._workers: dict[int, _Worker] = {}
         self._requests: dict[int, _Request] = {}
         self._outboxes: dict[int, DirectiveOutbox] = {}
@@ -274,6 +284,7 @@ class Coordinator:
         self._failures: list[FailurePlan] = []
         self._last_interrupted: list[int] = []
         self._drains: dict[int, _Drain] = {}  # by worker id: the drain of its current incarnation
+        self._num_parked_total = 0
 
     @property
     def issuer_public_key(self) -> bytes:
@@ -400,6 +411,8 @@ class Coordinator:
             self._adopt(now_s, worker_id, running_report)
         for held_report in held:
             self._adopt_held(now_s, worker_id, held_report)
+        if state == WorkerState.SERVING and self.driver.parked:
+            self.unpark(now_s)
         return Registration(worker_id, epoch, assist)
 
     def _adopt(self, now_s: float, worker_id: int, report: RunningReport) -> None:
@@ -646,6 +659,8 @@ class Coordinator:
         freed = self.driver.switch_over(now_s, worker_id, budget_bytes, domain)
         if freed is not None:
             self._send(freed, AssistStop(worker_id, "assistant switched over"))
+        if self.driver.parked:
+            self.unpark(now_s)
         return freed
 
     def expire_leases(self, now_s: float) -> FailurePlan | None:
@@ -718,8 +733,17 @@ class Coordinator:
         for request_id in plan.lost_request_ids:  # their holders failed with them: none to release
             request = self._requests[request_id]
             request.lost = True
+            request.lost_reason = (
+                f"no worker was left serving and max_parked {self.config.max_parked} reached"
+                if self.config.park_leases > 0
+                else "no worker was left serving (park_leases 0: parking is off)"
+            )
             self._close(now_s, request)
         interrupted: list[int] = []
+        for request_id in plan.parked_request_ids:  # the stream stays open: ``unpark`` moves them
+            self._requests[request_id].interrupted_at_s = now_s
+            interrupted.append(request_id)
+        self._num_parked_total += len(plan.parked_request_ids)
         for reroute in plan.reroutes:
             request = self._requests[reroute.route.request_id]
             self._move(now_s, request, reroute, "failover")
@@ -729,6 +753,32 @@ class Coordinator:
         self._failures.append(plan)
         self._last_interrupted = interrupted
         return plan
+
+    def unpark(self, now_s: float) -> int:
+        """Move the parked requests to serving workers (RESUME with the prompt and the tokens
+        the client has, re-prefilled, at a new epoch: as a failover's reroute) and lose those
+        parked past ``park_leases`` leases, their reason naming the bound. Called when a
+        worker can serve (registered serving, or switched over) and by the reaper. Returns how
+        many were moved or lost."""
+        plan = self.driver.unpark(now_s)
+        for parked in plan.expired:
+            request = self._requests[parked.request_id]
+            request.lost = True
+            request.lost_reason = (
+                f"parked {now_s - parked.parked_s:.1f} s (park_leases {self.config.park_leases} x lease "
+                f"{self.config.lease_s} s): no worker registered"
+            )
+            self._close(now_s, request)
+        for reroute in plan.reroutes:  # its old worker is gone (or a new incarnation): not told
+            self._move(now_s, self._requests[reroute.route.request_id], reroute, "unparked", cancel=False)
+        return len(plan.reroutes) + len(plan.expired)
+
+    def lost_reason(self, request_id: int) -> str:
+        """Why a request was lost ("" when it was not)."""
+        request = self._requests.get(check_int("request_id", request_id, low=0))
+        if request is None:
+            raise IndexError(f"request_id {request_id} is not a known request")
+        return request.lost_reason
 
     def move(self, now_s: float, request_id: int, reason: str, *, reprefill: bool = False) -> Reroute:
         """Move a running request to where the router decides (restore on a holder, remote
@@ -760,11 +810,13 @@ class Coordinator:
         self._move(now_s, request, reroute, reason)
         return reroute
 
-    def _move(self, now_s: float, request: _Request, reroute: Reroute, reason: str) -> None:
+    def _move(
+        self, now_s: float, request: _Request, reroute: Reroute, reason: str, *, cancel: bool = True
+    ) -> None:
         """The directives of one move the driver decided (a failed old worker is told nothing:
         ``_send`` drops what it would get)."""
         decision = reroute.route
-        if self._workers[request.worker_id].state != WorkerState.DRAINING:
+        if cancel and self._workers[request.worker_id].state != WorkerState.DRAINING:
             # A drained worker is not told: it steps no more and is told to STOP, and a
             # reference worker's cancel would release the checkpoint the target restores.
             self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
@@ -906,11 +958,19 @@ class Coordinator:
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         expected = check_int("expected_output_tokens", expected_output_tokens, low=0) or max_new_tokens
-        worker_id = self.choose_worker() if worker_id is None else check_int("worker_id", worker_id, low=0)
         if request_id is None:
             request_id = self._next_request_id
         elif check_int("request_id", request_id, low=0) in self._requests:
             raise ValueError(f"request_id must be new, got {request_id}")
+        if worker_id is None:
+            chosen = self.driver.choose_worker()
+            if chosen is None and not self._workers:
+                raise NoWorkerError("no worker is serving")
+            if chosen is None:  # every registered worker failed: park it as their requests
+                return self._park_admission(now_s, request_id, prompt, max_new_tokens, expected, sampling)
+            worker_id = chosen
+        else:
+            worker_id = check_int("worker_id", worker_id, low=0)
         self._next_request_id = max(self._next_request_id, request_id + 1)
         plan = self.driver.admit(now_s, request_id, worker_id, len(prompt), expected)
         request = _Request(
@@ -931,6 +991,27 @@ class Coordinator:
                 sampling,
             ),
         )
+        return plan
+
+    def _park_admission(
+        self,
+        now_s: float,
+        request_id: int,
+        prompt: tuple[int, ...],
+        max_new_tokens: int,
+        expected: int,
+        sampling: Sampling,
+    ) -> AdmissionPlan:
+        """A new request while no worker serves: parked (its stream stays open) for ``unpark``.
+        Raises NoWorkerError when parking is off or full."""
+        plan = self.driver.park_admission(now_s, request_id, len(prompt), expected)
+        if plan is None:
+            raise NoWorkerError(f"no worker is serving and max_parked {self.config.max_parked} reached")
+        self._next_request_id = max(self._next_request_id, request_id + 1)
+        self._requests[request_id] = _Request(
+            request_id, prompt, max_new_tokens, expected, -1, 1, now_s, sampling=sampling
+        )
+        self._num_parked_total += 1
         return plan
 
     def report_tokens(
@@ -993,6 +1074,9 @@ class Coordinator:
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
         self._close(now_s, request)
+        if not self.monitor.has_request(request_id):  # parked: the monitor forgot it
+            self.driver.forget_parked(request_id)
+            return
         for holder_id in self.driver.finish(now_s, request_id):
             self._send(holder_id, Release(request_id, request.epoch, "finished"))
 
@@ -1130,6 +1214,8 @@ class Coordinator:
             recovery_s=recovery_s,
             replay_ttft_s=replay_ttft_s,
             num_failures=len(self._failures),
+            num_parked=len(self.driver.parked),
+            num_parked_total=self._num_parked_total,
             worker_load={w: monitor.load(w) for w in monitor.worker_ids()},
             worker_queue_depth={
                 w: monitor.worker(w).num_running + monitor.worker(w).num_waiting for w in monitor.worker_ids()

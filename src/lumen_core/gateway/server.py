@@ -379,9 +379,9 @@ class _Servicer(pb_grpc.GatewayServicer):
             if not context.is_active():
                 return
             if lost:
-                context.abort(
-                    grpc.StatusCode.UNAVAILABLE, f"request {request_id} lost: no worker was left serving"
-                )
+                with server.condition:
+                    reason = server.coordinator.lost_reason(request_id)
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"request {request_id} lost: {reason}")
             yield pb.TokenChunk(
                 request_id=request_id, start_position=position, token_ids=list(tokens), finished=finished
             )
@@ -463,6 +463,14 @@ class _Collector:
         )
         yield GaugeMetricFamily(
             "lumen_failures", "Failures handled since the gateway started", value=m.num_failures
+        )
+        yield GaugeMetricFamily(
+            "lumen_parked_requests", "Requests parked now: no worker was left serving", value=m.num_parked
+        )
+        yield GaugeMetricFamily(
+            "lumen_parked_requests_total",
+            "Requests parked since the gateway started",
+            value=m.num_parked_total,
         )
         server = self._server
         for name, doc, value in (
@@ -668,6 +676,8 @@ class GatewayServer:
             with self.condition:
                 failed = self.coordinator.expire_leases(self.now_s()) is not None
                 failed |= self.coordinator.expire_drains(self.now_s()) > 0
+                if self.coordinator.driver.parked:  # parked requests past their bound are lost
+                    failed |= self.coordinator.unpark(self.now_s()) > 0
                 self.coordinator.forget_finished(self.now_s())
                 released = self.coordinator.drop_orphaned_holds(self.now_s()) > 0
                 renewed = self.coordinator.renew_capabilities(self.now_s()) > 0

@@ -13,9 +13,12 @@ The protocol, in the order both drivers follow:
 - admission: ``RequestAdmitted`` then ``place``;
 - a failure of workers ``F`` detected together: for each ``w`` in ``F`` end its pairings
   (``release_survivor``, ``finish``), then ``WorkerFailed(w)`` for each; if no worker is left
-  serving, their requests are lost (``RequestFinished``); else for each ``w``, ``route(w)``
+  serving, their requests are parked (see below); else for each ``w``, ``route(w)``
   followed by ``place`` of every re-routed request left without a holder; then ``replace(w)``
-  for each;
+  for each; with no worker left serving, their requests are parked instead (within the
+  bounds ``park_s`` and ``max_parked``; the rest are lost), and ``unpark`` re-admits them,
+  re-prefilled on the least-loaded worker, once one serves again (their holders died with
+  every worker: no copy survives);
 - a planned drain of worker ``w`` (``drain``): end its pairings, ``WorkerDraining(w)``, then
   ``replace(w)`` (the copies it held go elsewhere); then each of its requests is moved;
 - a move of one running request off a live worker (``move``): ``route``'s rule for that
@@ -31,11 +34,13 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Protocol
 
+from lumen_core._validate import check_int, check_number
 from lumen_core.policy.assist import GainFn, make_acceptance_gain
 from lumen_core.policy.events import (
     AssistDecision,
     Event,
     PlacementDecision,
+    RecoveryAction,
     RequestAdmitted,
     RequestFinished,
     RouteDecision,
@@ -67,11 +72,13 @@ class Recorder(Protocol):
 
 @dataclass(frozen=True)
 class AdmissionPlan:
-    """A new request's serving worker and its checkpoint placement."""
+    """A new request's serving worker and its checkpoint placement; ``parked``: no worker
+    served, it waits for ``unpark`` (``worker_id`` -1, placed nowhere)."""
 
     request_id: int
     worker_id: int
     placement: PlacementDecision
+    parked: bool = False
 
 
 @dataclass(frozen=True)
@@ -106,8 +113,9 @@ class FailurePlan:
     unpairings: tuple[Unpairing, ...]
     reroutes: tuple[Reroute, ...]
     replacements: tuple[PlacementDecision, ...]  # checkpoints the failed workers held
-    lost_request_ids: tuple[int, ...]  # no worker was left serving to take them
+    lost_request_ids: tuple[int, ...]  # no worker was left serving and parking was full
     cause: str
+    parked_request_ids: tuple[int, ...] = ()  # no worker was left serving: kept for ``unpark``
 
     @property
     def routes(self) -> tuple[RouteDecision, ...]:
@@ -117,6 +125,27 @@ class FailurePlan:
     def placements(self) -> tuple[PlacementDecision, ...]:
         """Placements of re-routed requests left without a holder."""
         return tuple(r.placement for r in self.reroutes if r.placement is not None)
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A request kept while no worker serves: what re-admitting it needs, and its deadline."""
+
+    request_id: int
+    prompt_tokens: int
+    expected_output_tokens: int
+    parked_s: float
+    deadline_s: float
+
+
+@dataclass(frozen=True)
+class UnparkPlan:
+    """Parked requests moved to serving workers (each a re-prefill ``Reroute``) and those
+    lost because their deadline passed."""
+
+    time_s: float
+    reroutes: tuple[Reroute, ...]
+    expired: tuple[Parked, ...]
 
 
 @dataclass(frozen=True)
@@ -148,7 +177,12 @@ class RecoveryDriver:
         *,
         gain_fn: GainFn | None = None,
         recorder: Recorder | None = None,
+        park_s: float = 0.0,
+        max_parked: int = 0,
     ) -> None:
+        self._park_s = check_number("park_s", park_s, low=0.0)
+        self._max_parked = check_int("max_parked", max_parked, low=0)
+        self._parked: dict[int, Parked] = {}  # by request id, in park order
         if gain_fn is None:
             gain_fn = make_acceptance_gain(DEFAULT_ACCEPTANCE_RATE, DEFAULT_VERIFY_COST_PER_DRAFT_TOKEN)
         self._gain_fn = gain_fn
@@ -232,11 +266,15 @@ class RecoveryDriver:
         for worker_id in failed:
             self.apply(WorkerFailed(now_s, worker_id))
         lost: list[int] = []
-        if not self.monitor.live_worker_ids():  # nowhere to go: the requests are lost
+        parked: list[int] = []
+        if not self.monitor.live_worker_ids():  # nowhere to go: park what fits, lose the rest
             for worker_id in failed:
                 for request_id in self.monitor.running_on(worker_id):
+                    if self._park(now_s, request_id):
+                        parked.append(request_id)
+                    else:
+                        lost.append(request_id)
                     self.finish(now_s, request_id)
-                    lost.append(request_id)
         reroutes: list[Reroute] = []
         for worker_id in failed:
             decisions = self.policy.router.route(self.monitor, worker_id)
@@ -248,8 +286,77 @@ class RecoveryDriver:
             self._record("replace", {"lost_holder_id": worker_id}, replaced)
             replacements.extend(replaced)
         return FailurePlan(
-            now_s, failed, unpairings, tuple(reroutes), tuple(replacements), tuple(lost), cause
+            now_s, failed, unpairings, tuple(reroutes), tuple(replacements), tuple(lost), cause, tuple(parked)
         )
+
+    # ---- parking -----------------------------------------------------------------------------
+    def _park(self, now_s: float, request_id: int) -> bool:
+        """Keep an interrupted request for ``unpark`` (False: parking is off or full)."""
+        view = self.monitor.request(request_id)
+        return self._keep(now_s, request_id, view.prompt_tokens, view.expected_output_tokens)
+
+    def _keep(self, now_s: float, request_id: int, prompt_tokens: int, expected_output_tokens: int) -> bool:
+        if self._park_s <= 0.0 or len(self._parked) >= self._max_parked:
+            return False
+        deadline_s = now_s + self._park_s
+        parked = Parked(request_id, prompt_tokens, expected_output_tokens, now_s, deadline_s)
+        self._parked[request_id] = parked
+        return True
+
+    def park_admission(
+        self, now_s: float, request_id: int, prompt_tokens: int, expected_output_tokens: int
+    ) -> AdmissionPlan | None:
+        """A new request while no worker serves (they all failed): park it for ``unpark``, as
+        an interrupted one. None when parking is off or full; ValueError when a worker serves."""
+        live = self.monitor.live_worker_ids()
+        if live:
+            raise ValueError(f"request {request_id} must be admitted: worker {live[0]} serves")
+        if not self._keep(now_s, request_id, prompt_tokens, expected_output_tokens):
+            return None
+        placement = PlacementDecision(request_id, -1, (), 0, "parked: no worker is serving")
+        return AdmissionPlan(request_id, -1, placement, parked=True)
+
+    @property
+    def parked(self) -> tuple[Parked, ...]:
+        """The requests parked now, in park order."""
+        return tuple(self._parked.values())
+
+    def forget_parked(self, request_id: int) -> bool:
+        """A parked request ended (its client gave up): drop it. False: it was not parked."""
+        return self._parked.pop(request_id, None) is not None
+
+    def unpark(self, now_s: float) -> UnparkPlan:
+        """Re-admit the parked requests on serving workers (none serving: only the expiry),
+        each re-prefilled on the least-loaded worker and placed, as a failover's reroute;
+        those past their deadline are lost (``RequestFinished`` was applied when parked).
+        The re-admission is recorded as its ``RequestAdmitted`` event, not as a policy call:
+        no policy decides it, so a replay (``lumen_core.eventlog``) has nothing to re-run."""
+        lost: list[Parked] = []
+        for parked in list(self._parked.values()):
+            if now_s >= parked.deadline_s:
+                del self._parked[parked.request_id]
+                lost.append(parked)
+        reroutes: list[Reroute] = []
+        while self._parked and self.monitor.live_worker_ids():
+            parked = self._parked.pop(next(iter(self._parked)))
+            target_id = self.monitor.least_loaded()
+            assert target_id is not None  # a worker serves
+            self.apply(
+                RequestAdmitted(
+                    now_s, parked.request_id, target_id, parked.prompt_tokens, parked.expected_output_tokens
+                )
+            )
+            decision = RouteDecision(
+                parked.request_id,
+                target_id,
+                RecoveryAction.REPREFILL,
+                None,
+                0,
+                f"parked {now_s - parked.parked_s:.1f} s with no worker serving; "
+                f"re-prefill on least-loaded worker {target_id} (L={self.monitor.load(target_id):.3f})",
+            )
+            reroutes.append(self._placed(decision))
+        return UnparkPlan(now_s, tuple(reroutes), tuple(lost))
 
     def _placed(self, decision: RouteDecision, doomed_ids: Collection[int] = ()) -> Reroute:
         """A routed request's reroute, placing its checkpoint if the route left it none."""

@@ -407,7 +407,18 @@ class ClusterSim:
             mean_request_tokens=workload.mean_request_tokens if len(workload) else 1366.0,
             kv_bytes_per_token=self.cost.kv_bytes_per_token,
         )
-        self.driver = RecoveryDriver(policy, load_config, gain_fn=self._gain, recorder=event_log)
+        # Every worker failing at once parks their requests until one recovers (the gateway's
+        # behaviour, issue 23); a simulated worker always recovers, so no bound is needed.
+        self.driver = RecoveryDriver(
+            policy,
+            load_config,
+            gain_fn=self._gain,
+            recorder=event_log,
+            park_s=math.inf,
+            max_parked=len(workload),
+        )
+        self._parked: dict[int, _Req] = {}  # by request id: waiting for a worker to serve
+        self._parked_arrivals: list[_Req] = []  # arrived while no worker served
         self.reload_s = config.reload_time_s
         self.draft_load_s = (
             self.cost.draft_load_time_s if config.draft_load_s is None else config.draft_load_s
@@ -535,8 +546,9 @@ class ClusterSim:
     def _on_arrival(self, req: _Req) -> None:
         # The simulator knows each queue exactly; a gateway knows the heartbeats' figures.
         worker_id = self.driver.choose_worker(lambda w: self.workers[w].queue_len)
-        if worker_id is None:
-            raise RuntimeError(f"no worker is serving to admit request {req.rid} at {self._now:.3f} s")
+        if worker_id is None:  # every worker failed: admitted when one serves again
+            self._parked_arrivals.append(req)
+            return
         worker = self.workers[worker_id]
         req.worker = worker_id
         plan = self.driver.admit(self._now, req.rid, worker_id, req.prompt, req.output)
@@ -824,6 +836,8 @@ class ClusterSim:
         lost = {req.rid: req for worker in workers for req in worker.lost}
         for worker in workers:
             worker.lost = []
+        for request_id in plan.parked_request_ids:  # no worker serves: resumed at a switch-over
+            self._parked[request_id] = lost.pop(request_id)
         for reroute in plan.reroutes:
             self._reroute(lost.pop(reroute.route.request_id), reroute)
         if lost:
@@ -925,6 +939,21 @@ class ClusterSim:
             self.workers[freed].assistant = None
         worker.state = WorkerState.SERVING
         worker.progress = 0.0
+        self._unpark()
+
+    def _unpark(self) -> None:
+        """Move the parked requests to the workers serving again (re-prefilled: every holder
+        failed with them), as the gateway does when a worker registers; then admit the
+        requests that arrived meanwhile."""
+        if self._parked:
+            for reroute in self.driver.unpark(self._now).reroutes:
+                self._reroute(self._parked.pop(reroute.route.request_id), reroute)
+            for worker in self.workers:
+                if worker.state == WorkerState.SERVING:
+                    self._kick(worker)
+        arrivals, self._parked_arrivals = self._parked_arrivals, []
+        for req in arrivals:
+            self._on_arrival(req)
 
     # ---- rolling upgrade ------------------------------------------------------------------------
     def _on_drain(self, worker: _Worker, _: Any) -> None:
@@ -1025,6 +1054,7 @@ class ClusterSim:
         )
         worker.state = WorkerState.SERVING
         worker.progress = 0.0
+        self._unpark()
         self._drains[-1][3] = now
         self._next_drain(now)
 

@@ -220,7 +220,8 @@ class _FrontDoor:
             if admitted.marks_moves and not admitted.resumed_inexact:
                 admitted.resumed_inexact = self._moved(admitted.request_id)
             if lost:
-                raise unavailable(f"request {admitted.request_id} lost: no worker was left serving")
+                reason = self.bridge.read(lambda c: c.lost_reason(admitted.request_id))
+                raise unavailable(f"request {admitted.request_id} lost: {reason}")
             if not (tokens or finished):
                 raise unavailable("the gateway is stopping")
             position += len(tokens)
