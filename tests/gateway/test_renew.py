@@ -128,3 +128,17 @@ def test_a_request_without_holders_is_not_renewed(ucx_module):
     admission = coordinator.admit(0.0, [1] * 10, 50)
     assert admission.placement.holder_ids == ()
     assert renewals(coordinator, 5.0) == {}
+
+
+def test_parked_requests_are_not_renewed_until_a_worker_takes_them(ucx_module):
+    coordinator = Coordinator(GatewayConfig(lease_s=3.0, heartbeat_s=0.5, capability_ttl_s=TTL_S), SECRET)
+    for worker_id in range(2):
+        coordinator.register(0.0, worker_id, budget_bytes=64 * GIB, holder_address=f"h{worker_id}")
+    request_id = coordinator.admit(0.0, [1, 2, 3], 400).request_id
+    coordinator.fail(0.5, [0, 1], cause="lease expired")  # every worker: parked
+    parked_now = coordinator.admit(0.6, [4, 5], 400).request_id  # parked at admission
+    assert renewals(coordinator, 5.0) == {}  # neither is served anywhere: nothing to renew
+    coordinator.register(6.0, 1, budget_bytes=64 * GIB, holder_address="h1", last_epoch=1)
+    resumed = [d for d in coordinator.take_directives(1) if isinstance(d, Resume)]
+    assert {d.request_id for d in resumed} == {request_id, parked_now}
+    assert renewals(coordinator, 6.9) == {}  # their grants came with the RESUME at 6.0

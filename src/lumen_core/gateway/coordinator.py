@@ -1009,8 +1009,8 @@ class Coordinator:
             raise NoWorkerError(f"no worker is serving and max_parked {self.config.max_parked} reached")
         self._next_request_id = max(self._next_request_id, request_id + 1)
         self._requests[request_id] = _Request(
-            request_id, prompt, max_new_tokens, expected, -1, 1, now_s, sampling=sampling
-        )
+            request_id, prompt, max_new_tokens, expected, -1, 1, now_s, math.inf, sampling=sampling
+        )  # granted nothing until ``unpark`` moves it
         self._num_parked_total += 1
         return plan
 
@@ -1083,13 +1083,18 @@ class Coordinator:
     def renew_capabilities(self, now_s: float) -> int:
         """RENEW to the serving worker of each running request whose capabilities have used
         ``capability_renew_share`` of their lifetime since they were issued: fresh ones for
-        each of its holders at the same epoch. Requests finished, without a holder or on a
-        failed worker are skipped (a moved request's grants are as new as its RESUME). Returns
+        each of its holders at the same epoch. Requests finished, parked, without a holder or on
+        a failed worker are skipped (a moved request's grants are as new as its RESUME). Returns
         how many were renewed (the gateway's reaper calls it with the lease checks)."""
         due_s = now_s - self.config.capability_renew_share * self.config.capability_ttl_s
         renewed = 0
         for request in self._requests.values():
-            if request.finished or request.granted_s > due_s:
+            # Parked requests are not in the monitor: their grants come with the unpark's RESUME.
+            if (
+                request.finished
+                or request.granted_s > due_s
+                or not self.monitor.has_request(request.request_id)
+            ):
                 continue
             holder_ids = self.monitor.request(request.request_id).holder_ids
             if not holder_ids or self._workers[request.worker_id].state == WorkerState.FAILED:
