@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm import SamplingParams
+from vllm import LLM, SamplingParams
 
 from lumen_core.auth import CapabilityIssuer, Rights
 from lumen_core.stream import request_key
@@ -20,8 +20,8 @@ from lumen_core.worker.vllm_demo import HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS
 from lumen_core.worker.vllm_demo import write_tiny_llama as build_model  # the demo's tiny Llama
 
 __all__ = [
-    "FP32_NOISE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_LAYERS", "TLS", "build_model", "durable_tokens",
-    "engine_kwargs", "greedy", "params", "record_bytes", "transfer_config",
+    "FP32_NOISE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_LAYERS", "TLS", "build_model", "controlled_llm",
+    "durable_tokens", "engine_kwargs", "greedy", "params", "record_bytes", "transfer_config",
 ]  # fmt: skip
 
 # fp32 logits of this model differ between kernels by ~1e-5; a gap 100x that cannot flip.
@@ -51,6 +51,14 @@ def transfer_config(
             **extra,
         },
     }
+
+
+def controlled_llm(workdir: Path, secret_file: Path, issuer_key_file: Path, port: int) -> tuple[LLM, Path]:
+    """An in-process engine of the tiny model (built in ``workdir``) streaming to the holder at
+    ``port``, and the path of its connector's control channel."""
+    sock = workdir / "control.sock"
+    config = transfer_config(secret_file, issuer_key_file, port, control_socket=str(sock))
+    return LLM(**engine_kwargs(build_model(workdir / "model"), kv_transfer_config=config)), sock
 
 
 def engine_kwargs(model: Path, **overrides: Any) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engines import build_model, engine_kwargs, params, transfer_config
-from vllm import LLM, SamplingParams
+from engines import controlled_llm, params
+from vllm import SamplingParams
 
 from lumen_core.integrations.vllm.control import ControlError, ask
 
@@ -24,15 +24,7 @@ def test_stats_release_and_flush_over_the_control_socket(
     tmp_path: Path, holder: Callable[..., Any], secret_file: Path, issuer_key_file: Path
 ) -> None:
     server = holder()
-    sock = tmp_path / "control.sock"
-    llm = LLM(
-        **engine_kwargs(
-            build_model(tmp_path / "model"),
-            kv_transfer_config=transfer_config(
-                secret_file, issuer_key_file, server.port, control_socket=str(sock)
-            ),
-        )
-    )
+    llm, sock = controlled_llm(tmp_path, secret_file, issuer_key_file, server.port)
     engine = llm.llm_engine
     scheduler = engine.engine_core.engine_core.scheduler
     rng = np.random.default_rng(5)

@@ -11,8 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engines import build_model, durable_tokens, engine_kwargs, greedy, params, transfer_config
-from vllm import LLM
+from engines import controlled_llm, durable_tokens, greedy, params
 
 from lumen_core.auth import CapabilityIssuer, Rights, read_issuer_key_file
 from lumen_core.integrations.vllm.control import ControlError, ask
@@ -33,15 +32,7 @@ def test_a_renewed_request_streams_past_its_first_capabilities_expiry(
     issuer_key_file: Path,
 ) -> None:
     server = holder()
-    sock = tmp_path / "control.sock"
-    llm = LLM(
-        **engine_kwargs(
-            build_model(tmp_path / "model"),
-            kv_transfer_config=transfer_config(
-                secret_file, issuer_key_file, server.port, control_socket=str(sock)
-            ),
-        )
-    )
+    llm, sock = controlled_llm(tmp_path, secret_file, issuer_key_file, server.port)
     engine = llm.llm_engine
     short = CapabilityIssuer(read_issuer_key_file(issuer_key_file), ttl_s=TTL_S)
     rng = np.random.default_rng(7)
