@@ -117,10 +117,18 @@ class Schedule:
         )
 
 
-def draw(name: str, seed: int, kinds: list[tuple[str, float, float]], **options: object) -> Schedule:
+def draw(
+    name: str,
+    seed: int,
+    kinds: list[tuple[str, float, float]],
+    *,
+    while_serving: bool = False,
+    **options: object,
+) -> Schedule:
     """A schedule of one fault per ``(kind, length_lease, latest_start_lease)``: its target
     worker and its start (uniform in [0.25, latest_start_lease] leases) drawn from ``seed``.
-    Kind ``sigstop_client`` is ``sigstop`` of the client."""
+    Kind ``sigstop_client`` is ``sigstop`` of the client; ``while_serving`` applies to every
+    fault (``Fault.while_serving``)."""
     rng = np.random.default_rng(seed)
     num_workers = int(options.get("num_workers", 3))  # type: ignore[call-overload]
     faults = []
@@ -129,7 +137,9 @@ def draw(name: str, seed: int, kinds: list[tuple[str, float, float]], **options:
         fixed = {"loss": "", "isolate_gateway": "gateway", "sigstop_client": "client"}
         target = fixed[kind] if kind in fixed else workers.pop(0)
         start = float(np.round(rng.uniform(0.25, max(0.25, latest)), 2))
-        faults.append(Fault(kind.removesuffix("_client"), start, length_lease, target))
+        faults.append(
+            Fault(kind.removesuffix("_client"), start, length_lease, target, while_serving=while_serving)
+        )
     return Schedule(name, seed, tuple(faults), **options)  # type: ignore[arg-type]
 
 
