@@ -37,6 +37,7 @@ py::dict stats_dict(const lt::ServerStats& s) {
   py::dict d;
   d["connections_accepted"] = s.connections_accepted;
   d["connections_refused"] = s.connections_refused;
+  d["connections_failed"] = s.connections_failed;
   d["connections_unauthenticated"] = s.connections_unauthenticated;
   d["connections_active"] = s.connections_active;
   d["handshakes_ok"] = s.handshakes_ok;

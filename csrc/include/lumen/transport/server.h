@@ -49,6 +49,7 @@ struct ServerOptions {
 struct ServerStats {
   uint64_t connections_accepted = 0;         // UCX connection requests
   uint64_t connections_refused = 0;          // closed at once: max_unauthenticated were waiting
+  uint64_t connections_failed = 0;           // UCX could not create their endpoint
   uint64_t connections_unauthenticated = 0;  // accepted, not yet authenticated (now)
   uint64_t connections_active = 0;
   uint64_t handshakes_ok = 0;
