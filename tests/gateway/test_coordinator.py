@@ -289,6 +289,38 @@ def test_with_no_worker_left_requests_park_and_resume_on_a_registering_worker():
     assert coordinator.tokens(a.request_id) == ((7, 8, 9), True, False)
 
 
+def test_a_parked_request_restores_on_a_worker_back_with_its_holder():
+    """Every worker fenced by one cut (issue 23): they linger with their holders and register
+    again reporting what they hold, so a parked request restores on the first worker back with
+    a copy; a copy reported after it moved is released; a request whose holder is not back yet
+    waits up to a lease for it, then re-prefills."""
+    coordinator = cluster(3, policy="LUMEN", lease_s=3.0)
+    a = coordinator.admit(0.0, [1, 2, 3], 60)
+    holder = a.placement.holder_ids[0]
+    coordinator.report_tokens(0.1, a.worker_id, 1, a.request_id, 1, 0, [7, 8])
+    coordinator.report_checkpoint(0.1, holder, a.request_id, 1, 4)
+    b = coordinator.admit(0.0, [4, 5], 60, worker_id=holder)
+    coordinator.report_checkpoint(0.1, b.placement.holder_ids[0], b.request_id, 1, 2)
+    outcome = coordinator.fail(1.0, [0, 1, 2], cause="lease expired")
+    assert set(outcome.parked_request_ids) == {a.request_id, b.request_id}
+    held = (HeldReport(a.request_id, 1, 4),)
+    coordinator.register(5.0, holder, budget_bytes=64 * GIB, held=held, last_epoch=1)
+    (resume,) = [d for d in coordinator.take_directives(holder) if isinstance(d, Resume)]
+    assert (resume.request_id, resume.action, resume.epoch) == (a.request_id, RecoveryAction.RESTORE, 2)
+    assert resume.source is not None and resume.source.worker_id == holder
+    assert resume.output_token_ids == (7, 8)
+    other = next(w for w in range(3) if w not in (holder, b.placement.holder_ids[0]))
+    coordinator.register(5.1, other, budget_bytes=64 * GIB, held=held, last_epoch=1)
+    assert [d.request_id for d in coordinator.take_directives(other) if isinstance(d, Release)] == [
+        a.request_id
+    ]
+    # b's holder is not back: b waits a lease from the first unpark (5.0) for it, then re-prefills.
+    assert [p.request_id for p in coordinator.driver.parked] == [b.request_id]
+    assert coordinator.unpark(7.9) == 0
+    assert coordinator.unpark(8.1) == 1
+    assert coordinator.request_worker(b.request_id)[1] == 2
+
+
 def test_parked_requests_past_park_leases_or_max_parked_are_lost_with_the_bound_named():
     coordinator = cluster(2, policy="S&R", lease_s=3.0, max_parked=1)
     first = coordinator.admit(0.0, [1], 4).request_id

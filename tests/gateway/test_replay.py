@@ -47,6 +47,7 @@ DRIVER_CALLS = (
     "fail",
     "finish",
     "forget_parked",
+    "hold_parked",
     "move",
     "num_draft_tokens",
     "pair",
@@ -163,7 +164,10 @@ def test_gateway_calls_map_onto_driver_calls():
     assert coordinator.admit(20.1, [1] * 5, 5).parked  # every worker failed: parked, not refused
     assert log.take() == [call("choose_worker"), call("park_admission", 20.1, 3, 5, 5)]
     coordinator.register(21.0, 2, budget_bytes=BUDGET, holder_address="h2")
-    assert log.take() == [call("apply", WorkerJoined(21.0, 2, BUDGET, "")), call("unpark", 21.0)]
+    assert log.take() == [
+        call("apply", WorkerJoined(21.0, 2, BUDGET, "")),
+        call("unpark", 21.0, holder_wait_s=10.0),
+    ]
 
 
 def test_a_drain_maps_onto_drain_then_a_move_per_request():

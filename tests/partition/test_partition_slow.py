@@ -33,13 +33,14 @@ def _failed(outcome: Outcome) -> set[int]:
 
 def test_partition_worker_cut_from_gateway_longer_than_lease(network: netns.Network, tmp_path: Path) -> None:
     # The worker still reaches its holders; it fences itself, the gateway re-routes its
-    # requests (restored from those holders) and the supervisor restarts it after the heal.
+    # requests (restored from those holders), and the worker, lingering with its holder,
+    # registers again after the heal: no restart.
     outcome = _run(
         tmp_path, network, "worker_cut_from_gateway_longer_than_lease", 201, [("cut_gateway", LONG, 0.6)]
     )
     target = int(outcome.schedule.faults[0].target[1:])
-    assert target in _failed(outcome) and target in outcome.restarts
-    assert any(s["status"] == 3 and s["worker_id"] == target for s in outcome.worker_stats)
+    assert target in _failed(outcome) and outcome.restarts == []
+    assert any(s["relinked"] == 1 and s["worker_id"] == target for s in outcome.worker_stats)
     # Under LUMEN its requests resume from checkpoints it streamed to the other namespaces.
     assert summary(outcome)["restored"] > 0
 
@@ -89,8 +90,12 @@ def test_partition_sigstop_worker_shorter_than_lease(network: netns.Network, tmp
 
 
 def test_partition_sigstop_worker_longer_than_lease(network: netns.Network, tmp_path: Path) -> None:
-    # Continued after the gateway failed it: its first heartbeat is fenced, it exits 3.
-    _run(tmp_path, network, "sigstop_worker_longer_than_lease", 211, [("sigstop", LONG, 0.6)])
+    # Continued after the gateway failed it: its first heartbeat is fenced, it registers again
+    # (holder linger; the connection requests queued while it was stopped once crashed it).
+    outcome = _run(tmp_path, network, "sigstop_worker_longer_than_lease", 211, [("sigstop", LONG, 0.6)])
+    target = int(outcome.schedule.faults[0].target[1:])
+    assert outcome.restarts == [] and target in _failed(outcome)
+    assert any(s["relinked"] == 1 and s["worker_id"] == target for s in outcome.worker_stats)
 
 
 def test_partition_two_faults_gateway_cut_and_loss(network: netns.Network, tmp_path: Path) -> None:
@@ -122,14 +127,17 @@ def test_partition_gateway_cut_from_everyone_longer_than_lease(
     network: netns.Network, tmp_path: Path
 ) -> None:
     """Every lease runs out at once: the gateway parks the requests (no worker is left serving)
-    and moves them to the workers that register again after the heal."""
-    _run(
+    and moves them to the workers that register again after the heal, each lingering with its
+    holder: a parked request restores from a copy they hold."""
+    outcome = _run(
         tmp_path,
         network,
         "gateway_cut_from_everyone_longer_than_lease",
         217,
         [("isolate_gateway", LONG, 0.6)],
     )
+    assert outcome.restarts == [] and summary(outcome)["restored"] > 0
+    assert all(s["relinked"] == 1 for s in outcome.worker_stats)
 
 
 def test_partition_two_faults_rate_cut_and_sigstop(network: netns.Network, tmp_path: Path) -> None:

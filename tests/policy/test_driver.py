@@ -237,6 +237,53 @@ def test_with_no_worker_left_the_requests_are_parked_then_rerouted_on_a_join(mak
     assert driver.parked == () and driver.monitor.request(1).worker_id == 0
 
 
+def test_a_parked_request_restores_from_the_longest_copy_of_a_worker_back(make_cluster):
+    driver, _ = parking_driver(make_cluster, num_workers=3)
+    driver.admit(0.1, 1, 0, 40, 10)
+    holders = driver.monitor.request(1).holder_ids
+    driver.fail(1.0, [0, 1, 2])
+    assert driver.parked[0].holder_ids == holders
+    assert not driver.hold_parked(9, 1, 5)  # not parked
+    driver.apply(WorkerJoined(3.0, 1, 10**9))
+    driver.apply(WorkerJoined(3.0, 2, 10**9))
+    assert driver.hold_parked(1, 1, 12) and driver.hold_parked(1, 2, 30) and driver.hold_parked(1, 1, 20)
+    plan = driver.unpark(3.0, holder_wait_s=5.0)
+    (reroute,) = plan.reroutes
+    route = reroute.route
+    assert (route.action, route.target_worker_id, route.source_holder_id, route.restorable_tokens) == (
+        RecoveryAction.RESTORE,
+        2,
+        2,
+        30,
+    )
+    assert plan.unused_copies == ((1, 1),) and driver.monitor.request(1).worker_id == 2
+    assert 2 not in reroute.holder_ids  # a worker never holds what it serves
+
+
+def test_a_parked_request_waits_for_its_holders_then_re_prefills(make_cluster):
+    driver, _ = parking_driver(make_cluster, num_workers=3)
+    driver.admit(0.1, 1, 0, 40, 10)
+    (holder,) = driver.monitor.request(1).holder_ids
+    driver.fail(1.0, [0, 1, 2])
+    back = next(w for w in range(3) if w != holder)
+    driver.apply(WorkerJoined(3.0, back, 10**9))
+    assert driver.unpark(3.0, holder_wait_s=2.0).reroutes == ()  # its holder may come back
+    assert driver.unpark(4.9, holder_wait_s=2.0).reroutes == ()
+    (reroute,) = driver.unpark(5.0, holder_wait_s=2.0).reroutes
+    assert reroute.route.action is RecoveryAction.REPREFILL and reroute.route.target_worker_id == back
+    with pytest.raises(ValueError, match="holder_wait_s"):
+        driver.unpark(5.0, holder_wait_s=-1.0)
+
+
+def test_the_copies_of_an_expired_parked_request_are_released(make_cluster):
+    driver, _ = parking_driver(make_cluster)
+    driver.admit(0.1, 1, 0, 40, 10)
+    driver.fail(1.0, [0, 1])
+    driver.hold_parked(1, 1, 8)
+    plan = driver.unpark(7.5)
+    assert [p.request_id for p in plan.expired] == [1] and plan.unused_copies == ((1, 1),)
+
+
 def test_parked_requests_past_their_deadline_or_over_max_parked_are_lost(make_cluster):
     driver, _ = parking_driver(make_cluster, max_parked=1)
     driver.admit(0.1, 1, 0, 40, 10)

@@ -308,7 +308,10 @@ def test_rogue_worker_acting_with_its_old_epochs_is_refused(tmp_path: Path) -> N
 
 
 def test_worker_whose_lease_runs_out_fences_itself(tmp_path: Path) -> None:
-    with LocalCluster(tmp_path, policy="LUMEN", num_workers=2, lease_s=2.0, heartbeat_s=0.25) as cluster:
+    # It keeps its holder up for the linger, registering again in vain, then exits 3.
+    with LocalCluster(
+        tmp_path, policy="LUMEN", num_workers=2, lease_s=2.0, heartbeat_s=0.25, holder_linger_s=1.0
+    ) as cluster:
         cluster.start()
         cluster.gateway.stop(grace_s=0.1)  # the gateway goes silent; the workers are alive
         for worker in cluster.workers.values():

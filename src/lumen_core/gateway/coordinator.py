@@ -448,6 +448,14 @@ class Coordinator:
         if request is None:
             self._pending_holds.setdefault(report.request_id, []).append((holder_id, report, now_s))
             return
+        if not request.finished and not self.monitor.has_request(request.request_id):  # parked
+            usable = report.epoch == request.epoch and self._workers[holder_id].state == WorkerState.SERVING
+            if not (usable and self.driver.hold_parked(request.request_id, holder_id, report.durable_tokens)):
+                self._send(holder_id, Release(request.request_id, reason="stale checkpoint"))
+            return
+        if request.finished:
+            self._send(holder_id, Release(request.request_id, reason="its request ended"))
+            return
         view = self.monitor.request(request.request_id)
         if (
             report.epoch != request.epoch
@@ -756,11 +764,16 @@ class Coordinator:
 
     def unpark(self, now_s: float) -> int:
         """Move the parked requests to serving workers (RESUME with the prompt and the tokens
-        the client has, re-prefilled, at a new epoch: as a failover's reroute) and lose those
+        the client has at a new epoch, as a failover's reroute: restored on a worker that
+        registered again holding a copy, else re-prefilled) and lose those
         parked past ``park_leases`` leases, their reason naming the bound. Called when a
         worker can serve (registered serving, or switched over) and by the reaper. Returns how
         many were moved or lost."""
-        plan = self.driver.unpark(now_s)
+        # A fenced worker lingers with its holder and registers again (worker.process): wait
+        # up to a lease for the holders of a parked request before re-prefilling it.
+        plan = self.driver.unpark(now_s, holder_wait_s=self.config.lease_s)
+        for request_id, holder_id in plan.unused_copies:  # before any HOLD of the moves below
+            self._send(holder_id, Release(request_id, self._requests[request_id].epoch, "not restored from"))
         for parked in plan.expired:
             request = self._requests[parked.request_id]
             request.lost = True
@@ -1075,7 +1088,9 @@ class Coordinator:
             raise IndexError(f"request_id {request_id} is not a known request")
         self._close(now_s, request)
         if not self.monitor.has_request(request_id):  # parked: the monitor forgot it
-            self.driver.forget_parked(request_id)
+            parked = self.driver.forget_parked(request_id)
+            for holder_id, _ in parked.held if parked is not None else ():
+                self._send(holder_id, Release(request_id, request.epoch, "finished"))
             return
         for holder_id in self.driver.finish(now_s, request_id):
             self._send(holder_id, Release(request_id, request.epoch, "finished"))

@@ -16,9 +16,10 @@ The protocol, in the order both drivers follow:
   serving, their requests are parked (see below); else for each ``w``, ``route(w)``
   followed by ``place`` of every re-routed request left without a holder; then ``replace(w)``
   for each; with no worker left serving, their requests are parked instead (within the
-  bounds ``park_s`` and ``max_parked``; the rest are lost), and ``unpark`` re-admits them,
-  re-prefilled on the least-loaded worker, once one serves again (their holders died with
-  every worker: no copy survives);
+  bounds ``park_s`` and ``max_parked``; the rest are lost), and ``unpark`` re-admits them
+  once a worker serves again: restored on a worker that came back holding a copy
+  (``hold_parked``: a fenced worker keeps its holder up and registers again), else
+  re-prefilled on the least-loaded worker (after ``holder_wait_s`` for holders not back yet);
 - a planned drain of worker ``w`` (``drain``): end its pairings, ``WorkerDraining(w)``, then
   ``replace(w)`` (the copies it held go elsewhere); then each of its requests is moved;
 - a move of one running request off a live worker (``move``): ``route``'s rule for that
@@ -31,7 +32,7 @@ The protocol, in the order both drivers follow:
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from lumen_core._validate import check_int, check_number
@@ -129,23 +130,31 @@ class FailurePlan:
 
 @dataclass(frozen=True)
 class Parked:
-    """A request kept while no worker serves: what re-admitting it needs, and its deadline."""
+    """A request kept while no worker serves: what re-admitting it needs, and its deadline.
+    ``holder_ids``: the workers that held durable tokens of it when it was parked (one may
+    come back with its copy); ``held``: the (holder, durable tokens) copies reported since;
+    ``awaited_s``: when ``unpark`` first waited for a holder to come back."""
 
     request_id: int
     prompt_tokens: int
     expected_output_tokens: int
     parked_s: float
     deadline_s: float
+    holder_ids: tuple[int, ...] = ()
+    held: tuple[tuple[int, int], ...] = ()
+    awaited_s: float | None = None
 
 
 @dataclass(frozen=True)
 class UnparkPlan:
-    """Parked requests moved to serving workers (each a re-prefill ``Reroute``) and those
-    lost because their deadline passed."""
+    """Parked requests moved to serving workers (each a restore or re-prefill ``Reroute``),
+    those lost because their deadline passed, and the reported copies no move restores from
+    (request id, holder id), to be released."""
 
     time_s: float
     reroutes: tuple[Reroute, ...]
     expired: tuple[Parked, ...]
+    unused_copies: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -293,13 +302,22 @@ class RecoveryDriver:
     def _park(self, now_s: float, request_id: int) -> bool:
         """Keep an interrupted request for ``unpark`` (False: parking is off or full)."""
         view = self.monitor.request(request_id)
-        return self._keep(now_s, request_id, view.prompt_tokens, view.expected_output_tokens)
+        # Their copies were dropped as the holders failed with every other worker.
+        holder_ids = tuple(view.lost_holder_ids)
+        return self._keep(now_s, request_id, view.prompt_tokens, view.expected_output_tokens, holder_ids)
 
-    def _keep(self, now_s: float, request_id: int, prompt_tokens: int, expected_output_tokens: int) -> bool:
+    def _keep(
+        self,
+        now_s: float,
+        request_id: int,
+        prompt_tokens: int,
+        expected_output_tokens: int,
+        holder_ids: tuple[int, ...] = (),
+    ) -> bool:
         if self._park_s <= 0.0 or len(self._parked) >= self._max_parked:
             return False
         deadline_s = now_s + self._park_s
-        parked = Parked(request_id, prompt_tokens, expected_output_tokens, now_s, deadline_s)
+        parked = Parked(request_id, prompt_tokens, expected_output_tokens, now_s, deadline_s, holder_ids)
         self._parked[request_id] = parked
         return True
 
@@ -321,42 +339,79 @@ class RecoveryDriver:
         """The requests parked now, in park order."""
         return tuple(self._parked.values())
 
-    def forget_parked(self, request_id: int) -> bool:
-        """A parked request ended (its client gave up): drop it. False: it was not parked."""
-        return self._parked.pop(request_id, None) is not None
+    def forget_parked(self, request_id: int) -> Parked | None:
+        """A parked request ended (its client gave up): drop it (its reported copies are the
+        caller's to release). None: it was not parked."""
+        return self._parked.pop(request_id, None)
 
-    def unpark(self, now_s: float) -> UnparkPlan:
+    def hold_parked(self, request_id: int, holder_id: int, durable_tokens: int) -> bool:
+        """A worker that registered again holds a copy of a parked request (``durable_tokens``
+        at the request's epoch): ``unpark`` may restore it there. False: not parked."""
+        parked = self._parked.get(request_id)
+        if parked is None:
+            return False
+        held = (*[c for c in parked.held if c[0] != holder_id], (holder_id, durable_tokens))
+        self._parked[request_id] = replace(parked, held=held)
+        return True
+
+    def unpark(self, now_s: float, holder_wait_s: float = 0.0) -> UnparkPlan:
         """Re-admit the parked requests on serving workers (none serving: only the expiry),
-        each re-prefilled on the least-loaded worker and placed, as a failover's reroute;
-        those past their deadline are lost (``RequestFinished`` was applied when parked).
-        The re-admission is recorded as its ``RequestAdmitted`` event, not as a policy call:
-        no policy decides it, so a replay (``lumen_core.eventlog``) has nothing to re-run."""
+        placed as a failover's reroute: restored on the serving worker with the longest
+        reported copy, else re-prefilled on the least-loaded one, a request whose park-time
+        holders are not back yet waiting up to ``holder_wait_s`` for them first. Those past
+        their deadline are lost (``RequestFinished`` was applied when parked). The
+        re-admission is recorded as its ``RequestAdmitted`` event, not as a policy call: no
+        policy decides it, so a replay (``lumen_core.eventlog``) has nothing to re-run."""
+        check_number("holder_wait_s", holder_wait_s, low=0.0)
         lost: list[Parked] = []
+        unused: list[tuple[int, int]] = []
         for parked in list(self._parked.values()):
             if now_s >= parked.deadline_s:
                 del self._parked[parked.request_id]
                 lost.append(parked)
+                unused += [(parked.request_id, h) for h, _ in parked.held]
         reroutes: list[Reroute] = []
-        while self._parked and self.monitor.live_worker_ids():
-            parked = self._parked.pop(next(iter(self._parked)))
-            target_id = self.monitor.least_loaded()
-            assert target_id is not None  # a worker serves
+        live = set(self.monitor.live_worker_ids())
+        for parked in list(self._parked.values()) if live else []:
+            copies = [(h, durable) for h, durable in parked.held if h in live and durable > 0]
+            if not copies and any(h not in live for h in parked.holder_ids):
+                awaited_s = now_s if parked.awaited_s is None else parked.awaited_s
+                if now_s < awaited_s + holder_wait_s:
+                    self._parked[parked.request_id] = replace(parked, awaited_s=awaited_s)
+                    continue
+            del self._parked[parked.request_id]
+            waited = f"parked {now_s - parked.parked_s:.1f} s with no worker serving"
+            if copies:
+                target_id, durable = min(copies, key=lambda c: (-c[1], c[0]))
+                decision = RouteDecision(
+                    parked.request_id,
+                    target_id,
+                    RecoveryAction.RESTORE,
+                    target_id,
+                    durable,
+                    f"{waited}; restore {durable} tokens on worker {target_id}, back with its holder",
+                )
+            else:
+                least = self.monitor.least_loaded()
+                assert least is not None  # a worker serves
+                target_id = least
+                decision = RouteDecision(
+                    parked.request_id,
+                    target_id,
+                    RecoveryAction.REPREFILL,
+                    None,
+                    0,
+                    f"{waited}; re-prefill on least-loaded worker {target_id} "
+                    f"(L={self.monitor.load(target_id):.3f})",
+                )
+            unused += [(parked.request_id, h) for h, _ in parked.held if h != decision.source_holder_id]
             self.apply(
                 RequestAdmitted(
                     now_s, parked.request_id, target_id, parked.prompt_tokens, parked.expected_output_tokens
                 )
             )
-            decision = RouteDecision(
-                parked.request_id,
-                target_id,
-                RecoveryAction.REPREFILL,
-                None,
-                0,
-                f"parked {now_s - parked.parked_s:.1f} s with no worker serving; "
-                f"re-prefill on least-loaded worker {target_id} (L={self.monitor.load(target_id):.3f})",
-            )
             reroutes.append(self._placed(decision))
-        return UnparkPlan(now_s, tuple(reroutes), tuple(lost))
+        return UnparkPlan(now_s, tuple(reroutes), tuple(lost), tuple(unused))
 
     def _placed(self, decision: RouteDecision, doomed_ids: Collection[int] = ()) -> Reroute:
         """A routed request's reroute, placing its checkpoint if the route left it none."""

@@ -120,7 +120,8 @@ class LocalCluster:
     """See module doc. ``kv_bytes_per_token`` (the tiny model's record size) makes L(w)'s
     held-token term count real checkpoint sizes. ``router_config`` goes to the gateway (e.g.
     ``remote_restore``) with ``capability_ttl_s``; ``ack_timeout_s`` and ``give_up_after_s`` to
-    every worker's checkpoint streamer (None: the worker's defaults)."""
+    every worker's checkpoint streamer, ``holder_linger_s`` to every worker (None: the
+    worker's defaults)."""
 
     def __init__(
         self,
@@ -141,6 +142,7 @@ class LocalCluster:
         ack_timeout_s: float | None = None,
         give_up_after_s: float | None = None,
         capability_ttl_s: float = DEFAULT_CAPABILITY_TTL_S,
+        holder_linger_s: float | None = None,
     ) -> None:
         check_int("num_workers", num_workers, low=2)
         self.workdir = Path(workdir)
@@ -151,9 +153,11 @@ class LocalCluster:
         self.pace = pace
         self.time_scale = time_scale
         self.budget_bytes = budget_bytes
-        self.streamer_args = [] if ack_timeout_s is None else ["--ack-timeout-s", str(ack_timeout_s)]
+        self.worker_args = [] if ack_timeout_s is None else ["--ack-timeout-s", str(ack_timeout_s)]
         if give_up_after_s is not None:
-            self.streamer_args += ["--give-up-after-s", str(give_up_after_s)]
+            self.worker_args += ["--give-up-after-s", str(give_up_after_s)]
+        if holder_linger_s is not None:
+            self.worker_args += ["--holder-linger-s", str(holder_linger_s)]
         self.start_timeout_s = start_timeout_s
         self.secret_path = self.workdir / "cluster.secret"
         if not self.secret_path.exists():
@@ -204,7 +208,7 @@ class LocalCluster:
             command += ["--modelled-draft-load-s", str(self.modelled_draft_load_s)]
         if self.pace is not None:
             command += ["--pace", self.pace]
-        command += self.streamer_args
+        command += self.worker_args
         if recovering:
             command.append("--recovering")
         stderr_path = self.workdir / f"worker{worker_id}-{len(self.exited)}.log"

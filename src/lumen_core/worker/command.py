@@ -2,7 +2,8 @@
 
 Prints one JSON line ``{"event": "registered", ...}`` once it holds a lease (with its epoch
 and holder address), and ``{"event": "stopped", ...}`` with its counters when it ends.
-Exit status: 0 stopped, 3 fenced (the lease was lost), 2 bad arguments or registration
+Exit status: 0 stopped, 3 fenced (the lease was lost and no registration succeeded within
+``--holder-linger-s``), 2 bad arguments or registration
 refused (no cluster secret, say).
 """
 
@@ -81,6 +82,13 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
         help="checkpoint streaming: a holder failing this long has lost its replicas, which the "
         "gateway places again (default 30)",
     )
+    parser.add_argument(
+        "--holder-linger-s",
+        type=float,
+        default=60.0,
+        help="fenced (the lease lost): keep the holder up this long, registering again with the "
+        "checkpoints it holds so the healed gateway restores from them; 0 exits at once (default 60)",
+    )
     parser.set_defaults(func=run_worker)
     return parser
 
@@ -115,6 +123,7 @@ def run_worker(args: argparse.Namespace) -> int:
             time_scale=args.time_scale,
             ack_timeout_s=args.ack_timeout_s,
             give_up_after_s=args.give_up_after_s,
+            holder_linger_s=args.holder_linger_s,
         )
     except (OSError, ValueError) as exc:
         print(f"lumen worker: {exc}", file=sys.stderr)

@@ -9,7 +9,11 @@ fencing).
 Threads: the heartbeat thread only queues directives; the main thread (``run``) applies
 them between engine steps, steps the engine and reports each step's tokens in one call. A
 worker whose lease is lost (fenced reply, gateway unreachable for a lease, a token report
-refused for its epoch) stops serving and ``run`` returns ``EXIT_FENCED``.
+refused for its epoch) stops serving: its requests are dropped without releasing their
+checkpoints (the gateway moves them), and for ``holder_linger_s`` it keeps its holder up and
+tries to register again every heartbeat period, reporting the checkpoints it holds, so that
+the healed gateway restores from them (issue 23). Registered again, it serves as the new
+epoch; past the linger ``run`` returns ``EXIT_FENCED``.
 
 A worker started as ``recovering`` (restarted after a failure) loads the draft's weights
 first and the full model in the background; ``modelled_*_load_s`` add the load times of a
@@ -29,6 +33,7 @@ import queue
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,7 +74,7 @@ from lumen_core.gateway.reports import HeldReport, LostReplica, StreamedReplica,
 from lumen_core.integrations.reference import StreamingConnector
 from lumen_core.pacing import PacedSaves, Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
-from lumen_core.stream import HolderStore, RestoreResult
+from lumen_core.stream import CheckpointInfo, HolderStore, RestoreResult
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
 from lumen_core.worker.engine_ids import engine_key, request_id_of
@@ -91,7 +96,9 @@ class WorkerConfig:
     lasting ``time_scale`` times its modelled duration (None: unpaced). pushed_directives:
     open the gateway's directive stream (False: heartbeat replies alone deliver them).
     ack_timeout_s, give_up_after_s: the checkpoint streamer's (``CheckpointStreamer``); a
-    replica lost for good is reported to the gateway, which places it again."""
+    replica lost for good is reported to the gateway, which places it again.
+    holder_linger_s: how long a fenced worker keeps its holder up, registering again (0:
+    it exits at once)."""
 
     worker_id: int
     gateway: str
@@ -111,6 +118,7 @@ class WorkerConfig:
     time_scale: float = 1.0  # paced durations stretched by this factor
     ack_timeout_s: float = 2.0  # the streamer's: a holder silent this long has failed
     give_up_after_s: float = 30.0  # the streamer's: a holder failing this long lost its replicas
+    holder_linger_s: float = 60.0  # fenced: the holder stays up this long, registering again
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
@@ -129,6 +137,8 @@ class WorkerConfig:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not value >= 0 or math.isinf(value):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if not isinstance(self.holder_linger_s, (int, float)) or not 0 <= self.holder_linger_s < math.inf:
+            raise ValueError(f"holder_linger_s must be a finite number >= 0, got {self.holder_linger_s!r}")
         if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {self.budget_bytes!r}")
         for name in ("time_scale", "ack_timeout_s", "give_up_after_s"):
@@ -172,7 +182,7 @@ class Worker:
         self.heartbeats: HeartbeatLoop | None = None
         self.loaded = threading.Event()
         self.load_error: BaseException | None = None
-        self.counters = {"resumed": 0, "cancelled": 0, "renewed": 0, "renews_ignored": 0}
+        self.counters = {"resumed": 0, "cancelled": 0, "renewed": 0, "renews_ignored": 0, "relinked": 0}
         self.flushed = threading.Event()  # drained (FLUSH): no more steps; reported in heartbeats
         self.drained = False  # told to STOP: its exit is reported (the gateway retires it at once)
         self._resumed_tokens: dict[str, int] = {}  # context (prompt + outputs) of each resume here
@@ -191,6 +201,7 @@ class Worker:
         # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
         self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
         self._paced_restores: dict[str, RestoreResult] = {}
+        self._earlier_restores: dict[str, RestoreResult] = {}  # of connectors a fencing closed
         self._pace_continues = False  # the last paced step left work: the next one follows it
 
     # ---- models --------------------------------------------------------------------------
@@ -237,11 +248,7 @@ class Worker:
         the streamer's lost replicas until a STREAM directive re-places them, which the
         gateway acts on once)."""
         checkpoints = self.store.checkpoints()
-        held = tuple(
-            HeldReport(c.request_id, c.epoch, c.durable_tokens)
-            for c in checkpoints
-            if c.shard == 0 and c.opened
-        )
+        held = self._held(checkpoints)
         held_bytes = sum(c.durable_tokens * (c.record_bytes + 8) for c in checkpoints)
         with self._dropped_lock:
             refused, evicted = tuple(sorted(self._refused)), tuple(sorted(self._evicted))
@@ -268,6 +275,13 @@ class Worker:
             ),
             flushed=self.flushed.is_set(),
             streamed=self._streamed() if self.flushed.is_set() and streamer is not None else (),
+        )
+
+    def _held(self, checkpoints: Sequence[CheckpointInfo]) -> tuple[HeldReport, ...]:
+        return tuple(
+            HeldReport(c.request_id, c.epoch, c.durable_tokens)
+            for c in checkpoints
+            if c.shard == 0 and c.opened
         )
 
     def _streamed(self) -> tuple[StreamedReplica, ...]:
@@ -323,11 +337,16 @@ class Worker:
             if self.load_error is not None:
                 raise self.load_error
             self._build_engine()
+        self._register()
+
+    def _register(self) -> None:
+        """Register (a new epoch, with the checkpoints held here) and start heartbeating."""
         self.client.register(
             self.config.worker_id,
             state=self.state,
             budget_bytes=self.config.budget_bytes,
             holder_address=self.holder_address,
+            held=self._held(self.store.checkpoints()),
             on_directives=self._queue_directives,
         )
         self.heartbeats = HeartbeatLoop(
@@ -622,8 +641,11 @@ class Worker:
         those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
         restored, and tokens of resumed contexts computed again here (``reprefilled_tokens``:
         context at the resume minus what was restored); requests cancelled; RENEWs applied and
-        ignored (for a request no longer served here)."""
-        restores = self.connector.restores if self.connector is not None else {}
+        ignored (for a request no longer served here); registrations after a fencing (relinked)."""
+        restores = {
+            **self._earlier_restores,
+            **(self.connector.restores if self.connector is not None else {}),
+        }
         restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
         reprefilled_tokens = sum(
             context - (restores[key].restored_tokens if key in restores else 0)
@@ -642,6 +664,7 @@ class Worker:
             "cancelled": self.counters["cancelled"],
             "renewed": self.counters["renewed"],
             "renews_ignored": self.counters["renews_ignored"],
+            "relinked": self.counters["relinked"],
             "assist_steps": self._assist_counts()["steps"],
             "proposed_drafts": self._assist_counts()["proposed"],
             "accepted_drafts": self._assist_counts()["accepted"],
@@ -650,7 +673,59 @@ class Worker:
         }
 
     def run(self) -> int:
-        """Serve until ``stop`` (EXIT_OK) or until the lease is lost (EXIT_FENCED)."""
+        """Serve until ``stop`` (EXIT_OK) or until the lease is lost and no registration
+        succeeds within ``holder_linger_s`` (EXIT_FENCED)."""
+        self._serve()
+        while self.fenced.is_set() and not self.drained and self._linger():
+            self._serve()
+        if self.drained and not self.fenced.is_set():
+            try:  # so that a restarted worker may register at once, not a lease later
+                self.client.report_exit(self.config.worker_id, self.client.epoch, "drained")
+            except GatewayError:
+                pass  # its lease runs out instead, with the same outcome
+        return EXIT_FENCED if self.fenced.is_set() else EXIT_OK
+
+    def _linger(self) -> bool:
+        """Fenced: drop what was served here (the gateway moves it; outputs from here would be
+        stale) without releasing its checkpoints, keep the holder up and register again every
+        heartbeat period until ``holder_linger_s`` has passed. True: registered again."""
+        deadline_s = time.monotonic() + self.config.holder_linger_s
+        if self.config.holder_linger_s <= 0:
+            return False
+        self._abandon()
+        period_s = max(0.05, self.client.heartbeat_s)
+        while not self.stopping.is_set():
+            try:
+                self._register()
+            except GatewayError:  # unreachable, or refused: again until the linger ends
+                if time.monotonic() + period_s >= deadline_s or self.stopping.wait(period_s):
+                    return False
+                continue
+            self.fenced.clear()
+            self.counters["relinked"] += 1
+            return True
+        return False
+
+    def _abandon(self) -> None:
+        """Stop serving the fenced epoch: heartbeats, assisting, queued directives and every
+        request, whose streams are closed unreleased (the holders' copies are the gateway's to
+        restore from); a fresh engine serves the next epoch."""
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+        self._stop_assistant()
+        if self.assisted is not None:
+            self.assisted.close()
+            self.assisted = None
+        while not self.directives.empty():
+            self.directives.get_nowait()
+        self.served.clear()
+        if self.engine is not None:
+            assert self.connector is not None
+            self._earlier_restores.update(self.connector.restores)
+            self.connector.close()
+            self._build_engine()
+
+    def _serve(self) -> None:
         while not self.stopping.is_set() and not self.fenced.is_set():
             if self.engine is None and self.loaded.is_set():
                 if self.load_error is not None:
@@ -674,12 +749,6 @@ class Worker:
             stepping = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
             if stepping and self.client.lease_valid():
                 self._step()
-        if self.drained and not self.fenced.is_set():
-            try:  # so that a restarted worker may register at once, not a lease later
-                self.client.report_exit(self.config.worker_id, self.client.epoch, "drained")
-            except GatewayError:
-                pass  # its lease runs out instead, with the same outcome
-        return EXIT_FENCED if self.fenced.is_set() else EXIT_OK
 
     def stop(self) -> None:
         self.stopping.set()
