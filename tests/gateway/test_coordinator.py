@@ -488,6 +488,50 @@ def test_cancel_stops_the_request_on_its_worker_and_releases_its_checkpoints():
     assert all(coordinator.take_directives(worker_id) == [] for worker_id in range(3))
 
 
+def test_a_workers_error_ends_the_request_as_lost_and_releases_its_checkpoints():
+    coordinator = cluster(3, policy="FC")
+    admission = coordinator.admit(0.0, [1, 2], 8)
+    rid, w = admission.request_id, admission.worker_id
+    holder_ids = coordinator.monitor.request(rid).holder_ids
+    assert holder_ids
+    for worker_id in range(3):
+        coordinator.take_directives(worker_id)
+    with pytest.raises(TypeError, match="error must be a str, got bytes"):
+        coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5], error=b"refused")
+    coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5, 6], error="the server answered 400:\nno room")
+    assert coordinator.tokens(rid) == ((5, 6), True, True)  # the tokens sent with it are kept
+    assert coordinator.lost_reason(rid) == "worker 0 refused it: the server answered 400:?no room"
+    assert not coordinator.monitor.has_request(rid)
+    for holder_id in holder_ids:
+        assert coordinator.take_directives(holder_id) == [Release(rid, 1, "finished")]
+    assert coordinator.take_directives(w) == []  # it refused the request: nothing to cancel
+    # An ended request stays as it ended: a later error changes nothing.
+    done = coordinator.admit(0.2, [1], 2, worker_id=w).request_id
+    coordinator.report_tokens(0.3, w, 1, done, 1, 0, [7, 8], finished=True)
+    coordinator.report_tokens(0.3, w, 1, done, 1, 2, [], error="late")
+    assert (coordinator.tokens(done), coordinator.lost_reason(done)) == (((7, 8), True, False), "")
+    # The error is kept bounded: a hostile worker cannot make the gateway hold (or stream) more.
+    long = coordinator.admit(0.4, [1], 2, worker_id=w).request_id
+    coordinator.report_tokens(0.5, w, 1, long, 1, 0, [], error="\x1b" + "x" * 5000)
+    assert coordinator.lost_reason(long) == "worker 0 refused it: ?" + "x" * 511
+
+
+def test_an_error_from_a_stale_or_fenced_epoch_is_refused_and_the_request_goes_on():
+    coordinator = cluster(3, policy="FC")
+    admission = coordinator.admit(0.0, [1, 2], 8)
+    rid, old = admission.request_id, admission.worker_id
+    coordinator.report_tokens(0.1, old, 1, rid, 1, 0, [5])
+    new = coordinator.move(0.2, rid, "rebalance").route.target_worker_id
+    assert new != old and coordinator.request_worker(rid) == (new, 2)
+    with pytest.raises(StaleEpochError, match=f"request {rid} epoch 1 on worker {old} is stale"):
+        coordinator.report_tokens(0.3, old, 1, rid, 1, 1, [], error="refused")
+    with pytest.raises(StaleEpochError, match=f"worker {new} epoch 7 is fenced"):
+        coordinator.report_tokens(0.3, new, 7, rid, 2, 1, [], error="refused")
+    assert coordinator.tokens(rid) == ((5,), False, False)
+    assert coordinator.report_tokens(0.4, new, 1, rid, 2, 1, [6], finished=True).num_new == 1
+    assert coordinator.tokens(rid) == ((5, 6), True, False) and coordinator.lost_reason(rid) == ""
+
+
 def test_a_request_keeps_its_sampling_when_it_is_moved():
     coordinator = cluster(3, policy="S&R")
     sampling = Sampling(0.8, 12345)

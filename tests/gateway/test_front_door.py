@@ -181,12 +181,14 @@ def test_no_worker_is_503(open_door: Callable[..., FrontDoor]) -> None:
 
 class _PlayedWorker:
     """Worker 0 of the gateway, played in this thread: it takes each RUN and reports
-    ``output`` as the request's tokens, ``step`` tokens at a time."""
+    ``output`` as the request's tokens, ``step`` tokens at a time (or, given an ``error``,
+    refuses the request with it)."""
 
-    def __init__(self, gateway: GatewayServer, output: bytes, step: int = 2) -> None:
+    def __init__(self, gateway: GatewayServer, output: bytes, step: int = 2, error: str = "") -> None:
         self.gateway = gateway
         self.output = list(output)
         self.step = step
+        self.error = error
         self.cancelled: list[int] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -204,6 +206,11 @@ class _PlayedWorker:
                         served.pop(directive.request_id, None)
                         self.cancelled.append(directive.request_id)
                 for request_id, (epoch, position, limit) in list(served.items()):
+                    if self.error:
+                        now_s = self.gateway.now_s()
+                        coordinator.report_tokens(now_s, 0, 1, request_id, epoch, 0, [], error=self.error)
+                        del served[request_id]
+                        continue
                     end = min(position + self.step, limit)
                     tokens = self.output[position:end]
                     coordinator.report_tokens(
@@ -239,6 +246,30 @@ def test_text_completion_ends_at_a_stop_and_the_request_is_cancelled(
             time.sleep(0.01)
     finally:
         worker.close()
+
+
+def test_a_request_its_worker_refuses_is_an_error_naming_the_worker_and_its_message(
+    open_door: Callable[..., FrontDoor],
+) -> None:
+    door = open_door(workers=1)
+    worker = _PlayedWorker(door.gateway, b"", error="the server answered 400: prompt too long")
+    reason = r"request (\d+) lost: worker 0 refused it: the server answered 400: prompt too long"
+    headers = {"Authorization": f"Bearer {KEY}"}
+    try:
+        response = _post(door, "/completions", {**PROMPT, "max_tokens": 8})
+        assert response.status_code == 503
+        error = response.json()["error"]
+        assert re.fullmatch(reason, error["message"]) and error["code"] == "service_unavailable"
+        body = {**PROMPT, "max_tokens": 8, "stream": True}
+        with httpx.stream(
+            "POST", f"{door.url}/completions", json=body, headers=headers, timeout=10.0
+        ) as events:
+            data = [json.loads(line[6:]) for line in events.iter_lines() if line.startswith("data: ")]
+        (event,) = data  # no token came before it, and no [DONE] after it
+        assert re.fullmatch(reason, event["error"]["message"])
+    finally:
+        worker.close()
+    assert worker.cancelled == []  # it ended where it was refused: nothing to cancel
 
 
 def test_chat_streams_a_role_then_content_then_usage(

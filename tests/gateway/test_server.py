@@ -353,6 +353,37 @@ def test_a_request_whose_last_worker_dies_is_parked_then_ends_with_the_bound_nam
         next(stream)
 
 
+def test_a_request_its_worker_refuses_ends_the_clients_streams_with_the_error(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="FC"))
+    workers = register_workers(server, connect, 2)
+    client = connect(server)
+    stream = client.submit([1, 2], 4, timeout_s=30.0)
+    request_id = next(stream).request_id
+    serving_id, epoch = server.coordinator.request_worker(request_id)
+    worker = workers[serving_id]
+    worker.report_tokens(request_id, epoch, 0, [6])
+    assert next(stream).token_ids == (6,)
+    with server.condition:
+        (holder_id,) = server.coordinator.monitor.request(request_id).holder_ids
+    # A stale epoch's error is refused in its ack; the request goes on.
+    with pytest.raises(StaleEpochError, match=f"request {request_id} epoch {epoch + 1} on worker"):
+        worker.report_tokens(request_id, epoch + 1, 1, [], error="refused")
+    assert server.coordinator.tokens(request_id) == ((6,), False, False)
+    error = "the server answered 400: " + "prompt too long\n" * 40  # cut by the client to 512
+    worker.report_tokens(request_id, epoch, 1, [], error=error)
+    reason = (
+        rf"UNAVAILABLE: request {request_id} lost: worker {serving_id} refused it: the server answered 400: "
+    )
+    for tokens in (stream, client.watch(request_id, 1, timeout_s=30.0)):  # the one waiting, a new one
+        with pytest.raises(GatewayError, match=reason + r"(prompt too long\?)+") as ended:
+            next(tokens)
+        assert (
+            len(ended.value.details)
+            == len(f"request {request_id} lost: worker {serving_id} refused it: ") + 512
+        )
+    assert [d.request_id for d in directives_of(workers[holder_id], Release)] == [request_id]
+
+
 def test_parse_address():
     from lumen_core.gateway.protocol import parse_address
 

@@ -23,8 +23,10 @@ import grpc
 import pytest
 
 from lumen_core.cli import main
+from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
+from lumen_core.gateway.errors import GatewayError
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.worker.agent import (
@@ -238,11 +240,27 @@ def test_a_started_server_dies_with_its_agent() -> None:
 
 
 class _ServerEndpoints(BaseHTTPRequestHandler):
-    """What the agent polls on a vLLM server: ``/health`` (200) and ``/metrics`` (no load)."""
+    """What the agent polls on a vLLM server: ``/health`` (200) and ``/metrics`` (no load);
+    ``/v1/completions`` answers the HTTP status a request's first prompt token names, with
+    an error body in vLLM's shape (tests/vllm/test_refusal.py has vLLM's own refusal)."""
 
     def do_GET(self) -> None:
         body = b"vllm:num_requests_running 0.0\n" if self.path == "/metrics" else b""
-        self.send_response(200)
+        self._answer(200, body)
+
+    def do_POST(self) -> None:
+        request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        status = request["prompt"][0]
+        error = {
+            "message": f"stand-in error {status}",
+            "type": "BadRequestError",
+            "param": None,
+            "code": status,
+        }
+        self._answer(status, json.dumps({"error": error}).encode())
+
+    def _answer(self, status: int, body: bytes) -> None:
+        self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -308,4 +326,47 @@ def test_close_waits_for_the_supervisors_exit_report_so_the_gateway_gets_it(
     finally:
         if agent is not None and closing is None:  # not closed by the test's thread
             agent.close()
+        gateway.stop(grace_s=0.1)
+
+
+def test_a_request_the_server_refuses_ends_at_its_client_and_a_server_error_is_left_to_failover(
+    tmp_path: Path, secret: bytes, secret_file: Path, ucx_module: None, server: ThreadingHTTPServer
+) -> None:
+    """A 4xx is the server's word on the request: reported, it ends at the client. A 5xx (or a
+    broken connection) is the server's own failure: not reported, so the request waits for
+    the supervisor's exit report and the failover that resumes it elsewhere."""
+    model = _model(tmp_path, num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
+    gateway = GatewayServer(GatewayConfig(policy="FC"), secret, port=0).start()
+    client = GatewayClient(gateway.address, secret)
+    agent: Agent | None = None
+    try:
+        config = AgentConfig(
+            worker_id=0,
+            gateway=gateway.address,
+            secret_file=str(secret_file),
+            model=str(model),
+            workdir=str(tmp_path),
+            server_url=f"http://127.0.0.1:{server.server_address[1]}",
+            tls="tcp",
+        )
+        agent = Agent(config).start()
+        refused = (
+            r"UNAVAILABLE: request 1 lost: worker 0 refused it: the server answered 400: .*stand-in error 400"
+        )
+        with pytest.raises(GatewayError, match=refused):
+            list(client.submit([400, 1, 2], 4, timeout_s=20.0))
+        broken = client.submit([500, 1, 2], 4, timeout_s=20.0)
+        request_id = next(broken).request_id
+        deadline = time.monotonic() + 10.0
+        while agent.stats()["upstream_errors"] < 2:
+            assert time.monotonic() < deadline, agent.stats()
+            time.sleep(0.01)
+        assert agent.stats()["upstream_refused"] == 1
+        with gateway.condition:
+            assert gateway.coordinator.tokens(request_id) == ((), False, False)  # still running
+        broken.close()
+    finally:
+        if agent is not None:
+            agent.close()
+        client.close()
         gateway.stop(grace_s=0.1)

@@ -44,6 +44,7 @@ from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.inbox import DirectiveHandler, DirectiveInbox
 from lumen_core.gateway.protocol import (
     CLUSTER_SIGNED,
+    bound_error,
     delivery_from_pb,
     held_to_pb,
     method,
@@ -143,13 +144,15 @@ class HeartbeatResult:
 
 @dataclass(frozen=True)
 class RequestTokens:
-    """Output tokens of one request at ``start_position``, as a worker reports them."""
+    """Output tokens of one request at ``start_position``, as a worker reports them.
+    ``error``: the worker refused the request (it ends at its client with this text)."""
 
     request_id: int
     epoch: int
     start_position: int
     token_ids: tuple[int, ...]
     finished: bool = False
+    error: str = ""
 
 
 @dataclass(frozen=True)
@@ -468,11 +471,13 @@ class GatewayClient:
         token_ids: Sequence[int],
         *,
         finished: bool = False,
+        error: str = "",
     ) -> ReportAck:
-        """Report one request's output tokens; raises what the gateway refused it with
-        (StaleEpochError for a fenced worker or request epoch, GatewayError otherwise)."""
+        """Report one request's output tokens (or, with ``error``, that this worker refused
+        it); raises what the gateway refused the report with (StaleEpochError for a fenced
+        worker or request epoch, GatewayError otherwise)."""
         (ack,) = self.report_tokens_batch(
-            [RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished)]
+            [RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished, error)]
         )
         if ack.code != grpc.StatusCode.OK.value[0]:
             code = next(c for c in grpc.StatusCode if c.value[0] == ack.code)
@@ -485,7 +490,8 @@ class GatewayClient:
         """Report the tokens of many requests in one call (one per engine step). A request the
         gateway refuses gets an ack with a non-zero ``code``; the others are accepted. Not
         sent (FencedError) once this client knows its lease is lost; StaleEpochError when the
-        gateway has fenced this worker epoch."""
+        gateway has fenced this worker epoch. Errors are sent as ``protocol.bound_error``
+        cuts them (the gateway keeps no more)."""
         credential = self._worker_credential("ReportTokens")
         if not self.lease_valid():
             raise FencedError(
@@ -503,6 +509,7 @@ class GatewayClient:
                         start_position=r.start_position,
                         token_ids=list(r.token_ids),
                         finished=r.finished,
+                        error=bound_error(r.error),
                     )
                     for r in reports
                 ],

@@ -54,6 +54,7 @@ from lumen_core.gateway.directives import (
 )
 from lumen_core.gateway.errors import StaleEpochError
 from lumen_core.gateway.outbox import DirectiveOutbox
+from lumen_core.gateway.protocol import bound_error
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import GainFn
@@ -1038,11 +1039,16 @@ class Coordinator:
         token_ids: Sequence[int],
         *,
         finished: bool = False,
+        error: str = "",
     ) -> TokenAck:
         """Output tokens ``token_ids`` at positions ``start_position...`` of a request from
         the worker serving it at ``epoch``. Positions already known are dropped (a duplicate
         that differs is counted as a conflict; the first report wins, the client has it);
-        a gap is refused. ``finished`` ends the request and releases its checkpoints."""
+        a gap is refused. ``finished`` ends the request and releases its checkpoints. A
+        non-empty ``error`` (the worker refused the request) ends it as lost instead, its
+        reason naming the worker and the error (``protocol.bound_error``), and releases its
+        checkpoints; a request that had ended already stays as it was."""
+        error = bound_error(error)
         self.check_worker_epoch(worker_id, worker_epoch)
         request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
@@ -1071,7 +1077,11 @@ class Coordinator:
             if not math.isnan(request.interrupted_at_s) and math.isnan(request.replay_token_s):
                 request.replay_token_s = now_s
             request.tokens.extend(new)
-        if finished and not request.finished:
+        if error and not request.finished:
+            request.lost = True
+            request.lost_reason = f"worker {worker_id} refused it: {error}"
+            self.finish_request(now_s, request_id)
+        elif finished and not request.finished:
             self.finish_request(now_s, request_id)
         return TokenAck(len(new), conflicts, len(request.tokens))
 

@@ -60,6 +60,9 @@ MAX_REPORTED_COUNT = 2**53
 MAX_SHARDS = 1024
 MAX_WORKER_ID = 2**31 - 1
 MAX_REQUEST_ID = 2**63 - 1
+# A worker's error for one request reaches its client's stream and the gateway's state: the
+# text is cut to this many characters, its non-printables (newlines, escapes) replaced.
+MAX_ERROR_CHARS = 512
 
 _ACTION_TO_PB = {
     RecoveryAction.RESTORE: pb.RESTORE,
@@ -77,6 +80,14 @@ _STATE_FROM_PB: dict[int, WorkerState] = {int(v): k for k, v in _STATE_TO_PB.ite
 def method(name: str) -> str:
     """The full gRPC method name of a Gateway RPC (what call authentication signs)."""
     return f"/{SERVICE}/{name}"
+
+
+def bound_error(error: str) -> str:
+    """``error`` as it is sent and kept: its first ``MAX_ERROR_CHARS`` characters, each
+    non-printable one as "?". Raises TypeError for a non-str."""
+    if not isinstance(error, str):
+        raise TypeError(f"error must be a str, got {type(error).__name__}")
+    return "".join(c if c.isprintable() else "?" for c in error[:MAX_ERROR_CHARS])
 
 
 def parse_address(address: str) -> tuple[str, int]:

@@ -229,6 +229,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                         entry.start_position,
                         list(entry.token_ids),
                         finished=entry.finished,
+                        error=entry.error,
                     )
                 except (StaleEpochError, IndexError, TypeError, ValueError) as exc:
                     if isinstance(exc, StaleEpochError):  # not this worker's at this epoch

@@ -5,7 +5,8 @@ heartbeats with the server's load (running and waiting requests from vLLM's ``/m
 and applies the gateway's directives. It serves the node's ``HolderStore`` on the transport
 (other servers' requests checkpoint into it; HOLD reserves room, RELEASE drops). RUN and
 RESUME become streaming requests to the server's OpenAI endpoint (``upstream``), whose tokens
-it reports by position; CANCEL closes that stream (vLLM aborts the request). It starts the
+it reports by position (a request the server refuses, with the server's error: it ends at its
+client); CANCEL closes that stream (vLLM aborts the request). It starts the
 server (its CPU binding ``VLLM_CPU_OMP_THREADS_BIND`` and KV space ``VLLM_CPU_KVCACHE_SPACE``,
 the connector's ``kv_transfer_config`` with the control socket) or attaches to a running one,
 and reports the server's exit to the gateway at once (``ReportExit``): the gateway fails the
@@ -170,6 +171,7 @@ class _Counters:
     restoring: int = 0
     cancelled: int = 0
     upstream_errors: int = 0
+    upstream_refused: int = 0  # of those, 4xx refusals reported to the gateway (the request ends)
     streams_ignored: int = 0
     renewed: int = 0
     renews_ignored: int = 0
@@ -442,12 +444,19 @@ class Agent:
                 self.counters.tokens += len(piece.token_ids)
                 self._reports.put(RequestTokens(request_id, epoch, piece.start_position, piece.token_ids,
                                                 piece.finished))  # fmt: skip
+                position = piece.start_position + len(piece.token_ids)
         except (UpstreamError, httpx.HTTPError, ValueError) as exc:
-            # A server that died is the supervisor's to report; a refusal is logged (the
-            # front door checked the request, so it should not happen).
             self.counters.upstream_errors += 1
             self.counters.errors.append(f"{request_id}: {exc}"[:300])
             logger.warning("lumen agent: request %d: %s", request_id, exc)
+            if isinstance(exc, UpstreamError) and exc.refused:
+                # The server will not serve it (a 4xx: a prompt past its max_model_len, say):
+                # it ends at its client with the server's message. A server that died or broke
+                # the connection (5xx, httpx errors) is left to the supervisor: its exit report
+                # fails this worker and the gateway resumes the request on another, from the
+                # tokens its client has.
+                self.counters.upstream_refused += 1
+                self._reports.put(RequestTokens(request_id, epoch, position, (), error=str(exc)))
         finally:
             if self._tasks.get(request_id, (None,))[0] == epoch:
                 del self._tasks[request_id]
@@ -536,6 +545,7 @@ class Agent:
             "cancelled": c.cancelled,
             "tokens": c.tokens,
             "upstream_errors": c.upstream_errors,
+            "upstream_refused": c.upstream_refused,
             "streams_ignored": c.streams_ignored,
             "renewed": c.renewed,
             "renews_ignored": c.renews_ignored,

@@ -502,6 +502,23 @@ class Worker:
             self._report([RequestTokens(request_id, directive.epoch, len(outputs), (), True)])
             self.served.pop(request_id)
             return
+        try:  # queued only: its grant and restore source are read when it is first scheduled
+            self.engine.add_request(
+                key,
+                list(directive.prompt_token_ids),
+                SamplingParams(
+                    max_tokens=directive.max_new_tokens,
+                    temperature=directive.sampling.temperature,
+                    seed=directive.sampling.seed,
+                ),
+                output_token_ids=outputs,
+            )
+        except ValueError as exc:
+            # The engine refuses it (a token id past its vocabulary, more tokens than its cache
+            # holds): the request ends at its client with why, rather than crash this worker.
+            self.served.pop(request_id)
+            self._report([RequestTokens(request_id, directive.epoch, len(outputs), (), error=str(exc))])
+            return
         self.connector.grant(key, self._grant(directive.epoch, directive.holders))
         if isinstance(directive, Resume):
             self.counters["resumed"] += 1
@@ -519,16 +536,6 @@ class Worker:
                 self.connector.set_restore_source(key, source)
                 if not local:
                     self.remote_sources.add(key)
-        self.engine.add_request(
-            key,
-            list(directive.prompt_token_ids),
-            SamplingParams(
-                max_tokens=directive.max_new_tokens,
-                temperature=directive.sampling.temperature,
-                seed=directive.sampling.seed,
-            ),
-            output_token_ids=outputs,
-        )
 
     def _stream(self, directive: Stream) -> None:
         """The holders of a request served here changed (the directive names all of them):

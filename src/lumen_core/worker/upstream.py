@@ -28,7 +28,17 @@ __all__ = ["UpstreamError", "UpstreamTokens", "completion_body", "stream_tokens"
 
 
 class UpstreamError(RuntimeError):
-    """The server refused the request or broke its stream off."""
+    """The server refused the request (``status``: the HTTP status it answered) or broke its
+    stream off (``status`` None)."""
+
+    def __init__(self, message: str, *, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def refused(self) -> bool:
+        """A 4xx: the server will not serve this request (a 5xx is the server's own failure)."""
+        return self.status is not None and 400 <= self.status < 500
 
 
 @dataclass(frozen=True)
@@ -112,13 +122,15 @@ async def stream_tokens(
 ) -> AsyncIterator[UpstreamTokens]:
     """POST ``body`` to ``url`` (the server's ``/v1/completions``) and yield its tokens by
     output position as they arrive, the last with ``finished``. Raises UpstreamError for a
-    refusal (the server's error message), an error event, or a stream that ends unfinished;
-    httpx errors when the server cannot be reached or goes away."""
+    refusal (with its ``status`` and the server's error message), an error event, or a
+    stream that ends unfinished; httpx errors when the server cannot be reached or goes away."""
     position = start_position
     async with http.stream("POST", url, json=body) as response:
         if response.status_code != 200:
             detail = (await response.aread()).decode(errors="replace")[:500]
-            raise UpstreamError(f"the server answered {response.status_code}: {detail}")
+            raise UpstreamError(
+                f"the server answered {response.status_code}: {detail}", status=response.status_code
+            )
         async for line in response.aiter_lines():
             if not line.startswith("data: "):
                 continue
