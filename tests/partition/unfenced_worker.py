@@ -34,6 +34,7 @@ def _report_retrying(self: Worker, reports: list[RequestTokens]) -> None:
                 kept.start_position,
                 kept.token_ids + report.token_ids,
                 report.finished,
+                report.error,
             )
         _unsent[report.request_id] = report
         batch.append(report)
