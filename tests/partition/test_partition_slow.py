@@ -137,7 +137,7 @@ def test_partition_gateway_cut_from_everyone_longer_than_lease(
         [("isolate_gateway", LONG, 0.6)],
     )
     assert outcome.restarts == [] and summary(outcome)["restored"] > 0
-    assert all(s["relinked"] == 1 for s in outcome.worker_stats)
+    assert all(s["relinked"] >= 1 for s in outcome.worker_stats)
 
 
 def test_partition_two_faults_rate_cut_and_sigstop(network: netns.Network, tmp_path: Path) -> None:
