@@ -10,6 +10,8 @@ from lumen_core.cli import main
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator
 from lumen_core.gateway.directives import Renew, Resume, Run
+from lumen_core.gateway.renewals import RenewalQueue
+from lumen_core.gateway.reports import HeldReport, RunningReport
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -142,3 +144,71 @@ def test_parked_requests_are_not_renewed_until_a_worker_takes_them(ucx_module):
     resumed = [d for d in coordinator.take_directives(1) if isinstance(d, Resume)]
     assert {d.request_id for d in resumed} == {request_id, parked_now}
     assert renewals(coordinator, 6.9) == {}  # their grants came with the RESUME at 6.0
+
+
+def test_a_pass_looks_only_at_the_requests_due_not_at_the_finished_ones_kept(ucx_module):
+    coordinator = cluster()
+    for _ in range(20_000):  # kept for finished_retention_s, each with its RUN's grant
+        coordinator.finish_request(0.0, coordinator.admit(0.0, [1], 1).request_id)
+    running = {coordinator.admit(0.5, [1] * 10, 50).request_id for _ in range(10)}
+    for worker_id in coordinator.worker_ids():
+        coordinator.take_directives(worker_id)
+    assert coordinator.num_requests == 20_010 and coordinator.num_finished == 20_000
+    queue = coordinator._renewals  # noqa: SLF001 - what a pass pops from
+    assert queue.num_live == 10 and len(queue) <= 2 * 10 + RenewalQueue.SLACK
+    assert renewals(coordinator, 1.25) == {}  # the finished ones' grants are due: none renewed
+    got = renewals(coordinator, 1.5)
+    assert {r.request_id for renews in got.values() for r in renews} == running
+    assert queue.num_live == 10 and len(queue) == 10  # renewed, queued again; nothing stale
+
+
+def test_a_moved_request_is_not_renewed_again_until_due_from_its_resume(ucx_module):
+    coordinator = cluster(4, policy="FC")
+    admission = coordinator.admit(0.0, [1] * 10, 50)
+    rid = admission.request_id
+    coordinator.report_checkpoint(0.5, admission.placement.holder_ids[0], rid, 1, 10)
+    coordinator.move(0.75, rid, "rebalance")
+    target, epoch = coordinator.request_worker(rid)
+    assert target != admission.worker_id and epoch == 2
+    assert renewals(coordinator, 1.5) == {}  # the RUN's grant (0.0) is due, but was superseded
+    assert renewals(coordinator, 1.74) == {}
+    got = renewals(coordinator, 1.75)
+    assert list(got) == [target] and [(r.request_id, r.epoch) for r in got[target]] == [(rid, 2)]
+
+
+def test_an_unparked_request_is_renewed_once_due_from_its_resume(ucx_module):
+    config = GatewayConfig(policy="FC", lease_s=3.0, heartbeat_s=0.5, capability_ttl_s=TTL_S)
+    coordinator = Coordinator(config, SECRET)
+    for worker_id in range(3):
+        coordinator.register(0.0, worker_id, budget_bytes=64 * GIB, holder_address=f"h{worker_id}")
+    admission = coordinator.admit(0.0, [1, 2, 3], 400, worker_id=0)
+    rid, (holder,) = admission.request_id, admission.placement.holder_ids
+    coordinator.report_checkpoint(0.5, holder, rid, 1, 3)
+    coordinator.fail(0.75, [0, 1, 2], cause="lease expired")  # parked, its RUN's grant queued
+    assert renewals(coordinator, 5.0) == {}  # due, but parked: it leaves the queue
+    other = ({1, 2} - {holder}).pop()
+    coordinator.register(6.0, other, budget_bytes=64 * GIB, holder_address=f"h{other}", last_epoch=1)
+    assert coordinator.request_worker(rid) == (0, 1)  # waiting for its holder to come back
+    held = (HeldReport(rid, 1, 3),)
+    coordinator.register(
+        6.25, holder, budget_bytes=64 * GIB, holder_address=f"h{holder}", last_epoch=1, held=held
+    )
+    assert coordinator.request_worker(rid) == (holder, 2)  # restored where its copy is
+    (resume,) = [d for d in coordinator.take_directives(holder) if isinstance(d, Resume)]
+    assert [g.worker_id for g in resume.holders] == [other]
+    assert renewals(coordinator, 7.0) == {}
+    got = renewals(coordinator, 7.25)
+    assert list(got) == [holder] and [(r.request_id, r.epoch) for r in got[holder]] == [(rid, 2)]
+
+
+def test_an_adopted_request_without_a_holder_yet_is_renewed_once_its_holder_registers(ucx_module):
+    """After a gateway restart: a pass before the holder is back skips the request, and keeps it."""
+    coordinator = Coordinator(GatewayConfig(policy="FC", heartbeat_s=0.5, capability_ttl_s=TTL_S), SECRET)
+    running = (RunningReport(7, 3, (1,) * 12, (4, 4), 8, 8),)
+    coordinator.register(0.0, 0, budget_bytes=64 * GIB, holder_address="h0", last_epoch=1, running=running)
+    assert renewals(coordinator, 0.25) == {}  # due (signed before the restart), but no holder
+    held = (HeldReport(7, 3, 12),)
+    coordinator.register(0.5, 1, budget_bytes=64 * GIB, holder_address="h1", last_epoch=1, held=held)
+    got = renewals(coordinator, 0.75)
+    assert list(got) == [0] and [(r.request_id, r.epoch) for r in got[0]] == [(7, 3)]
+    assert [g.worker_id for g in got[0][0].holders] == [1]

@@ -55,6 +55,7 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.errors import StaleEpochError
 from lumen_core.gateway.outbox import DirectiveOutbox
 from lumen_core.gateway.protocol import bound_error
+from lumen_core.gateway.renewals import RenewalQueue
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.metrics import RequestRecords, acceptance_rate, checkpoint_coverage, holder_balance_ratio
 from lumen_core.policy.assist import GainFn
@@ -211,8 +212,9 @@ class _Request:
     worker_id: int
     epoch: int
     arrival_s: float
-    granted_s: float  # when the serving worker's capabilities were last issued (-inf: unknown)
     tokens: list[int] = field(default_factory=list)
+    # When the serving worker's capabilities were last issued (-inf: unknown; inf: none yet).
+    granted_s: float = math.inf
     sampling: Sampling = GREEDY
     finished: bool = False
     lost: bool = False
@@ -286,6 +288,7 @@ class Coordinator:
         self._last_interrupted: list[int] = []
         self._drains: dict[int, _Drain] = {}  # by worker id: the drain of its current incarnation
         self._num_parked_total = 0
+        self._renewals = RenewalQueue()  # the unfinished requests granted capabilities, by when
 
     @property
     def issuer_public_key(self) -> bytes:
@@ -355,6 +358,11 @@ class Coordinator:
 
     def _grants(self, request: _Request, holder_ids: Sequence[int]) -> tuple[HolderGrant, ...]:
         return tuple(self._grant(h, request) for h in holder_ids)
+
+    def _granted(self, request: _Request, granted_s: float) -> None:
+        """The serving worker got the request's capabilities at ``granted_s``: renewed from then."""
+        request.granted_s = granted_s
+        self._renewals.push(request.request_id, granted_s)
 
     # ---- workers -----------------------------------------------------------------------------
     def register(
@@ -433,10 +441,10 @@ class Coordinator:
             worker_id,
             report.epoch,
             now_s,
-            -math.inf,  # signed by the gateway before the restart, when is unknown: renew soon
             list(_check_tokens("output_token_ids", report.output_token_ids)),
         )
         self._requests[request_id] = request
+        self._granted(request, -math.inf)  # signed before the gateway restarted, when is unknown: renew soon
         self._next_request_id = max(self._next_request_id, request_id + 1)
         self.driver.apply(
             RequestAdmitted(now_s, request_id, worker_id, len(prompt), report.expected_output_tokens)
@@ -567,7 +575,7 @@ class Coordinator:
         if not decision.new_holder_ids:
             return
         self._hold(request, decision.new_holder_ids, decision.reserved_bytes, decision.reason)
-        request.granted_s = now_s
+        self._granted(request, now_s)
         self._send(
             request.worker_id,
             Stream(
@@ -836,7 +844,7 @@ class Coordinator:
             self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
         request.epoch += 1
         request.worker_id = decision.target_worker_id
-        request.granted_s = now_s
+        self._granted(request, now_s)
         request.interrupted_at_s = now_s
         request.replay_token_s = math.nan
         if reroute.placement is not None:
@@ -988,9 +996,10 @@ class Coordinator:
         self._next_request_id = max(self._next_request_id, request_id + 1)
         plan = self.driver.admit(now_s, request_id, worker_id, len(prompt), expected)
         request = _Request(
-            request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s, now_s, sampling=sampling
+            request_id, prompt, max_new_tokens, expected, worker_id, 1, now_s, sampling=sampling
         )
         self._requests[request_id] = request
+        self._granted(request, now_s)
         placement = plan.placement
         self._hold(request, placement.new_holder_ids, placement.reserved_bytes, placement.reason)
         self._send(
@@ -1023,7 +1032,7 @@ class Coordinator:
             raise NoWorkerError(f"no worker is serving and max_parked {self.config.max_parked} reached")
         self._next_request_id = max(self._next_request_id, request_id + 1)
         self._requests[request_id] = _Request(
-            request_id, prompt, max_new_tokens, expected, -1, 1, now_s, math.inf, sampling=sampling
+            request_id, prompt, max_new_tokens, expected, -1, 1, now_s, sampling=sampling
         )  # granted nothing until ``unpark`` moves it
         self._num_parked_total += 1
         return plan
@@ -1110,23 +1119,29 @@ class Coordinator:
         ``capability_renew_share`` of their lifetime since they were issued: fresh ones for
         each of its holders at the same epoch. Requests finished, parked, without a holder or on
         a failed worker are skipped (a moved request's grants are as new as its RESUME). Returns
-        how many were renewed (the gateway's reaper calls it with the lease checks)."""
+        how many were renewed (the gateway's reaper calls it with the lease checks).
+
+        Only the requests due are looked at, not every request kept: each grant queues its
+        request by when it was issued (``gateway.renewals``), so a pass costs O((d + s) log n)
+        for d requests due and s stale entries popped (grants superseded, requests ended; each
+        entry is popped once), with n <= 2 x the unfinished requests + ``RenewalQueue.SLACK``,
+        whatever the finished requests kept. A parked request leaves the queue (only its
+        unpark's RESUME grants it again, and queues it); one due without a holder or on a failed
+        worker stays queued, due, as it stayed due before (a holder may come without a grant: a
+        restarted gateway adopting a held copy)."""
         due_s = now_s - self.config.capability_renew_share * self.config.capability_ttl_s
         renewed = 0
-        for request in self._requests.values():
-            # Parked requests are not in the monitor: their grants come with the unpark's RESUME.
-            if (
-                request.finished
-                or request.granted_s > due_s
-                or not self.monitor.has_request(request.request_id)
-            ):
+        for request_id in self._renewals.pop_due(due_s):
+            request = self._requests[request_id]  # queued requests are unfinished, so kept
+            if not self.monitor.has_request(request_id):  # parked: the monitor forgot it
                 continue
-            holder_ids = self.monitor.request(request.request_id).holder_ids
+            holder_ids = self.monitor.request(request_id).holder_ids
             if not holder_ids or self._workers[request.worker_id].state == WorkerState.FAILED:
+                self._renewals.push(request_id, request.granted_s)
                 continue
-            request.granted_s = now_s
+            self._granted(request, now_s)
             grants = self._grants(request, holder_ids)
-            self._send(request.worker_id, Renew(request.request_id, request.epoch, grants, "before expiry"))
+            self._send(request.worker_id, Renew(request_id, request.epoch, grants, "before expiry"))
             renewed += 1
         return renewed
 
@@ -1148,6 +1163,7 @@ class Coordinator:
         """A request's own accounting at its end (finished or lost)."""
         request.finished = True
         request.finish_s = now_s
+        self._renewals.discard(request.request_id)
         if not math.isnan(request.interrupted_at_s) and math.isnan(request.replay_token_s):
             request.replay_token_s = now_s
 
