@@ -63,7 +63,8 @@ def test_stats_release_and_flush_over_the_control_socket(
     assert flushed == [{"flushed": True, "durable_lag_tokens": 0}]
 
     with pytest.raises(
-        ControlError, match=r"`command` must be one of 'stats', 'release', 'renew', 'flush', got 'drop'"
+        ControlError,
+        match=r"`command` must be one of 'stats', 'release', 'renew', 'flush', 'abandon', got 'drop'",
     ):
         ask(sock, "drop")
     with pytest.raises(ControlError, match=r"`wait_s` must be a number in \[0, 30.0\], got 60"):
