@@ -442,10 +442,13 @@ def test_a_fenced_agent_keeps_its_holder_and_registers_again_with_what_it_holds(
     gateway = GatewayServer(LINGER_CONFIG, secret, host="127.0.0.1", port=0, issuer=issuer).start()
     port = int(gateway.address.rsplit(":", 1)[1])
     commands: list[tuple[str, bool]] = []  # what the connector heard, and whether relays were closed yet
+
+    def handle(request: dict) -> dict:  # the connector's control channel (no vLLM here)
+        commands.append((request["command"], server.hung_up.is_set()))
+        return {"streaming": 1}
+
     config = _agent_config(tmp_path, secret_file, gateway.address, server, linger_s=30.0)
-    connector = ControlServer(
-        config.socket_path, lambda r: commands.append((r["command"], server.hung_up.is_set())) or {}
-    )
+    connector = ControlServer(config.socket_path, handle)
     submitter = GatewayClient(gateway.address, secret)
     peer = ConnectorCore(secret, "model", tls="tcp")  # another server's, streaming into this holder
     peer.register(make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, seed=0))
