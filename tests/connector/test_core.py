@@ -198,6 +198,25 @@ def test_preemption_keeps_the_checkpoint_and_later_saves_continue_it(secret: byt
     core.close()
 
 
+def test_an_abandoned_request_keeps_its_checkpoint_and_the_next_one_streams_anew(
+    secret: bytes, holder: Holder
+) -> None:
+    """A fenced worker's requests: streaming stops, the holder keeps what it holds (a release
+    would drop it), and a request begun after that streams on a fresh streamer."""
+    core = core_for(secret, seed=0)
+    key = stream(core, secret, holder, "r", [0, 1, 2])
+    assert core.abandon() == 1
+    assert core.streamer is None and not core.is_streaming("r")
+    assert core.save_step([StepTokens("r", NUM_TOKENS, slots([3], 1), tokens(1))]) == 0  # ignored
+    assert core.finish("r")  # the engine aborts it: nothing left to release
+    assert core.counters["released"] == 0 and core.counters["abandoned"] == 1
+    time.sleep(0.2)  # a release would have reached the holder by now
+    assert holder.durable(key, epoch=0) == NUM_TOKENS
+    again = stream(core, secret, holder, "s", [4, 5, 6])
+    assert core.durable_tokens() == {"s": NUM_TOKENS} and holder.durable(again) == NUM_TOKENS
+    core.close()
+
+
 def test_a_lookup_never_blocks_the_caller(secret: bytes, holder: Holder) -> None:
     # A TCP listener that never speaks: connecting to it stalls until the connect timeout.
     with socket.socket() as silent:

@@ -1,6 +1,7 @@
 """``WorkerSide`` on a real holder, without an engine: a resumed request whose checkpoint is a
 token ahead of what the client saw recomputes that token (its record may differ in the last
-bits), and its checkpoint at the new epoch goes on without a conflict."""
+bits), and its checkpoint at the new epoch goes on without a conflict; an abandoned request
+(its agent fenced) keeps its checkpoint when vLLM aborts it."""
 
 from __future__ import annotations
 
@@ -98,3 +99,46 @@ def test_a_resumed_request_recomputing_a_durable_token_keeps_streaming(
         client.close()
         worker.close()
     assert server.ask("stats")["store"]["conflicts"] == 0
+
+
+def test_an_abandoned_request_keeps_its_checkpoint_when_vllm_aborts_it(
+    holder: Callable[..., Any],
+    secret: bytes,
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
+) -> None:
+    """A fenced agent sends control ``abandon`` and then closes its streams: the aborted
+    request finishes (its blocks free) without a release, so the holder keeps its checkpoint
+    for the gateway; a request opened in the abandon's step streams as usual."""
+    server = holder()
+    address = ("127.0.0.1", server.port)
+    config = ConnectorConfig.from_extra_config(
+        {**transfer_config(secret_file, issuer_key_file, server.port)["kv_connector_extra_config"],
+         "model_fingerprint": "model-fp"}
+    )  # fmt: skip
+    worker = WorkerSide(config, "model-fp", 0)
+    worker.register(_layout())
+
+    def opened(request_id: str, first_slot: int) -> tuple[OpenSpec, SaveSpec]:
+        key = request_key(request_id)
+        spec = OpenSpec(f"vllm-{request_id}", request_id, key, (address,),
+                        (issuer.issue(key, 0, 0, holder_id=0),), 0, 8)  # fmt: skip
+        return spec, SaveSpec(spec.req_id, 0, list(range(first_slot, first_slot + 8)), list(range(1, 9)))
+
+    fenced, fenced_save = opened("fenced", 0)
+    worker.start_step(LumenMetadata(opens=[fenced]))
+    worker.save_step(LumenMetadata(saves=[fenced_save]))
+    client = Client("127.0.0.1", server.port, secret, tls="tcp")
+    try:
+        assert _wait_until(lambda: durable_tokens(client, issuer, "fenced") == 8)
+        later, later_save = opened("later", BLOCK_SIZE)
+        worker.start_step(LumenMetadata(opens=[later], abandon=True))
+        worker.save_step(LumenMetadata(saves=[fenced_save, later_save]))
+        assert worker.finished({"vllm-fenced"}) == {"vllm-fenced"}  # vLLM aborted it: blocks free
+        assert _wait_until(lambda: durable_tokens(client, issuer, "later") == 8)
+        assert durable_tokens(client, issuer, "fenced") == 8  # kept: not released
+        assert worker.counters["abandoned"] == 1 and worker.counters["released"] == 0
+    finally:
+        client.close()
+        worker.close()

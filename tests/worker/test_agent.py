@@ -1,8 +1,9 @@
 """The agent's pieces that need no vLLM: the request body a RUN or RESUME becomes, the
 server's load read from its metrics, the KV record size of a model, the vLLM demo's token
 counts, the checks of ``AgentConfig`` and ``lumen agent``, how a server is started (beside
-gRPC channels, dying with the agent), and the exit report of an agent attached to a plain
-HTTP server standing in for vLLM's (``/health``, ``/metrics``)."""
+gRPC channels, dying with the agent), and, attached to a plain HTTP server standing in for
+vLLM's (``/health``, ``/metrics``, ``/v1/completions``), the exit report and a fenced agent's
+linger (its holder kept up, registered again with the next gateway)."""
 
 from __future__ import annotations
 
@@ -22,14 +23,19 @@ from pathlib import Path
 import grpc
 import pytest
 
+from lumen_core.auth import CapabilityIssuer
 from lumen_core.cli import main
+from lumen_core.connector import ConnectorCore, StepTokens, StreamGrant
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import HolderGrant, Resume, Run, Sampling
 from lumen_core.gateway.errors import GatewayError
 from lumen_core.gateway.server import GatewayServer
+from lumen_core.integrations.vllm.control import ControlServer
 from lumen_core.policy.events import RecoveryAction
+from lumen_core.testing import make_paged_cache
 from lumen_core.worker.agent import (
+    EXIT_FENCED,
     EXIT_SERVER_EXITED,
     Agent,
     AgentConfig,
@@ -135,6 +141,8 @@ def test_record_bytes_follow_the_models_attention_shape(tmp_path: Path) -> None:
         ({"port": 70000}, r"`port` must be in \[0, 65535\], got 70000"),
         ({"kv_space_gib": 0}, "`kv_space_gib` must be a number > 0, got 0"),
         ({"budget_bytes": -1}, "`budget_bytes` must be >= 0, got -1"),
+        ({"holder_linger_s": -1}, "`holder_linger_s` must be a finite number >= 0, got -1"),
+        ({"holder_linger_s": float("inf")}, "`holder_linger_s` must be a finite number >= 0, got inf"),
         ({"server_url": "http://h:1", "server_args": ("--x",)}, "`server_args` must be empty when attaching"),
     ],
 )
@@ -239,10 +247,21 @@ def test_a_started_server_dies_with_its_agent() -> None:
             os.kill(server_pid, signal.SIGKILL)
 
 
+class _StandIn(ThreadingHTTPServer):
+    """The stand-in server; ``hung_up`` is set once the agent closed a stream held open."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _ServerEndpoints)
+        self.hung_up = threading.Event()
+
+
 class _ServerEndpoints(BaseHTTPRequestHandler):
     """What the agent polls on a vLLM server: ``/health`` (200) and ``/metrics`` (no load);
     ``/v1/completions`` answers the HTTP status a request's first prompt token names, with
-    an error body in vLLM's shape (tests/vllm/test_refusal.py has vLLM's own refusal)."""
+    an error body in vLLM's shape (tests/vllm/test_refusal.py has vLLM's own refusal), or for
+    200 opens the stream and sends nothing until the agent closes it (a request decoding)."""
+
+    server: _StandIn
 
     def do_GET(self) -> None:
         body = b"vllm:num_requests_running 0.0\n" if self.path == "/metrics" else b""
@@ -251,6 +270,15 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         status = request["prompt"][0]
+        if status == 200:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.flush()
+            self.connection.settimeout(60.0)
+            if self.rfile.read(1) == b"":  # the agent closed the connection
+                self.server.hung_up.set()
+            return
         error = {
             "message": f"stand-in error {status}",
             "type": "BadRequestError",
@@ -270,8 +298,8 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def server() -> Iterator[ThreadingHTTPServer]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _ServerEndpoints)
+def server() -> Iterator[_StandIn]:
+    httpd = _StandIn()
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield httpd
@@ -369,4 +397,114 @@ def test_a_request_the_server_refuses_ends_at_its_client_and_a_server_error_is_l
         if agent is not None:
             agent.close()
         client.close()
+        gateway.stop(grace_s=0.1)
+
+
+LINGER_CONFIG = GatewayConfig(policy="FC", lease_s=1.0, heartbeat_s=0.1)
+
+
+def _wait(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _agent_config(
+    tmp_path: Path, secret_file: Path, gateway: str, server: _StandIn, linger_s: float
+) -> AgentConfig:
+    model = _model(tmp_path, num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
+    return AgentConfig(
+        worker_id=0,
+        gateway=gateway,
+        secret_file=str(secret_file),
+        model=str(model),
+        workdir=str(tmp_path),
+        server_url=f"http://127.0.0.1:{server.server_address[1]}",
+        tls="tcp",
+        holder_linger_s=linger_s,
+    )
+
+
+def test_a_fenced_agent_keeps_its_holder_and_registers_again_with_what_it_holds(
+    tmp_path: Path,
+    secret: bytes,
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    ucx_module: None,
+    server: _StandIn,
+) -> None:
+    """Its lease lost, the agent tells the connector to keep its checkpoints, then closes its
+    relays (vLLM would abort them), keeps the checkpoint another server streamed into its
+    holder, and registers again with the next gateway on the same address, reporting it."""
+    gateway = GatewayServer(LINGER_CONFIG, secret, host="127.0.0.1", port=0, issuer=issuer).start()
+    port = int(gateway.address.rsplit(":", 1)[1])
+    commands: list[tuple[str, bool]] = []  # what the connector heard, and whether relays were closed yet
+
+    def handle(request: dict) -> dict:  # the connector's control channel (no vLLM here)
+        commands.append((request["command"], server.hung_up.is_set()))
+        return {"streaming": 1}
+
+    config = _agent_config(tmp_path, secret_file, gateway.address, server, linger_s=30.0)
+    connector = ControlServer(config.socket_path, handle)
+    submitter = GatewayClient(gateway.address, secret)
+    peer = ConnectorCore(secret, "model", tls="tcp")  # another server's, streaming into this holder
+    peer.register(make_paged_cache("vllm_flash", num_layers=1, num_blocks=2, block_size=16, seed=0))
+    agent: Agent | None = None
+    successor = None
+    try:
+        agent = Agent(config).start()
+        stream = submitter.submit([200, 1, 2], 8, timeout_s=60.0)  # decoding on the server
+        next(stream)
+        assert _wait(lambda: agent.stats()["served"] == 1)
+        key = 7
+        grant = StreamGrant(1, (("127.0.0.1", agent.holder.port),), (issuer.issue(key, 0, 1, holder_id=0),))
+        assert peer.begin("r", key, grant)
+        peer.save_step([StepTokens("r", 0, list(range(12)), list(range(1, 13)))])
+        assert _wait(lambda: peer.durable_tokens() == {"r": 12})
+
+        gateway.stop(grace_s=0.1)  # the lease runs out: the agent fences itself
+        assert _wait(lambda: server.hung_up.is_set())
+        assert commands == [("abandon", False)]  # told before its relay was closed
+        assert agent.stats()["abandoned"] == 1
+        assert [(c.request_id, c.durable_tokens) for c in agent.store.checkpoints()] == [(key, 12)]
+        assert agent.wait(timeout_s=0.5) is None  # lingering, not exited
+
+        successor = GatewayServer(LINGER_CONFIG, secret, host="127.0.0.1", port=port, issuer=issuer).start()
+        assert _wait(lambda: agent.stats()["relinked"] == 1)
+        assert agent.client.epoch == 2
+        with successor.condition:  # the holder reported its checkpoint with its registration
+            pending = successor.coordinator._pending_holds  # noqa: SLF001 - what the next gateway heard
+            assert [(h, report.durable_tokens) for h, report, _ in pending.get(key, [])] == [(0, 12)]
+        time.sleep(0.5)  # several leases' worth of heartbeats as the new epoch
+        assert agent.wait(timeout_s=0) is None and agent.client.lease_valid()
+        stream.close()
+    finally:
+        if agent is not None:
+            agent.close()
+        peer.close()
+        connector.close()
+        submitter.close()
+        gateway.stop(grace_s=0.1)
+        if successor is not None:
+            successor.stop(grace_s=0.1)
+
+
+def test_past_its_linger_a_fenced_agent_exits(
+    tmp_path: Path, secret: bytes, secret_file: Path, ucx_module: None, server: _StandIn
+) -> None:
+    gateway = GatewayServer(LINGER_CONFIG, secret, host="127.0.0.1", port=0).start()
+    agent: Agent | None = None
+    try:
+        agent = Agent(_agent_config(tmp_path, secret_file, gateway.address, server, linger_s=0.5)).start()
+        gateway.stop(grace_s=0.1)
+        fenced_by = time.monotonic() + LINGER_CONFIG.lease_s
+        assert agent.wait(timeout_s=20.0) == EXIT_FENCED
+        assert time.monotonic() >= fenced_by + 0.4  # the lease, then the linger
+        assert agent.stats()["relinked"] == 0 and "lease" in agent.reason
+    finally:
+        if agent is not None:
+            agent.close()
         gateway.stop(grace_s=0.1)

@@ -12,7 +12,9 @@ a future SGLang one) maps its hooks onto these calls:
   request's new slots, returning the blocks whose load failed (recompute them); the verified
   prefix is streamed again to the request's holders, at its new epoch;
 - ``preempt(request_id)`` when the engine will rewrite a request's blocks (its checkpoint is
-  kept), ``finish(request_id)`` when it finished or the gateway said so (released).
+  kept), ``finish(request_id)`` when it finished or the gateway said so (released);
+- ``abandon()`` when the engine's worker is fenced: every request stops streaming and its
+  checkpoints stay on their holders (the gateway restores from them elsewhere).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ class ConnectorCore:
 
     ``counters``: ``restores``, ``restored_tokens``, ``restore_<status>`` (restores that
     stopped early, by reason), ``saved_tokens``, ``save_gaps`` (saves after a gap, skipped),
-    ``released``. ``restores``: the last result of each of the latest requests restored.
+    ``released``, ``abandoned``. ``restores``: the last result of each of the latest requests restored.
 
     Not thread-safe: one engine thread calls it (lookups run on their own thread).
     """
@@ -279,6 +281,21 @@ class ConnectorCore:
         del self._streaming[request_id]
         self.counters["released"] += 1
         return True
+
+    def abandon(self) -> int:
+        """Stop streaming every request without releasing its checkpoints: the worker was
+        fenced, and what its holders keep is the gateway's to restore from (a release would
+        drop it). The streamer is closed (gathers in flight finish, steps not sent are
+        dropped, so no slot is read afterwards); the next request that begins starts a new
+        one. ``finish`` of an abandoned request then releases nothing. Returns the number of
+        requests abandoned."""
+        num_abandoned = len(self._streaming)
+        if self.streamer is not None:
+            self.streamer.close()
+            self.streamer = None
+        self._streaming.clear()
+        self.counters["abandoned"] += num_abandoned
+        return num_abandoned
 
     # ---- restore ----------------------------------------------------------------------------
     def _planner(self) -> RestoreLookup:

@@ -12,8 +12,17 @@ the connector's ``kv_transfer_config`` with the control socket) or attaches to a
 and reports the server's exit to the gateway at once (``ReportExit``): the gateway fails the
 worker and moves its requests without waiting for the lease.
 
+Fenced (the lease lost, a token report refused for its epoch), it stops serving that epoch
+without exiting (issue 23): the connector is told to keep its checkpoints (control
+``abandon``), every relay is closed (vLLM aborts those requests: the gateway moves them),
+queued reports are dropped; the holder and the server stay up, and every heartbeat period for
+``holder_linger_s`` it registers again with the checkpoints its store holds, so that the
+healed gateway restores parked requests from them. Registered again it serves as the new
+epoch (``relinked``); past the linger it ends EXIT_FENCED.
+
 Threads: the heartbeat loop's (directives arrive there), one asyncio loop for the upstream
-streams, one reporter (token reports, batched), and the supervisor (waits on the server).
+streams, one reporter (token reports, batched), the supervisor (waits on the server), and
+while fenced the linger's (registers again).
 """
 
 from __future__ import annotations
@@ -53,9 +62,10 @@ from lumen_core.gateway.directives import (
 )
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
-from lumen_core.gateway.reports import HeldReport, WorkerReport
+from lumen_core.gateway.reports import WorkerReport
 from lumen_core.integrations.vllm import control
 from lumen_core.stream import HolderStore
+from lumen_core.worker.held import held_reports
 from lumen_core.worker.upstream import UpstreamError, completion_body, renew_args, stream_tokens
 
 __all__ = [
@@ -112,7 +122,8 @@ class AgentConfig:
     control_socket: the connector's control channel (started server: created there; default
     ``workdir/control-<id>.sock``). budget_bytes: the holder's budget for other servers'
     checkpoints; holder_host its listen address; tls the UCX transports of the holder and
-    the connector. start_timeout_s: bound on the server's start."""
+    the connector. start_timeout_s: bound on the server's start. holder_linger_s: how long a
+    fenced agent keeps its holder up, registering again (0: it exits at once)."""
 
     worker_id: int
     gateway: str
@@ -130,6 +141,7 @@ class AgentConfig:
     holder_host: str = "127.0.0.1"
     tls: str = ""
     start_timeout_s: float = 600.0
+    holder_linger_s: float = 60.0
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
@@ -146,6 +158,8 @@ class AgentConfig:
             raise ValueError(f"`kv_space_gib` must be a number > 0, got {self.kv_space_gib}")
         if self.budget_bytes < 0:
             raise ValueError(f"`budget_bytes` must be >= 0, got {self.budget_bytes}")
+        if not 0 <= self.holder_linger_s < math.inf:
+            raise ValueError(f"`holder_linger_s` must be a finite number >= 0, got {self.holder_linger_s}")
         if self.server_url is not None and self.server_args:
             raise ValueError("`server_args` must be empty when attaching to a running server (`server_url`)")
 
@@ -175,14 +189,17 @@ class _Counters:
     streams_ignored: int = 0
     renewed: int = 0
     renews_ignored: int = 0
+    abandoned: int = 0  # relays closed when fenced (the gateway moves those requests)
+    relinked: int = 0  # registrations after a fencing
     tokens: int = 0
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
 
 
 class Agent:
     """One node's agent (module doc). ``start`` (server up, registered), then ``wait``
-    returns an exit status (EXIT_SERVER_EXITED, EXIT_FENCED, or EXIT_OK after ``stop``);
-    ``close`` ends everything it started (the server it started: SIGTERM, then SIGKILL)."""
+    returns an exit status (EXIT_SERVER_EXITED, EXIT_FENCED past the linger, or EXIT_OK
+    after ``stop``); ``close`` ends everything it started (the server it started: SIGTERM,
+    then SIGKILL)."""
 
     def __init__(self, config: AgentConfig) -> None:
         from lumen_core.auth import read_secret_file
@@ -207,6 +224,8 @@ class Agent:
         self._exit_lock = threading.Lock()  # the first ending
         self._report_lock = threading.Lock()  # the one exit report, held while it is out
         self._store_lock = threading.Lock()
+        self._fence_lock = threading.Lock()  # one linger at a time
+        self._linger_thread: threading.Thread | None = None  # while fenced
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
         self._load = (0, 0)
@@ -324,11 +343,7 @@ class Agent:
         except (httpx.HTTPError, ValueError, IndexError):
             pass
         checkpoints = self.store.checkpoints()
-        held = tuple(
-            HeldReport(c.request_id, c.epoch, c.durable_tokens)
-            for c in checkpoints
-            if c.shard == 0 and c.opened
-        )
+        held = held_reports(checkpoints)
         with self._store_lock:
             refused, evicted = tuple(sorted(self._refused)), tuple(sorted(self._evicted))
         return WorkerReport(
@@ -408,14 +423,93 @@ class Agent:
                 self._refused.add(request_id)
             self._evicted |= before - {c.request_id for c in self.store.checkpoints()} - {request_id}
 
+    def _register(self) -> None:
+        """Register (a new epoch, with the checkpoints the store holds) and heartbeat."""
+        self.client.register(
+            self.config.worker_id,
+            budget_bytes=self.config.budget_bytes,
+            holder_address=self.holder_address,
+            held=held_reports(self.store.checkpoints()),
+            on_directives=self._on_directives,
+        )
+        self.heartbeats = HeartbeatLoop(
+            self.client, self.report, self._on_directives, self._on_fenced, on_reported=self._reported
+        ).start()
+
     def _on_fenced(self, reason: str) -> None:
+        self._fence(reason, self.client.epoch)
+
+    def _fence(self, reason: str, epoch: int) -> None:
+        """Worker epoch ``epoch`` is fenced: linger (module doc) on a thread of its own, or
+        end EXIT_FENCED without a linger. A fencing of an epoch already left (a report
+        refused after the agent registered again) or while lingering changes nothing."""
+        with self._fence_lock:
+            if self._linger_thread is not None or epoch != self.client.epoch or self._done.is_set():
+                return
+            if self.config.holder_linger_s <= 0:
+                self._finish(EXIT_FENCED, reason)
+                return
+            self._linger_thread = threading.Thread(
+                target=self._linger, args=(reason,), name="lumen-agent-linger", daemon=True
+            )
+            self._linger_thread.start()
+
+    def _linger(self, reason: str) -> None:
+        """Stop serving the fenced epoch, keep the holder and the server up, and register
+        again every heartbeat period until ``holder_linger_s`` has passed: registered, the
+        agent serves as the new epoch; else it ends EXIT_FENCED."""
+        deadline_s = time.monotonic() + self.config.holder_linger_s
+        logger.warning("lumen agent: fenced (%s): the holder stays up for %g s, registering again",
+                       reason, self.config.holder_linger_s)  # fmt: skip
+        self._abandon(reason)
+        period_s = max(0.05, self.client.heartbeat_s)
+        while not self._done.is_set():
+            try:
+                self._register()
+            except GatewayError:  # unreachable, or refused: again until the linger ends
+                if time.monotonic() + period_s >= deadline_s or self._done.wait(period_s):
+                    break
+                continue
+            self.counters.relinked += 1
+            with self._fence_lock:
+                self._linger_thread = None
+            return
         self._finish(EXIT_FENCED, reason)
+
+    def _abandon(self, reason: str) -> None:
+        """Stop serving the fenced epoch: no token report goes out, heartbeats stop, the
+        connector is told to keep its requests' checkpoints (first: an abort it has not
+        been told of releases them on their holders), every relay is closed, and reports
+        still queued are dropped. The holder serves on."""
+        self.client.fence(reason)
+        if self.heartbeats is not None:
+            self.heartbeats.stop()
+        try:
+            control.ask(self.config.socket_path, "abandon")
+        except (control.ControlError, OSError) as exc:
+            logger.warning("lumen agent: the connector was not told to keep its checkpoints (%s): "
+                           "the requests it aborts now release theirs", exc)  # fmt: skip
+        asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result()
+        while True:
+            try:
+                item = self._reports.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:  # closing: the reporter's end stays queued
+                self._reports.put(None)
+                break
 
     # ---- requests (on the upstream loop) -------------------------------------------------
     def _serve(self, directive: Run | Resume) -> None:
         self._cancel(directive.request_id)
         task = self._loop.create_task(self._relay(directive))
         self._tasks[directive.request_id] = (directive.epoch, task)
+
+    async def _cancel_all(self) -> None:
+        """Close every relay (fenced: the gateway moves them all)."""
+        for request_id in list(self._tasks):
+            self._cancel(request_id)
+            self.counters.abandoned += 1
 
     def _cancel(self, request_id: int, epoch: int | None = None) -> None:
         """Close the request's stream (vLLM aborts it); with ``epoch``, only if it serves that
@@ -494,11 +588,12 @@ class Agent:
                     self._reports.put(None)
                     break
                 batch.append(item)
+            epoch = self.client.epoch
             try:
                 acks = self.client.report_tokens_batch(batch)
             except (FencedError, StaleEpochError) as exc:
-                self._finish(EXIT_FENCED, str(exc))
-                return
+                self._fence(str(exc), epoch)
+                continue
             except GatewayError as exc:  # unreachable: the lease decides
                 logger.warning("lumen agent: token report failed: %s", exc)
                 continue
@@ -518,15 +613,7 @@ class Agent:
             thread = threading.Thread(target=target, name=f"lumen-agent-{name}", daemon=True)
             thread.start()
             self._threads.append(thread)
-        self.client.register(
-            self.config.worker_id,
-            budget_bytes=self.config.budget_bytes,
-            holder_address=self.holder_address,
-            on_directives=self._on_directives,
-        )
-        self.heartbeats = HeartbeatLoop(
-            self.client, self.report, self._on_directives, self._on_fenced, on_reported=self._reported
-        ).start()
+        self._register()
         supervisor = threading.Thread(target=self._supervise, name="lumen-agent-supervisor", daemon=True)
         supervisor.start()
         return self
@@ -549,6 +636,8 @@ class Agent:
             "streams_ignored": c.streams_ignored,
             "renewed": c.renewed,
             "renews_ignored": c.renews_ignored,
+            "abandoned": c.abandoned,
+            "relinked": c.relinked,
             "errors": list(c.errors),
         }
 
@@ -573,6 +662,10 @@ class Agent:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=15)
+        with self._fence_lock:
+            linger = self._linger_thread
+        if linger is not None:  # done: it registers no more (a call out at most)
+            linger.join()
         if self._status != EXIT_FENCED:
             self._report_exit(self._reason or "the agent stopped")
         if self.heartbeats is not None:

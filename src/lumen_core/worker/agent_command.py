@@ -3,9 +3,10 @@ SIGTERM/SIGINT, fencing, or the server's exit.
 
 Prints one JSON line ``{"event": "registered", ...}`` once the server is healthy and the
 agent holds a lease (its epoch, holder address, the server's URL and process id), and
-``{"event": "stopped", ...}`` with its counters when it ends. Exit status: 0 stopped, 3 fenced,
-4 the server exited (reported to the gateway at once), 2 bad arguments, a server that did not
-come up, or a refused registration.
+``{"event": "stopped", ...}`` with its counters when it ends. Exit status: 0 stopped, 3 fenced
+(the lease lost and no registration succeeded within ``--holder-linger-s``), 4 the server
+exited (reported to the gateway at once), 2 bad arguments, a server that did not come up, or a
+refused registration.
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def add_agent_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
         "--tls", default="", help="UCX_TLS of the holder and the connector ('' leaves UCX's choice)"
     )
     parser.add_argument("--start-timeout-s", type=float, default=600.0, help="bound on the server's start")
+    parser.add_argument(
+        "--holder-linger-s",
+        type=float,
+        default=60.0,
+        help="fenced (the lease lost): keep the holder and the server up this long, registering again "
+        "with the checkpoints it holds so the healed gateway restores from them; 0 exits at once "
+        "(default 60)",
+    )
     parser.set_defaults(func=run_agent)
     return parser
 
@@ -85,6 +94,7 @@ def run_agent(args: argparse.Namespace) -> int:
             holder_host=args.holder_host,
             tls=args.tls,
             start_timeout_s=args.start_timeout_s,
+            holder_linger_s=args.holder_linger_s,
         )
         agent = Agent(config)
     except (OSError, ValueError) as exc:

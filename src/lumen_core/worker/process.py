@@ -33,7 +33,6 @@ import queue
 import sys
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,14 +69,15 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
-from lumen_core.gateway.reports import HeldReport, LostReplica, StreamedReplica, WorkerReport
+from lumen_core.gateway.reports import LostReplica, StreamedReplica, WorkerReport
 from lumen_core.integrations.reference import StreamingConnector
 from lumen_core.pacing import PacedSaves, Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
-from lumen_core.stream import CheckpointInfo, HolderStore, RestoreResult
+from lumen_core.stream import HolderStore, RestoreResult
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
 from lumen_core.worker.engine_ids import engine_key, request_id_of
+from lumen_core.worker.held import held_reports
 from lumen_core.worker.paced_streaming import PacedStreamingConnector
 
 EXIT_OK = 0
@@ -248,7 +248,7 @@ class Worker:
         the streamer's lost replicas until a STREAM directive re-places them, which the
         gateway acts on once)."""
         checkpoints = self.store.checkpoints()
-        held = self._held(checkpoints)
+        held = held_reports(checkpoints)
         held_bytes = sum(c.durable_tokens * (c.record_bytes + 8) for c in checkpoints)
         with self._dropped_lock:
             refused, evicted = tuple(sorted(self._refused)), tuple(sorted(self._evicted))
@@ -275,13 +275,6 @@ class Worker:
             ),
             flushed=self.flushed.is_set(),
             streamed=self._streamed() if self.flushed.is_set() and streamer is not None else (),
-        )
-
-    def _held(self, checkpoints: Sequence[CheckpointInfo]) -> tuple[HeldReport, ...]:
-        return tuple(
-            HeldReport(c.request_id, c.epoch, c.durable_tokens)
-            for c in checkpoints
-            if c.shard == 0 and c.opened
         )
 
     def _streamed(self) -> tuple[StreamedReplica, ...]:
@@ -346,7 +339,7 @@ class Worker:
             state=self.state,
             budget_bytes=self.config.budget_bytes,
             holder_address=self.holder_address,
-            held=self._held(self.store.checkpoints()),
+            held=held_reports(self.store.checkpoints()),
             on_directives=self._queue_directives,
         )
         self.heartbeats = HeartbeatLoop(

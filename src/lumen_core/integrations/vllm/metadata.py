@@ -74,3 +74,4 @@ class LumenMetadata(KVConnectorMetadata):
     releases: list[str] = field(default_factory=list)  # LUMEN request ids (control `release`)
     renewals: list[RenewSpec] = field(default_factory=list)  # control `renew`
     sample_lag: bool = False  # a control `flush` waits: sample the durable lag this step
+    abandon: bool = False  # control `abandon`: stop streaming every request, release none

@@ -56,6 +56,7 @@ class SchedulerSide:
         self._lock = threading.Condition()
         self._releases: list[str] = []  # LUMEN ids to stop checkpointing at the next step
         self._renewals: list[Renewal] = []  # applied at the next step
+        self._abandon = False  # control `abandon`: at the next step
         self._worker_totals: Counter[str] = Counter()
         self._lag: tuple[int, float] = (-1, math.inf)  # (tokens, time) of the worker's last sample
         self._num_flushing = 0
@@ -160,6 +161,7 @@ class SchedulerSide:
             meta.releases, self._releases = self._releases, []
             renewals, self._renewals = self._renewals, []
             meta.sample_lag = self._num_flushing > 0
+            meta.abandon, self._abandon = self._abandon, False
         meta.renewals = self._renew(renewals)
         return meta
 
@@ -209,6 +211,10 @@ class SchedulerSide:
           that epoch.
         - ``flush`` ``{"wait_s": number}``: wait (at most ``wait_s``, <= 30, default 5) until the
           worker samples no saved-but-not-durable token; ``flushed`` and the last lag.
+        - ``abandon``: the agent was fenced: from the next step on, no request streaming now is
+          checkpointed and none of their checkpoints is released (their aborts included): the
+          holders keep them for the gateway. Requests opened later stream as usual.
+          ``streaming``: the requests streaming here now.
         """
         command = request.get("command")
         if command == "stats":
@@ -240,6 +246,10 @@ class SchedulerSide:
             with self._lock:
                 self._renewals.append(renewal)
             return {"request_id": renewal.request_id, "known": known}
+        if command == "abandon":
+            with self._lock:
+                self._abandon = True
+            return {"streaming": len(self._opened)}
         if command == "flush":
             wait_s = request.get("wait_s", 5.0)
             if (
@@ -249,7 +259,9 @@ class SchedulerSide:
             ):
                 raise ValueError(f"`wait_s` must be a number in [0, {MAX_FLUSH_S}], got {wait_s!r}")
             return self._flush(float(wait_s))
-        raise ValueError(f"`command` must be one of 'stats', 'release', 'renew', 'flush', got {command!r}")
+        raise ValueError(
+            f"`command` must be one of 'stats', 'release', 'renew', 'flush', 'abandon', got {command!r}"
+        )
 
     def _flush(self, wait_s: float) -> dict[str, Any]:
         """Wait for a lag sample taken after this call that is 0 (the worker samples every

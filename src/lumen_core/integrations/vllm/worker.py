@@ -49,7 +49,8 @@ class WorkerSide:
     @property
     def counters(self) -> Counter[str]:
         """Totals: restores, restored tokens, restores that stopped early by reason
-        (``restore_<status>``), tokens saved, requests released, saves skipped for a gap."""
+        (``restore_<status>``), tokens saved, requests released and abandoned, saves skipped
+        for a gap."""
         return self.core.counters
 
     @property
@@ -70,8 +71,9 @@ class WorkerSide:
 
     # ---- before the forward ----------------------------------------------------------------
     def start_step(self, meta: LumenMetadata) -> None:
-        """Runs this step's restores (synchronously: the forward reads what they write), then
-        opens its new requests.
+        """Abandons every streaming request if told to (control ``abandon``), runs this step's
+        restores (synchronously: the forward reads what they write), then opens its new
+        requests.
 
         Restores go first so that a restored prefix is not streamed on its own: it reaches the
         streamer in the step's one ``save_step`` (a new request's first save starts at 0),
@@ -82,6 +84,8 @@ class WorkerSide:
         in its last bits, and a holder refuses a differing overlap as a conflict, which loses
         the replica for the rest of the request."""
         self._failed_loads.clear()
+        if meta.abandon:  # before this step's opens: a request opened now streams as usual
+            self.core.abandon()
         for load in meta.loads:
             self._load(load)
         for spec in meta.opens:
