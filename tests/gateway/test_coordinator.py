@@ -501,6 +501,7 @@ def test_a_workers_error_ends_the_request_as_lost_and_releases_its_checkpoints()
     coordinator.report_tokens(0.1, w, 1, rid, 1, 0, [5, 6], error="the server answered 400:\nno room")
     assert coordinator.tokens(rid) == ((5, 6), True, True)  # the tokens sent with it are kept
     assert coordinator.lost_reason(rid) == "worker 0 refused it: the server answered 400:?no room"
+    assert coordinator.refused(rid)
     assert not coordinator.monitor.has_request(rid)
     for holder_id in holder_ids:
         assert coordinator.take_directives(holder_id) == [Release(rid, 1, "finished")]

@@ -257,9 +257,9 @@ def test_a_request_its_worker_refuses_is_an_error_naming_the_worker_and_its_mess
     headers = {"Authorization": f"Bearer {KEY}"}
     try:
         response = _post(door, "/completions", {**PROMPT, "max_tokens": 8})
-        assert response.status_code == 503
+        assert response.status_code == 400  # the request's own error: not retried by clients
         error = response.json()["error"]
-        assert re.fullmatch(reason, error["message"]) and error["code"] == "service_unavailable"
+        assert re.fullmatch(reason, error["message"]) and error["type"] == "invalid_request_error"
         body = {**PROMPT, "max_tokens": 8, "stream": True}
         with httpx.stream(
             "POST", f"{door.url}/completions", json=body, headers=headers, timeout=10.0

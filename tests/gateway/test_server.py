@@ -372,7 +372,8 @@ def test_a_request_its_worker_refuses_ends_the_clients_streams_with_the_error(st
     error = "the server answered 400: " + "prompt too long\n" * 40  # cut by the client to 512
     worker.report_tokens(request_id, epoch, 1, [], error=error)
     reason = (
-        rf"UNAVAILABLE: request {request_id} lost: worker {serving_id} refused it: the server answered 400: "
+        rf"INVALID_ARGUMENT: request {request_id} lost: worker {serving_id} refused it: "
+        r"the server answered 400: "
     )
     for tokens in (stream, client.watch(request_id, 1, timeout_s=30.0)):  # the one waiting, a new one
         with pytest.raises(GatewayError, match=reason + r"(prompt too long\?)+") as ended:

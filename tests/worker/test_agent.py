@@ -379,7 +379,8 @@ def test_a_request_the_server_refuses_ends_at_its_client_and_a_server_error_is_l
         )
         agent = Agent(config).start()
         refused = (
-            r"UNAVAILABLE: request 1 lost: worker 0 refused it: the server answered 400: .*stand-in error 400"
+            r"INVALID_ARGUMENT: request 1 lost: worker 0 refused it: "
+            r"the server answered 400: .*stand-in error 400"
         )
         with pytest.raises(GatewayError, match=refused):
             list(client.submit([400, 1, 2], 4, timeout_s=20.0))

@@ -36,7 +36,7 @@ def test_a_run_the_engine_refuses_ends_at_the_client_and_the_worker_serves_on(
         worker.start()
         thread.start()
         refused = (
-            r"UNAVAILABLE: request \d+ lost: worker 0 refused it: `prompt_token_ids` plus max_tokens "
+            r"INVALID_ARGUMENT: request \d+ lost: worker 0 refused it: `prompt_token_ids` plus max_tokens "
             r"must fit the cache's 4 blocks, got 8 blocks"
         )
         with pytest.raises(GatewayError, match=refused):

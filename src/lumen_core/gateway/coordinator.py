@@ -223,6 +223,7 @@ class _Request:
     interrupted_at_s: float = math.nan
     replay_token_s: float = math.nan
     lost_reason: str = ""
+    refused: bool = False  # lost because its worker refused it (the request, not the cluster)
 
 
 def _check_tokens(name: str, token_ids: Iterable[int]) -> tuple[int, ...]:
@@ -797,10 +798,18 @@ class Coordinator:
 
     def lost_reason(self, request_id: int) -> str:
         """Why a request was lost ("" when it was not)."""
+        return self._request(request_id).lost_reason
+
+    def refused(self, request_id: int) -> bool:
+        """Whether the request was lost because its worker refused it (an error of the
+        request's own, which a retry would meet again; other losses are the cluster's)."""
+        return self._request(request_id).refused
+
+    def _request(self, request_id: int) -> _Request:
         request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
-        return request.lost_reason
+        return request
 
     def move(self, now_s: float, request_id: int, reason: str, *, reprefill: bool = False) -> Reroute:
         """Move a running request to where the router decides (restore on a holder, remote
@@ -1089,6 +1098,7 @@ class Coordinator:
         if error and not request.finished:
             request.lost = True
             request.lost_reason = f"worker {worker_id} refused it: {error}"
+            request.refused = True
             self.finish_request(now_s, request_id)
         elif finished and not request.finished:
             self.finish_request(now_s, request_id)

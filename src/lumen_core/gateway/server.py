@@ -382,7 +382,10 @@ class _Servicer(pb_grpc.GatewayServicer):
             if lost:
                 with server.condition:
                     reason = server.coordinator.lost_reason(request_id)
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"request {request_id} lost: {reason}")
+                    # A refusal is the request's own (a retry meets it again), not the cluster's.
+                    refused = server.coordinator.refused(request_id)
+                code = grpc.StatusCode.INVALID_ARGUMENT if refused else grpc.StatusCode.UNAVAILABLE
+                context.abort(code, f"request {request_id} lost: {reason}")
             yield pb.TokenChunk(
                 request_id=request_id, start_position=position, token_ids=list(tokens), finished=finished
             )

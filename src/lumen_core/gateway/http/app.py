@@ -220,8 +220,12 @@ class _FrontDoor:
             if admitted.marks_moves and not admitted.resumed_inexact:
                 admitted.resumed_inexact = self._moved(admitted.request_id)
             if lost:
-                reason = self.bridge.read(lambda c: c.lost_reason(admitted.request_id))
-                raise unavailable(f"request {admitted.request_id} lost: {reason}")
+                reason, refused = self.bridge.read(
+                    lambda c: (c.lost_reason(admitted.request_id), c.refused(admitted.request_id))
+                )
+                message = f"request {admitted.request_id} lost: {reason}"
+                # A refusal is the request's own: 400, which the openai client does not retry.
+                raise bad_request(message) if refused else unavailable(message)
             if not (tokens or finished):
                 raise unavailable("the gateway is stopping")
             position += len(tokens)
