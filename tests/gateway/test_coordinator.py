@@ -423,6 +423,22 @@ def test_a_reported_request_that_runs_elsewhere_is_cancelled_on_the_reporter():
     assert coordinator.take_directives(0) == []
 
 
+def test_forgetting_looks_only_at_requests_that_ended_before_the_horizon():
+    coordinator = cluster(2, policy="S&R", finished_retention_s=10.0)
+    ids = []
+    for i in range(2000):
+        admitted = coordinator.admit(0.0, [1], 2, worker_id=0)
+        coordinator.report_tokens(float(i % 4), 0, 1, admitted.request_id, 1, 0, [4, 5], finished=True)
+        ids.append(admitted.request_id)
+    running = coordinator.admit(0.0, [1], 2, worker_id=1).request_id
+    assert (coordinator.num_requests, coordinator.num_finished) == (2001, 2000)
+    assert coordinator.forget_finished(10.5) == 500  # those that ended at 0.0
+    assert coordinator.forget_finished(10.5) == 0
+    assert coordinator.forget_finished(20.0) == 1500 and coordinator.num_finished == 0
+    assert not coordinator._ended  # noqa: SLF001 - the queue of ended requests is empty again
+    assert coordinator.tokens(running) == ((), False, False)
+
+
 def test_a_heartbeat_must_carry_the_registered_state():
     coordinator = cluster(2, policy="LUMEN")
     with pytest.raises(ValueError, match="state must be the registered state 'serving' .*, got 'recovering'"):

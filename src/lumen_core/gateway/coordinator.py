@@ -24,6 +24,7 @@ request's grants were last issued.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -290,6 +291,9 @@ class Coordinator:
         self._drains: dict[int, _Drain] = {}  # by worker id: the drain of its current incarnation
         self._num_parked_total = 0
         self._renewals = RenewalQueue()  # the unfinished requests granted capabilities, by when
+        # The finished requests kept, a heap by when they ended (forget_finished pops the old).
+        self._ended: list[tuple[float, int]] = []
+        self._num_finished = 0
 
     @property
     def issuer_public_key(self) -> bytes:
@@ -1171,6 +1175,9 @@ class Coordinator:
 
     def _close(self, now_s: float, request: _Request) -> None:
         """A request's own accounting at its end (finished or lost)."""
+        if not request.finished:
+            heapq.heappush(self._ended, (now_s, request.request_id))
+            self._num_finished += 1
         request.finished = True
         request.finish_s = now_s
         self._renewals.discard(request.request_id)
@@ -1179,17 +1186,27 @@ class Coordinator:
 
     def forget_finished(self, now_s: float) -> int:
         """Drop requests that finished more than ``finished_retention_s`` ago (except those of
-        the last failure, which its metrics still read); returns how many were dropped."""
+        the last failure, which its metrics still read); returns how many were dropped. Looks
+        at the requests that ended before the horizon only (a heap by end time), not at every
+        request kept: the reaper calls it every tick."""
         horizon_s = now_s - self.config.finished_retention_s
         keep = set(self._last_interrupted)
-        old = [
-            r.request_id
-            for r in self._requests.values()
-            if r.finished and r.finish_s < horizon_s and r.request_id not in keep
-        ]
-        for request_id in old:
-            del self._requests[request_id]
-        return len(old)
+        kept: list[tuple[float, int]] = []
+        dropped = 0
+        while self._ended and self._ended[0][0] < horizon_s:
+            entry = heapq.heappop(self._ended)
+            request = self._requests[entry[1]]
+            if request.request_id in keep:
+                kept.append(entry)  # looked at again next time: at most the last failure's
+            elif request.finish_s >= horizon_s:  # closed again later: due at that time
+                heapq.heappush(self._ended, (request.finish_s, request.request_id))
+            else:
+                del self._requests[request.request_id]
+                self._num_finished -= 1
+                dropped += 1
+        for entry in kept:
+            heapq.heappush(self._ended, entry)
+        return dropped
 
     def tokens(self, request_id: int, from_position: int = 0) -> tuple[tuple[int, ...], bool, bool]:
         """(tokens from ``from_position``, finished, lost) of a request."""
@@ -1226,7 +1243,7 @@ class Coordinator:
 
     @property
     def num_finished(self) -> int:
-        return sum(1 for r in self._requests.values() if r.finished)
+        return self._num_finished
 
     def metrics(self) -> GatewayMetrics:
         """Current gauges, computed by ``lumen_core.metrics`` (the simulator's module)."""
