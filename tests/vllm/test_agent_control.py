@@ -1,8 +1,7 @@
 """The connector's control channel in a real engine: ``stats`` sees the worker's figures,
 ``release`` stops one request's checkpoint while vLLM serves it on (its blocks still freed
-when it ends), ``flush`` answers once nothing saved is short of durable, ``abandon`` (a
-fenced agent's) lets the requests abort without releasing their checkpoints, a bad command
-is an error reply."""
+when it ends), ``flush`` answers once nothing saved is short of durable, a bad command is an
+error reply."""
 
 from __future__ import annotations
 
@@ -21,7 +20,7 @@ from lumen_core.integrations.vllm.control import ControlError, ask
 
 
 @pytest.mark.timeout(600)
-def test_stats_release_flush_and_abandon_over_the_control_socket(
+def test_stats_release_and_flush_over_the_control_socket(
     tmp_path: Path, holder: Callable[..., Any], secret_file: Path, issuer_key_file: Path
 ) -> None:
     server = holder()
@@ -73,13 +72,11 @@ def test_stats_release_flush_and_abandon_over_the_control_socket(
     with pytest.raises(ControlError, match=r"`request_id` must be a non-empty str, got 5"):
         ask(sock, "release", request_id=5)
 
-    assert ask(sock, "abandon") == {"streaming": 2}
-    step(1)  # the worker abandons them at this step, before the aborts reach it
     engine.abort_request(["kept", "released"])
     while scheduler.requests and time.monotonic() < deadline:
         step(1)
     assert not scheduler.requests  # both freed: the released one's blocks were not kept for it
-    step(3)  # a release would be on its way to the holder by now
-    time.sleep(1.0)
-    assert server.ask("stats")["store"]["checkpoints"] == 1  # "kept" is kept for the gateway
-    assert ask(sock, "stats")["worker"]["abandoned"] == 1
+    released_by = time.monotonic() + 30  # the holder's release lands asynchronously too
+    while server.ask("stats")["store"]["checkpoints"] > 0 and time.monotonic() < released_by:
+        step(1)
+    assert server.ask("stats")["store"]["checkpoints"] == 0
