@@ -15,7 +15,8 @@ Example (in an engine's own test)::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -158,3 +159,14 @@ def assert_kv_equal(
                     f"token {t} (slot {slot_a} vs {slot_b}), plane {plane.name}: rows differ first "
                     f"at byte {first}"
                 )
+
+
+def wait_until(predicate: Callable[[], object], timeout_s: float = 10.0, poll_s: float = 0.02) -> bool:
+    """Poll ``predicate`` every ``poll_s`` seconds until it is true (True) or ``timeout_s``
+    has passed (False): how a test waits, bounded, for what another thread or process does."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll_s)
+    return True

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -17,7 +17,7 @@ from lumen_core.connector import ConnectorCore, RestoreSource, StepTokens, Strea
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import checksum, gather_tokens
 from lumen_core.stream import HolderStore, RestoreStatus, fingerprint_bytes, request_key
-from lumen_core.testing import assert_kv_equal, make_paged_cache, slots_for_blocks
+from lumen_core.testing import assert_kv_equal, make_paged_cache, slots_for_blocks, wait_until
 from lumen_core.transport import Client, Server
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
@@ -38,15 +38,6 @@ def slots(block_ids: list[int], n: int = NUM_TOKENS) -> list[int]:
 
 def tokens(n: int = NUM_TOKENS) -> list[int]:
     return [(7 * i + 3) % 1000 for i in range(n)]
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class Holder:

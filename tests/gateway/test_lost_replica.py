@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from lumen_core import _native
+from lumen_core.testing import wait_until
 from lumen_core.worker.cluster import LocalCluster, RequestResult
 
 pytestmark = [
@@ -20,14 +21,6 @@ pytestmark = [
 ]
 
 GIVE_UP_AFTER_S = 2.0
-
-
-def _wait(predicate, what: str, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s} s")
-        time.sleep(0.05)
 
 
 def test_a_replica_lost_for_good_is_reported_and_placed_on_another_holder(tmp_path: Path) -> None:
@@ -55,7 +48,9 @@ def test_a_replica_lost_for_good_is_reported_and_placed_on_another_holder(tmp_pa
             with gateway.condition:
                 return monitor.request(result.request_id)
 
-        _wait(lambda: result.request_id >= 0 and any(n > 0 for _, n in view().durable_tokens), "durable", 60)
+        assert wait_until(
+            lambda: result.request_id >= 0 and any(n > 0 for _, n in view().durable_tokens), 60
+        ), "durable"
         (holder,) = view().holder_ids
         serving = view().worker_id
         (spare,) = {0, 1, 2} - {holder, serving}
@@ -63,11 +58,13 @@ def test_a_replica_lost_for_good_is_reported_and_placed_on_another_holder(tmp_pa
         os.killpg(stopped, signal.SIGSTOP)
         try:
             stopped_s = time.monotonic()
-            _wait(lambda: view().holder_ids == (spare,), "placed on the spare holder", 20)
+            assert wait_until(lambda: view().holder_ids == (spare,), 20), "placed on the spare holder"
             assert time.monotonic() - stopped_s >= GIVE_UP_AFTER_S  # not before the streamer gave up
             with gateway.condition:
                 assert monitor.refused_by(result.request_id) == {holder}
-            _wait(lambda: any(h == spare and n > 0 for h, n in view().durable_tokens), "spare durable", 60)
+            assert wait_until(lambda: any(h == spare and n > 0 for h, n in view().durable_tokens), 60), (
+                "spare durable"
+            )
             assert not result.finished and result.error == ""  # re-placed while it ran
         finally:
             os.killpg(stopped, signal.SIGCONT)

@@ -16,18 +16,11 @@ from lumen_core.gateway.directives import Run
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import WorkerReport
+from lumen_core.testing import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 GIB = 1 << 30
-
-
-def wait_until(predicate, timeout_s=10.0, poll_s=0.01):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(poll_s)
 
 
 def runs(directives):
@@ -53,7 +46,7 @@ def test_a_run_arrives_pushed_at_once_or_with_the_next_heartbeat(start_gateway, 
         time.sleep(0.3)  # the stream is open (pushed) before the request exists
         started = time.monotonic()
         request_id = submit(connect(server))
-        wait_until(lambda: runs(received) == [request_id], timeout_s=10.0)
+        assert wait_until(lambda: runs(received) == [request_id], timeout_s=10.0)
         waited_s = time.monotonic() - started
         if pushed:
             assert waited_s < 1.0 and loop.num_stream_errors == 0
@@ -72,8 +65,8 @@ def test_heartbeats_deliver_when_the_gateway_refuses_streams(start_gateway, conn
     loop = HeartbeatLoop(worker, WorkerReport, received.extend, print).start()
     try:
         request_ids = [submit(connect(server)) for _ in range(3)]
-        wait_until(lambda: runs(received) == request_ids)
-        wait_until(lambda: loop.num_stream_errors >= 2)  # it keeps trying, backing off
+        assert wait_until(lambda: runs(received) == request_ids)
+        assert wait_until(lambda: loop.num_stream_errors >= 2)  # it keeps trying, backing off
     finally:
         loop.stop()
     with pytest.raises(GatewayError, match="UNIMPLEMENTED: pushed directives are off"):
@@ -94,7 +87,7 @@ def test_a_stream_that_keeps_dropping_loses_and_repeats_nothing(start_gateway, c
             request_ids.append(submit(submitter))
             if len(request_ids) % 3 == 0:
                 worker.cancel_directives()  # the stream drops; the loop reopens it
-        wait_until(lambda: len(runs(received)) >= len(request_ids))
+        assert wait_until(lambda: len(runs(received)) >= len(request_ids))
         time.sleep(0.3)  # more heartbeats and reopened streams: nothing comes twice
     finally:
         loop.stop()
@@ -115,9 +108,9 @@ def test_each_delivery_path_resumes_after_the_last_applied_number(start_gateway,
     thread = threading.Thread(target=worker.receive_directives, args=(received.extend,))
     thread.start()
     try:
-        wait_until(lambda: runs(received) == [second])  # the stream starts after 1
+        assert wait_until(lambda: runs(received) == [second])  # the stream starts after 1
         third = submit(submitter)
-        wait_until(lambda: runs(received) == [second, third])
+        assert wait_until(lambda: runs(received) == [second, third])
         assert worker.heartbeat().directives == ()  # the reply's copies were applied already
         with server.condition:
             assert server.coordinator.directives_after(0, 0) == []  # acknowledged: forgotten
@@ -133,7 +126,7 @@ def test_a_newer_stream_ends_the_older_and_a_fenced_epoch_gets_none(start_gatewa
     worker.register(0, budget_bytes=GIB)
     older = threading.Thread(target=worker.receive_directives, args=(print,))
     older.start()
-    wait_until(lambda: server.num_directive_streams == 1)
+    assert wait_until(lambda: server.num_directive_streams == 1)
     newer_received, newer_errors = [], []
 
     def receive_newer():
@@ -146,16 +139,16 @@ def test_a_newer_stream_ends_the_older_and_a_fenced_epoch_gets_none(start_gatewa
     newer.start()
     older.join(10.0)
     assert not older.is_alive()  # the gateway ended it: one stream (one thread) per worker
-    wait_until(lambda: server.num_directive_streams == 1)
+    assert wait_until(lambda: server.num_directive_streams == 1)
     request_id = submit(connect(server))
-    wait_until(lambda: runs(newer_received) == [request_id])
+    assert wait_until(lambda: runs(newer_received) == [request_id])
     assert server.report_exit(0, 1, "restarted")  # its supervisor: the old epoch is fenced
     connect(server).register(0, budget_bytes=GIB)  # the new incarnation
     newer.join(10.0)
     assert not newer.is_alive() and "epoch 1 is fenced" in str(newer_errors[0])
     with pytest.raises(StaleEpochError, match="FAILED_PRECONDITION: worker 0 epoch 1 is fenced"):
         worker.receive_directives(print)
-    wait_until(lambda: server.num_directive_streams == 0)
+    assert wait_until(lambda: server.num_directive_streams == 0)
 
 
 def test_directive_streams_are_authenticated_validated_and_capped(start_gateway, connect):
@@ -190,7 +183,7 @@ def test_directive_streams_are_authenticated_validated_and_capped(start_gateway,
     thread = threading.Thread(target=first.receive_directives, args=(print,))
     thread.start()
     try:
-        wait_until(lambda: server.num_directive_streams == 1)
+        assert wait_until(lambda: server.num_directive_streams == 1)
         with pytest.raises(
             GatewayError, match=r"RESOURCE_EXHAUSTED: 1 directive streams open \(max_workers\)"
         ):

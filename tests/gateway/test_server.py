@@ -24,19 +24,12 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.reports import HeldReport, RunningReport, WorkerReport
 from lumen_core.policy.events import RecoveryAction, WorkerState
+from lumen_core.testing import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
 SECRET = b"gateway-tests-secret-0123456789abcdef"  # as conftest.py
 GIB = 1 << 30
-
-
-def wait_until(predicate, timeout_s=10.0, poll_s=0.02):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(poll_s)
 
 
 def register_workers(server, connect, num_workers, **kwargs):
@@ -179,7 +172,7 @@ def test_lease_expiry_fences_a_live_worker_and_its_requests_move(start_gateway, 
             directives.extend(worker.heartbeat().directives)
         return server.coordinator.worker_state(0) == "failed"
 
-    wait_until(others_heartbeat_until_silent_fails, timeout_s=10.0, poll_s=0.05)
+    assert wait_until(others_heartbeat_until_silent_fails, timeout_s=10.0, poll_s=0.05)
     assert not silent.lease_valid()  # its own deadline passed too: it fenced itself
     reply = silent.heartbeat()  # alive, but the lease is gone: the reply tells it
     assert reply.fenced and "lease expired" in reply.reason
@@ -455,7 +448,7 @@ def test_open_streams_are_capped_so_heartbeats_never_starve(start_gateway, conne
     for request_id in request_ids:
         worker.report_tokens(request_id, 1, 0, [1], finished=True)
     assert [[t for c in s for t in c.token_ids] for s in streams] == [[1], [1]]
-    wait_until(lambda: server.num_streams == 0, timeout_s=5.0)
+    assert wait_until(lambda: server.num_streams == 0, timeout_s=5.0)
     assert next(client.submit([1], 4, timeout_s=30.0)).request_id == 3
 
 
@@ -508,7 +501,7 @@ def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_w
     try:
         stream = connect(first).submit([1, 2], 4, timeout_s=30.0)
         request_id = next(stream).request_id
-        wait_until(lambda: any(isinstance(d, Run) for d in received), timeout_s=10.0)
+        assert wait_until(lambda: any(isinstance(d, Run) for d in received), timeout_s=10.0)
         running.append(RunningReport(request_id, 1, (1, 2), (), 4, 4))
         time.sleep(2 * config.lease_s)  # well past the lease: the loop keeps it
         assert first.coordinator.worker_state(0) == "serving" and worker.lease_valid()
@@ -517,10 +510,12 @@ def test_heartbeat_loop_keeps_the_lease_reregisters_after_a_restart_and_fences_w
         first.stop(grace_s=0.1)
         second = start_gateway(config, port=port, reap_interval_s=0.02)
         # The gateway rebuilds the request before the worker has read the register reply.
-        wait_until(lambda: second.coordinator.has_request(request_id) and worker.epoch == 2, timeout_s=10.0)
+        assert wait_until(
+            lambda: second.coordinator.has_request(request_id) and worker.epoch == 2, timeout_s=10.0
+        )
         assert second.coordinator.request_worker(request_id) == (0, 1)
         second.stop(grace_s=0.1)  # cut off: the worker must stop on its own clock
-        wait_until(lambda: bool(fenced), timeout_s=10.0)
+        assert wait_until(lambda: bool(fenced), timeout_s=10.0)
         assert "no heartbeat acknowledged for 1.5 s" in fenced[0] and loop.num_errors > 0
         assert not worker.lease_valid() and not loop.running
     finally:
@@ -537,12 +532,12 @@ def test_heartbeat_loop_acknowledges_only_the_reports_the_gateway_received(start
     report = WorkerReport(refused_request_ids=(5,), evicted_request_ids=(6,))
     loop = HeartbeatLoop(worker, lambda: report, print, print, on_reported=acked.append).start()
     try:
-        wait_until(lambda: len(acked) >= 2)
+        assert wait_until(lambda: len(acked) >= 2)
         assert acked[0] is report
         server.stop(grace_s=0.1)
-        wait_until(lambda: loop.num_errors >= 1)
+        assert wait_until(lambda: loop.num_errors >= 1)
         count, errors = len(acked), loop.num_errors
-        wait_until(lambda: loop.num_errors >= errors + 3)
+        assert wait_until(lambda: loop.num_errors >= errors + 3)
         assert len(acked) == count  # the gateway is gone: nothing it did not receive is acked
     finally:
         loop.stop()
@@ -577,9 +572,9 @@ def test_heartbeat_loop_of_an_assisting_worker_gets_its_pairing_and_draft_length
     received = []
     loop = HeartbeatLoop(assistant, lambda: WorkerReport(assist_steps=200), received.extend, print).start()
     try:
-        wait_until(lambda: loop.last_num_draft_tokens == 4, timeout_s=10.0)  # warm k after cold_steps
+        assert wait_until(lambda: loop.last_num_draft_tokens == 4, timeout_s=10.0)  # warm k after cold_steps
         assistant.model_loaded(budget_bytes=GIB)
-        wait_until(lambda: loop.last_num_draft_tokens == 0, timeout_s=10.0)  # serving: no drafts
+        assert wait_until(lambda: loop.last_num_draft_tokens == 0, timeout_s=10.0)  # serving: no drafts
     finally:
         loop.stop()
     assert not loop.running and assistant.lease_valid()
@@ -603,13 +598,13 @@ def test_heartbeat_loop_fences_when_a_worker_callback_fails(start_gateway, conne
     try:
         stream = connect(server).submit([1], 2, timeout_s=30.0)
         next(stream)
-        wait_until(lambda: bool(fenced), timeout_s=10.0)
+        assert wait_until(lambda: bool(fenced), timeout_s=10.0)
         what = "directive handler" if failing == "on_directives" else "worker report"
         assert fenced == [f"{what} failed: RuntimeError: engine gone"]
         assert not worker.lease_valid() and worker.fence_reason == fenced[0]
         with pytest.raises(FencedError, match="engine gone"):
             worker.report_tokens(1, 1, 0, [3])
-        wait_until(lambda: not loop.running, timeout_s=10.0)
+        assert wait_until(lambda: not loop.running, timeout_s=10.0)
         stream.close()
     finally:
         loop.stop()
@@ -635,5 +630,5 @@ def test_a_worker_reaches_a_restarted_gateway_within_a_second_or_so(start_gatewa
         except GatewayError:
             return False
 
-    wait_until(reached, timeout_s=10.0, poll_s=0.05)
+    assert wait_until(reached, timeout_s=10.0, poll_s=0.05)
     assert time.monotonic() - started < 2.5  # reconnect attempts at most 1 s apart

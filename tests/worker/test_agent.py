@@ -33,16 +33,15 @@ from lumen_core.gateway.errors import GatewayError
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.integrations.vllm.control import ControlServer
 from lumen_core.policy.events import RecoveryAction
-from lumen_core.testing import make_paged_cache
+from lumen_core.testing import make_paged_cache, wait_until
 from lumen_core.worker.agent import (
-    EXIT_FENCED,
-    EXIT_SERVER_EXITED,
     Agent,
     AgentConfig,
     record_bytes_of,
     server_load,
     start_dying_with_parent,
 )
+from lumen_core.worker.exits import EXIT_FENCED, EXIT_SERVER_EXITED
 from lumen_core.worker.upstream import completion_body
 from lumen_core.worker.vllm_demo import count_token_errors
 
@@ -404,15 +403,6 @@ def test_a_request_the_server_refuses_ends_at_its_client_and_a_server_error_is_l
 LINGER_CONFIG = GatewayConfig(policy="FC", lease_s=1.0, heartbeat_s=0.1)
 
 
-def _wait(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
-
-
 def _agent_config(
     tmp_path: Path, secret_file: Path, gateway: str, server: _StandIn, linger_s: float
 ) -> AgentConfig:
@@ -459,22 +449,22 @@ def test_a_fenced_agent_keeps_its_holder_and_registers_again_with_what_it_holds(
         agent = Agent(config).start()
         stream = submitter.submit([200, 1, 2], 8, timeout_s=60.0)  # decoding on the server
         next(stream)
-        assert _wait(lambda: agent.stats()["served"] == 1)
+        assert wait_until(lambda: agent.stats()["served"] == 1)
         key = 7
         grant = StreamGrant(1, (("127.0.0.1", agent.holder.port),), (issuer.issue(key, 0, 1, holder_id=0),))
         assert peer.begin("r", key, grant)
         peer.save_step([StepTokens("r", 0, list(range(12)), list(range(1, 13)))])
-        assert _wait(lambda: peer.durable_tokens() == {"r": 12})
+        assert wait_until(lambda: peer.durable_tokens() == {"r": 12})
 
         gateway.stop(grace_s=0.1)  # the lease runs out: the agent fences itself
-        assert _wait(lambda: server.hung_up.is_set())
+        assert wait_until(lambda: server.hung_up.is_set())
         assert commands == [("abandon", False)]  # told before its relay was closed
         assert agent.stats()["abandoned"] == 1
         assert [(c.request_id, c.durable_tokens) for c in agent.store.checkpoints()] == [(key, 12)]
         assert agent.wait(timeout_s=0.5) is None  # lingering, not exited
 
         successor = GatewayServer(LINGER_CONFIG, secret, host="127.0.0.1", port=port, issuer=issuer).start()
-        assert _wait(lambda: agent.stats()["relinked"] == 1)
+        assert wait_until(lambda: agent.stats()["relinked"] == 1)
         assert agent.client.epoch == 2
         with successor.condition:  # the holder reported its checkpoint with its registration
             pending = successor.coordinator._pending_holds  # noqa: SLF001 - what the next gateway heard

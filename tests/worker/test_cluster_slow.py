@@ -20,6 +20,7 @@ from lumen_core.engine import Engine, SamplingParams, load_model
 from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.routing import RouterConfig
 from lumen_core.sim.workload import Workload
+from lumen_core.testing import wait_until
 from lumen_core.worker.cluster import LocalCluster, RequestResult
 from lumen_core.worker.scenario import Arrival, arrivals_from_workload
 
@@ -29,15 +30,6 @@ pytestmark = [
     pytest.mark.skipif(not _native.HAS_UCX, reason="lumen_core._C_ucx is not built (LUMEN_UCX=ON)"),
     pytest.mark.timeout(300),
 ]
-
-
-def _wait(predicate, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _submit_all(
@@ -105,7 +97,7 @@ def test_worker_and_its_holder_killed_nothing_lost(tmp_path: Path) -> None:
                             return worker_id, view.holder_ids[0]
             return None
 
-        assert _wait(lambda: victim_and_holder() is not None, 30)
+        assert wait_until(lambda: victim_and_holder() is not None, 30)
         victim, holder = victim_and_holder()  # type: ignore[misc]
         cluster.kill(holder)
         cluster.kill(victim)
@@ -127,7 +119,7 @@ def test_two_failures_one_after_the_other_lose_nothing(tmp_path: Path) -> None:
         results, threads = _submit_all(cluster, arrivals)
         victims: list[int] = []
         for failure in range(2):
-            assert _wait(lambda: _checkpointed_worker(cluster, set(victims)) is not None, 60), (
+            assert wait_until(lambda: _checkpointed_worker(cluster, set(victims)) is not None, 60), (
                 f"failure {failure}: no worker outside {victims} runs a checkpointed request at "
                 f"{cluster.now_s():.1f} s"
             )
@@ -151,7 +143,7 @@ def test_two_failures_one_after_the_other_lose_nothing(tmp_path: Path) -> None:
                         for tokens, finished, _ in [cluster.gateway.coordinator.tokens(r)]
                     )
 
-            assert _wait(resumed, 60)
+            assert wait_until(resumed, 60)
         for thread in threads:
             thread.join(150)
         with cluster.gateway.condition:
@@ -190,7 +182,7 @@ def test_remote_restore_pulls_a_checkpoint_from_a_busier_holder(tmp_path: Path) 
                                 return worker_id
             return None
 
-        assert _wait(lambda: victim() is not None, 60)
+        assert wait_until(lambda: victim() is not None, 60)
         cluster.kill(victim())  # type: ignore[arg-type]
         with cluster.gateway.condition:
             routes = cluster.gateway.coordinator.failures[-1].routes
@@ -239,7 +231,7 @@ def test_rogue_worker_acting_with_its_old_epochs_is_refused(tmp_path: Path) -> N
                 with cluster.gateway.condition:
                     return cluster.gateway.coordinator.monitor.running_on(3)
 
-            assert _wait(lambda: bool(rogue_requests()), 30)
+            assert wait_until(lambda: bool(rogue_requests()), 30)
             rogue.stdin.write("take\n")
             rogue.stdin.flush()
             taken = json.loads(rogue.stdout.readline())["requests"]
@@ -275,7 +267,7 @@ def test_rogue_worker_acting_with_its_old_epochs_is_refused(tmp_path: Path) -> N
                     found.append(holder)
                 return holder is not None
 
-            assert _wait(holder_found, 60)
+            assert wait_until(holder_found, 60)
             request_id, holder_id = found[0]
             holder = next(
                 e["holder"] for e in cluster.workers[holder_id].events if e.get("event") == "registered"
@@ -316,7 +308,7 @@ def test_worker_whose_lease_runs_out_fences_itself(tmp_path: Path) -> None:
         cluster.gateway.stop(grace_s=0.1)  # the gateway goes silent; the workers are alive
         for worker in cluster.workers.values():
             assert worker.process.wait(timeout=60) == 3
-            assert _wait(lambda: bool([e for e in worker.events if e.get("event") == "stopped"]), 5)  # noqa: B023
+            assert wait_until(lambda: bool([e for e in worker.events if e.get("event") == "stopped"]), 5)  # noqa: B023
             stopped = [e for e in worker.events if e.get("event") == "stopped"]
             assert stopped[0]["status"] == 3 and "lease" in str(stopped[0]["reason"])
 
@@ -332,7 +324,7 @@ def test_every_worker_killed_then_one_restarted_parks_and_loses_nothing(tmp_path
     with LocalCluster(tmp_path, policy="LUMEN", num_workers=2) as cluster:
         cluster.start()
         results, threads = _submit_all(cluster, arrivals)
-        assert _wait(lambda: all(len(r.token_ids) >= 4 for r in results), 60)
+        assert wait_until(lambda: all(len(r.token_ids) >= 4 for r in results), 60)
         cluster.kill(0)
         cluster.kill(1)
         with cluster.gateway.condition:

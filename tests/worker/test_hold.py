@@ -14,6 +14,7 @@ from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import Hold, Run, Stream
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
+from lumen_core.testing import wait_until
 from lumen_core.worker.cluster import write_models
 from lumen_core.worker.process import Worker, WorkerConfig
 
@@ -24,14 +25,6 @@ pytestmark = [
 ]
 
 GIB = 1 << 30
-
-
-def _wait(predicate, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("budget_bytes", [2048, GIB])
@@ -60,7 +53,7 @@ def test_hold_reserves_and_a_worker_without_room_refuses_to_the_gateway(
         assert [h.worker_id for h in run.holders] == [1]
         store = worker.store
         if budget_bytes == GIB:  # reserved at placement: 608 bytes, one record
-            _wait(lambda: store.stats()["reservations"] == 1)
+            assert wait_until(lambda: store.stats()["reservations"] == 1)
             (checkpoint,) = store.checkpoints()
             assert (checkpoint.request_id, checkpoint.reserved_tokens, checkpoint.opened) == (
                 request_id,
@@ -77,14 +70,14 @@ def test_hold_reserves_and_a_worker_without_room_refuses_to_the_gateway(
             with gateway.condition:
                 return monitor.request(request_id).holder_ids == (2,)
 
-        _wait(placed_elsewhere)
+        assert wait_until(placed_elsewhere)
         with gateway.condition:
             assert monitor.refused_by(request_id) == {1}
         assert store.stats()["reservations_refused"] == 1 and store.checkpoints() == []
         assert [(type(d), d.request_id) for d in spare.heartbeat().directives] == [(Hold, request_id)]
         (moved,) = serving.heartbeat().directives
         assert (type(moved), [h.worker_id for h in moved.holders]) == (Stream, [2])
-        _wait(lambda: worker.report().refused_request_ids == ())  # acknowledged: not sent again
+        assert wait_until(lambda: worker.report().refused_request_ids == ())  # acknowledged: not sent again
     finally:
         worker.stop()
         thread.join(10)

@@ -4,7 +4,6 @@ and registers again every heartbeat for ``holder_linger_s``; the next gateway on
 address hears of those checkpoints. Past the linger it exits fenced."""
 
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,10 @@ from lumen_core import _native
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
+from lumen_core.testing import wait_until
 from lumen_core.worker.cluster import write_models
-from lumen_core.worker.process import EXIT_FENCED, Worker, WorkerConfig
+from lumen_core.worker.exits import EXIT_FENCED
+from lumen_core.worker.process import Worker, WorkerConfig
 
 pytestmark = [
     pytest.mark.ucx,
@@ -23,15 +24,6 @@ pytestmark = [
 ]
 
 CONFIG = GatewayConfig(policy="FC", lease_s=1.0, heartbeat_s=0.1)
-
-
-def _wait(predicate, timeout_s: float = 20.0) -> bool:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def _workers(tmp_path: Path, secret: bytes, address: str, linger_s: float) -> list[Worker]:
@@ -67,13 +59,13 @@ def test_a_fenced_worker_keeps_its_holder_and_registers_again_with_what_it_holds
         stream = submitter.submit(list(range(1, 40)), 2000, timeout_s=60.0)
         request_id = next(stream).request_id
         holder = workers[1 - gateway.coordinator.request_worker(request_id)[0]]
-        assert _wait(lambda: any(c.durable_tokens > 8 for c in holder.store.checkpoints()))
+        assert wait_until(lambda: any(c.durable_tokens > 8 for c in holder.store.checkpoints()))
         gateway.stop(grace_s=0.1)  # both leases run out: both workers fence themselves
-        assert _wait(lambda: all(w.fenced.is_set() for w in workers), 10.0)
+        assert wait_until(lambda: all(w.fenced.is_set() for w in workers), 10.0)
         held = {c.request_id for c in holder.store.checkpoints()}
         assert held == {request_id}  # kept while fenced
         successor = GatewayServer(CONFIG, secret, host="127.0.0.1", port=port).start()
-        assert _wait(lambda: all(w.stats()["relinked"] == 1 for w in workers))
+        assert wait_until(lambda: all(w.stats()["relinked"] == 1 for w in workers))
         assert [w.client.epoch for w in workers] == [2, 2]
         with successor.condition:  # the holder reported its checkpoint with its registration
             pending = successor.coordinator._pending_holds  # noqa: SLF001 - what the next gateway heard

@@ -810,6 +810,7 @@ class Coordinator:
         return self._request(request_id).refused
 
     def _request(self, request_id: int) -> _Request:
+        """The request of ``request_id``; IndexError for an unknown one."""
         request = self._requests.get(check_int("request_id", request_id, low=0))
         if request is None:
             raise IndexError(f"request_id {request_id} is not a known request")
@@ -828,9 +829,7 @@ class Coordinator:
         needs a cancel that keeps it (TODO issue 22: rebalancing). Returns the driver's reroute.
         Raises IndexError for an unknown request, ValueError for a finished one or when no
         other worker serves."""
-        request = self._requests.get(check_int("request_id", request_id, low=0))
-        if request is None:
-            raise IndexError(f"request_id {request_id} is not a known request")
+        request = self._request(request_id)
         if not isinstance(reason, str):
             raise TypeError(f"reason must be a str, got {type(reason).__name__}")
         if request.finished:
@@ -1072,9 +1071,7 @@ class Coordinator:
         checkpoints; a request that had ended already stays as it was."""
         error = bound_error(error)
         self.check_worker_epoch(worker_id, worker_epoch)
-        request = self._requests.get(check_int("request_id", request_id, low=0))
-        if request is None:
-            raise IndexError(f"request_id {request_id} is not a known request")
+        request = self._request(request_id)
         if request.worker_id != worker_id or request.epoch != epoch:
             raise StaleEpochError(
                 f"request {request_id} epoch {epoch} on worker {worker_id} is stale "
@@ -1116,9 +1113,7 @@ class Coordinator:
 
     def finish_request(self, now_s: float, request_id: int) -> None:
         """The request is complete: account it and release its checkpoints."""
-        request = self._requests.get(check_int("request_id", request_id, low=0))
-        if request is None:
-            raise IndexError(f"request_id {request_id} is not a known request")
+        request = self._request(request_id)
         self._close(now_s, request)
         if not self.monitor.has_request(request_id):  # parked: the monitor forgot it
             parked = self.driver.forget_parked(request_id)
@@ -1164,9 +1159,7 @@ class Coordinator:
         stop sequence): CANCEL to its serving worker, RELEASE to its holders (a checkpoint is
         released only on the gateway's word), and the request ends with the tokens it has.
         Returns False when it had ended already. Raises IndexError for an unknown request."""
-        request = self._requests.get(check_int("request_id", request_id, low=0))
-        if request is None:
-            raise IndexError(f"request_id {request_id} is not a known request")
+        request = self._request(request_id)
         if request.finished:
             return False
         self._send(request.worker_id, Cancel(request_id, reason))
@@ -1210,9 +1203,7 @@ class Coordinator:
 
     def tokens(self, request_id: int, from_position: int = 0) -> tuple[tuple[int, ...], bool, bool]:
         """(tokens from ``from_position``, finished, lost) of a request."""
-        request = self._requests.get(check_int("request_id", request_id, low=0))
-        if request is None:
-            raise IndexError(f"request_id {request_id} is not a known request")
+        request = self._request(request_id)
         return tuple(request.tokens[from_position:]), request.finished, request.lost
 
     def has_request(self, request_id: int) -> bool:

@@ -65,13 +65,11 @@ from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import WorkerReport
 from lumen_core.integrations.vllm import control
 from lumen_core.stream import HolderStore
+from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK, EXIT_SERVER_EXITED
 from lumen_core.worker.held import held_reports
 from lumen_core.worker.upstream import UpstreamError, completion_body, renew_args, stream_tokens
 
 __all__ = [
-    "EXIT_FENCED",
-    "EXIT_OK",
-    "EXIT_SERVER_EXITED",
     "Agent",
     "AgentConfig",
     "record_bytes_of",
@@ -80,10 +78,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-EXIT_OK = 0
-EXIT_FENCED = 3
-EXIT_SERVER_EXITED = 4
 
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _HEALTH_POLL_S = 0.5

@@ -77,11 +77,9 @@ from lumen_core.stream import HolderStore, RestoreResult
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
 from lumen_core.worker.engine_ids import engine_key, request_id_of
+from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK
 from lumen_core.worker.held import held_reports
 from lumen_core.worker.paced_streaming import PacedStreamingConnector
-
-EXIT_OK = 0
-EXIT_FENCED = 3
 
 
 @dataclass(frozen=True)
@@ -201,7 +199,6 @@ class Worker:
         # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
         self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
         self._paced_restores: dict[str, RestoreResult] = {}
-        self._earlier_restores: dict[str, RestoreResult] = {}  # of connectors a fencing closed
         self._pace_continues = False  # the last paced step left work: the next one follows it
 
     # ---- models --------------------------------------------------------------------------
@@ -642,10 +639,7 @@ class Worker:
         restored, and tokens of resumed contexts computed again here (``reprefilled_tokens``:
         context at the resume minus what was restored); requests cancelled; RENEWs applied and
         ignored (for a request no longer served here); registrations after a fencing (relinked)."""
-        restores = {
-            **self._earlier_restores,
-            **(self.connector.restores if self.connector is not None else {}),
-        }
+        restores = self.connector.restores if self.connector is not None else {}
         restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
         reprefilled_tokens = sum(
             context - (restores[key].restored_tokens if key in restores else 0)
@@ -708,8 +702,8 @@ class Worker:
 
     def _abandon(self) -> None:
         """Stop serving the fenced epoch: heartbeats, assisting, queued directives and every
-        request, whose streams are closed unreleased (the holders' copies are the gateway's to
-        restore from); a fresh engine serves the next epoch."""
+        request. The connector stops streaming without releasing (the holders' copies are the
+        gateway's to restore from), so the aborts that follow release nothing."""
         if self.heartbeats is not None:
             self.heartbeats.stop()
         self._stop_assistant()
@@ -721,9 +715,9 @@ class Worker:
         self.served.clear()
         if self.engine is not None:
             assert self.connector is not None
-            self._earlier_restores.update(self.connector.restores)
-            self.connector.close()
-            self._build_engine()
+            self.connector.core.abandon()
+            for request_id in list(self.engine.requests):
+                self.engine.abort(request_id)
 
     def _serve(self) -> None:
         while not self.stopping.is_set() and not self.fenced.is_set():
