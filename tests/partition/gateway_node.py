@@ -103,6 +103,7 @@ def _stopped(server: GatewayServer, ledger: _Ledger) -> dict[str, object]:
                 "cause": f.cause,
                 "rerouted": [r.route.request_id for r in f.reroutes],
                 "actions": [str(r.route.action) for r in f.reroutes],
+                "reasons": [r.route.reason for r in f.reroutes],
                 "lost": list(f.lost_request_ids),
             }
             for f in server.coordinator.failures

@@ -34,15 +34,22 @@ def _failed(outcome: Outcome) -> set[int]:
 def test_partition_worker_cut_from_gateway_longer_than_lease(network: netns.Network, tmp_path: Path) -> None:
     # The worker still reaches its holders; it fences itself, the gateway re-routes its
     # requests (restored from those holders), and the worker, lingering with its holder,
-    # registers again after the heal: no restart.
+    # registers again after the heal: no restart. The cut waits until the worker serves a
+    # request with a durable checkpoint: cut before that (its first request still in prefill
+    # at a loaded moment), every request it had re-prefills ("checkpoint empty"), which CI saw.
     outcome = _run(
-        tmp_path, network, "worker_cut_from_gateway_longer_than_lease", 201, [("cut_gateway", LONG, 0.6)]
+        tmp_path,
+        network,
+        "worker_cut_from_gateway_longer_than_lease",
+        201,
+        [("cut_gateway", LONG, 0.6)],
+        while_serving=True,
     )
     target = int(outcome.schedule.faults[0].target[1:])
     assert target in _failed(outcome) and outcome.restarts == []
     assert any(s["relinked"] == 1 and s["worker_id"] == target for s in outcome.worker_stats)
     # Under LUMEN its requests resume from checkpoints it streamed to the other namespaces.
-    assert summary(outcome)["restored"] > 0
+    assert summary(outcome)["restored"] > 0, [f["reasons"] for f in outcome.gateway["failures"]]  # type: ignore[attr-defined, index]
 
 
 def test_partition_gateway_cut_from_everyone_shorter_than_lease(
