@@ -5,6 +5,7 @@ import math
 import pytest
 
 from lumen_core.auth import Rights
+from lumen_core.gateway import coordinator as coordinator_module
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.coordinator import Coordinator, NoWorkerError
 from lumen_core.gateway.directives import Cancel, Hold, Release, Resume, Run, Sampling, Stream
@@ -531,6 +532,37 @@ def test_a_workers_error_ends_the_request_as_lost_and_releases_its_checkpoints()
     long = coordinator.admit(0.4, [1], 2, worker_id=w).request_id
     coordinator.report_tokens(0.5, w, 1, long, 1, 0, [], error="\x1b" + "x" * 5000)
     assert coordinator.lost_reason(long) == "worker 0 refused it: ?" + "x" * 511
+
+
+def test_a_request_its_worker_failed_is_moved_a_bounded_number_of_times_then_lost():
+    coordinator = cluster(3, policy="S&R")
+    admission = coordinator.admit(0.0, [1, 2], 8)
+    rid, first = admission.request_id, admission.worker_id
+    for worker_id in range(3):
+        coordinator.take_directives(worker_id)
+    with pytest.raises(ValueError, match="failed needs the error that failed the request"):
+        coordinator.report_tokens(0.1, first, 1, rid, 1, 0, [5], failed=True)
+    # The tokens sent with the failure are kept; the request resumes elsewhere from them.
+    coordinator.report_tokens(0.1, first, 1, rid, 1, 0, [5, 6], error="the server answered 500", failed=True)
+    worker, epoch = coordinator.request_worker(rid)
+    assert (worker != first, epoch) == (True, 2)
+    assert coordinator.take_directives(first) == [Cancel(rid, "moved (failed)")]
+    (resume,) = [d for d in coordinator.take_directives(worker) if isinstance(d, Resume)]
+    assert resume.output_token_ids == (5, 6)
+    assert coordinator.tokens(rid) == ((5, 6), False, False) and not coordinator.refused(rid)
+    for _ in range(coordinator_module.MAX_FAILED_MOVES - 1):
+        coordinator.report_tokens(0.2, worker, 1, rid, epoch, 2, [], error="again", failed=True)
+        worker, epoch = coordinator.request_worker(rid)
+    # An error that follows the request from worker to worker is its own: it ends there.
+    coordinator.report_tokens(0.3, worker, 1, rid, epoch, 2, [7], error="500 again", failed=True)
+    assert coordinator.tokens(rid) == ((5, 6, 7), True, True)
+    assert coordinator.lost_reason(rid) == f"worker {worker} failed it: 500 again"
+    assert not coordinator.refused(rid)  # the cluster's failure, not the request's own error
+    # With no other worker serving, a failed request is lost at once.
+    alone = cluster(1, policy="S&R")
+    rid = alone.admit(0.0, [1, 2], 8).request_id
+    alone.report_tokens(0.1, 0, 1, rid, 1, 0, [], error="boom", failed=True)
+    assert alone.lost_reason(rid) == "worker 0 failed it: boom" and not alone.refused(rid)
 
 
 def test_an_error_from_a_stale_or_fenced_epoch_is_refused_and_the_request_goes_on():

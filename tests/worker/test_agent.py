@@ -7,6 +7,7 @@ linger (its holder kept up, registered again with the next gateway)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -252,13 +253,18 @@ class _StandIn(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _ServerEndpoints)
         self.hung_up = threading.Event()
+        self.epochs: list[int] = []  # of the decoding requests (first prompt token 201) it got
 
 
 class _ServerEndpoints(BaseHTTPRequestHandler):
     """What the agent polls on a vLLM server: ``/health`` (200) and ``/metrics`` (no load);
     ``/v1/completions`` answers the HTTP status a request's first prompt token names, with
     an error body in vLLM's shape (tests/vllm/test_refusal.py has vLLM's own refusal), or for
-    200 opens the stream and sends nothing until the agent closes it (a request decoding)."""
+    200 opens the stream and sends nothing until the agent closes it (a request decoding).
+    A first prompt token 202 breaks its stream off unanswered; 201 decodes: token
+    ``10 + i % 50`` at each sequence index ``i``; at the request's first epoch it fails after
+    two tokens with vLLM's mid-stream error event (what vLLM writes when generation fails
+    inside the engine)."""
 
     server: _StandIn
 
@@ -269,6 +275,15 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         status = request["prompt"][0]
+        if status == 201:
+            self._decode(request)
+            return
+        if status == 202:  # the stream breaks off: headers, then the connection closes
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.close_connection = True
+            return
         if status == 200:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -286,6 +301,25 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
         }
         self._answer(status, json.dumps({"error": error}).encode())
 
+    def _decode(self, request: dict) -> None:  # type: ignore[type-arg]
+        epoch = request["kv_transfer_params"]["lumen"]["epoch"]
+        self.server.epochs.append(epoch)
+        start, count = len(request["prompt"]), request["max_tokens"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        tokens = [10 + i % 50 for i in range(start, start + count)]
+        if epoch == 1:
+            events = [{"choices": [{"token_ids": tokens[:2], "finish_reason": None}]}]
+            events.append({"error": {"message": "Internal server error", "type": "InternalServerError",
+                                     "param": None, "code": 500}})  # fmt: skip
+        else:
+            events = [{"choices": [{"token_ids": tokens, "finish_reason": "length"}]}]
+        for event in events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.close_connection = True
+
     def _answer(self, status: int, body: bytes) -> None:
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
@@ -296,15 +330,23 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
         pass  # the agent polls every 0.5 s: not worth a line each
 
 
-@pytest.fixture
-def server() -> Iterator[_StandIn]:
+@contextlib.contextmanager
+def _serving() -> Iterator[_StandIn]:
     httpd = _StandIn()
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield httpd
-    httpd.shutdown()
-    httpd.server_close()
-    thread.join(timeout=5.0)
+    try:
+        yield httpd
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        thread.join(timeout=5.0)
+
+
+@pytest.fixture
+def server() -> Iterator[_StandIn]:
+    with _serving() as httpd:
+        yield httpd
 
 
 def test_close_waits_for_the_supervisors_exit_report_so_the_gateway_gets_it(
@@ -356,40 +398,36 @@ def test_close_waits_for_the_supervisors_exit_report_so_the_gateway_gets_it(
         gateway.stop(grace_s=0.1)
 
 
-def test_a_request_the_server_refuses_ends_at_its_client_and_a_server_error_is_left_to_failover(
-    tmp_path: Path, secret: bytes, secret_file: Path, ucx_module: None, server: ThreadingHTTPServer
+def test_a_request_the_server_refuses_ends_at_its_client_and_one_it_fails_is_moved(
+    tmp_path: Path, secret: bytes, secret_file: Path, ucx_module: None, server: _StandIn
 ) -> None:
-    """A 4xx is the server's word on the request: reported, it ends at the client. A 5xx (or a
-    broken connection) is the server's own failure: not reported, so the request waits for
-    the supervisor's exit report and the failover that resumes it elsewhere."""
-    model = _model(tmp_path, num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
+    """A 4xx is the server's word on the request: reported, it ends at the client
+    (INVALID_ARGUMENT). A 5xx is the server failing it while alive: reported as failed, so
+    the gateway moves it; with no other worker, it is lost (UNAVAILABLE). A broken
+    connection is the server's own failure: not reported, the request waits for the
+    supervisor's exit report and the failover that resumes it elsewhere."""
     gateway = GatewayServer(GatewayConfig(policy="FC"), secret, port=0).start()
     client = GatewayClient(gateway.address, secret)
     agent: Agent | None = None
     try:
-        config = AgentConfig(
-            worker_id=0,
-            gateway=gateway.address,
-            secret_file=str(secret_file),
-            model=str(model),
-            workdir=str(tmp_path),
-            server_url=f"http://127.0.0.1:{server.server_address[1]}",
-            tls="tcp",
-        )
-        agent = Agent(config).start()
+        agent = Agent(_agent_config(tmp_path, secret_file, gateway.address, server)).start()
         refused = (
             r"INVALID_ARGUMENT: request 1 lost: worker 0 refused it: "
             r"the server answered 400: .*stand-in error 400"
         )
         with pytest.raises(GatewayError, match=refused):
             list(client.submit([400, 1, 2], 4, timeout_s=20.0))
-        broken = client.submit([500, 1, 2], 4, timeout_s=20.0)
+        failed = (
+            r"UNAVAILABLE: request 2 lost: worker 0 failed it: the server answered 500: .*stand-in error 500"
+        )
+        with pytest.raises(GatewayError, match=failed):
+            list(client.submit([500, 1, 2], 4, timeout_s=20.0))
+        assert agent.stats()["upstream_refused"] == 1 and agent.stats()["upstream_failed"] == 1
+        with gateway.condition:
+            assert gateway.coordinator.refused(1) and not gateway.coordinator.refused(2)
+        broken = client.submit([202, 1, 2], 4, timeout_s=20.0)
         request_id = next(broken).request_id
-        deadline = time.monotonic() + 10.0
-        while agent.stats()["upstream_errors"] < 2:
-            assert time.monotonic() < deadline, agent.stats()
-            time.sleep(0.01)
-        assert agent.stats()["upstream_refused"] == 1
+        assert wait_until(lambda: agent.stats()["upstream_errors"] == 3)  # type: ignore[union-attr]
         with gateway.condition:
             assert gateway.coordinator.tokens(request_id) == ((), False, False)  # still running
         broken.close()
@@ -400,15 +438,49 @@ def test_a_request_the_server_refuses_ends_at_its_client_and_a_server_error_is_l
         gateway.stop(grace_s=0.1)
 
 
+def test_a_request_its_server_fails_mid_stream_continues_on_another_worker(
+    tmp_path: Path, secret: bytes, secret_file: Path, ucx_module: None, server: _StandIn
+) -> None:
+    """vLLM's mid-stream error event (a 500 in the stream, the server alive): the gateway moves
+    the request, and the client's stream continues on the other worker with no token
+    repeated or missing."""
+    gateway = GatewayServer(GatewayConfig(policy="FC"), secret, port=0).start()
+    client = GatewayClient(gateway.address, secret)
+    agents: list[Agent] = []
+    try:
+        with _serving() as other:
+            for worker_id, stand_in in enumerate((server, other)):
+                workdir = tmp_path / f"w{worker_id}"
+                workdir.mkdir()
+                config = _agent_config(workdir, secret_file, gateway.address, stand_in, worker_id=worker_id)
+                agents.append(Agent(config).start())
+            prompt = [201, 1, 2]
+            tokens = [t for piece in client.submit(prompt, 12, timeout_s=20.0) for t in piece.token_ids]
+            assert tokens == [10 + i % 50 for i in range(len(prompt), len(prompt) + 12)]
+            assert sorted(server.epochs + other.epochs) == [1, 2]  # failed at epoch 1, moved once
+            assert sum(a.stats()["upstream_failed"] for a in agents) == 1
+    finally:
+        for agent in agents:
+            agent.close()
+        client.close()
+        gateway.stop(grace_s=0.1)
+
+
 LINGER_CONFIG = GatewayConfig(policy="FC", lease_s=1.0, heartbeat_s=0.1)
 
 
 def _agent_config(
-    tmp_path: Path, secret_file: Path, gateway: str, server: _StandIn, linger_s: float
+    tmp_path: Path,
+    secret_file: Path,
+    gateway: str,
+    server: _StandIn,
+    linger_s: float = 60.0,
+    *,
+    worker_id: int = 0,
 ) -> AgentConfig:
     model = _model(tmp_path, num_hidden_layers=1, num_attention_heads=1, hidden_size=8)
     return AgentConfig(
-        worker_id=0,
+        worker_id=worker_id,
         gateway=gateway,
         secret_file=str(secret_file),
         model=str(model),

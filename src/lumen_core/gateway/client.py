@@ -145,7 +145,8 @@ class HeartbeatResult:
 @dataclass(frozen=True)
 class RequestTokens:
     """Output tokens of one request at ``start_position``, as a worker reports them.
-    ``error``: the worker refused the request (it ends at its client with this text)."""
+    ``error``: the worker refused the request (it ends at its client with this text); with
+    ``failed``, the worker failed it (its server's own error), and the gateway moves it."""
 
     request_id: int
     epoch: int
@@ -153,6 +154,7 @@ class RequestTokens:
     token_ids: tuple[int, ...]
     finished: bool = False
     error: str = ""
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -472,12 +474,14 @@ class GatewayClient:
         *,
         finished: bool = False,
         error: str = "",
+        failed: bool = False,
     ) -> ReportAck:
         """Report one request's output tokens (or, with ``error``, that this worker refused
-        it); raises what the gateway refused the report with (StaleEpochError for a fenced
-        worker or request epoch, GatewayError otherwise)."""
+        it, or with ``failed`` too that it failed it); raises what the gateway refused the
+        report with (StaleEpochError for a fenced worker or request epoch, GatewayError
+        otherwise)."""
         (ack,) = self.report_tokens_batch(
-            [RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished, error)]
+            [RequestTokens(request_id, epoch, start_position, tuple(token_ids), finished, error, failed)]
         )
         if ack.code != grpc.StatusCode.OK.value[0]:
             code = next(c for c in grpc.StatusCode if c.value[0] == ack.code)
@@ -510,6 +514,7 @@ class GatewayClient:
                         token_ids=list(r.token_ids),
                         finished=r.finished,
                         error=bound_error(r.error),
+                        failed=r.failed,
                     )
                     for r in reports
                 ],

@@ -225,6 +225,13 @@ class _Request:
     replay_token_s: float = math.nan
     lost_reason: str = ""
     refused: bool = False  # lost because its worker refused it (the request, not the cluster)
+    failed_moves: int = 0  # moves because a worker failed it (at most MAX_FAILED_MOVES)
+
+
+# A request its worker failed (the server's own error, e.g. vLLM's mid-stream internal error)
+# is moved to another worker at most this many times, then lost: an error that follows the
+# request from worker to worker is its own, and must not bounce it around the cluster forever.
+MAX_FAILED_MOVES = 2
 
 
 def _check_tokens(name: str, token_ids: Iterable[int]) -> tuple[int, ...]:
@@ -1061,6 +1068,7 @@ class Coordinator:
         *,
         finished: bool = False,
         error: str = "",
+        failed: bool = False,
     ) -> TokenAck:
         """Output tokens ``token_ids`` at positions ``start_position...`` of a request from
         the worker serving it at ``epoch``. Positions already known are dropped (a duplicate
@@ -1068,8 +1076,13 @@ class Coordinator:
         a gap is refused. ``finished`` ends the request and releases its checkpoints. A
         non-empty ``error`` (the worker refused the request) ends it as lost instead, its
         reason naming the worker and the error (``protocol.bound_error``), and releases its
-        checkpoints; a request that had ended already stays as it was."""
+        checkpoints; a request that had ended already stays as it was. With ``failed`` (the
+        worker failed it: its server's own error) the request is moved to another worker as
+        a failover would move it (``move(request, "failed")``), at most ``MAX_FAILED_MOVES``
+        times; past that, or with no other worker serving, it is lost, not refused."""
         error = bound_error(error)
+        if failed and not error:
+            raise ValueError("failed needs the error that failed the request, got none")
         self.check_worker_epoch(worker_id, worker_epoch)
         request = self._request(request_id)
         if request.worker_id != worker_id or request.epoch != epoch:
@@ -1097,13 +1110,24 @@ class Coordinator:
                 request.replay_token_s = now_s
             request.tokens.extend(new)
         if error and not request.finished:
+            if failed and request.failed_moves < MAX_FAILED_MOVES and self._move_failed(now_s, request):
+                return TokenAck(len(new), conflicts, len(request.tokens))
             request.lost = True
-            request.lost_reason = f"worker {worker_id} refused it: {error}"
-            request.refused = True
+            request.lost_reason = f"worker {worker_id} {'failed' if failed else 'refused'} it: {error}"
+            request.refused = not failed
             self.finish_request(now_s, request_id)
         elif finished and not request.finished:
             self.finish_request(now_s, request_id)
         return TokenAck(len(new), conflicts, len(request.tokens))
+
+    def _move_failed(self, now_s: float, request: _Request) -> bool:
+        """Move a request its worker failed; False when no other worker serves."""
+        request.failed_moves += 1
+        try:
+            self.move(now_s, request.request_id, "failed")
+        except ValueError:
+            return False
+        return True
 
     def check_worker_epoch(self, worker_id: int, worker_epoch: int) -> None:
         """Raise StaleEpochError unless (worker, epoch) is a live incarnation."""

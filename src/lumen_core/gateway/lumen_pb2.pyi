@@ -388,20 +388,22 @@ class DirectivesRequest(_message.Message):
     def __init__(self, worker_id: _Optional[int] = ..., epoch: _Optional[int] = ..., after_sequence: _Optional[int] = ...) -> None: ...
 
 class RequestTokens(_message.Message):
-    __slots__ = ("request_id", "epoch", "start_position", "token_ids", "finished", "error")
+    __slots__ = ("request_id", "epoch", "start_position", "token_ids", "finished", "error", "failed")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     START_POSITION_FIELD_NUMBER: _ClassVar[int]
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     request_id: int
     epoch: int
     start_position: int
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     finished: bool
     error: str
-    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+    failed: bool
+    def __init__(self, request_id: _Optional[int] = ..., epoch: _Optional[int] = ..., start_position: _Optional[int] = ..., token_ids: _Optional[_Iterable[int]] = ..., finished: _Optional[bool] = ..., error: _Optional[str] = ..., failed: _Optional[bool] = ...) -> None: ...
 
 class TokenReport(_message.Message):
     __slots__ = ("worker_id", "worker_epoch", "requests")

@@ -230,6 +230,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                         list(entry.token_ids),
                         finished=entry.finished,
                         error=entry.error,
+                        failed=entry.failed,
                     )
                 except (StaleEpochError, IndexError, TypeError, ValueError) as exc:
                     if isinstance(exc, StaleEpochError):  # not this worker's at this epoch

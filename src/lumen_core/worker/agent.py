@@ -180,6 +180,7 @@ class _Counters:
     cancelled: int = 0
     upstream_errors: int = 0
     upstream_refused: int = 0  # of those, 4xx refusals reported to the gateway (the request ends)
+    upstream_failed: int = 0  # of those, other answered errors reported as failed (it is moved)
     streams_ignored: int = 0
     renewed: int = 0
     renews_ignored: int = 0
@@ -537,14 +538,22 @@ class Agent:
             self.counters.upstream_errors += 1
             self.counters.errors.append(f"{request_id}: {exc}"[:300])
             logger.warning("lumen agent: request %d: %s", request_id, exc)
-            if isinstance(exc, UpstreamError) and exc.refused:
-                # The server will not serve it (a 4xx: a prompt past its max_model_len, say):
-                # it ends at its client with the server's message. A server that died or broke
-                # the connection (5xx, httpx errors) is left to the supervisor: its exit report
-                # fails this worker and the gateway resumes the request on another, from the
-                # tokens its client has.
-                self.counters.upstream_refused += 1
-                self._reports.put(RequestTokens(request_id, epoch, position, (), error=str(exc)))
+            if isinstance(exc, UpstreamError) and exc.status is not None:
+                # The server answered with an error. A 4xx: it will not serve the request (a
+                # prompt past its max_model_len, say), which ends at its client with the
+                # server's message. Any other (a 5xx, vLLM's mid-stream internal error): it
+                # failed the request while alive, so the gateway moves it to another worker
+                # (nothing else would: the supervisor sees a live server). A server that died
+                # or broke the connection (httpx errors, a stream cut off) is left to the
+                # supervisor: its exit report fails this worker and the gateway resumes the
+                # request on another, from the tokens its client has.
+                if exc.refused:
+                    self.counters.upstream_refused += 1
+                else:
+                    self.counters.upstream_failed += 1
+                self._reports.put(
+                    RequestTokens(request_id, epoch, position, (), error=str(exc), failed=exc.failed)
+                )
         finally:
             if self._tasks.get(request_id, (None,))[0] == epoch:
                 del self._tasks[request_id]
@@ -627,6 +636,7 @@ class Agent:
             "tokens": c.tokens,
             "upstream_errors": c.upstream_errors,
             "upstream_refused": c.upstream_refused,
+            "upstream_failed": c.upstream_failed,
             "streams_ignored": c.streams_ignored,
             "renewed": c.renewed,
             "renews_ignored": c.renews_ignored,

@@ -28,8 +28,9 @@ __all__ = ["UpstreamError", "UpstreamTokens", "completion_body", "stream_tokens"
 
 
 class UpstreamError(RuntimeError):
-    """The server refused the request (``status``: the HTTP status it answered) or broke its
-    stream off (``status`` None)."""
+    """The server answered the request with an error (``status``: the HTTP status of its
+    answer, or the ``code`` of an error event in its stream) or broke its stream off
+    (``status`` None)."""
 
     def __init__(self, message: str, *, status: int | None = None) -> None:
         super().__init__(message)
@@ -39,6 +40,22 @@ class UpstreamError(RuntimeError):
     def refused(self) -> bool:
         """A 4xx: the server will not serve this request (a 5xx is the server's own failure)."""
         return self.status is not None and 400 <= self.status < 500
+
+    @property
+    def failed(self) -> bool:
+        """Any other answered error (a 5xx, or an error event without a code): the server,
+        alive, failed the request (vLLM's mid-stream internal error), which another server
+        may serve."""
+        return self.status is not None and not self.refused
+
+
+def _event_error(error: Any) -> UpstreamError:
+    """The UpstreamError of a stream's error event (vLLM: ``{"error": {"message", "type",
+    "code", "param"}}``); without an integer ``code``, a 500."""
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and not isinstance(code, bool) else 500
+    message = error.get("message", error) if isinstance(error, dict) else error
+    return UpstreamError(f"the server's stream failed ({status}): {message}", status=status)
 
 
 @dataclass(frozen=True)
@@ -121,9 +138,10 @@ async def stream_tokens(
     http: httpx.AsyncClient, url: str, body: dict[str, Any], start_position: int
 ) -> AsyncIterator[UpstreamTokens]:
     """POST ``body`` to ``url`` (the server's ``/v1/completions``) and yield its tokens by
-    output position as they arrive, the last with ``finished``. Raises UpstreamError for a
-    refusal (with its ``status`` and the server's error message), an error event, or a
-    stream that ends unfinished; httpx errors when the server cannot be reached or goes away."""
+    output position as they arrive, the last with ``finished``. Raises UpstreamError for an
+    error answer or an error event (with its ``status`` and the server's error message), or
+    a stream that ends unfinished; httpx errors when the server cannot be reached or goes
+    away."""
     position = start_position
     async with http.stream("POST", url, json=body) as response:
         if response.status_code != 200:
@@ -139,7 +157,7 @@ async def stream_tokens(
                 break
             event = json.loads(data)
             if "error" in event:
-                raise UpstreamError(f"the server's stream failed: {event['error']}")
+                raise _event_error(event["error"])
             for choice in event.get("choices", ()):
                 tokens = tuple(int(t) for t in choice.get("token_ids") or ())
                 finished = choice.get("finish_reason") is not None
