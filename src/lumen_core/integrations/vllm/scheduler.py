@@ -28,6 +28,7 @@ __all__ = ["SchedulerSide"]
 logger = logging.getLogger(__name__)
 
 MAX_FLUSH_S = 30.0  # bound on one `flush` command's wait
+ABANDON_WAIT_S = 3.0  # bound on an `abandon`'s wait for the step that takes it (< ask's 5 s)
 _DURABLE_LAG = "durable_lag_tokens"  # the worker's gauge (stats.DURABLE_LAG, without importing vLLM)
 
 
@@ -162,6 +163,8 @@ class SchedulerSide:
             renewals, self._renewals = self._renewals, []
             meta.sample_lag = self._num_flushing > 0
             meta.abandon, self._abandon = self._abandon, False
+            if meta.abandon:
+                self._lock.notify_all()  # the `abandon` waiting for this step answers
         meta.renewals = self._renew(renewals)
         return meta
 
@@ -211,10 +214,12 @@ class SchedulerSide:
           that epoch.
         - ``flush`` ``{"wait_s": number}``: wait (at most ``wait_s``, <= 30, default 5) until the
           worker samples no saved-but-not-durable token; ``flushed`` and the last lag.
-        - ``abandon``: the agent was fenced: from the next step on, no request streaming now is
-          checkpointed and none of their checkpoints is released (their aborts included): the
-          holders keep them for the gateway. Requests opened later stream as usual.
-          ``streaming``: the requests streaming here now.
+        - ``abandon``: the agent was fenced or drained: from the next step on, no request
+          streaming now is checkpointed and none of their checkpoints is released (their
+          aborts included): the holders keep them for the gateway. Requests opened later
+          stream as usual. Answers once a step's plan has taken it (at most
+          ``ABANDON_WAIT_S``; ``applied``), so an abort sent after the answer reaches the
+          worker after its abandon. ``streaming``: the requests streaming here then.
         """
         command = request.get("command")
         if command == "stats":
@@ -249,7 +254,11 @@ class SchedulerSide:
         if command == "abandon":
             with self._lock:
                 self._abandon = True
-            return {"streaming": len(self._opened)}
+                streaming = len(self._opened)
+                # Nothing streaming: no step need come (an idle engine takes none), and the
+                # flag stays for the next one, which has nothing of now to abandon.
+                applied = not streaming or self._lock.wait_for(lambda: not self._abandon, ABANDON_WAIT_S)
+            return {"streaming": streaming, "applied": applied}
         if command == "flush":
             wait_s = request.get("wait_s", 5.0)
             if (
