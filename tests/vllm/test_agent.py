@@ -13,10 +13,6 @@ streams are the failure-free run's token for token; a moved seeded stream is mar
 
 from __future__ import annotations
 
-import os
-import signal
-import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +20,8 @@ from typing import Any
 
 import openai
 import pytest
-from engines import TLS, build_model, record_bytes
+from engines import build_model, record_bytes
+from streams import MODEL, PROMPT_TOKENS, Stream, kill_group, run_streams, start_agents, temperature
 
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.http.config import FrontDoorConfig
@@ -35,86 +32,17 @@ from lumen_core.policy.events import RecoveryAction
 from lumen_core.policy.load import LoadConfig
 
 KEY = "agent-test-key-0123456789abcdef"
-MODEL = "tiny"
 NUM_SERVERS = 2
 NUM_STREAMS = 16
-PROMPT_TOKENS = 40
 # Long enough that every stream is mid-way when the last one has 8 tokens and the holders'
 # next heartbeats report each checkpoint (a stream ran at up to 250 tokens/s here).
 MAX_TOKENS = 480
 KILL_AFTER_TOKENS = 8
-SERVER_ARGS = "--skip-tokenizer-init --enforce-eager --max-model-len 1024 --seed 0"
 # Not the default 10 s: beside two busy loops and other jobs (a run queue of up to 42 on 2
 # cores), an agent's heartbeats were once 8.5 s apart, the gateway's process stalled 6.5 s
 # at the same moment. The victim's failure must come from its agent's exit report (asserted
 # below), not from a lease that ran out on either server.
 LEASE_S = 30.0
-
-
-def _prompt(i: int) -> list[int]:
-    return [(7 * i + 3 * j + 1) % 500 + 5 for j in range(PROMPT_TOKENS)]
-
-
-def _temperature(i: int) -> float:
-    """Greedy and seeded in pairs: whichever way the streams split over the servers, each has both."""
-    return 0.0 if i % 4 < 2 else 0.8
-
-
-class _Stream:
-    def __init__(self) -> None:
-        self.request_id = 0
-        self.inexact_from = -1  # output position of the first token marked resumed_inexact
-        self.token_ids: list[int] = []
-        self.finish_reasons: list[str] = []
-        self.usages: list[Any] = []
-        self.error = ""
-
-
-def _consume(client: openai.OpenAI, i: int, stream: _Stream) -> None:
-    try:
-        events = client.completions.create(
-            model=MODEL,
-            prompt=_prompt(i),
-            max_tokens=MAX_TOKENS,
-            temperature=_temperature(i),
-            seed=1000 + i,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
-        for chunk in events:
-            stream.request_id = int(chunk.id.removeprefix("cmpl-"))
-            if chunk.usage is not None:
-                stream.usages.append(chunk.usage)
-            for choice in chunk.choices:
-                if (choice.model_extra or {}).get("resumed_inexact") and stream.inexact_from < 0:
-                    stream.inexact_from = len(stream.token_ids)
-                stream.token_ids.extend(choice.token_ids)
-                if choice.finish_reason is not None:
-                    stream.finish_reasons.append(choice.finish_reason)
-    except Exception as exc:  # noqa: BLE001 - the test asserts on it
-        stream.error = f"{type(exc).__name__}: {exc}"
-
-
-def _run_streams(
-    client: openai.OpenAI, on_progress: Callable[[list[_Stream]], None] | None = None
-) -> list[_Stream]:
-    streams = [_Stream() for _ in range(NUM_STREAMS)]
-    threads = [threading.Thread(target=_consume, args=(client, i, s)) for i, s in enumerate(streams)]
-    for thread in threads:
-        thread.start()
-    if on_progress is not None:
-        on_progress(streams)
-    for thread in threads:
-        thread.join(timeout=300.0)
-    assert not any(t.is_alive() for t in threads)
-    return streams
-
-
-def _kill_group(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 @pytest.mark.timeout(900)
@@ -130,22 +58,13 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
         port=0,
         max_streams=256,
     ).start()
-    agents, registered = [], []
+    registered: list[dict[str, Any]] = []
     try:
-        for worker_id in range(NUM_SERVERS):
-            argv = [
-                sys.executable, "-m", "lumen_core.cli", "agent", "--worker-id", str(worker_id),
-                "--gateway", gateway.address, "--secret-file", str(secret_file), "--model", str(model),
-                "--workdir", str(tmp_path), "--tls", TLS, "--kv-space-gib", "1", "--server-args", SERVER_ARGS,
-                "--start-timeout-s", "400",
-            ]  # fmt: skip
-            agents.append(spawn(argv))
-        registered = [agent.read() for agent in agents]  # the servers start side by side
-        assert [r["event"] for r in registered] == ["registered"] * NUM_SERVERS
+        agents, registered = start_agents(spawn, NUM_SERVERS, gateway.address, secret_file, model, tmp_path)
         config = FrontDoorConfig(MODEL, vocab_size=512, max_model_len=1024, engine="vllm")
         with FrontDoor(gateway, config, frozenset([KEY])) as door:
             client = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=300.0)
-            reference = _run_streams(client)
+            reference = run_streams(client, NUM_STREAMS, MAX_TOKENS)
             assert [s.error for s in reference] == [""] * NUM_STREAMS
 
             coordinator = gateway.coordinator
@@ -165,7 +84,7 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
                         for r in monitor.running_on(w)
                     )
 
-            def kill_the_busiest(streams: list[_Stream]) -> None:
+            def kill_the_busiest(streams: list[Stream]) -> None:
                 deadline = time.monotonic() + 300.0
                 while min(len(s.token_ids) for s in streams) < KILL_AFTER_TOKENS or not _restorable():
                     assert time.monotonic() < deadline and not any(s.error for s in streams)
@@ -178,9 +97,9 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
                 victim = max(running, key=lambda w: running[w])
                 assert running[victim] >= 2, f"the streams ended before the kill: running {running}"
                 victims.append(victim)
-                _kill_group(registered[victim]["server_pid"])
+                kill_group(registered[victim]["server_pid"])
 
-            streams = _run_streams(client, kill_the_busiest)
+            streams = run_streams(client, NUM_STREAMS, MAX_TOKENS, kill_the_busiest)
             with gateway.condition:
                 moved = [coordinator.request_worker(s.request_id)[1] > 1 for s in streams]
             (victim,) = victims
@@ -190,7 +109,7 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
         failures = coordinator.failures
     finally:
         for r in registered:
-            _kill_group(r["server_pid"])
+            kill_group(r["server_pid"])
         gateway.stop(grace_s=0.1)
     assert [s.error for s in streams] == [""] * NUM_STREAMS
     assert (stopped["event"], stopped["status"]) == ("stopped", 4)
@@ -198,8 +117,8 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
     assert "exited" in killed.cause and len(killed.reroutes) >= 2  # streams were cut mid-way
     assert all(len(s.token_ids) == MAX_TOKENS for s in reference + streams)
     assert [s.inexact_from for s in reference] == [-1] * NUM_STREAMS
-    greedy = [i for i in range(NUM_STREAMS) if _temperature(i) == 0.0]
-    seeded = [i for i in range(NUM_STREAMS) if _temperature(i) > 0.0]
+    greedy = [i for i in range(NUM_STREAMS) if temperature(i) == 0.0]
+    seeded = [i for i in range(NUM_STREAMS) if temperature(i) > 0.0]
     # none repeated, none missing, none changed
     assert [streams[i].token_ids for i in greedy] == [reference[i].token_ids for i in greedy]
     assert [streams[i].inexact_from for i in greedy] == [-1] * len(greedy)  # greedy resumes exactly

@@ -42,7 +42,7 @@ from lumen_core.worker.agent import (
     server_load,
     start_dying_with_parent,
 )
-from lumen_core.worker.exits import EXIT_FENCED, EXIT_SERVER_EXITED
+from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK, EXIT_SERVER_EXITED
 from lumen_core.worker.upstream import completion_body
 from lumen_core.worker.vllm_demo import count_token_errors
 
@@ -264,7 +264,8 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
     A first prompt token 202 breaks its stream off unanswered; 201 decodes: token
     ``10 + i % 50`` at each sequence index ``i``; at the request's first epoch it fails after
     two tokens with vLLM's mid-stream error event (what vLLM writes when generation fails
-    inside the engine)."""
+    inside the engine). 203 decodes the same tokens one event each, 20 a second, until the
+    agent closes the stream (``hung_up``)."""
 
     server: _StandIn
 
@@ -277,6 +278,9 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
         status = request["prompt"][0]
         if status == 201:
             self._decode(request)
+            return
+        if status == 203:
+            self._decode_slowly(request)
             return
         if status == 202:  # the stream breaks off: headers, then the connection closes
             self.send_response(200)
@@ -319,6 +323,24 @@ class _ServerEndpoints(BaseHTTPRequestHandler):
             self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
         self.wfile.write(b"data: [DONE]\n\n")
         self.close_connection = True
+
+    def _decode_slowly(self, request: dict) -> None:  # type: ignore[type-arg]
+        self.server.epochs.append(request["kv_transfer_params"]["lumen"]["epoch"])
+        start, count = len(request["prompt"]), request["max_tokens"]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.close_connection = True
+        try:
+            for i in range(start, start + count):
+                finish = "length" if i == start + count - 1 else None
+                event = {"choices": [{"token_ids": [10 + i % 50], "finish_reason": finish}]}
+                self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+                self.wfile.flush()
+                time.sleep(0.05)
+            self.wfile.write(b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.server.hung_up.set()
 
     def _answer(self, status: int, body: bytes) -> None:
         self.send_response(status)
@@ -462,6 +484,60 @@ def test_a_request_its_server_fails_mid_stream_continues_on_another_worker(
     finally:
         for agent in agents:
             agent.close()
+        client.close()
+        gateway.stop(grace_s=0.1)
+
+
+def test_a_drained_agent_keeps_its_checkpoints_and_its_request_continues_on_another_worker(
+    tmp_path: Path, secret: bytes, secret_file: Path, ucx_module: None, server: _StandIn
+) -> None:
+    """FLUSH: the connector is told to flush, then to keep its checkpoints, before the relay is
+    closed; the heartbeat says flushed, the gateway moves the request to the other worker,
+    where the client's stream continues with no token repeated or missing, and STOP ends the
+    agent cleanly (the gateway retires it)."""
+    gateway = GatewayServer(GatewayConfig(policy="FC"), secret, port=0).start()
+    client = GatewayClient(gateway.address, secret)
+    commands: list[tuple[str, bool]] = []  # what the connector heard, and whether the relay was closed yet
+
+    def handle(request: dict) -> dict:  # type: ignore[type-arg]  # the connector's control channel
+        commands.append((request["command"], server.hung_up.is_set()))
+        if request["command"] == "flush":
+            return {"flushed": True, "durable_lag_tokens": 0}
+        return {"streaming": 1, "applied": True}
+
+    agents: list[Agent] = []
+    connector: ControlServer | None = None
+    try:
+        with _serving() as other:
+            configs = []
+            for worker_id, stand_in in enumerate((server, other)):
+                workdir = tmp_path / f"w{worker_id}"
+                workdir.mkdir()
+                configs.append(
+                    _agent_config(workdir, secret_file, gateway.address, stand_in, worker_id=worker_id)
+                )
+            connector = ControlServer(configs[0].socket_path, handle)
+            agents.append(Agent(configs[0]).start())
+            prompt = [203, 1, 2]
+            stream = client.submit(prompt, 40, timeout_s=30.0)  # on worker 0, the only one yet
+            first = next(stream)
+            agents.append(Agent(configs[1]).start())
+            assert client.drain(0, deadline_s=30.0).state == "flushing"
+            tokens = list(first.token_ids) + [t for piece in stream for t in piece.token_ids]
+            assert tokens == [10 + i % 50 for i in range(len(prompt), len(prompt) + 40)]
+            assert agents[0].wait(timeout_s=10.0) == EXIT_OK and agents[0].reason.startswith("drained")
+            assert commands == [("flush", False), ("abandon", False)]
+            assert agents[0].stats()["drained"] == 1 and (server.epochs, other.epochs) == ([1], [2])
+            drain = client.drain(0, deadline_s=30.0)
+            assert (drain.state, drain.num_moved, drain.num_reprefilled) == ("stopped", 1, 0)
+            agents[0].close()  # its exit report retires it: no failure
+            with gateway.condition:
+                assert gateway.coordinator.failures == ()
+    finally:
+        for agent in agents:
+            agent.close()
+        if connector is not None:
+            connector.close()
         client.close()
         gateway.stop(grace_s=0.1)
 

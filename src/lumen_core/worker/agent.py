@@ -6,7 +6,10 @@ and applies the gateway's directives. It serves the node's ``HolderStore`` on th
 (other servers' requests checkpoint into it; HOLD reserves room, RELEASE drops). RUN and
 RESUME become streaming requests to the server's OpenAI endpoint (``upstream``), whose tokens
 it reports by position (a request the server refuses, with the server's error: it ends at its
-client); CANCEL closes that stream (vLLM aborts the request). It starts the
+client); CANCEL closes that stream (vLLM aborts the request). Drained (FLUSH), it has the
+connector make every saved token durable and keep its checkpoints (control ``flush``, then
+``abandon``), closes every relay and says ``flushed``: the gateway moves each request, restored
+from its holders, and STOP ends the agent (EXIT_OK) and its server. It starts the
 server (its CPU binding ``VLLM_CPU_OMP_THREADS_BIND`` and KV space ``VLLM_CPU_KVCACHE_SPACE``,
 the connector's ``kv_transfer_config`` with the control socket) or attaches to a running one,
 and reports the server's exit to the gateway at once (``ReportExit``): the gateway fails the
@@ -21,8 +24,8 @@ healed gateway restores parked requests from them. Registered again it serves as
 epoch (``relinked``); past the linger it ends EXIT_FENCED.
 
 Threads: the heartbeat loop's (directives arrive there), one asyncio loop for the upstream
-streams, one reporter (token reports, batched), the supervisor (waits on the server), and
-while fenced the linger's (registers again).
+streams, one reporter (token reports, batched), the supervisor (waits on the server), while
+fenced the linger's (registers again), and once drained the flush's.
 """
 
 from __future__ import annotations
@@ -53,11 +56,13 @@ from lumen_core.gateway.directives import (
     AssistVerify,
     Cancel,
     Directive,
+    Flush,
     Hold,
     Release,
     Renew,
     Resume,
     Run,
+    Stop,
     Stream,
 )
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
@@ -83,6 +88,7 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _HEALTH_POLL_S = 0.5
 _METRICS_TIMEOUT_S = 1.0
 _ATTACHED_MISSES = 3  # an attached server that fails this many health checks in a row exited
+_DRAIN_FLUSH_S = 5.0  # a drain's control `flush` waits this long for every saved token durable
 
 
 def record_bytes_of(model_dir: str | os.PathLike[str], dtype: str) -> int:
@@ -185,6 +191,7 @@ class _Counters:
     renewed: int = 0
     renews_ignored: int = 0
     abandoned: int = 0  # relays closed when fenced (the gateway moves those requests)
+    drained: int = 0  # relays closed when drained (the gateway moves those requests)
     relinked: int = 0  # registrations after a fencing
     tokens: int = 0
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
@@ -224,6 +231,8 @@ class Agent:
         self._refused: set[int] = set()
         self._evicted: set[int] = set()
         self._load = (0, 0)
+        self._draining = threading.Event()  # told to FLUSH
+        self._flushed = threading.Event()  # drained: every relay closed, checkpoints kept
         self._http_sync = httpx.Client(timeout=_METRICS_TIMEOUT_S)
         self._loop = asyncio.new_event_loop()
         self._http: httpx.AsyncClient | None = None  # made on the loop's thread
@@ -348,6 +357,7 @@ class Agent:
             held=held,
             refused_request_ids=refused,
             evicted_request_ids=evicted,
+            flushed=self._flushed.is_set(),
         )
 
     def _reported(self, report: WorkerReport) -> None:
@@ -376,8 +386,39 @@ class Agent:
                 case Renew():
                     # Off the heartbeat thread: a stalled engine answers the channel late.
                     self._loop.call_soon_threadsafe(self._renew, directive)
+                case Flush():
+                    if not self._draining.is_set():  # once: a redelivered FLUSH changes nothing
+                        self._draining.set()
+                        # Off the heartbeat thread: the flush waits for the engine's steps.
+                        thread = threading.Thread(target=self._flush, name="lumen-agent-flush", daemon=True)
+                        thread.start()
+                        self._threads.append(thread)
+                case Stop():
+                    self._finish(EXIT_OK, directive.reason or "drained")
                 case AssistDraft() | AssistVerify() | AssistStop():
                     pass  # vLLM takes no outside drafts: no mechanism 3 here
+
+    def _flush(self) -> None:
+        """FLUSH (drained; runs once): every token the server saved made durable on its
+        holders (control ``flush``), its checkpoints kept (``abandon``, answered once a step
+        took it, so the aborts that follow release nothing), every relay closed, and the next
+        heartbeat, sent now, says ``flushed``: the gateway moves each request, restored from
+        its holders (tokens decoded after the flush are recomputed there). Without the
+        channel the requests are still moved, their checkpoints released by the aborts:
+        re-prefilled."""
+        for command, args in (("flush", {"wait_s": _DRAIN_FLUSH_S}), ("abandon", {})):
+            try:
+                reply = control.ask(self.config.socket_path, command, timeout_s=_DRAIN_FLUSH_S + 5.0, **args)
+            except (control.ControlError, OSError) as exc:
+                logger.warning("lumen agent: drained, control %s failed: %s", command, exc)
+                continue
+            if not reply.get("flushed", reply.get("applied", True)):
+                logger.warning("lumen agent: drained, control %s did not complete: %s", command, reply)
+        closed = asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result()
+        self.counters.drained += closed
+        self._flushed.set()
+        if self.heartbeats is not None:
+            self.heartbeats.beat_now()
 
     def _renew(self, directive: Renew) -> None:
         """RENEW (on the loop): the fresh capabilities go to the connector (control ``renew``)
@@ -484,7 +525,7 @@ class Agent:
         except (control.ControlError, OSError) as exc:
             logger.warning("lumen agent: the connector was not told to keep its checkpoints (%s): "
                            "the requests it aborts now release theirs", exc)  # fmt: skip
-        asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result()
+        self.counters.abandoned += asyncio.run_coroutine_threadsafe(self._cancel_all(), self._loop).result()
         while True:
             try:
                 item = self._reports.get_nowait()
@@ -500,11 +541,12 @@ class Agent:
         task = self._loop.create_task(self._relay(directive))
         self._tasks[directive.request_id] = (directive.epoch, task)
 
-    async def _cancel_all(self) -> None:
-        """Close every relay (fenced: the gateway moves them all)."""
-        for request_id in list(self._tasks):
+    async def _cancel_all(self) -> int:
+        """Close every relay (fenced or drained: the gateway moves them all); how many."""
+        request_ids = list(self._tasks)
+        for request_id in request_ids:
             self._cancel(request_id)
-            self.counters.abandoned += 1
+        return len(request_ids)
 
     def _cancel(self, request_id: int, epoch: int | None = None) -> None:
         """Close the request's stream (vLLM aborts it); with ``epoch``, only if it serves that
@@ -641,6 +683,7 @@ class Agent:
             "renewed": c.renewed,
             "renews_ignored": c.renews_ignored,
             "abandoned": c.abandoned,
+            "drained": c.drained,
             "relinked": c.relinked,
             "errors": list(c.errors),
         }

@@ -1,0 +1,119 @@
+"""Concurrent streaming completions through the gateway's front door with the official
+``openai`` client, and ``lumen agent`` processes beside real vLLM servers: what the failover
+and drain tests of a vLLM cluster share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import openai
+from engines import TLS
+
+MODEL = "tiny"
+PROMPT_TOKENS = 40
+SERVER_ARGS = "--skip-tokenizer-init --enforce-eager --max-model-len 1024 --seed 0"
+
+
+def prompt(i: int) -> list[int]:
+    return [(7 * i + 3 * j + 1) % 500 + 5 for j in range(PROMPT_TOKENS)]
+
+
+def temperature(i: int) -> float:
+    """Greedy and seeded in pairs: whichever way the streams split over the servers, each has both."""
+    return 0.0 if i % 4 < 2 else 0.8
+
+
+class Stream:
+    def __init__(self) -> None:
+        self.request_id = 0
+        self.inexact_from = -1  # output position of the first token marked resumed_inexact
+        self.token_ids: list[int] = []
+        self.finish_reasons: list[str] = []
+        self.usages: list[Any] = []
+        self.error = ""
+
+
+def _consume(client: openai.OpenAI, i: int, max_tokens: int, stream: Stream) -> None:
+    try:
+        events = client.completions.create(
+            model=MODEL,
+            prompt=prompt(i),
+            max_tokens=max_tokens,
+            temperature=temperature(i),
+            seed=1000 + i,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        for chunk in events:
+            stream.request_id = int(chunk.id.removeprefix("cmpl-"))
+            if chunk.usage is not None:
+                stream.usages.append(chunk.usage)
+            for choice in chunk.choices:
+                if (choice.model_extra or {}).get("resumed_inexact") and stream.inexact_from < 0:
+                    stream.inexact_from = len(stream.token_ids)
+                stream.token_ids.extend(choice.token_ids)
+                if choice.finish_reason is not None:
+                    stream.finish_reasons.append(choice.finish_reason)
+    except Exception as exc:  # noqa: BLE001 - the test asserts on it
+        stream.error = f"{type(exc).__name__}: {exc}"
+
+
+def run_streams(
+    client: openai.OpenAI,
+    num_streams: int,
+    max_tokens: int,
+    on_progress: Callable[[list[Stream]], None] | None = None,
+) -> list[Stream]:
+    """``num_streams`` concurrent streams (stream i: ``prompt(i)``, ``temperature(i)``, seed
+    1000 + i); ``on_progress`` runs on this thread while they stream."""
+    streams = [Stream() for _ in range(num_streams)]
+    threads = [
+        threading.Thread(target=_consume, args=(client, i, max_tokens, s)) for i, s in enumerate(streams)
+    ]
+    for thread in threads:
+        thread.start()
+    if on_progress is not None:
+        on_progress(streams)
+    for thread in threads:
+        thread.join(timeout=300.0)
+    assert not any(t.is_alive() for t in threads)
+    return streams
+
+
+def start_agents(
+    spawn: Callable[[list[str]], Any],
+    num_servers: int,
+    gateway: str,
+    secret_file: Path,
+    model: Path,
+    workdir: Path,
+    server_args: str = SERVER_ARGS,
+) -> tuple[list[Any], list[dict[str, Any]]]:
+    """``lumen agent`` processes, worker ids 0.., each starting its vLLM server (1 GiB of KV,
+    ``server_args``); their processes and their ``registered`` lines (the servers start side
+    by side)."""
+    agents = []
+    for worker_id in range(num_servers):
+        argv = [
+            sys.executable, "-m", "lumen_core.cli", "agent", "--worker-id", str(worker_id),
+            "--gateway", gateway, "--secret-file", str(secret_file), "--model", str(model),
+            "--workdir", str(workdir), "--tls", TLS, "--kv-space-gib", "1", "--server-args", server_args,
+            "--start-timeout-s", "400",
+        ]  # fmt: skip
+        agents.append(spawn(argv))
+    registered = [agent.read() for agent in agents]
+    assert [r["event"] for r in registered] == ["registered"] * num_servers
+    return agents, registered
+
+
+def kill_group(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
