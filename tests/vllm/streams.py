@@ -4,10 +4,12 @@ and drain tests of a vLLM cluster share."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +39,7 @@ class Stream:
         self.finish_reasons: list[str] = []
         self.usages: list[Any] = []
         self.error = ""
+        self.ended_s = math.nan  # time.monotonic() when the stream ended
 
 
 def _consume(client: openai.OpenAI, i: int, max_tokens: int, stream: Stream) -> None:
@@ -62,6 +65,8 @@ def _consume(client: openai.OpenAI, i: int, max_tokens: int, stream: Stream) -> 
                     stream.finish_reasons.append(choice.finish_reason)
     except Exception as exc:  # noqa: BLE001 - the test asserts on it
         stream.error = f"{type(exc).__name__}: {exc}"
+    finally:
+        stream.ended_s = time.monotonic()
 
 
 def run_streams(

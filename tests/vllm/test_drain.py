@@ -12,6 +12,7 @@ marked ``resumed_inexact``.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -76,6 +77,7 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
             assert [s.error for s in reference] == [""] * NUM_STREAMS
             coordinator = gateway.coordinator
             drained: list[int] = []
+            called_s: list[float] = []  # when the Drain call went out
 
             def _restorable() -> bool:
                 """Every running request's checkpoint holds its prompt, as its holders last
@@ -101,6 +103,7 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
                 victim = max(running, key=lambda w: running[w])
                 assert running[victim] >= 2, f"the streams ended before the drain: running {running}"
                 drained.append(victim)
+                called_s.append(time.monotonic())
                 assert admin.drain(victim, deadline_s=120.0).state == "flushing"
 
             streams = run_streams(client, NUM_STREAMS, MAX_TOKENS, drain_the_busier)
@@ -118,6 +121,16 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
         for r in registered:
             kill_group(r["server_pid"])
         gateway.stop(grace_s=0.1)
+    # The figures (bench/RESULTS.md): the Drain call until STOP, against how long its
+    # requests kept running where they were moved (the least a graceful drain would wait).
+    figures = {
+        "drain_s": round(status.finished_s - status.started_s, 3),
+        "graceful_wait_s": round(max(s.ended_s for s, m in zip(streams, moved) if m) - called_s[0], 3),
+        "moved": status.num_moved,
+        "restores": connector["worker"].get("restores", 0),
+        "restored_tokens": connector["worker"].get("restored_tokens", 0),
+    }
+    print("vllm-drain " + json.dumps(figures), flush=True)
     assert [s.error for s in streams] == [""] * NUM_STREAMS
     assert (status.state, status.num_reprefilled) == ("stopped", 0) and status.num_moved >= 2
     assert (stopped["event"], stopped["status"]) == ("stopped", 0) and stopped["reason"].startswith("drained")
