@@ -5,7 +5,9 @@ Coordinator calls a worker process makes (Run in, token reports out)."""
 import json
 import os
 import re
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -24,6 +26,7 @@ from lumen_core.gateway.http.config import FrontDoorConfig
 from lumen_core.gateway.http.front_door import FrontDoor
 from lumen_core.gateway.http.keys import key_matches, read_api_key_file
 from lumen_core.gateway.http.text import Tokenizer, write_byte_tokenizer
+from lumen_core.gateway.http.tls import TLSFiles
 from lumen_core.gateway.server import GatewayServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -42,12 +45,14 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
 def open_door(start_gateway: Callable[..., GatewayServer]) -> Iterator[Callable[..., FrontDoor]]:
     doors: list[FrontDoor] = []
 
-    def open_(*, tokenizer: Tokenizer | None = None, workers: int = 0, **config: object) -> FrontDoor:
+    def open_(
+        *, tokenizer: Tokenizer | None = None, workers: int = 0, tls: TLSFiles | None = None, **config: object
+    ) -> FrontDoor:
         gateway = start_gateway()
         for worker_id in range(workers):  # registered, no process: the test plays the worker
             gateway.coordinator.register(gateway.now_s(), worker_id, budget_bytes=GIB, holder_address="h")
         door = FrontDoor(
-            gateway, FrontDoorConfig(MODEL, 256, **config), frozenset([KEY]), tokenizer=tokenizer
+            gateway, FrontDoorConfig(MODEL, 256, **config), frozenset([KEY]), tokenizer=tokenizer, tls=tls
         )
         doors.append(door.start())
         return door
@@ -360,6 +365,76 @@ def test_lumen_gateway_serves_the_front_door_until_sigterm(
         for stream in (process.stdout, process.stderr):
             assert stream is not None
             stream.close()
+
+
+def _self_signed(directory: Path) -> tuple[Path, Path]:
+    """A certificate for 127.0.0.1 and its key (0600), made by the openssl command."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("needs the openssl command to make a certificate")
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    os.chmod(key, 0o600)
+    return cert, key
+
+
+def test_the_front_door_serves_https_and_refuses_a_key_others_can_read(
+    open_door: Callable[..., FrontDoor], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cert, key = _self_signed(tmp_path)
+    door = open_door(workers=1, tls=TLSFiles(cert, key))
+    worker = _PlayedWorker(door.gateway, b"abcdef")
+    try:
+        assert door.url.startswith("https://127.0.0.1:")
+        trusting = httpx.Client(verify=ssl.create_default_context(cafile=str(cert)))
+        client = openai.OpenAI(
+            base_url=door.url, api_key=KEY, max_retries=0, timeout=30.0, http_client=trusting
+        )
+        completion = client.completions.create(model=MODEL, prompt=[1, 2, 3], max_tokens=6)
+        assert bytes(completion.choices[0].token_ids) == b"abcdef"
+        untrusting = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=10.0)
+        with pytest.raises(openai.APIConnectionError):  # the certificate is not in its trust store
+            untrusting.models.list()
+        with pytest.raises(httpx.TransportError):  # plain HTTP gets no answer on the TLS port
+            httpx.get(door.url.replace("https://", "http://") + "/models", timeout=10.0)
+        trusting.close()
+    finally:
+        worker.close()
+    os.chmod(key, 0o640)
+    with pytest.raises(PermissionError, match=r"accessible by its owner only \(0600\), got 0o640"):
+        TLSFiles(cert, key)
+    os.chmod(key, 0o600)
+    with pytest.raises(FileNotFoundError, match="`cert_file` must be a file"):
+        TLSFiles(tmp_path / "missing.pem", key)
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    with pytest.raises(ValueError, match="must be a PEM certificate chain and its private key"):
+        TLSFiles(tmp_path / "junk.pem", key)
+    with pytest.raises(TypeError, match="tls must be a TLSFiles, got tuple"):
+        FrontDoor(door.gateway, door.config, frozenset([KEY]), tls=(cert, key))  # type: ignore[arg-type]
+    secret_path, keys_path = tmp_path / "cluster.secret", tmp_path / "api.keys"
+    assert main(["gateway", "--write-secret", str(secret_path)]) == 0
+    keys_path.write_text(KEY + "\n")
+    os.chmod(keys_path, 0o600)
+    base = [
+        "gateway",
+        "--secret-file",
+        str(secret_path),
+        "--port",
+        "0",
+        "--metrics-port",
+        "-1",
+        "--http-port",
+        "0",
+    ]
+    base += ["--api-key-file", str(keys_path), "--vocab-size", "256"]
+    assert main([*base, "--tls-cert-file", str(cert)]) == 2
+    assert "--tls-cert-file and --tls-key-file go together" in capsys.readouterr().err
 
 
 def test_front_door_arguments_a_taken_port_and_one_door_per_gateway(

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the front door's modules (and the http extra) only load whe
     from lumen_core.auth import CapabilityIssuer
     from lumen_core.gateway.http.config import FrontDoorConfig
     from lumen_core.gateway.http.text import Tokenizer
+    from lumen_core.gateway.http.tls import TLSFiles
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
@@ -91,6 +92,12 @@ def add_gateway_parser(
     http.add_argument(
         "--tokenizer", default=None, metavar="DIR", help="a saved transformers tokenizer (text)"
     )
+    http.add_argument(
+        "--tls-cert-file", default=None, metavar="PATH", help="serve HTTPS with this PEM certificate chain"
+    )
+    http.add_argument(
+        "--tls-key-file", default=None, metavar="PATH", help="the certificate's PEM private key (0600)"
+    )
     http.add_argument("--model-name", default="lumen", help="the model id clients name (default: lumen)")
     http.add_argument(
         "--vocab-size", type=int, default=None, help="token ids must be below it (default: the tokenizer's)"
@@ -159,10 +166,10 @@ def run_gateway(args: argparse.Namespace) -> int:
                 f"lumen gateway: cannot use {args.issuer_key_file} as the issuer key: {exc}", file=sys.stderr
             )
             return 2
-    front_door_config = None
+    front_door_config = tls = None
     if args.http_port is not None:
         try:
-            front_door_config, api_keys, tokenizer = _front_door(args)
+            front_door_config, api_keys, tokenizer, tls = _front_door(args)
         except (OSError, ValueError, ImportError) as exc:
             print(f"lumen gateway: cannot serve the front door: {exc}", file=sys.stderr)
             return 2
@@ -171,6 +178,12 @@ def run_gateway(args: argparse.Namespace) -> int:
             f"warning: listening on {args.host}: calls are authenticated but not encrypted",
             file=sys.stderr,
         )
+        if front_door_config is not None and tls is None:
+            print(
+                "warning: the front door serves plain HTTP: client keys and prompts cross the network "
+                "in the clear (--tls-cert-file, --tls-key-file)",
+                file=sys.stderr,
+            )
     event_log = EventLog.open(Path(args.event_log)) if args.event_log else None
     metrics_port = None if args.metrics_port < 0 else args.metrics_port
     server = GatewayServer(
@@ -193,7 +206,13 @@ def run_gateway(args: argparse.Namespace) -> int:
             from lumen_core.gateway.http.front_door import FrontDoor
 
             door = FrontDoor(
-                server, front_door_config, api_keys, tokenizer=tokenizer, host=args.host, port=args.http_port
+                server,
+                front_door_config,
+                api_keys,
+                tokenizer=tokenizer,
+                host=args.host,
+                port=args.http_port,
+                tls=tls,
             )
             try:
                 door.start()
@@ -240,16 +259,22 @@ def _persistent_issuer(path: Path, ttl_s: float) -> CapabilityIssuer:
     return CapabilityIssuer(read_issuer_key_file(path), ttl_s=ttl_s)
 
 
-def _front_door(args: argparse.Namespace) -> tuple[FrontDoorConfig, frozenset[str], Tokenizer | None]:
-    """The front door's config, API keys and tokenizer from the flags. Raises ValueError for a
-    flag that is missing or wrong, OSError for an unreadable key file, ImportError without the
-    ``http`` extra."""
+def _front_door(
+    args: argparse.Namespace,
+) -> tuple[FrontDoorConfig, frozenset[str], Tokenizer | None, TLSFiles | None]:
+    """The front door's config, API keys, tokenizer and TLS files from the flags. Raises
+    ValueError for a flag that is missing or wrong, OSError for an unreadable key file,
+    ImportError without the ``http`` extra."""
     from lumen_core.gateway.http.config import FrontDoorConfig
     from lumen_core.gateway.http.keys import read_api_key_file
     from lumen_core.gateway.http.text import Tokenizer
+    from lumen_core.gateway.http.tls import TLSFiles
 
     if args.api_key_file is None:
         raise ValueError("--http-port needs --api-key-file: there are no default client keys")
+    if (args.tls_cert_file is None) != (args.tls_key_file is None):
+        raise ValueError("--tls-cert-file and --tls-key-file go together: give both or neither")
+    tls = None if args.tls_cert_file is None else TLSFiles(args.tls_cert_file, args.tls_key_file)
     api_keys = read_api_key_file(args.api_key_file)
     tokenizer = None if args.tokenizer is None else Tokenizer(args.tokenizer)
     vocab_size = args.vocab_size
@@ -266,4 +291,4 @@ def _front_door(args: argparse.Namespace) -> tuple[FrontDoorConfig, frozenset[st
         max_concurrent_requests=args.max_concurrent_requests,
         engine=args.engine,
     )
-    return config, api_keys, tokenizer
+    return config, api_keys, tokenizer, tls

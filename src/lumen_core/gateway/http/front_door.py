@@ -17,6 +17,7 @@ from lumen_core.gateway.http.app import build_app
 from lumen_core.gateway.http.bridge import CoordinatorBridge
 from lumen_core.gateway.http.config import FrontDoorConfig
 from lumen_core.gateway.http.text import Tokenizer
+from lumen_core.gateway.http.tls import TLSFiles
 from lumen_core.gateway.server import GatewayServer
 
 _START_TIMEOUT_S = 30.0
@@ -24,8 +25,8 @@ _START_TIMEOUT_S = 30.0
 
 class FrontDoor:
     """Serves ``/v1/*``, ``/health`` and ``/metrics`` for ``gateway`` on ``host:port`` (port 0:
-    a free one, then in ``port``). Use as a context manager or call ``start`` and ``stop``.
-    Raises RuntimeError when the server does not come up."""
+    a free one, then in ``port``), over TLS with ``tls`` (``https``). Use as a context manager
+    or call ``start`` and ``stop``. Raises RuntimeError when the server does not come up."""
 
     def __init__(
         self,
@@ -36,17 +37,21 @@ class FrontDoor:
         tokenizer: Tokenizer | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        tls: TLSFiles | None = None,
     ) -> None:
         if not isinstance(gateway, GatewayServer):
             raise TypeError(f"gateway must be a GatewayServer, got {type(gateway).__name__}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in [0, 65535], got {port!r}")
+        if tls is not None and not isinstance(tls, TLSFiles):
+            raise TypeError(f"tls must be a TLSFiles, got {type(tls).__name__}")
         self.gateway = gateway
         self.config = config
         self._bridge = CoordinatorBridge(gateway)
         self.app = build_app(config, self._bridge, api_keys, gateway.registry, tokenizer=tokenizer)
         self._host = host
         self._port = port
+        self._tls = tls
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self._listener: socket.socket | None = None
@@ -56,7 +61,7 @@ class FrontDoor:
     def url(self) -> str:
         """The base URL an OpenAI client takes (``.../v1``)."""
         host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"http://{host}:{self.port}/v1"
+        return f"{'http' if self._tls is None else 'https'}://{host}:{self.port}/v1"
 
     def start(self) -> FrontDoor:
         listener = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET)
@@ -68,8 +73,15 @@ class FrontDoor:
             raise
         self._listener = listener
         self.port = listener.getsockname()[1]
+        tls = self._tls
         config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=2
+            self.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=2,
+            ssl_certfile=None if tls is None else tls.cert_file,
+            ssl_keyfile=None if tls is None else tls.key_file,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
