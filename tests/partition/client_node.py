@@ -6,7 +6,9 @@
 IN.json: ``[{"time_s": t, "prompt": [ids], "max_new_tokens": n}, ...]``. Each request is
 submitted at its ``time_s`` (from start) on its own thread; a stream that breaks after the
 request id is known is picked up again with ``Watch`` from the tokens received, until ``T``
-seconds have passed or the gateway says the request is lost. Prints ``{"event": "started"}`` as
+seconds have passed or the gateway says the request is lost. A submit whose call never reached
+the gateway (no connection: a cut at that moment) is sent again; one that may have reached it
+is not (it could run twice). Prints ``{"event": "started"}`` as
 the first arrival's clock starts, and ``{"event": "done", ...}`` at the end. OUT.json: one
 record per arrival, in order: ``request_id``, ``chunks`` (``[start_position, num_tokens]`` as
 received, so the checker sees a repeat or a gap), ``token_ids``, ``finished``, ``error`` (the
@@ -26,6 +28,7 @@ from lumen_core.gateway.client import GatewayClient
 
 RETRY_PAUSE_S = 0.25
 LOST = " lost: "  # the gateway's word for a request it gave up (UNAVAILABLE "request N lost: ..."): no retry
+NOT_SENT = "failed to connect to all addresses"  # gRPC's UNAVAILABLE for a call it could not send
 
 
 def _run(client: GatewayClient, arrival: dict, record: dict, deadline: float) -> None:
@@ -44,15 +47,21 @@ def _run(client: GatewayClient, arrival: dict, record: dict, deadline: float) ->
             record["error"] = "" if record["finished"] else "the stream ended before the last token"
         except Exception as exc:  # noqa: BLE001 - recorded; the checker counts the request lost
             record["error"] = f"{type(exc).__name__}: {exc}"
+        unknown = record["request_id"] < 0
         if (
             record["finished"]
-            or record["request_id"] < 0
+            or (unknown and NOT_SENT not in record["error"])
             or LOST in record["error"]
             or time.monotonic() + RETRY_PAUSE_S >= deadline
         ):
             return
         time.sleep(RETRY_PAUSE_S)
         record["reconnects"] += 1
+        if unknown:  # the submit never reached the gateway: send it again
+            stream = client.submit(
+                arrival["prompt"], arrival["max_new_tokens"], timeout_s=deadline - time.monotonic()
+            )
+            continue
         stream = client.watch(
             record["request_id"], len(record["token_ids"]), timeout_s=deadline - time.monotonic()
         )
