@@ -15,11 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from engines import TLS
+from engines import TLS, record_bytes
+
+from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.server import GatewayServer
+from lumen_core.policy.load import LoadConfig
 
 MODEL = "tiny"
 PROMPT_TOKENS = 40
 SERVER_ARGS = "--skip-tokenizer-init --enforce-eager --max-model-len 1024 --seed 0"
+# Not the default 10 s: beside two busy loops and other jobs (a run queue of up to 42 on 2
+# cores), an agent's heartbeats were once 8.5 s apart, the gateway's process stalled 6.5 s
+# at the same moment. A server's failure must come from its agent's exit report, not from a
+# lease that ran out.
+LEASE_S = 30.0
 
 
 def prompt(i: int) -> list[int]:
@@ -91,6 +100,14 @@ def run_streams(
     return streams
 
 
+def start_gateway(secret: bytes) -> GatewayServer:
+    """A LUMEN gateway on loopback for the tests' model (its KV bytes per token), lease LEASE_S."""
+    config = GatewayConfig(
+        policy="LUMEN", lease_s=LEASE_S, load_config=LoadConfig(kv_bytes_per_token=record_bytes())
+    )
+    return GatewayServer(config, secret, port=0, max_streams=256).start()
+
+
 def start_agents(
     spawn: Callable[[list[str]], Any],
     num_servers: int,
@@ -115,6 +132,34 @@ def start_agents(
     registered = [agent.read() for agent in agents]
     assert [r["event"] for r in registered] == ["registered"] * num_servers
     return agents, registered
+
+
+def busiest_once_restorable(gateway: GatewayServer, streams: list[Stream], min_tokens: int) -> int:
+    """Wait (at most 300 s, no stream failing) until every stream has ``min_tokens`` tokens and
+    every running request's checkpoint holds its prompt as its holders last reported (what the
+    router needs to restore it rather than re-prefill); the worker running the most requests
+    then, which must run at least 2. (Not the coverage gauge, all but the last 16 tokens
+    durable: the holders report with their heartbeats, once a second, and at the 3 to 250
+    tokens/s a stream makes here all 16 are within 16 tokens of their reports only by chance.)"""
+    monitor = gateway.coordinator.monitor
+
+    def restorable() -> bool:
+        with gateway.condition:
+            return all(
+                max((d for _, d in monitor.request(r).durable_tokens), default=0) >= PROMPT_TOKENS
+                for w in monitor.live_worker_ids()
+                for r in monitor.running_on(w)
+            )
+
+    deadline = time.monotonic() + 300.0
+    while min(len(s.token_ids) for s in streams) < min_tokens or not restorable():
+        assert time.monotonic() < deadline and not any(s.error for s in streams)
+        time.sleep(0.002)
+    with gateway.condition:
+        running = {w: len(monitor.running_on(w)) for w in monitor.live_worker_ids()}
+    busiest = max(running, key=lambda w: running[w])
+    assert running[busiest] >= 2, f"the streams ended too soon: running {running}"
+    return busiest
 
 
 def kill_group(pid: int) -> None:

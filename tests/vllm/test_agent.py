@@ -13,23 +13,29 @@ streams are the failure-free run's token for token; a moved seeded stream is mar
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
-from engines import build_model, record_bytes
-from streams import MODEL, PROMPT_TOKENS, Stream, kill_group, run_streams, start_agents, temperature
+from engines import build_model
+from streams import (
+    MODEL,
+    PROMPT_TOKENS,
+    Stream,
+    busiest_once_restorable,
+    kill_group,
+    run_streams,
+    start_agents,
+    start_gateway,
+    temperature,
+)
 
-from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.http.config import FrontDoorConfig
 from lumen_core.gateway.http.front_door import FrontDoor
-from lumen_core.gateway.server import GatewayServer
 from lumen_core.integrations.vllm import control
 from lumen_core.policy.events import RecoveryAction
-from lumen_core.policy.load import LoadConfig
 
 KEY = "agent-test-key-0123456789abcdef"
 NUM_SERVERS = 2
@@ -38,11 +44,6 @@ NUM_STREAMS = 16
 # next heartbeats report each checkpoint (a stream ran at up to 250 tokens/s here).
 MAX_TOKENS = 480
 KILL_AFTER_TOKENS = 8
-# Not the default 10 s: beside two busy loops and other jobs (a run queue of up to 42 on 2
-# cores), an agent's heartbeats were once 8.5 s apart, the gateway's process stalled 6.5 s
-# at the same moment. The victim's failure must come from its agent's exit report (asserted
-# below), not from a lease that ran out on either server.
-LEASE_S = 30.0
 
 
 @pytest.mark.timeout(900)
@@ -50,14 +51,7 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
     tmp_path: Path, secret: bytes, secret_file: Path, spawn: Callable[[list[str]], Any]
 ) -> None:
     model = build_model(tmp_path / "model")
-    gateway = GatewayServer(
-        GatewayConfig(
-            policy="LUMEN", lease_s=LEASE_S, load_config=LoadConfig(kv_bytes_per_token=record_bytes())
-        ),
-        secret,
-        port=0,
-        max_streams=256,
-    ).start()
+    gateway = start_gateway(secret)
     registered: list[dict[str, Any]] = []
     try:
         agents, registered = start_agents(spawn, NUM_SERVERS, gateway.address, secret_file, model, tmp_path)
@@ -70,32 +64,8 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
             coordinator = gateway.coordinator
             victims: list[int] = []
 
-            def _restorable() -> bool:
-                """Every running request's checkpoint holds its prompt, as its holder last
-                reported: what the router needs to restore it rather than re-prefill. (Not
-                the coverage gauge, all but the last 16 tokens durable: the holders report
-                with their heartbeats, once a second, and at the 3 to 250 tokens/s a stream
-                makes here all 16 are within 16 tokens of their reports only by chance.)"""
-                with gateway.condition:
-                    monitor = coordinator.monitor
-                    return all(
-                        max((d for _, d in monitor.request(r).durable_tokens), default=0) >= PROMPT_TOKENS
-                        for w in monitor.live_worker_ids()
-                        for r in monitor.running_on(w)
-                    )
-
             def kill_the_busiest(streams: list[Stream]) -> None:
-                deadline = time.monotonic() + 300.0
-                while min(len(s.token_ids) for s in streams) < KILL_AFTER_TOKENS or not _restorable():
-                    assert time.monotonic() < deadline and not any(s.error for s in streams)
-                    time.sleep(0.002)
-                with gateway.condition:
-                    running = {
-                        w: len(coordinator.monitor.running_on(w))
-                        for w in coordinator.monitor.live_worker_ids()
-                    }
-                victim = max(running, key=lambda w: running[w])
-                assert running[victim] >= 2, f"the streams ended before the kill: running {running}"
+                victim = busiest_once_restorable(gateway, streams, KILL_AFTER_TOKENS)
                 victims.append(victim)
                 kill_group(registered[victim]["server_pid"])
 

@@ -20,32 +20,30 @@ from typing import Any
 
 import openai
 import pytest
-from engines import build_model, record_bytes
+from engines import build_model
 from streams import (
     MODEL,
     PROMPT_TOKENS,
     SERVER_ARGS,
     Stream,
+    busiest_once_restorable,
     kill_group,
     run_streams,
     start_agents,
+    start_gateway,
     temperature,
 )
 
 from lumen_core.gateway.client import GatewayClient
-from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.http.config import FrontDoorConfig
 from lumen_core.gateway.http.front_door import FrontDoor
-from lumen_core.gateway.server import GatewayServer
 from lumen_core.integrations.vllm import control
-from lumen_core.policy.load import LoadConfig
 
 KEY = "drain-test-key-0123456789abcdef"
 NUM_SERVERS = 2
 NUM_STREAMS = 6
 MAX_TOKENS = 320
 DRAIN_AFTER_TOKENS = 8
-LEASE_S = 30.0  # as in test_agent.py: no lease runs out on a loaded 2-core machine
 # Without a prefix cache, the server a request moves to cannot serve its prefix from the
 # undisturbed run's blocks (as it did in 1 of 2 runs here): it restores from the holder.
 DRAIN_SERVER_ARGS = SERVER_ARGS + " --no-enable-prefix-caching"
@@ -56,14 +54,7 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
     tmp_path: Path, secret: bytes, secret_file: Path, spawn: Callable[[list[str]], Any]
 ) -> None:
     model = build_model(tmp_path / "model")
-    gateway = GatewayServer(
-        GatewayConfig(
-            policy="LUMEN", lease_s=LEASE_S, load_config=LoadConfig(kv_bytes_per_token=record_bytes())
-        ),
-        secret,
-        port=0,
-        max_streams=256,
-    ).start()
+    gateway = start_gateway(secret)
     admin = GatewayClient(gateway.address, secret)
     registered: list[dict[str, Any]] = []
     try:
@@ -79,29 +70,8 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
             drained: list[int] = []
             called_s: list[float] = []  # when the Drain call went out
 
-            def _restorable() -> bool:
-                """Every running request's checkpoint holds its prompt, as its holders last
-                reported (test_agent.py says why not the coverage gauge)."""
-                with gateway.condition:
-                    monitor = coordinator.monitor
-                    return all(
-                        max((d for _, d in monitor.request(r).durable_tokens), default=0) >= PROMPT_TOKENS
-                        for w in monitor.live_worker_ids()
-                        for r in monitor.running_on(w)
-                    )
-
             def drain_the_busier(streams: list[Stream]) -> None:
-                deadline = time.monotonic() + 300.0
-                while min(len(s.token_ids) for s in streams) < DRAIN_AFTER_TOKENS or not _restorable():
-                    assert time.monotonic() < deadline and not any(s.error for s in streams)
-                    time.sleep(0.002)
-                with gateway.condition:
-                    running = {
-                        w: len(coordinator.monitor.running_on(w))
-                        for w in coordinator.monitor.live_worker_ids()
-                    }
-                victim = max(running, key=lambda w: running[w])
-                assert running[victim] >= 2, f"the streams ended before the drain: running {running}"
+                victim = busiest_once_restorable(gateway, streams, DRAIN_AFTER_TOKENS)
                 drained.append(victim)
                 called_s.append(time.monotonic())
                 assert admin.drain(victim, deadline_s=120.0).state == "flushing"
