@@ -1233,6 +1233,9 @@ class Coordinator:
     def has_request(self, request_id: int) -> bool:
         return request_id in self._requests
 
+    def num_prompt_tokens(self, request_id: int) -> int:
+        return len(self._request(request_id).prompt_token_ids)
+
     # ---- observation -------------------------------------------------------------------------
     def worker_epoch(self, worker_id: int) -> int:
         return self._workers[check_int("worker_id", worker_id, low=0)].epoch

@@ -6,7 +6,10 @@ model (404), what the workers cannot honour (400: ``n`` > 1, ``top_p`` < 1, text
 without a tokenizer), the bounds (400: token ids below the vocabulary, prompt +
 ``max_tokens`` within ``max_model_len``), capacity (429), then admission (503 when no worker
 serves). A stream then reads the request's tokens from the coordinator by position until it
-finishes; a failover in between re-sends nothing, so the client sees each token once.
+finishes; a failover in between re-sends nothing, so the client sees each token once. A
+streamed response names its resume token (header ``x-lumen-resume-token``): with it,
+``POST /v1/resume`` continues the stream from the client's position, also on a restarted
+gateway that adopted the request from its worker.
 """
 
 from __future__ import annotations
@@ -32,14 +35,18 @@ from lumen_core.gateway.http.config import FrontDoorConfig
 from lumen_core.gateway.http.errors import (
     APIError,
     bad_request,
+    forbidden,
     model_not_found,
+    not_found,
     over_capacity,
     unauthorized,
     unavailable,
 )
 from lumen_core.gateway.http.keys import key_matches
 from lumen_core.gateway.http.output import Output
-from lumen_core.gateway.http.schemas import ChatCompletionRequest, CompletionRequest, _Sampling
+from lumen_core.gateway.http.resume import HEADER as RESUME_HEADER
+from lumen_core.gateway.http.resume import ResumeTokens
+from lumen_core.gateway.http.schemas import ChatCompletionRequest, CompletionRequest, ResumeRequest, _Sampling
 from lumen_core.gateway.http.text import Tokenizer
 
 B = TypeVar("B", bound=BaseModel)
@@ -57,6 +64,7 @@ class _Admitted:
     include_usage: bool
     marks_moves: bool  # a move changes its draws (seeded, on workers whose draws restart)
     resumed_inexact: bool = False  # moved since admission, with marks_moves
+    start: int = 0  # the output position the stream starts at (> 0: resumed by the client)
 
 
 class _Metrics:
@@ -88,12 +96,14 @@ class _FrontDoor:
         api_keys: frozenset[str],
         tokenizer: Tokenizer | None,
         metrics: _Metrics,
+        resume_tokens: ResumeTokens,
     ) -> None:
         self.config = config
         self.bridge = bridge
         self.api_keys = api_keys
         self.tokenizer = tokenizer
         self.metrics = metrics
+        self.resume_tokens = resume_tokens
         self.num_in_flight = 0
 
     # ---- checks --------------------------------------------------------------------------
@@ -189,6 +199,41 @@ class _FrontDoor:
             admission.request_id, kind, len(prompt), Output(self.tokenizer, stops), include_usage, marks_moves
         )
 
+    def resume(self, body: ResumeRequest) -> _Admitted:
+        """A stream its client continues from ``body.position`` (counts against capacity until
+        ``release``). Its stop sequences and sampling are not known here (a restarted gateway
+        learnt the request from its worker): the output is the request's tokens, detokenized
+        from its first one so text continues whole across the resume point."""
+        prefix, _, number = body.id.partition("-")
+        request_id = int(number)
+        if not self.resume_tokens.matches(request_id, body.resume_token):
+            raise forbidden(f"`resume_token` is not the token of {body.id}", "resume_token")
+        if self.num_in_flight >= self.config.max_concurrent_requests:
+            raise over_capacity(self.config.max_concurrent_requests)
+
+        def known(c: Any) -> tuple[tuple[int, ...], int] | None:
+            if not c.has_request(request_id):
+                return None
+            return c.tokens(request_id)[0], c.num_prompt_tokens(request_id)
+
+        state = self.bridge.read(known)
+        if state is None:
+            raise not_found(f"`id` must name a request this gateway serves, got {body.id!r}", "id")
+        tokens, num_prompt_tokens = state
+        if body.position > len(tokens):
+            raise bad_request(
+                f"`position` must be <= {len(tokens)} (the tokens {body.id} has), got {body.position}",
+                "position",
+            )
+        output = Output(self.tokenizer)
+        output.add(tokens[: body.position])  # what the client has: its text is not sent again
+        self.num_in_flight += 1
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        kind = "chat" if prefix == "chatcmpl" else "completion"
+        return _Admitted(
+            request_id, kind, num_prompt_tokens, output, include_usage, False, start=body.position
+        )
+
     def release(self, admitted: _Admitted, reason: str) -> None:
         """The client is done with the request: end it on the cluster if it still runs (not
         when the gateway is stopping: its workers keep serving for a restarted gateway)."""
@@ -214,7 +259,7 @@ class _FrontDoor:
         ``finish_reason`` is then set). Raises APIError when the request is lost or the
         gateway stops."""
         output = admitted.output
-        position = 0
+        position = admitted.start
         while True:
             tokens, finished, lost = await self.bridge.wait_tokens(admitted.request_id, position)
             if admitted.marks_moves and not admitted.resumed_inexact:
@@ -359,11 +404,13 @@ def build_app(
     bridge: CoordinatorBridge,
     api_keys: frozenset[str],
     registry: CollectorRegistry,
+    resume_tokens: ResumeTokens,
     *,
     tokenizer: Tokenizer | None = None,
 ) -> FastAPI:
     """The app (module docstring). ``registry``: the gateway's Prometheus registry, which its
-    counters join and ``/metrics`` serves. ``bridge`` is started and stopped with the app."""
+    counters join and ``/metrics`` serves. ``bridge`` is started and stopped with the app.
+    ``resume_tokens``: the tokens streamed responses carry and ``/v1/resume`` checks."""
     if not isinstance(config, FrontDoorConfig):
         raise TypeError(f"config must be a FrontDoorConfig, got {type(config).__name__}")
     if not api_keys:
@@ -378,7 +425,7 @@ def build_app(
         raise ValueError(
             f"registry must not hold a front door's counters yet (one per gateway), got {exc}"
         ) from None
-    door = _FrontDoor(config, bridge, api_keys, tokenizer, counters)
+    door = _FrontDoor(config, bridge, api_keys, tokenizer, counters, resume_tokens)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -417,7 +464,8 @@ def build_app(
         if stream:
             events = door.stream(admitted)
             first = await anext(events)  # started: from here on its cleanup runs (door.stream)
-            return EventSourceResponse(_prepend(first, events))
+            headers = {RESUME_HEADER: door.resume_tokens.token(admitted.request_id)}
+            return EventSourceResponse(_prepend(first, events), headers=headers)
         return JSONResponse(await door.respond(admitted))
 
     @app.post("/v1/completions")
@@ -456,5 +504,11 @@ def build_app(
         requested = body.max_tokens if body.max_tokens is not None else body.max_completion_tokens
         max_tokens = door.max_tokens(requested, config.max_model_len, len(prompt))
         return await serve(request, door.admit("chat", body, prompt, max_tokens, stops), body.stream)
+
+    @app.post("/v1/resume")
+    async def resume(request: Request) -> Any:
+        door.authorize(request)
+        body = await door.parse(request, ResumeRequest)
+        return await serve(request, door.resume(body), True)
 
     return app

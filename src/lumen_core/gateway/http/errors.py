@@ -36,6 +36,14 @@ def unauthorized() -> APIError:
     )
 
 
+def forbidden(message: str, param: str | None = None) -> APIError:
+    return APIError(403, message, type="permission_error", param=param)
+
+
+def not_found(message: str, param: str | None = None) -> APIError:
+    return APIError(404, message, type="invalid_request_error", param=param, code="not_found")
+
+
 def model_not_found(model: str, served: str) -> APIError:
     return APIError(
         404,

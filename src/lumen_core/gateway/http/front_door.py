@@ -16,6 +16,7 @@ import uvicorn
 from lumen_core.gateway.http.app import build_app
 from lumen_core.gateway.http.bridge import CoordinatorBridge
 from lumen_core.gateway.http.config import FrontDoorConfig
+from lumen_core.gateway.http.resume import KEY_LABEL, ResumeTokens
 from lumen_core.gateway.http.text import Tokenizer
 from lumen_core.gateway.http.tls import TLSFiles
 from lumen_core.gateway.server import GatewayServer
@@ -48,7 +49,10 @@ class FrontDoor:
         self.gateway = gateway
         self.config = config
         self._bridge = CoordinatorBridge(gateway)
-        self.app = build_app(config, self._bridge, api_keys, gateway.registry, tokenizer=tokenizer)
+        resume_tokens = ResumeTokens(gateway.derive_key(KEY_LABEL))
+        self.app = build_app(
+            config, self._bridge, api_keys, gateway.registry, resume_tokens, tokenizer=tokenizer
+        )
         self._host = host
         self._port = port
         self._tls = tls

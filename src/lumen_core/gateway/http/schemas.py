@@ -57,6 +57,17 @@ class CompletionRequest(_Sampling):
     prompt: str | list[int]
 
 
+class ResumeRequest(BaseModel):
+    """``POST /v1/resume``: the response ``id`` of a stream, the number of output tokens the
+    client has (``position``), and the stream's ``x-lumen-resume-token``."""
+
+    model_config = _STRICT
+    id: str = Field(pattern=r"^(cmpl|chatcmpl)-[0-9]{1,19}$")
+    position: int = Field(ge=0)
+    resume_token: str = Field(min_length=64, max_length=64)
+    stream_options: StreamOptions | None = None
+
+
 class ChatMessage(BaseModel):
     model_config = _STRICT
     role: Literal["system", "user", "assistant"]
