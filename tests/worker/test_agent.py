@@ -542,6 +542,53 @@ def test_a_drained_agent_keeps_its_checkpoints_and_its_request_continues_on_anot
         gateway.stop(grace_s=0.1)
 
 
+def test_an_agent_registers_what_it_relays_with_a_restarted_gateway_and_the_stream_goes_on(
+    tmp_path: Path, secret: bytes, secret_file: Path, ucx_module: None, server: _StandIn
+) -> None:
+    """The gateway restarts on its address within the lease: the agent registers again with
+    each relay's epoch, prompt and outputs (``Agent.running``), the new gateway adopts the
+    request, the relay goes on (the server is not asked again), and a client watching the
+    request on the new gateway gets the rest, each token once."""
+    config = GatewayConfig(policy="FC", lease_s=10.0, heartbeat_s=0.1)
+    gateway = GatewayServer(config, secret, host="127.0.0.1", port=0).start()
+    port = int(gateway.address.rsplit(":", 1)[1])
+    agent: Agent | None = None
+    successor = None
+    try:
+        agent = Agent(_agent_config(tmp_path, secret_file, gateway.address, server)).start()
+        prompt, count = [203, 1, 2], 60
+        with GatewayClient(gateway.address, secret) as client:
+            stream = client.submit(prompt, count, timeout_s=30.0)
+            request_id = next(stream).request_id
+            got: list[int] = []
+            while len(got) < 10:
+                got += next(stream).token_ids
+            gateway.stop(grace_s=0.1)
+            with pytest.raises(GatewayError, match="gateway is stopping|UNAVAILABLE"):
+                for chunk in stream:
+                    got += chunk.token_ids
+        successor = GatewayServer(config, secret, host="127.0.0.1", port=port).start()
+
+        def adopted() -> bool:
+            with successor.condition:
+                return successor.coordinator.has_request(request_id)
+
+        # The gateway adopts the request before the agent has read the register reply.
+        assert wait_until(lambda: adopted() and agent.client.epoch == 2)  # type: ignore[union-attr]
+        with GatewayClient(successor.address, secret) as client:
+            rest = [
+                t for chunk in client.watch(request_id, len(got), timeout_s=30.0) for t in chunk.token_ids
+            ]
+        assert got + rest == [10 + i % 50 for i in range(len(prompt), len(prompt) + count)]
+        assert server.epochs == [1] and agent.stats()["served"] == 1  # one relay, never broken
+    finally:
+        if agent is not None:
+            agent.close()
+        gateway.stop(grace_s=0.1)
+        if successor is not None:
+            successor.stop(grace_s=0.1)
+
+
 LINGER_CONFIG = GatewayConfig(policy="FC", lease_s=1.0, heartbeat_s=0.1)
 
 

@@ -9,17 +9,20 @@ the stream had not delivered yet (the fallback: a stream that is down costs late
 directive). The client's inbox passes each directive on once and in order, whichever thread
 received it. A report that did not reach the gateway is not acknowledged, so one-off news in
 it (refused holds, evictions) can go out again with the next one. When the gateway answers
-``reregister`` (it restarted) it registers again with the report's running requests and held
-checkpoints. It calls ``on_fenced(reason)`` once and stops when the lease is lost: the reply
-says ``fenced``, or the gateway cannot be reached until the worker's own lease deadline
-passes (so a worker cut off from the gateway stops serving on its own), or ``report``,
-``on_reported`` or ``on_directives`` raised (a worker that cannot report or act on its
-directives must not keep serving; the loop stops heartbeating, so the gateway fails it at
-lease expiry).
+``reregister`` (it restarted) it registers again with the report's held checkpoints and the
+requests it runs: ``running()`` when given (asked only then: a snapshot of every prompt and
+output is not worth taking every heartbeat), else the report's own ``running``. It calls
+``on_fenced(reason)`` once and stops when the lease is lost: the reply says ``fenced``, or
+the gateway cannot be reached until the worker's own lease deadline passes (so a worker cut
+off from the gateway stops serving on its own), or ``report``, ``on_reported`` or
+``on_directives`` raised (a worker that cannot report or act on its directives must not keep
+serving; the loop stops heartbeating, so the gateway fails it at lease expiry).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +31,9 @@ from lumen_core._validate import check_number
 from lumen_core.gateway.client import GatewayClient
 from lumen_core.gateway.directives import Directive
 from lumen_core.gateway.errors import GatewayError
-from lumen_core.gateway.reports import WorkerReport
+from lumen_core.gateway.reports import RunningReport, WorkerReport
+
+logger = logging.getLogger(__name__)
 
 _REOPEN_MIN_S = 0.05  # a broken directive stream is reopened after this, doubling up to
 _REOPEN_MAX_S = 1.0  # this (the gateway restarting, or refusing streams: heartbeats deliver)
@@ -53,6 +58,7 @@ class HeartbeatLoop:
         heartbeat_s: float | None = None,
         on_reported: Callable[[WorkerReport], None] | None = None,
         pushed: bool = True,
+        running: Callable[[], tuple[RunningReport, ...]] | None = None,
     ) -> None:
         if not isinstance(client, GatewayClient):
             raise TypeError(f"client must be a GatewayClient, got {type(client).__name__}")
@@ -65,6 +71,7 @@ class HeartbeatLoop:
         self._on_directives = on_directives
         self._on_fenced = on_fenced
         self._on_reported = on_reported
+        self._running = running
         self.heartbeat_s = float(period)
         self._stop = threading.Event()
         self._wake = threading.Event()  # beat_now: the next heartbeat goes at once
@@ -89,6 +96,19 @@ class HeartbeatLoop:
         if self._receiver is not None:
             self._receiver.start()
         return self
+
+    def _with_running(self, report: WorkerReport) -> WorkerReport:
+        """The report a registration after a gateway restart sends. A ``running`` that raises
+        registers the worker without its requests (the gateway cannot adopt them; their
+        reports are then refused and they end), as a worker that reports nothing."""
+        if self._running is None:
+            return report
+        try:
+            return dataclasses.replace(report, running=self._running())
+        except Exception as exc:  # noqa: BLE001 - the registration itself must go out
+            logger.warning("worker %d: running requests not reported: %s: %s",
+                           self._client.worker_id, type(exc).__name__, exc)  # fmt: skip
+            return report
 
     def beat_now(self) -> None:
         """Send the next heartbeat now rather than at the end of the period (a report the
@@ -144,7 +164,7 @@ class HeartbeatLoop:
             try:
                 reply = client.heartbeat(report, on_directives=self._deliver)
                 if reply.reregister:
-                    client.register_again(report, on_directives=self._deliver)
+                    client.register_again(self._with_running(report), on_directives=self._deliver)
                     client.cancel_directives()  # the stream of the old epoch: reopen for the new one
                 else:
                     self.last_num_draft_tokens = reply.num_draft_tokens

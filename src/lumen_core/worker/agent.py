@@ -67,7 +67,7 @@ from lumen_core.gateway.directives import (
 )
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
-from lumen_core.gateway.reports import WorkerReport
+from lumen_core.gateway.reports import RunningReport, WorkerReport
 from lumen_core.integrations.vllm import control
 from lumen_core.stream import HolderStore
 from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK, EXIT_SERVER_EXITED
@@ -88,6 +88,8 @@ _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 _HEALTH_POLL_S = 0.5
 _METRICS_TIMEOUT_S = 1.0
 _ATTACHED_MISSES = 3  # an attached server that fails this many health checks in a row exited
+_REPORT_RETRY_S = 0.1  # a token report the gateway did not get is sent again this often
+_MAX_UNSENT_REPORTS = 4096  # kept while the gateway cannot be reached; older ones dropped past it
 _DRAIN_FLUSH_S = 5.0  # a drain's control `flush` waits this long for every saved token durable
 
 
@@ -197,6 +199,16 @@ class _Counters:
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
 
 
+@dataclass
+class _Relayed:
+    """A request the agent relays: what a restarted gateway needs to adopt it."""
+
+    epoch: int
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    outputs: list[int]  # the tokens its client had at the RUN/RESUME, then those relayed since
+
+
 class Agent:
     """One node's agent (module doc). ``start`` (server up, registered), then ``wait``
     returns an exit status (EXIT_SERVER_EXITED, EXIT_FENCED past the linger, or EXIT_OK
@@ -237,6 +249,7 @@ class Agent:
         self._loop = asyncio.new_event_loop()
         self._http: httpx.AsyncClient | None = None  # made on the loop's thread
         self._tasks: dict[int, tuple[int, asyncio.Task[None]]] = {}  # request id -> (epoch, task)
+        self._relayed: dict[int, _Relayed] = {}  # of the tasks; read by the heartbeat thread
         self._reports: queue.Queue[RequestTokens | None] = queue.Queue()
         self._threads: list[threading.Thread] = []
 
@@ -360,6 +373,15 @@ class Agent:
             flushed=self._flushed.is_set(),
         )
 
+    def running(self) -> tuple[RunningReport, ...]:
+        """What the agent relays, for a restarted gateway to adopt (its registration after
+        ``reregister``): each request's epoch, prompt and outputs so far, so its relay goes on
+        and its client can watch it again. Read on the heartbeat thread: snapshots."""
+        return tuple(
+            RunningReport(request_id, r.epoch, r.prompt, tuple(r.outputs), r.max_new_tokens, 0)
+            for request_id, r in list(self._relayed.items())
+        )
+
     def _reported(self, report: WorkerReport) -> None:
         with self._store_lock:
             self._refused.difference_update(report.refused_request_ids)
@@ -469,7 +491,12 @@ class Agent:
             on_directives=self._on_directives,
         )
         self.heartbeats = HeartbeatLoop(
-            self.client, self.report, self._on_directives, self._on_fenced, on_reported=self._reported
+            self.client,
+            self.report,
+            self._on_directives,
+            self._on_fenced,
+            on_reported=self._reported,
+            running=self.running,
         ).start()
 
     def _on_fenced(self, reason: str) -> None:
@@ -538,6 +565,10 @@ class Agent:
     # ---- requests (on the upstream loop) -------------------------------------------------
     def _serve(self, directive: Run | Resume) -> None:
         self._cancel(directive.request_id)
+        outputs = list(directive.output_token_ids) if isinstance(directive, Resume) else []
+        self._relayed[directive.request_id] = _Relayed(
+            directive.epoch, directive.prompt_token_ids, directive.max_new_tokens, outputs
+        )
         task = self._loop.create_task(self._relay(directive))
         self._tasks[directive.request_id] = (directive.epoch, task)
 
@@ -554,17 +585,20 @@ class Agent:
         entry = self._tasks.get(request_id)
         if entry is not None and epoch in (None, entry[0]):
             del self._tasks[request_id]
+            self._relayed.pop(request_id, None)
             entry[1].cancel()
             self.counters.cancelled += 1
 
     async def _relay(self, directive: Run | Resume) -> None:
         request_id, epoch = directive.request_id, directive.epoch
+        relayed = self._relayed[request_id]
         self.counters.served += 1
         try:
             body, position = completion_body(directive, self.config.model)
         except ValueError:  # nothing left to generate: it ends where it is
             sent = len(directive.output_token_ids) if isinstance(directive, Resume) else 0
             self._reports.put(RequestTokens(request_id, epoch, sent, (), True))
+            self._forget(request_id, epoch)
             return
         if isinstance(directive, Resume):
             self.counters.resumed += 1
@@ -575,6 +609,7 @@ class Agent:
                 self.counters.tokens += len(piece.token_ids)
                 self._reports.put(RequestTokens(request_id, epoch, piece.start_position, piece.token_ids,
                                                 piece.finished))  # fmt: skip
+                relayed.outputs.extend(piece.token_ids)
                 position = piece.start_position + len(piece.token_ids)
         except (UpstreamError, httpx.HTTPError, ValueError) as exc:
             self.counters.upstream_errors += 1
@@ -597,8 +632,13 @@ class Agent:
                     RequestTokens(request_id, epoch, position, (), error=str(exc), failed=exc.failed)
                 )
         finally:
-            if self._tasks.get(request_id, (None,))[0] == epoch:
-                del self._tasks[request_id]
+            self._forget(request_id, epoch)
+
+    def _forget(self, request_id: int, epoch: int) -> None:
+        """A relay ended: forget it unless a newer one of the request took its place."""
+        if self._tasks.get(request_id, (None,))[0] == epoch:
+            del self._tasks[request_id]
+            self._relayed.pop(request_id, None)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
@@ -618,12 +658,20 @@ class Agent:
 
     def _report_loop(self) -> None:
         """Token reports in arrival order, batched: whatever queued while a call was out
-        goes in the next one."""
+        goes in the next one. A batch the gateway did not get (unreachable, or restarting: the
+        restarted gateway adopts each relay with the outputs it had at the registration, and
+        the next report must not leave a gap after them) goes again first, every
+        _REPORT_RETRY_S until it does or the lease is lost."""
+        unsent: list[RequestTokens] = []
         while True:
-            first = self._reports.get()
-            if first is None:
+            retry = False
+            try:
+                first = self._reports.get(timeout=_REPORT_RETRY_S if unsent else None)
+            except queue.Empty:  # nothing new: send again what did not go out
+                first, retry = None, True
+            if first is None and not retry:
                 return
-            batch = [first]
+            batch = unsent + ([] if first is None else [first])
             while True:
                 try:
                     item = self._reports.get_nowait()
@@ -637,11 +685,14 @@ class Agent:
             try:
                 acks = self.client.report_tokens_batch(batch)
             except (FencedError, StaleEpochError) as exc:
+                unsent = []
                 self._fence(str(exc), epoch)
                 continue
-            except GatewayError as exc:  # unreachable: the lease decides
+            except GatewayError as exc:  # unreachable: again until it goes or the lease decides
                 logger.warning("lumen agent: token report failed: %s", exc)
+                unsent = batch[-_MAX_UNSENT_REPORTS:]
                 continue
+            unsent = []
             for ack, sent in zip(acks, batch):
                 if ack.code != 0:  # moved on (a newer epoch elsewhere): stop serving it here
                     self._loop.call_soon_threadsafe(self._cancel, ack.request_id, sent.epoch)

@@ -69,7 +69,7 @@ from lumen_core.gateway.directives import (
 from lumen_core.gateway.errors import GatewayError, StaleEpochError
 from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.protocol import parse_address
-from lumen_core.gateway.reports import LostReplica, StreamedReplica, WorkerReport
+from lumen_core.gateway.reports import LostReplica, RunningReport, StreamedReplica, WorkerReport
 from lumen_core.integrations.reference import StreamingConnector
 from lumen_core.pacing import PacedSaves, Pacer, modelled_step_s, parse_pace
 from lumen_core.policy.events import RecoveryAction, WorkerState
@@ -80,6 +80,10 @@ from lumen_core.worker.engine_ids import engine_key, request_id_of
 from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK
 from lumen_core.worker.held import held_reports
 from lumen_core.worker.paced_streaming import PacedStreamingConnector
+
+# Token reports kept while the gateway cannot be reached (one per step: well over a lease's
+# worth at the reference engine's step rates); older ones are dropped past it.
+MAX_UNSENT_REPORTS = 4096
 
 
 @dataclass(frozen=True)
@@ -199,6 +203,7 @@ class Worker:
         # Paced steps (issue 21): None unless --pace; restores already paced, by identity.
         self.pacer = None if config.pace is None else Pacer(parse_pace(config.pace), config.time_scale)
         self._paced_restores: dict[str, RestoreResult] = {}
+        self._unsent: list[RequestTokens] = []  # reports a call did not deliver (``_report``)
         self._pace_continues = False  # the last paced step left work: the next one follows it
 
     # ---- models --------------------------------------------------------------------------
@@ -274,6 +279,24 @@ class Worker:
             streamed=self._streamed() if self.flushed.is_set() and streamer is not None else (),
         )
 
+    def running(self) -> tuple[RunningReport, ...]:
+        """What this worker serves, for a restarted gateway to adopt: each request's gateway
+        epoch, prompt and every output computed so far (at least what was reported: a report
+        the old gateway missed is then in the new one's stream). Read on the heartbeat
+        thread: snapshots of the engine's lists (a request that ends meanwhile is left out)."""
+        engine = self.engine
+        if engine is None:
+            return ()
+        out = []
+        for request_id, served in list(self.served.items()):
+            request = engine.requests.get(engine_key(request_id))
+            if request is None:
+                continue
+            tokens = tuple(request.token_ids)
+            prompt, outputs = tokens[: request.num_prompt_tokens], tokens[request.num_prompt_tokens :]
+            out.append(RunningReport(request_id, served.epoch, prompt, outputs, request.params.max_tokens, 0))
+        return tuple(out)
+
     def _streamed(self) -> tuple[StreamedReplica, ...]:
         """Durable tokens of each replica of each request served here (a flushed worker's
         report: the gateway moves its requests knowing their checkpoints)."""
@@ -346,6 +369,7 @@ class Worker:
             self._on_fenced,
             on_reported=self._reported,
             pushed=self.config.pushed_directives,
+            running=self.running,
         ).start()
 
     def _queue_directives(self, directives: tuple[Directive, ...]) -> None:
@@ -560,15 +584,23 @@ class Worker:
 
     # ---- serving -------------------------------------------------------------------------
     def _report(self, reports: list[RequestTokens]) -> None:
-        if not reports:
+        """Send ``reports`` after those a call did not deliver (the gateway unreachable or
+        restarting: a restarted gateway adopts each request with the outputs computed when
+        the worker registered again, and its next report must not leave a gap after them).
+        At most MAX_UNSENT_REPORTS are kept; the lease bounds how long."""
+        batch = self._unsent + reports
+        if not batch:
             return
         try:
-            acks = self.client.report_tokens_batch(reports)
+            acks = self.client.report_tokens_batch(batch)
         except (FencedError, StaleEpochError) as exc:
+            self._unsent = []
             self._on_fenced(str(exc))
             return
         except GatewayError:
-            return  # the gateway is unreachable: the lease decides
+            self._unsent = batch[-MAX_UNSENT_REPORTS:]  # again with the next report
+            return
+        self._unsent = []
         for ack in acks:
             if ack.code != 0:  # the request moved on (re-routed at a newer epoch): drop it here
                 self._drop(ack.request_id)
@@ -743,6 +775,8 @@ class Worker:
             stepping = self.engine is not None and self.engine.has_unfinished() and not self.flushed.is_set()
             if stepping and self.client.lease_valid():
                 self._step()
+            elif self._unsent and self.client.lease_valid():
+                self._report([])  # idle: what did not go out goes now
 
     def stop(self) -> None:
         self.stopping.set()
