@@ -471,10 +471,7 @@ def test_a_request_its_server_fails_mid_stream_continues_on_another_worker(
     agents: list[Agent] = []
     try:
         with _serving() as other:
-            for worker_id, stand_in in enumerate((server, other)):
-                workdir = tmp_path / f"w{worker_id}"
-                workdir.mkdir()
-                config = _agent_config(workdir, secret_file, gateway.address, stand_in, worker_id=worker_id)
+            for config in _agent_configs(tmp_path, secret_file, gateway.address, (server, other)):
                 agents.append(Agent(config).start())
             prompt = [201, 1, 2]
             tokens = [t for piece in client.submit(prompt, 12, timeout_s=20.0) for t in piece.token_ids]
@@ -509,13 +506,7 @@ def test_a_drained_agent_keeps_its_checkpoints_and_its_request_continues_on_anot
     connector: ControlServer | None = None
     try:
         with _serving() as other:
-            configs = []
-            for worker_id, stand_in in enumerate((server, other)):
-                workdir = tmp_path / f"w{worker_id}"
-                workdir.mkdir()
-                configs.append(
-                    _agent_config(workdir, secret_file, gateway.address, stand_in, worker_id=worker_id)
-                )
+            configs = _agent_configs(tmp_path, secret_file, gateway.address, (server, other))
             connector = ControlServer(configs[0].socket_path, handle)
             agents.append(Agent(configs[0]).start())
             prompt = [203, 1, 2]
@@ -587,6 +578,18 @@ def test_an_agent_registers_what_it_relays_with_a_restarted_gateway_and_the_stre
         gateway.stop(grace_s=0.1)
         if successor is not None:
             successor.stop(grace_s=0.1)
+
+
+def _agent_configs(
+    tmp_path: Path, secret_file: Path, gateway: str, servers: tuple[_StandIn, ...]
+) -> list[AgentConfig]:
+    """One agent per stand-in server, worker ids 0.., each in its own work directory."""
+    configs = []
+    for worker_id, stand_in in enumerate(servers):
+        workdir = tmp_path / f"w{worker_id}"
+        workdir.mkdir()
+        configs.append(_agent_config(workdir, secret_file, gateway, stand_in, worker_id=worker_id))
+    return configs
 
 
 LINGER_CONFIG = GatewayConfig(policy="FC", lease_s=1.0, heartbeat_s=0.1)
