@@ -35,6 +35,12 @@ under the connection's session key; appends' records are not covered). A third m
 (`measure_seal_ns`, both counted although sender and receiver do one each, on different
 processes) as a share of the time one append of the case takes at the GB/s measured, i.e. how
 much faster appends could at most be unsealed.
+
+The "/encrypted" rows are the transport-only case over connections that encrypt their records
+(`Client(encrypt=True)`: AES-256-GCM both ways, keyed by the handshake), and the metric
+`encrypted_vs_plain` is their GB/s over the sealed plain case's, same run: what payload
+encryption costs an append (`cipher_gb_per_s` beside it: one encryption plus one decryption
+on one thread, `measure_cipher_bytes_per_s`).
 """
 
 from __future__ import annotations
@@ -195,6 +201,7 @@ def ours_gb_per_s(
     secret: bytes,
     secret_file: str,
     issuer: Any,
+    encrypt: bool = False,
 ) -> tuple[float, float, list[tuple[str, str]]]:
     """GB/s of appends driven by the client's C++ loop and from Python, and the transports."""
     from lumen_core.transport import Client
@@ -205,7 +212,7 @@ def ours_gb_per_s(
         num_tokens = len(token_ids)
         payload = num_tokens * (RECORD_BYTES + 8)  # records, token ids and crcs
         fingerprint = bytes(32)
-        with Client("127.0.0.1", port, secret, tls=tls) as client:
+        with Client("127.0.0.1", port, secret, tls=tls, encrypt=encrypt) as client:
             transports = client.transports()
 
             def run_round(request_id: int, count: int, check: bool) -> None:
@@ -271,16 +278,21 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    # (case suffix, receiver working set, crc check on receipt)
-    variants = [("", args.round_mib, False), ("/verify", args.round_mib, True)]
+    # (case suffix, receiver working set, crc check on receipt, records encrypted)
+    variants = [
+        ("", args.round_mib, False, False),
+        ("/verify", args.round_mib, True, False),
+        ("/encrypted", args.round_mib, False, True),
+    ]
     if args.cold_round_mib:
-        variants.append(("/cold", args.cold_round_mib, False))
+        variants.append(("/cold", args.cold_round_mib, False, False))
     from lumen_core import _native
     from lumen_core.auth import CapabilityIssuer
 
     secret = os.urandom(32)
     issuer = CapabilityIssuer.generate()
     seal_ns = _native.require_ucx().measure_seal_ns(100_000)
+    cipher_gb_per_s = _native.require_ucx().measure_cipher_bytes_per_s(1 << 20, 256) / 1e9
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         secret_file = os.path.join(tmp, "secret")
@@ -298,8 +310,8 @@ def main() -> None:
                 # Interleaved repeats, best of each: the machine is shared and noisy, and a
                 # slow repeat says more about the neighbours than about either transport.
                 baseline = {False: 0.0, True: 0.0}  # by peer error handling
-                ours = {suffix: 0.0 for suffix, _, _ in variants}
-                from_python = {suffix: 0.0 for suffix, _, _ in variants}
+                ours = {suffix: 0.0 for suffix, *_ in variants}
+                from_python = {suffix: 0.0 for suffix, *_ in variants}
                 transports: list[tuple[str, str]] = []
                 for _ in range(args.repeats):
                     for peer_errors in (False, True):
@@ -307,7 +319,7 @@ def main() -> None:
                             baseline[peer_errors],
                             perftest_gb_per_s(TLS_PERFTEST[tls], size, iterations, peer_errors),
                         )
-                    for suffix, round_mib, verify in variants:
+                    for suffix, round_mib, verify, encrypt in variants:
                         value, python_value, transports = ours_gb_per_s(
                             TLS_OURS[tls],
                             size,
@@ -318,10 +330,11 @@ def main() -> None:
                             secret,
                             secret_file,
                             issuer,
+                            encrypt,
                         )
                         ours[suffix] = max(ours[suffix], value)
                         from_python[suffix] = max(from_python[suffix], python_value)
-                for suffix, round_mib, _ in variants:
+                for suffix, round_mib, *_ in variants:
                     for peer_errors, metric in (
                         (False, "bulk_vs_ucx_perftest"),
                         (True, "bulk_vs_ucx_perftest_peer_errors"),
@@ -346,6 +359,16 @@ def main() -> None:
                     "seal_and_check_ns": round(seal_ns, 1),
                     "append_ns": round(append_ns, 1),
                     "sealed_gb_per_s": round(ours[""], 3),
+                }
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                row = {
+                    "case": f"{tls}/{size_mib}MiB",
+                    "metric": "encrypted_vs_plain",
+                    "value": round(ours["/encrypted"] / ours[""], 3),
+                    "encrypted_gb_per_s": round(ours["/encrypted"], 3),
+                    "plain_gb_per_s": round(ours[""], 3),
+                    "cipher_gb_per_s": round(cipher_gb_per_s, 3),
                 }
                 rows.append(row)
                 print(json.dumps(row), flush=True)

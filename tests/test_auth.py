@@ -11,10 +11,12 @@ from lumen_core import _native
 from lumen_core.auth import (
     CapabilityFields,
     CapabilityIssuer,
+    CredentialFields,
     Rights,
     check_secret,
     read_secret_file,
     verify_capability,
+    verify_credential,
     write_secret_file,
 )
 
@@ -32,6 +34,18 @@ KNOWN_CAPABILITY = (
     "0000000000000000000000000000000000002ce98daf02f240e1c976b16790aa4be49af704b37da7f6b0b249a488"
     "90aaa24837ed388436771c3f63519f9ab1be4eed6c02625549b2428610f1564e54f56d01"
 )
+# The same bound to worker 5 (flags 1 at offset 36, bearer 5 at offset 48).
+KNOWN_BOUND_CAPABILITY = (
+    "6c756d656e636170141a99be1c000000030000000700000009000000000000000300000001000000603a5d18a301"
+    "00000500000000000000000000000000000064d2859db17c38808866e9091277572cde2070253d42a3ceb921aa97"
+    "35206ae86aa3fbe76741a4f02439ed2a816b0d6b20e8d3c0077739937b772ae9a5db2506"
+)
+# The credential it issues to worker 5 at epoch 2 for the RFC 8032 public key.
+KNOWN_CREDENTIAL = (
+    "6c756d656e77696405000000000000000200000000000000d75a980182b10ab7d54bfed3c964073a0ee172f3daa6"
+    "2325af021a68f707511a000000000000000060d99f2ea6c1ddaeb4d647b1c5bcd3a5ca79ac8d1029e1a5d5c79128"
+    "bcee05a48f7de16506f6a794c219ff327a16d69d1180208ef522e1b82645dc0f8684fe0c"
+)
 
 
 @pytest.mark.ucx
@@ -42,7 +56,17 @@ def test_capability_bytes_are_pinned():
     capability = issuer.issue(123456789012, 3, 7, holder_id=9, rights=Rights.WRITE | Rights.READ, now_s=1.8e9)
     assert capability.hex() == KNOWN_CAPABILITY
     assert verify_capability(issuer.public_key, capability) == CapabilityFields(
-        123456789012, 3, 7, 9, Rights.WRITE | Rights.READ, 1_800_000_060_000
+        123456789012, 3, 7, 9, Rights.WRITE | Rights.READ, 1_800_000_060_000, None
+    )
+    bound = issuer.issue(
+        123456789012, 3, 7, holder_id=9, rights=Rights.WRITE | Rights.READ, bearer=5, now_s=1.8e9
+    )
+    assert bound.hex() == KNOWN_BOUND_CAPABILITY
+    assert verify_capability(issuer.public_key, bound).bearer == 5
+    credential = issuer.issue_credential(5, 2, bytes.fromhex(RFC8032_PUBLIC_KEY))
+    assert credential.hex() == KNOWN_CREDENTIAL
+    assert verify_credential(issuer.public_key, credential) == CredentialFields(
+        5, 2, bytes.fromhex(RFC8032_PUBLIC_KEY)
     )
 
 

@@ -312,6 +312,11 @@ void Streamer::mark_down(Holder* holder) {
 
 void Streamer::mark_up(Holder* holder) { holder->failures = 0; }
 
+void Streamer::set_identity(const transport::Identity& identity) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  options_.identity = identity;
+}
+
 bool Streamer::connect(Holder* holder) {
   std::shared_ptr<transport::Client> stale;
   {
@@ -334,6 +339,11 @@ bool Streamer::connect(Holder* holder) {
   options.tls = options_.tls;
   options.limits = options_.limits;
   options.connect_timeout_s = options_.connect_timeout_s;
+  options.encrypt = options_.encrypt;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    options.identity = options_.identity;
+  }
   std::shared_ptr<transport::Client> client;
   try {
     client = std::make_shared<transport::Client>(options);

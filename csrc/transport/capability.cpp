@@ -1,12 +1,8 @@
-// Ed25519 capabilities over OpenSSL (lumen/transport/capability.h).
+// Capabilities and worker credentials (lumen/transport/capability.h).
 #include "lumen/transport/capability.h"
-
-#include <openssl/evp.h>
-#include <openssl/rand.h>
 
 #include <chrono>
 #include <cstring>
-#include <memory>
 #include <stdexcept>
 
 #include "lumen/transport/le.h"
@@ -14,48 +10,42 @@
 namespace lumen::transport {
 namespace {
 
+// Distinct labels: a signed capability is never a valid credential, nor the reverse.
 constexpr char kCapabilityLabel[8] = {'l', 'u', 'm', 'e', 'n', 'c', 'a', 'p'};
-constexpr size_t kSignatureBytes = kCapabilityBytes - kSignedBytes;
-
-struct MdCtxFree {
-  void operator()(EVP_MD_CTX* ctx) const { EVP_MD_CTX_free(ctx); }
-};
-using MdCtx = std::unique_ptr<EVP_MD_CTX, MdCtxFree>;
-
-MdCtx new_md_ctx() {
-  MdCtx ctx(EVP_MD_CTX_new());
-  if (!ctx) throw std::runtime_error("EVP_MD_CTX_new failed in OpenSSL");
-  return ctx;
-}
+constexpr char kCredentialLabel[8] = {'l', 'u', 'm', 'e', 'n', 'w', 'i', 'd'};
+static_assert(kCapabilityBytes == kSignedBytes + kEd25519SignatureBytes);
+static_assert(kCredentialBytes == kSignedBytes + kEd25519SignatureBytes);
 
 std::string to_string(const std::string& field, uint64_t got, uint64_t want) {
   return field + " is " + std::to_string(got) + ", the request says " + std::to_string(want);
 }
 
+bool all_zero(const uint8_t* bytes, size_t num_bytes) {
+  bool zero = true;
+  for (size_t i = 0; i < num_bytes; ++i) zero = zero && bytes[i] == 0;
+  return zero;
+}
+
+void sign(const Ed25519Signer& signer, uint8_t* bytes) {
+  const Ed25519Signature signature = signer.sign(bytes, kSignedBytes);
+  std::memcpy(bytes + kSignedBytes, signature.data(), signature.size());
+}
+
+// The label and the signature of a signed 128-byte record; false and *why otherwise.
+bool verify_signed(const Ed25519Verifier& verifier, std::string* why, const uint8_t* bytes,
+                   const char (&label)[8], const char* what) {
+  if (std::memcmp(bytes, label, sizeof(label)) != 0) {
+    *why = std::string("not a ") + what + " (label)";
+    return false;
+  }
+  if (!verifier.verify(bytes, kSignedBytes, bytes + kSignedBytes)) {
+    *why = "bad signature: not issued by the trusted issuer";
+    return false;
+  }
+  return true;
+}
+
 }  // namespace
-
-IssuerKey generate_issuer_key() {
-  IssuerKey key{};
-  if (RAND_bytes(key.data(), static_cast<int>(key.size())) != 1) {
-    throw std::runtime_error("RAND_bytes failed in OpenSSL");
-  }
-  return key;
-}
-
-CapabilityIssuer::CapabilityIssuer(const IssuerKey& private_key) {
-  EVP_PKEY* pkey =
-      EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, private_key.data(), kIssuerKeyBytes);
-  if (pkey == nullptr) throw std::runtime_error("OpenSSL refused the Ed25519 private key");
-  size_t num_bytes = kIssuerKeyBytes;
-  if (EVP_PKEY_get_raw_public_key(pkey, public_key_.data(), &num_bytes) != 1 ||
-      num_bytes != kIssuerKeyBytes) {
-    EVP_PKEY_free(pkey);
-    throw std::runtime_error("OpenSSL could not derive the Ed25519 public key");
-  }
-  pkey_ = pkey;
-}
-
-CapabilityIssuer::~CapabilityIssuer() { EVP_PKEY_free(static_cast<EVP_PKEY*>(pkey_)); }
 
 CapabilityBytes CapabilityIssuer::issue(const Capability& c) const {
   if (c.rights == 0 || (c.rights & ~kAllRights) != 0) {
@@ -69,45 +59,32 @@ CapabilityBytes CapabilityIssuer::issue(const Capability& c) const {
   put_le<uint32_t>(out.data() + 20, c.epoch);
   put_le<uint64_t>(out.data() + 24, c.holder_id);
   put_le<uint32_t>(out.data() + 32, c.rights);
+  put_le<uint32_t>(out.data() + 36, c.bearer ? kBoundToBearer : 0u);
   put_le<uint64_t>(out.data() + 40, c.expires_at_ms);
-  MdCtx ctx = new_md_ctx();
-  size_t signature_bytes = kSignatureBytes;
-  if (EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, static_cast<EVP_PKEY*>(pkey_)) !=
-          1 ||
-      EVP_DigestSign(ctx.get(), out.data() + kSignedBytes, &signature_bytes, out.data(),
-                     kSignedBytes) != 1 ||
-      signature_bytes != kSignatureBytes) {
-    throw std::runtime_error("Ed25519 signing failed in OpenSSL");
-  }
+  put_le<uint64_t>(out.data() + 48, c.bearer.value_or(0));
+  sign(signer_, out.data());
   return out;
 }
 
-CapabilityVerifier::CapabilityVerifier(const IssuerKey& public_key) {
-  pkey_ =
-      EVP_PKEY_new_raw_public_key(EVP_PKEY_ED25519, nullptr, public_key.data(), kIssuerKeyBytes);
-  if (pkey_ == nullptr) throw std::runtime_error("OpenSSL refused the Ed25519 public key");
+CredentialBytes CapabilityIssuer::issue_credential(const Credential& c) const {
+  CredentialBytes out{};
+  std::memcpy(out.data(), kCredentialLabel, sizeof(kCredentialLabel));
+  put_le<uint64_t>(out.data() + 8, c.worker_id);
+  put_le<uint32_t>(out.data() + 16, c.epoch);
+  std::memcpy(out.data() + 24, c.public_key.data(), c.public_key.size());
+  sign(signer_, out.data());
+  return out;
 }
-
-CapabilityVerifier::~CapabilityVerifier() { EVP_PKEY_free(static_cast<EVP_PKEY*>(pkey_)); }
 
 bool CapabilityVerifier::verify(Capability* out, std::string* why,
                                 const CapabilityBytes& bytes) const {
   const uint8_t* in = bytes.data();
-  if (std::memcmp(in, kCapabilityLabel, sizeof(kCapabilityLabel)) != 0) {
-    *why = "not a capability (label)";
-    return false;
-  }
-  bool reserved_zero = get_le<uint32_t>(in + 36) == 0;
-  for (size_t i = 48; i < kSignedBytes; ++i) reserved_zero = reserved_zero && in[i] == 0;
-  if (!reserved_zero) {
-    *why = "reserved capability bytes are not zero";
-    return false;
-  }
-  MdCtx ctx = new_md_ctx();
-  if (EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, static_cast<EVP_PKEY*>(pkey_)) !=
-          1 ||
-      EVP_DigestVerify(ctx.get(), in + kSignedBytes, kSignatureBytes, in, kSignedBytes) != 1) {
-    *why = "bad signature: not issued by the trusted issuer";
+  if (!verify_signed(verifier_, why, in, kCapabilityLabel, "capability")) return false;
+  const uint32_t flags = get_le<uint32_t>(in + 36);
+  const uint64_t bearer = get_le<uint64_t>(in + 48);
+  if ((flags & ~kBoundToBearer) != 0 || (!(flags & kBoundToBearer) && bearer != 0) ||
+      !all_zero(in + 56, kSignedBytes - 56)) {
+    *why = "unknown capability flags, or reserved bytes not zero";
     return false;
   }
   out->request_id = get_le<uint64_t>(in + 8);
@@ -116,11 +93,27 @@ bool CapabilityVerifier::verify(Capability* out, std::string* why,
   out->holder_id = get_le<uint64_t>(in + 24);
   out->rights = get_le<uint32_t>(in + 32);
   out->expires_at_ms = get_le<uint64_t>(in + 40);
+  out->bearer = (flags & kBoundToBearer) ? std::optional<uint64_t>(bearer) : std::nullopt;
+  return true;
+}
+
+bool CapabilityVerifier::verify_credential(Credential* out, std::string* why,
+                                           const CredentialBytes& bytes) const {
+  const uint8_t* in = bytes.data();
+  if (!verify_signed(verifier_, why, in, kCredentialLabel, "worker credential")) return false;
+  if (get_le<uint32_t>(in + 20) != 0 || !all_zero(in + 56, kSignedBytes - 56)) {
+    *why = "reserved credential bytes are not zero";
+    return false;
+  }
+  out->worker_id = get_le<uint64_t>(in + 8);
+  out->epoch = get_le<uint32_t>(in + 16);
+  std::memcpy(out->public_key.data(), in + 24, out->public_key.size());
   return true;
 }
 
 bool check_grant(std::string* why, const Capability& c, uint64_t request_id, uint32_t shard,
-                 uint32_t epoch, uint64_t holder_id, uint32_t needed, uint64_t now_ms) {
+                 uint32_t epoch, uint64_t holder_id, uint32_t needed, uint64_t now_ms,
+                 std::optional<uint64_t> peer) {
   if (c.request_id != request_id) {
     *why = to_string("capability request_id", c.request_id, request_id);
   } else if (c.shard != shard) {
@@ -135,6 +128,9 @@ bool check_grant(std::string* why, const Capability& c, uint64_t request_id, uin
   } else if (now_ms >= c.expires_at_ms) {
     *why = "capability expired at " + std::to_string(c.expires_at_ms) + " ms, now " +
            std::to_string(now_ms) + " ms";
+  } else if (c.bearer && c.bearer != peer) {
+    *why = "capability is bound to worker " + std::to_string(*c.bearer) + ", the connection is " +
+           (peer ? "worker " + std::to_string(*peer) : std::string("not identified"));
   } else {
     return true;
   }

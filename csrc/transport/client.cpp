@@ -201,35 +201,53 @@ void Client::submit(const OpPtr& op, const WireHeader& h, const void* header_byt
     header = op->owned_header;
   }
   for (size_t i = 0; i < iov_count; ++i) op->iov[i] = iov[i];
-  const bool posted = worker_.post([this, op, header = std::move(header), iov_count]() mutable {
-    if (!ep_open_) {
-      fail(op, Status::kPeerGone, "the connection is closed");
-      return;
-    }
-    // Sealed here, on the progress thread, so sequence numbers follow the order of sends.
-    if (sealed_) seal_for_send(&header, *op, iov_count);
-    ops_[op->id] = op;
-    auto* context = new RequestContext{this, op};
-    ucp_request_param_t param{};
-    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
-                         UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
-    param.flags = UCP_AM_SEND_FLAG_COPY_HEADER |
-                  (op->reply == RawReply::kWithReplyEp ? UCP_AM_SEND_FLAG_REPLY : 0);
-    param.datatype = ucp_dt_make_iov();
-    param.cb.send = &Client::on_send_done;
-    param.user_data = context;
-    ucs_status_ptr_t request =
-        ucp_am_send_nbx(ep_, kAmId, header.data(), header.size(), op->iov, iov_count, &param);
-    if (UCS_PTR_IS_PTR(request)) {
-      op->inflight++;
-      return;
-    }
-    delete context;
-    if (UCS_PTR_IS_ERR(request)) {
-      fail_connection(Status::kPeerGone,
-                      std::string("send failed: ") + ucs_status_string(UCS_PTR_STATUS(request)));
-    }
-  });
+  // An append's records leave encrypted on a connection that encrypts (not a raw message).
+  const bool encrypt =
+      options_.encrypt && header_bytes == nullptr && h.kind == MessageKind::kAppend;
+  const bool posted =
+      worker_.post([this, op, header = std::move(header), iov_count, encrypt]() mutable {
+        if (!ep_open_) {
+          fail(op, Status::kPeerGone, "the connection is closed");
+          return;
+        }
+        // Sealed here, on the progress thread, so sequence numbers follow the order of sends;
+        // the seal's number is the payload's nonce.
+        if (sealed_) seal_for_send(&header, *op, iov_count);
+        if (sealed_ && encrypt) {
+          std::vector<Span> pieces;
+          size_t total = 0;
+          for (size_t i = 0; i < iov_count; ++i) {
+            pieces.push_back({static_cast<uint8_t*>(op->iov[i].buffer), op->iov[i].length});
+            total += op->iov[i].length;
+          }
+          op->owned_payload.resize(total + kCipherTagBytes);
+          seal_.send_cipher.encrypt(seal_.sent, pieces, op->owned_payload.data(),
+                                    op->owned_payload.data() + total);
+          op->iov[0] = {op->owned_payload.data(), op->owned_payload.size()};
+          iov_count = 1;
+        }
+        ops_[op->id] = op;
+        auto* context = new RequestContext{this, op};
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FIELD_CALLBACK |
+                             UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_DATATYPE;
+        param.flags = UCP_AM_SEND_FLAG_COPY_HEADER |
+                      (op->reply == RawReply::kWithReplyEp ? UCP_AM_SEND_FLAG_REPLY : 0);
+        param.datatype = ucp_dt_make_iov();
+        param.cb.send = &Client::on_send_done;
+        param.user_data = context;
+        ucs_status_ptr_t request =
+            ucp_am_send_nbx(ep_, kAmId, header.data(), header.size(), op->iov, iov_count, &param);
+        if (UCS_PTR_IS_PTR(request)) {
+          op->inflight++;
+          return;
+        }
+        delete context;
+        if (UCS_PTR_IS_ERR(request)) {
+          fail_connection(Status::kPeerGone, std::string("send failed: ") +
+                                                 ucs_status_string(UCS_PTR_STATUS(request)));
+        }
+      });
   if (!posted) {  // closing: the op never reaches the progress thread, so finish it here
     std::lock_guard<std::mutex> lock(mutex_);
     op->status = Status::kPeerGone;
@@ -294,6 +312,27 @@ void Client::fail(const OpPtr& op, Status status, const std::string& message) {
 
 void Client::maybe_finish(const OpPtr& op) {
   if (!op->replied || op->inflight > 0) return;
+  bool forged = false;
+  if (op->decrypt) {
+    op->decrypt = false;
+    std::vector<Span> pieces;
+    for (size_t i = 0; i < 4; ++i) {
+      pieces.push_back({static_cast<uint8_t*>(op->iov[i].buffer), op->iov[i].length});
+    }
+    if (op->status == Status::kOk &&
+        !seal_.receive_cipher.decrypt(op->sequence, pieces, op->tag.data())) {
+      forged = true;
+      op->status = Status::kMalformed;
+      op->message = "the server's read reply does not decrypt (altered in flight)";
+    }
+  }
+  if (forged) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stats_.malformed_replies++;
+    }
+    fail_connection(Status::kMalformed, op->message);
+  }
   auto it = ops_.find(op->id);
   if (it != ops_.end() && it->second == op) ops_.erase(it);
   std::lock_guard<std::mutex> lock(mutex_);
@@ -407,7 +446,7 @@ uint64_t Client::start_append(const AppendArgs& a) {
   h.start_pos = a.start_pos;
   h.num_tokens = a.num_tokens;
   h.record_bytes = a.record_bytes;
-  h.payload_bytes = payload_bytes;
+  h.payload_bytes = payload_bytes + (options_.encrypt ? kCipherTagBytes : 0);
   const uint64_t n = a.num_tokens;
   const ucp_dt_iov_t iov[3] = {{const_cast<uint32_t*>(a.token_ids), 4 * n},
                                {const_cast<uint32_t*>(a.crcs), 4 * n},
@@ -508,7 +547,8 @@ ucs_status_t Client::on_message(void* arg, const void* header, size_t header_len
   auto* self = static_cast<Client*>(arg);
   WireHeader h;
   std::string why;
-  if (!decode_header(&h, &why, header, header_length, length, self->options_.limits)) {
+  if (!decode_header(&h, &why, header, header_length, length, self->options_.limits,
+                     self->options_.encrypt ? kCipherTagBytes : 0)) {
     {
       std::lock_guard<std::mutex> lock(self->mutex_);
       self->stats_.malformed_replies++;
@@ -596,12 +636,18 @@ ucs_status_t Client::handle_read_data(const OpPtr& op, const WireHeader& h, void
   op->iov[1] = {a.token_ids, 4 * n};
   op->iov[2] = {a.crcs, 4 * n};
   op->iov[3] = {a.records, n * a.record_bytes};
+  size_t pieces = 4;
+  if (options_.encrypt) {  // decrypted in place once all of it is here (maybe_finish)
+    op->iov[pieces++] = {op->tag.data(), op->tag.size()};
+    op->decrypt = true;
+    op->sequence = seal_.received;
+  }
   op->replied = true;
   if (!rndv) {
     const auto* in = static_cast<const uint8_t*>(data);
-    for (const ucp_dt_iov_t& part : op->iov) {
-      if (part.length > 0) std::memcpy(part.buffer, in, part.length);
-      in += part.length;
+    for (size_t i = 0; i < pieces; ++i) {
+      if (op->iov[i].length > 0) std::memcpy(op->iov[i].buffer, in, op->iov[i].length);
+      in += op->iov[i].length;
     }
     maybe_finish(op);
     return UCS_OK;
@@ -613,7 +659,7 @@ ucs_status_t Client::handle_read_data(const OpPtr& op, const WireHeader& h, void
   param.datatype = ucp_dt_make_iov();
   param.cb.recv_am = &Client::on_recv_done;
   param.user_data = context;
-  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_.handle(), data, op->iov, 4, &param);
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_.handle(), data, op->iov, pieces, &param);
   if (UCS_PTR_IS_PTR(request)) {
     op->inflight++;
   } else {
@@ -635,11 +681,16 @@ void Client::handle_challenge(const uint8_t* payload) {
   t.client_nonce = random_nonce();
   EphemeralKey exchange = generate_ephemeral_key();
   t.client_key = exchange.public_key;
+  const uint64_t flags = options_.encrypt ? kAuthEncrypt : 0;
   try {
     const SessionKeys keys =
-        derive_session_keys(options_.secret, exchange.private_key, t.server_key, t);
+        derive_session_keys(options_.secret, exchange.private_key, t.server_key, t, flags);
     seal_.send_key = MacKey(keys.client_to_server);
     seal_.receive_key = MacKey(keys.server_to_client);
+    if (options_.encrypt) {
+      seal_.send_cipher = PayloadCipher(keys.client_to_server_cipher);
+      seal_.receive_cipher = PayloadCipher(keys.server_to_client_cipher);
+    }
   } catch (const std::runtime_error& e) {
     fail_connection(Status::kRejected, std::string("the server's exchange key: ") + e.what());
     return;
@@ -649,9 +700,24 @@ void Client::handle_challenge(const uint8_t* payload) {
   op->owned_payload.assign(t.client_nonce.begin(), t.client_nonce.end());
   op->owned_payload.insert(op->owned_payload.end(), t.client_key.begin(), t.client_key.end());
   op->owned_payload.insert(op->owned_payload.end(), mac.begin(), mac.end());
+  if (options_.identity) {
+    const Identity& identity = *options_.identity;
+    const std::vector<uint8_t> message = identity_message(t);
+    Ed25519Signature proof{};
+    try {
+      proof = Ed25519Signer(identity.private_key).sign(message.data(), message.size());
+    } catch (const std::runtime_error& e) {
+      fail_connection(Status::kRejected, std::string("signing the identity proof: ") + e.what());
+      return;
+    }
+    op->owned_payload.insert(op->owned_payload.end(), identity.credential.begin(),
+                             identity.credential.end());
+    op->owned_payload.insert(op->owned_payload.end(), proof.begin(), proof.end());
+  }
   WireHeader h;
   h.kind = MessageKind::kAuth;
   h.op_id = kHandshakeOp;
+  h.start_pos = flags;
   h.payload_bytes = op->owned_payload.size();
   const ucp_dt_iov_t iov{op->owned_payload.data(), op->owned_payload.size()};
   // On the progress thread already: the posted send runs right after this callback returns.

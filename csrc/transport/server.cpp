@@ -255,12 +255,22 @@ void Server::drop(Conn* conn, bool force) {
 void Server::send(Conn* conn, const WireHeader& h,
                   std::shared_ptr<const std::vector<uint8_t>> payload) {
   uint8_t header[kHeaderBytes];
-  encode_header(header, h);
+  const bool encrypt = conn->encrypted && h.kind == MessageKind::kReadData && payload;
+  WireHeader sent = h;
+  if (encrypt) sent.payload_bytes += kCipherTagBytes;
+  encode_header(header, sent);
   // Every message after the handshake is sealed (the refusal of a handshake is not: there
   // are no session keys then).
   if (conn->authenticated && !is_handshake(h.kind)) {
     seal_header(header, &conn->seal, payload ? payload->data() : nullptr,
                 payload ? payload->size() : 0);
+  }
+  if (encrypt) {  // the seal's number is the nonce
+    auto sealed = std::make_shared<std::vector<uint8_t>>(payload->size() + kCipherTagBytes);
+    auto* plain = const_cast<uint8_t*>(payload->data());  // read only
+    conn->seal.send_cipher.encrypt(conn->seal.sent, {{plain, payload->size()}}, sealed->data(),
+                                   sealed->data() + payload->size());
+    payload = std::move(sealed);
   }
   auto* context = new SendContext{std::move(payload)};
   ucp_request_param_t param{};
@@ -329,7 +339,8 @@ ucs_status_t Server::on_message(void* arg, const void* header, size_t header_len
   if (conn == nullptr) return UCS_OK;  // in flight from a connection already dropped
   WireHeader h;
   std::string why;
-  if (!decode_header(&h, &why, header, header_length, length, self->options_.limits)) {
+  if (!decode_header(&h, &why, header, header_length, length, self->options_.limits,
+                     conn->encrypted ? kCipherTagBytes : 0)) {
     self->stats_.malformed++;
     self->drop(conn, /*force=*/true);
     return UCS_OK;
@@ -379,8 +390,9 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
   // connection's open verified, so the data path does no public-key work.
   const uint32_t needed = h.kind == MessageKind::kRead ? kRightRead : kRightWrite;
   Capability capability;
-  const bool granted = h.kind == MessageKind::kAppend ? check_granted(*conn, h)
-                                                      : check_capability(&capability, h, needed);
+  const bool granted = h.kind == MessageKind::kAppend
+                           ? check_granted(*conn, h)
+                           : check_capability(*conn, &capability, h, needed);
   if (!granted) {
     reply(conn, h, MessageKind::kError, Status::kRejected, 0);
     return UCS_OK;  // drops an unreceived rendezvous payload
@@ -448,14 +460,15 @@ ucs_status_t Server::handle(Conn* conn, const WireHeader& h, void* data, bool rn
   }
 }
 
-bool Server::check_capability(Capability* out, const WireHeader& h, uint32_t needed) {
+bool Server::check_capability(const Conn& conn, Capability* out, const WireHeader& h,
+                              uint32_t needed) {
   std::string why;
   if (verifier_ == nullptr || !verifier_->verify(out, &why, h.capability)) {
     stats_.bad_capability++;
     return false;
   }
   if (!check_grant(&why, *out, h.request_id, h.shard, h.epoch, options_.holder_id, needed,
-                   unix_now_ms())) {
+                   unix_now_ms(), conn.worker)) {
     stats_.capability_refused++;
     return false;
   }
@@ -470,19 +483,50 @@ bool Server::check_granted(const Conn& conn, const WireHeader& h) {
   return granted;
 }
 
+bool Server::check_identity(Conn* conn, const uint8_t* credential, const uint8_t* proof) {
+  CredentialBytes bytes;
+  std::memcpy(bytes.data(), credential, bytes.size());
+  Credential claimed;
+  std::string why;
+  if (verifier_ == nullptr || !verifier_->verify_credential(&claimed, &why, bytes)) return false;
+  const std::vector<uint8_t> message = identity_message(conn->transcript);
+  try {
+    if (!Ed25519Verifier(claimed.public_key).verify(message.data(), message.size(), proof)) {
+      return false;
+    }
+  } catch (const std::runtime_error&) {
+    return false;  // a public key OpenSSL refuses
+  }
+  conn->worker = claimed.worker_id;
+  return true;
+}
+
 void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload) {
   HandshakeTranscript& t = conn->transcript;
   std::memcpy(t.client_nonce.data(), payload, kNonceBytes);
   std::memcpy(t.client_key.data(), payload + kNonceBytes, kExchangeKeyBytes);
   const uint8_t* client_mac = payload + kNonceBytes + kExchangeKeyBytes;
   const Mac expected = handshake_mac(options_.secret, "client", t);
-  bool proven = mac_equal(expected.data(), client_mac);
+  const uint64_t flags = h.start_pos;  // bound into the session keys below
+  bool proven = mac_equal(expected.data(), client_mac) && (flags & ~kAuthFlags) == 0;
+  if (proven && h.payload_bytes == kAuthIdentifiedBytes) {
+    const uint8_t* claimed = payload + kAuthBytes;
+    if (!check_identity(conn, claimed, claimed + kCredentialBytes)) {
+      stats_.bad_credentials++;
+      proven = false;
+    }
+  }
   if (proven) {
     try {
       const SessionKeys keys =
-          derive_session_keys(options_.secret, conn->exchange.private_key, t.client_key, t);
+          derive_session_keys(options_.secret, conn->exchange.private_key, t.client_key, t, flags);
       conn->seal.send_key = MacKey(keys.server_to_client);
       conn->seal.receive_key = MacKey(keys.client_to_server);
+      if (flags & kAuthEncrypt) {
+        conn->seal.send_cipher = PayloadCipher(keys.server_to_client_cipher);
+        conn->seal.receive_cipher = PayloadCipher(keys.client_to_server_cipher);
+        conn->encrypted = true;
+      }
     } catch (const std::runtime_error&) {
       proven = false;  // a client key OpenSSL refuses (a low-order point): no session
     }
@@ -496,6 +540,8 @@ void Server::handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload
   }
   conn->authenticated = true;
   stats_.handshakes_ok++;
+  if (conn->worker) stats_.identified++;
+  if (conn->encrypted) stats_.encrypted++;
   // The proof, then the limits it covers: the client sends nothing these would refuse.
   auto proof_and_limits = std::make_shared<std::vector<uint8_t>>(kMacBytes + kLimitsBytes);
   encode_limits(proof_and_limits->data() + kMacBytes, options_.limits);
@@ -526,6 +572,11 @@ ucs_status_t Server::handle_append(Conn* conn, const WireHeader& h, void* data, 
   pending->iov.push_back({pending->target.crcs, 4 * n});
   for (const MemoryPiece& piece : pending->target.records) {
     pending->iov.push_back({piece.data, piece.bytes});
+  }
+  if (conn->encrypted) {  // decrypted in place once all of it is here (complete_append)
+    pending->encrypted = true;
+    pending->sequence = conn->seal.received;
+    pending->iov.push_back({pending->tag.data(), pending->tag.size()});
   }
   const uint64_t ticket = pending->target.ticket;
   PendingAppend* raw = pending.get();
@@ -580,6 +631,19 @@ void Server::on_append_received(void* request, ucs_status_t status, size_t /*len
 void Server::complete_append(uint64_t ticket) {
   PendingAppend* pending = appends_.at(ticket).get();
   const WireHeader& h = pending->header;
+  if (pending->encrypted && pending->failure == Status::kOk) {
+    Conn* conn = find(pending->conn_id);
+    std::vector<Span> pieces;
+    for (size_t i = 0; i + 1 < pending->iov.size(); ++i) {
+      pieces.push_back({static_cast<uint8_t*>(pending->iov[i].buffer), pending->iov[i].length});
+    }
+    if (conn == nullptr) {
+      pending->failure = Status::kPeerGone;  // its key went with it
+    } else if (!conn->seal.receive_cipher.decrypt(pending->sequence, pieces, pending->tag.data())) {
+      stats_.decrypt_failures++;
+      pending->failure = Status::kMalformed;
+    }
+  }
   if (pending->failure == Status::kOk && options_.verify_records &&
       !records_match(pending->target, h.num_tokens, h.record_bytes)) {
     pending->failure = Status::kMalformed;

@@ -121,7 +121,7 @@ void encode_header(uint8_t* out, const WireHeader& h) {
 }
 
 bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t num_bytes,
-                   size_t payload_length, const WireLimits& limits) {
+                   size_t payload_length, const WireLimits& limits, size_t bulk_trailer_bytes) {
   const auto* in = static_cast<const uint8_t*>(bytes);
   if (num_bytes != kHeaderBytes) {
     return fail(why, "header is " + std::to_string(num_bytes) + " bytes, expected " +
@@ -155,7 +155,11 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
     return fail(why, "payload is " + std::to_string(payload_length) + " bytes, header says " +
                          std::to_string(h.payload_bytes));
   }
-  if (h.payload_bytes > limits.max_payload_bytes) return fail(why, "payload over the limit");
+  const bool bulk = h.kind == MessageKind::kAppend || h.kind == MessageKind::kReadData;
+  const uint64_t trailer = bulk ? bulk_trailer_bytes : 0;
+  if (h.payload_bytes > limits.max_payload_bytes + trailer) {
+    return fail(why, "payload over the limit");
+  }
   if (h.num_tokens > limits.max_tokens_per_message) return fail(why, "num_tokens over the limit");
   if (h.record_bytes > limits.max_record_bytes) return fail(why, "record_bytes over the limit");
   uint64_t end_pos = 0;
@@ -182,7 +186,8 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
       expected = kMacBytes + kLimitsBytes;
       break;
     case MessageKind::kAuth:
-      expected = kNonceBytes + kExchangeKeyBytes + kMacBytes;
+      // With or without the worker's identity (its credential and proof).
+      expected = h.payload_bytes == kAuthIdentifiedBytes ? kAuthIdentifiedBytes : kAuthBytes;
       break;
     case MessageKind::kOpen:
       if (h.record_bytes == 0) return fail(why, "open with record_bytes 0");
@@ -208,6 +213,7 @@ bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t 
     case MessageKind::kError:
       break;
   }
+  expected += trailer;
   if (h.payload_bytes != expected) {
     return fail(why, "payload of " + std::to_string(h.payload_bytes) + " bytes, kind " +
                          std::to_string(kind) + " needs " + std::to_string(expected));

@@ -40,7 +40,7 @@ void bind_streamer(py::module_& m) {
                        int64_t staging_bytes, int64_t max_queued_steps, double ack_timeout_s,
                        double connect_timeout_s, double reconnect_backoff_s, double give_up_after_s,
                        int gather_threads, int cuda_device, uint32_t max_tokens,
-                       uint32_t max_record_bytes, uint64_t max_payload_bytes) {
+                       uint32_t max_record_bytes, uint64_t max_payload_bytes, bool encrypt) {
              const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
              lh::StreamerOptions options;
              options.secret = secret;
@@ -61,6 +61,7 @@ void bind_streamer(py::module_& m) {
              options.cuda_device = cuda_device;
              options.limits =
                  lumen_bind::to_limits(max_tokens, max_record_bytes, max_payload_bytes);
+             options.encrypt = encrypt;
              return std::make_unique<lh::Streamer>(options);
            }),
            py::kw_only(), py::arg("secret"), py::arg("tls"), py::arg("shard"),
@@ -69,7 +70,13 @@ void bind_streamer(py::module_& m) {
            py::arg("ack_timeout_s"), py::arg("connect_timeout_s"), py::arg("reconnect_backoff_s"),
            py::arg("give_up_after_s"), py::arg("gather_threads"), py::arg("cuda_device"),
            py::arg("max_tokens_per_message"), py::arg("max_record_bytes"),
-           py::arg("max_payload_bytes"))
+           py::arg("max_payload_bytes"), py::arg("encrypt") = false)
+      .def(
+          "set_identity",
+          [](lh::Streamer& s, const py::bytes& credential, const py::bytes& identity_key) {
+            s.set_identity(lumen_bind::to_identity(credential, identity_key));
+          },
+          py::kw_only(), py::arg("credential"), py::arg("identity_key"))
       .def(
           "add_request",
           [](lh::Streamer& s, uint64_t request_id, const std::vector<Address>& holders,

@@ -48,6 +48,10 @@ py::dict stats_dict(const lt::ServerStats& s) {
   d["bad_seals"] = s.bad_seals;
   d["out_of_sequence"] = s.out_of_sequence;
   d["bad_capability"] = s.bad_capability;
+  d["identified"] = s.identified;
+  d["bad_credentials"] = s.bad_credentials;
+  d["encrypted"] = s.encrypted;
+  d["decrypt_failures"] = s.decrypt_failures;
   d["capability_refused"] = s.capability_refused;
   d["stale_epoch"] = s.stale_epoch;
   d["rejected"] = s.rejected;
@@ -132,9 +136,26 @@ void bind_transport(py::module_& m) {
       py::arg("count"),
       "Nanoseconds one seal plus one check of a message header take here (mean of count).");
 
+  m.attr("CREDENTIAL_BYTES") = lt::kCredentialBytes;
   m.def(
-      "generate_issuer_key", [] { return to_bytes(lt::generate_issuer_key()); },
-      "A fresh 32-byte Ed25519 private key (the issuer's).");
+      "measure_cipher_bytes_per_s",
+      [](size_t bytes, uint32_t count) {
+        py::gil_scoped_release release;
+        return lt::measure_cipher_bytes_per_s(bytes, count);
+      },
+      py::arg("bytes"), py::arg("count"),
+      "Bytes per second of one AES-256-GCM encryption plus one decryption here (payload cipher).");
+  m.def(
+      "generate_ed25519_key", [] { return to_bytes(lt::generate_ed25519_key()); },
+      "A fresh 32-byte Ed25519 private key (an issuer's or a worker's identity).");
+  m.def(
+      "ed25519_public_key",
+      [](const py::bytes& private_key) {
+        const lt::Ed25519Signer signer(
+            lumen_bind::to_byte_array<lt::kEd25519KeyBytes>(private_key, "private_key"));
+        return to_bytes(signer.public_key());
+      },
+      py::arg("private_key"), "The 32-byte public key of an Ed25519 private key.");
 
   py::class_<lt::CapabilityIssuer>(m, "CapabilityIssuer")
       .def(py::init([](const py::bytes& private_key) {
@@ -147,8 +168,10 @@ void bind_transport(py::module_& m) {
       .def(
           "issue",
           [](const lt::CapabilityIssuer& issuer, uint64_t request_id, uint32_t shard,
-             uint32_t epoch, uint64_t holder_id, uint32_t rights, uint64_t expires_at_ms) {
+             uint32_t epoch, uint64_t holder_id, uint32_t rights, uint64_t expires_at_ms,
+             std::optional<uint64_t> bearer) {
             lt::Capability c;
+            c.bearer = bearer;
             c.request_id = request_id;
             c.shard = shard;
             c.epoch = epoch;
@@ -159,7 +182,43 @@ void bind_transport(py::module_& m) {
           },
           py::kw_only(), py::arg("request_id"), py::arg("shard"), py::arg("epoch"),
           py::arg("holder_id"), py::arg("rights"), py::arg("expires_at_ms"),
-          "The signed capability bytes (lumen/transport/capability.h has the layout).");
+          py::arg("bearer") = py::none(),
+          "The signed capability bytes (lumen/transport/capability.h has the layout).")
+      .def(
+          "issue_credential",
+          [](const lt::CapabilityIssuer& issuer, uint64_t worker_id, uint32_t epoch,
+             const py::bytes& public_key) {
+            lt::Credential c;
+            c.worker_id = worker_id;
+            c.epoch = epoch;
+            c.public_key =
+                lumen_bind::to_byte_array<lt::kEd25519KeyBytes>(public_key, "public_key");
+            return to_bytes(issuer.issue_credential(c));
+          },
+          py::kw_only(), py::arg("worker_id"), py::arg("epoch"), py::arg("public_key"),
+          "The signed worker credential bytes (lumen/transport/capability.h has the layout).");
+
+  m.def(
+      "verify_credential",
+      [](const py::bytes& public_key, const py::bytes& credential) {
+        const lt::CapabilityVerifier verifier(
+            lumen_bind::to_byte_array<lt::kIssuerKeyBytes>(public_key, "public_key"));
+        lt::Credential c;
+        std::string why;
+        if (!verifier.verify_credential(
+                &c, &why,
+                lumen_bind::to_byte_array<lt::kCredentialBytes>(credential, "credential"))) {
+          throw py::value_error("credential must be signed by the issuer, got: " + why);
+        }
+        py::dict d;
+        d["worker_id"] = c.worker_id;
+        d["epoch"] = c.epoch;
+        d["public_key"] = to_bytes(c.public_key);
+        return d;
+      },
+      py::arg("public_key"), py::arg("credential"),
+      "The fields of a worker credential whose signature public_key verifies; ValueError "
+      "otherwise.");
 
   m.def(
       "verify_capability",
@@ -178,6 +237,7 @@ void bind_transport(py::module_& m) {
         d["holder_id"] = c.holder_id;
         d["rights"] = c.rights;
         d["expires_at_ms"] = c.expires_at_ms;
+        d["bearer"] = c.bearer ? py::cast(*c.bearer) : py::none();
         return d;
       },
       py::arg("public_key"), py::arg("capability"),
@@ -303,7 +363,8 @@ void bind_transport(py::module_& m) {
   py::class_<PyClient>(m, "Client")
       .def(py::init([](const std::string& address, uint16_t port, const py::bytes& secret,
                        const std::string& tls, double connect_timeout_s, uint32_t max_tokens,
-                       uint32_t max_record_bytes, uint64_t max_payload_bytes, bool skip_handshake) {
+                       uint32_t max_record_bytes, uint64_t max_payload_bytes, bool skip_handshake,
+                       const py::bytes& credential, const py::bytes& identity_key, bool encrypt) {
              lt::ClientOptions options;
              options.address = address;
              options.port = port;
@@ -312,6 +373,10 @@ void bind_transport(py::module_& m) {
              options.connect_timeout_s = connect_timeout_s;
              options.limits = to_limits(max_tokens, max_record_bytes, max_payload_bytes);
              options.handshake = skip_handshake ? lt::Handshake::kSkip : lt::Handshake::kProve;
+             options.encrypt = encrypt;
+             if (py::len(credential) > 0 || py::len(identity_key) > 0) {
+               options.identity = lumen_bind::to_identity(credential, identity_key);
+             }
              auto out = std::make_unique<PyClient>();
              py::gil_scoped_release release;
              out->client = std::make_unique<lt::Client>(options);
@@ -320,7 +385,8 @@ void bind_transport(py::module_& m) {
            py::kw_only(), py::arg("address"), py::arg("port"), py::arg("secret"), py::arg("tls"),
            py::arg("connect_timeout_s"), py::arg("max_tokens_per_message"),
            py::arg("max_record_bytes"), py::arg("max_payload_bytes"),
-           py::arg("skip_handshake") = false)
+           py::arg("skip_handshake") = false, py::arg("credential") = py::bytes(),
+           py::arg("identity_key") = py::bytes(), py::arg("encrypt") = false)
       .def(
           "open",
           [](PyClient& c, uint64_t request_id, uint32_t shard, uint32_t epoch,

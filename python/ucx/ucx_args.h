@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "lumen/slot_index.h"
+#include "lumen/transport/auth.h"
 #include "lumen/transport/capability.h"
 #include "lumen/transport/wire.h"
 
@@ -33,6 +34,14 @@ std::array<uint8_t, N> to_byte_array(const py::bytes& value, const char* name) {
 // A capability (kCapabilityBytes) as the wire carries it.
 inline lumen::transport::CapabilityBytes to_capability(const py::bytes& value, const char* name) {
   return to_byte_array<lumen::transport::kCapabilityBytes>(value, name);
+}
+
+// A worker identity: its credential (kCredentialBytes) and Ed25519 private key.
+inline lumen::transport::Identity to_identity(const py::bytes& credential,
+                                              const py::bytes& identity_key) {
+  return lumen::transport::Identity{
+      to_byte_array<lumen::transport::kCredentialBytes>(credential, "credential"),
+      to_byte_array<lumen::transport::kEd25519KeyBytes>(identity_key, "identity_key")};
 }
 
 template <size_t N>

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntFlag
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lumen_core import _native
 from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_int, check_number
@@ -69,6 +69,7 @@ __all__ = [
     "CredentialTable",
     "DatagramSeal",
     "Rights",
+    "WorkerIdentity",
     "check_exchange_key",
     "check_secret",
     "generate_exchange_key",
@@ -106,6 +107,7 @@ _CALL_KEY_BYTES = 32
 _MAX_REMEMBERED_NONCES = 4096
 CAPABILITY_BYTES = 128  # kCapabilityBytes in lumen/transport/capability.h
 ISSUER_KEY_BYTES = 32  # an Ed25519 private key (seed) or public key
+CREDENTIAL_BYTES = 128  # kCredentialBytes in lumen/transport/capability.h
 EXCHANGE_KEY_BYTES = 32  # an X25519 private or public key (kExchangeKeyBytes, lumen/transport/wire.h)
 # Long enough for any request the tests and the demo run; a longer one is renewed by opening
 # its checkpoint again at the same epoch with a fresh capability.
@@ -206,6 +208,7 @@ class CapabilityFields:
     holder_id: int
     rights: Rights
     expires_at_ms: int
+    bearer: int | None  # the one worker whose connections may use it; None: any
 
 
 def _check_rights(rights: object) -> Rights:
@@ -236,7 +239,7 @@ class CapabilityIssuer:
     @classmethod
     def generate(cls, *, ttl_s: float = DEFAULT_CAPABILITY_TTL_S) -> CapabilityIssuer:
         """An issuer with a fresh random key (one gateway run; holders learn its public key)."""
-        return cls(bytes(_native.require_ucx().generate_issuer_key()), ttl_s=ttl_s)
+        return cls(bytes(_native.require_ucx().generate_ed25519_key()), ttl_s=ttl_s)
 
     @property
     def public_key(self) -> bytes:
@@ -251,11 +254,14 @@ class CapabilityIssuer:
         *,
         holder_id: int,
         rights: Rights = Rights.WRITE | Rights.READ,
+        bearer: int | None = None,
         now_s: float | None = None,
     ) -> bytes:
         """The CAPABILITY_BYTES-byte capability; ``now_s`` (unix time, default the clock) plus
-        ``ttl_s`` is its expiry. Raises TypeError/ValueError for ids outside u64/u32 or bad
-        ``rights``."""
+        ``ttl_s`` is its expiry. With ``bearer`` (a worker id) only connections that prove
+        that worker's credential may use it (``WorkerIdentity``); without, any connection
+        that proves the cluster secret. Raises TypeError/ValueError for ids outside u64/u32
+        or bad ``rights``."""
         issued_s = time.time() if now_s is None else check_number("now_s", now_s)
         return bytes(
             self._native.issue(
@@ -265,6 +271,19 @@ class CapabilityIssuer:
                 holder_id=check_int("holder_id", holder_id, 0, U64_MAX),
                 rights=int(_check_rights(rights)),
                 expires_at_ms=max(0, min(U64_MAX, int((issued_s + self.ttl_s) * 1000))),
+                bearer=None if bearer is None else check_int("bearer", bearer, 0, U64_MAX),
+            )
+        )
+
+    def issue_credential(self, worker_id: int, epoch: int, public_key: bytes) -> bytes:
+        """The CREDENTIAL_BYTES-byte credential saying that ``public_key`` (Ed25519) speaks for
+        worker ``worker_id``, issued at its registration ``epoch``. Raises TypeError/ValueError
+        for ids outside u64/u32 or a key that is not 32 bytes."""
+        return bytes(
+            self._native.issue_credential(
+                worker_id=check_int("worker_id", worker_id, 0, U64_MAX),
+                epoch=check_int("epoch", epoch, 0, U32_MAX),
+                public_key=check_bytes("public_key", public_key, ISSUER_KEY_BYTES),
             )
         )
 
@@ -280,14 +299,99 @@ def verify_capability(public_key: bytes, capability: bytes) -> CapabilityFields:
     return CapabilityFields(**{**fields, "rights": Rights(fields["rights"])})
 
 
-def write_issuer_key_file(path: str | os.PathLike[str]) -> bytes:
-    """Create ``path`` (0600, must not exist) holding a fresh issuer private key; return it.
-    Raises FileExistsError rather than overwrite a key in use."""
-    key = bytes(_native.require_ucx().generate_issuer_key())
+@dataclass(frozen=True)
+class CredentialFields:
+    """What a verified worker credential names."""
+
+    worker_id: int
+    epoch: int
+    public_key: bytes
+
+
+def verify_credential(public_key: bytes, credential: bytes) -> CredentialFields:
+    """What ``credential`` names, if the issuer key ``public_key`` verifies its signature.
+    Raises ValueError for one not signed by that key, tampered with, or not
+    CREDENTIAL_BYTES long."""
+    fields = _native.require_ucx().verify_credential(
+        check_bytes("public_key", public_key, ISSUER_KEY_BYTES),
+        check_bytes("credential", credential, CREDENTIAL_BYTES),
+    )
+    return CredentialFields(**fields)
+
+
+_Identity = TypeVar("_Identity", bound="WorkerIdentity")  # the class (or subclass) constructed
+
+
+class WorkerIdentity:
+    """A worker's Ed25519 key pair, drawn once per process, and the credential the issuer
+    signed for it at the worker's latest registration.
+
+    The private key never leaves the process: the public key goes to the gateway in
+    ``Register``, the credential comes back, and every connection to a holder opened after
+    that proves it (``transport.Client(identity=...)``), which capabilities bound to this
+    worker require. ``credential`` is replaced at each registration; connections already
+    open keep the identity they proved.
+    """
+
+    def __init__(self, private_key: bytes | None = None) -> None:
+        ucx = _native.require_ucx()
+        key = bytes(ucx.generate_ed25519_key()) if private_key is None else private_key
+        self._private_key = check_bytes("private_key", key, ISSUER_KEY_BYTES)
+        self.public_key = bytes(ucx.ed25519_public_key(self._private_key))
+        self._credential: bytes | None = None
+
+    @classmethod
+    def from_key_file(cls: type[_Identity], path: str | os.PathLike[str], **options: Any) -> _Identity:
+        """The identity whose private key ``path`` holds (checked as ``read_secret_file``
+        checks a secret): how the processes of one vLLM server and its agent share one.
+        ``options`` go to the constructor (of a subclass)."""
+        return cls(check_bytes("identity key", read_secret_file(path), ISSUER_KEY_BYTES), **options)
+
+    @classmethod
+    def create_key_file(cls: type[_Identity], path: str | os.PathLike[str], **options: Any) -> _Identity:
+        """A fresh identity, its private key written to ``path`` (0600, must not exist)."""
+        return cls(_create_key_file(path), **options)
+
+    @property
+    def credential(self) -> bytes | None:
+        """The credential of the latest registration, None before the first."""
+        return self._credential
+
+    def accept(self, credential: bytes, issuer_public_key: bytes, worker_id: int) -> None:
+        """Takes the credential a registration returned, once ``issuer_public_key`` verifies
+        it and it names this key and ``worker_id``; ValueError otherwise."""
+        fields = verify_credential(issuer_public_key, credential)
+        if fields.public_key != self.public_key or fields.worker_id != worker_id:
+            raise ValueError(
+                f"the credential names worker {fields.worker_id} and another key; this is worker {worker_id}"
+            )
+        self._credential = bytes(credential)
+
+    def native_kwargs(self) -> dict[str, bytes]:
+        """What a native ``Client`` takes: nothing before the first credential."""
+        if self._credential is None:
+            return {}
+        return {"credential": self._credential, "identity_key": self._private_key}
+
+    def __repr__(self) -> str:  # never the private key
+        held = self._credential is not None
+        return f"WorkerIdentity(public_key={self.public_key.hex()[:16]}..., credential={held})"
+
+
+def _create_key_file(path: str | os.PathLike[str]) -> bytes:
+    """A fresh Ed25519 private key written to ``path`` (0600, must not exist: FileExistsError
+    rather than overwrite a key in use)."""
+    key = bytes(_native.require_ucx().generate_ed25519_key())
     fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "wb") as handle:
         handle.write(key)
     return key
+
+
+def write_issuer_key_file(path: str | os.PathLike[str]) -> bytes:
+    """Create ``path`` (0600, must not exist) holding a fresh issuer private key; return it.
+    Raises FileExistsError rather than overwrite a key in use."""
+    return _create_key_file(path)
 
 
 def read_issuer_key_file(path: str | os.PathLike[str]) -> bytes:

@@ -12,9 +12,12 @@ import pytest
 from lumen_core.auth import (
     CALL_METADATA_KEY,
     INSTANCE_METADATA_KEY,
+    WorkerIdentity,
     generate_exchange_key,
     sign_call,
     unwrap_call_key,
+    verify_capability,
+    verify_credential,
 )
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway import lumen_pb2_grpc as pb_grpc
@@ -266,6 +269,10 @@ def test_one_out_of_range_field_fails_its_call_alone(start_gateway, connect):
             r"`running.epoch` must be in \[0, 4294967294\]",
         ),
         (pb.RegisterRequest(worker_id=1, state=pb.SERVING), "`exchange_public_key` must be 32 bytes, got 0"),
+        (
+            pb.RegisterRequest(worker_id=1, state=pb.SERVING, identity_public_key=bytes(31), **EXCHANGE),
+            "`identity_public_key` must be empty or 32 bytes, got 31",
+        ),
         (  # a low-order point: its shared secret with any key is zero, so the wrap would be no secret
             pb.RegisterRequest(worker_id=1, state=pb.SERVING, exchange_public_key=bytes(32)),
             "`exchange_public_key` must be a usable X25519 public key",
@@ -284,3 +291,33 @@ def test_one_out_of_range_field_fails_its_call_alone(start_gateway, connect):
     request_id = next(stream).request_id
     worker.report_tokens(request_id, 1, 0, [3, 4], finished=True)
     assert [t for chunk in stream for t in chunk.token_ids] == [3, 4]
+
+
+def test_capabilities_are_bound_to_a_worker_that_registers_an_identity(start_gateway, connect):
+    server = start_gateway(GatewayConfig(policy="LUMEN"))
+    identity = WorkerIdentity()
+    bound = connect(server, identity=identity)
+    plain = connect(server)
+    bound.register(0, budget_bytes=GIB, holder_address="127.0.0.1:7000")
+    plain.register(1, budget_bytes=GIB, holder_address="127.0.0.1:7001")
+    # The credential names this process's key and worker, signed by the gateway's issuer.
+    fields = verify_credential(server.coordinator.issuer_public_key, identity.credential)
+    assert (fields.worker_id, fields.epoch, fields.public_key) == (0, 1, identity.public_key)
+    client = connect(server)
+    streams = [client.submit([1, 2, 3], 8, timeout_s=30.0) for _ in range(4)]
+    for stream in streams:
+        next(stream)
+    issuer_key = server.coordinator.issuer_public_key
+    bearers = {
+        worker_id: {
+            verify_capability(issuer_key, capability).bearer
+            for run in worker.heartbeat().directives
+            if isinstance(run, Run)
+            for holder in run.holders
+            for capability in holder.capabilities
+        }
+        for worker_id, worker in ((0, bound), (1, plain))
+    }
+    # Each worker's requests stream to the other's holder; a worker without an identity gets
+    # capabilities any authenticated connection may use.
+    assert bearers == {0: {0}, 1: {None}}

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from lumen_core.auth import Rights, verify_capability
+from lumen_core.auth import CREDENTIAL_BYTES, ISSUER_KEY_BYTES, Rights, WorkerIdentity, verify_capability
 from lumen_core.connector import RestoreSource
 from lumen_core.gateway.directives import HolderGrant, Renew
-from lumen_core.integrations.vllm.params import ConnectorConfig, Renewal, RequestControl
+from lumen_core.integrations.vllm.params import ConnectorConfig, CredentialGrant, Renewal, RequestControl
 from lumen_core.stream import request_key
 from lumen_core.worker.upstream import renew_args
 
@@ -115,6 +115,14 @@ def test_the_control_socket_is_configured(secret_file: Path, tmp_path: Path) -> 
     assert ConnectorConfig.from_extra_config({"secret_file": str(secret_file)}).control_socket is None
 
 
+def test_encryption_is_a_bool_and_off_by_default(secret_file: Path) -> None:
+    extra = {"secret_file": str(secret_file)}
+    assert ConnectorConfig.from_extra_config(extra).encrypt is False
+    assert ConnectorConfig.from_extra_config({**extra, "encrypt": True}).encrypt is True
+    with pytest.raises(TypeError, match="`encrypt` must be a bool, got 'yes'"):
+        ConnectorConfig.from_extra_config({"secret_file": str(secret_file), "encrypt": "yes"})
+
+
 def test_empty_holders_means_not_checkpointed(config: ConnectorConfig) -> None:
     assert RequestControl.parse("r", {"lumen": {"holders": []}}, config).holders == ()
 
@@ -198,3 +206,45 @@ def test_a_renew_from_the_gateway_reaches_the_connector_in_the_requests_holder_o
         Renewal.parse({**args, "epoch": -1})
     with pytest.raises(ValueError, match=r"`request_id` must be a non-empty str, got 7"):
         Renewal.parse({**args, "request_id": 7})
+
+
+def test_an_identity_key_file_is_read_checked_and_gives_each_side_its_own_identity(
+    secret_file: Path, tmp_path: Path
+) -> None:
+    extra = {"secret_file": str(secret_file)}
+    assert ConnectorConfig.from_extra_config(extra).identity() is None
+    path = tmp_path / "identity.key"
+    made = WorkerIdentity.create_key_file(path)
+    config = ConnectorConfig.from_extra_config({**extra, "identity_key_file": str(path)})
+    assert "identity_key_file" in repr(config)  # the path, never the key
+    sides = [config.identity(), config.identity()]
+    assert [s.public_key for s in sides if s is not None] == [made.public_key] * 2
+    assert sides[0] is not sides[1]
+    path.chmod(0o644)  # others may read it: refused, as a secret would be
+    with pytest.raises(PermissionError):
+        ConnectorConfig.from_extra_config({**extra, "identity_key_file": str(path)})
+    with pytest.raises(FileExistsError):  # never overwrites a key in use
+        WorkerIdentity.create_key_file(path)
+
+
+def test_a_credential_grant_is_parsed_with_each_field_checked() -> None:
+    good = {
+        "credential": "ab" * CREDENTIAL_BYTES,
+        "issuer_public_key": "cd" * ISSUER_KEY_BYTES,
+        "worker_id": 3,
+    }
+    grant = CredentialGrant.parse(good)
+    assert (grant.credential, grant.issuer_public_key, grant.worker_id) == (
+        b"\xab" * CREDENTIAL_BYTES,
+        b"\xcd" * ISSUER_KEY_BYTES,
+        3,
+    )
+    for bad, error, match in [
+        ({"credential": "ab" * 10}, ValueError, "`credential` must be 128 bytes as hex, got 10 bytes"),
+        ({"credential": "zz"}, ValueError, "`credential` must be 128 bytes as hex"),
+        ({"issuer_public_key": 7}, TypeError, "`issuer_public_key` must be 32 bytes as hex, got int"),
+        ({"worker_id": -1}, ValueError, r"`worker_id` must be an int in \[0, 2\*\*31\)"),
+        ({"worker_id": True}, ValueError, "`worker_id` must be an int"),
+    ]:
+        with pytest.raises(error, match=match):
+            CredentialGrant.parse({**good, **bad})

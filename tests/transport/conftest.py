@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 PEER_PATH = Path(__file__).with_name("peer.py")
+# The tests import their shared records (checkpoint_records.py) by name.
+sys.path.insert(0, str(Path(__file__).parent))
 TLS = "tcp"  # the server's UCX_TLS; the tests' clients use the same
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from checkpoint_records import RECORD_BYTES, SECRET, TLS, trusting_holder, well_formed
 
 from lumen_core import transport as tp
 from lumen_core.auth import (
@@ -23,30 +23,17 @@ from lumen_core.auth import (
     write_issuer_key_file,
     write_issuer_public_key_file,
 )
-from lumen_core.ops import checksum
 from lumen_core.stream import HolderStore
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
 
-TLS = "tcp"
-SECRET = b"the-cluster-secret-every-worker-holds"
 HOLDER_ID = 3
-RECORD_BYTES = 16
 FP = bytes(32)
-
-
-def _records(start: int, n: int, fill: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """n well-formed records: token ids start.., crcs that match, bytes all ``fill``."""
-    records = np.full((n, RECORD_BYTES), fill, dtype=np.uint8)
-    crcs = checksum(torch.from_numpy(records)).numpy().astype(np.uint32)
-    return np.arange(start, start + n, dtype=np.uint32), crcs, records
 
 
 @pytest.fixture
 def holder(issuer: CapabilityIssuer) -> Iterator[tp.Server]:
-    with tp.Server(
-        SECRET, store=HolderStore(), holder_id=HOLDER_ID, issuer_public_key=issuer.public_key, tls=TLS
-    ) as server:
+    with trusting_holder(issuer, HOLDER_ID) as server:
         yield server
 
 
@@ -58,7 +45,7 @@ def worker(holder: tp.Server) -> Iterator[tp.Client]:
 
 
 def _refused_everything(client: tp.Client, request_id: int, epoch: int, cap: bytes) -> None:
-    ids, crcs, records = _records(0, 4, 7)
+    ids, crcs, records = well_formed(0, 4, 7)
     with pytest.raises(tp.Rejected):
         client.open(request_id, 0, epoch, RECORD_BYTES, FP, FP, cap)
     with pytest.raises(tp.Rejected):
@@ -126,7 +113,7 @@ def test_a_worker_with_the_secret_cannot_use_a_checkpoint_it_was_not_granted(
     request_id = 5
     cap = issuer.issue(request_id, 0, 1, holder_id=HOLDER_ID)
     assert worker.open(request_id, 0, 1, RECORD_BYTES, FP, FP, cap) == 0
-    assert worker.append(request_id, 0, 1, 0, *_records(0, 4, 1), cap) == 4
+    assert worker.append(request_id, 0, 1, 0, *well_formed(0, 4, 1), cap) == 4
     own_key = CapabilityIssuer.generate()  # what a worker can sign with: a key of its own
     unsigned = [
         own_key.issue(request_id, 0, 1, holder_id=HOLDER_ID),  # minted by the worker
@@ -158,9 +145,9 @@ def test_rights_are_enforced_per_operation(issuer: CapabilityIssuer, worker: tp.
     with pytest.raises(tp.Rejected):
         worker.open(request_id, 0, 1, RECORD_BYTES, FP, FP, read)
     worker.open(request_id, 0, 1, RECORD_BYTES, FP, FP, write)
-    assert worker.append(request_id, 0, 1, 0, *_records(0, 2, 3), write) == 2
+    assert worker.append(request_id, 0, 1, 0, *well_formed(0, 2, 3), write) == 2
     with pytest.raises(tp.Rejected):  # an append must present what its open verified
-        worker.append(request_id, 0, 1, 2, *_records(2, 2, 3), read)
+        worker.append(request_id, 0, 1, 2, *well_formed(2, 2, 3), read)
     with pytest.raises(tp.Rejected):
         worker.read(request_id, 0, 1, 0, 2, RECORD_BYTES, write)
     assert worker.read(request_id, 0, 1, 0, 2, RECORD_BYTES, read).records.shape[0] == 2
@@ -175,7 +162,7 @@ def test_a_copied_capability_does_not_let_another_connection_append_without_open
     cap = issuer.issue(7, 0, 1, holder_id=HOLDER_ID)
     worker.open(7, 0, 1, RECORD_BYTES, FP, FP, cap)
     with tp.Client("127.0.0.1", holder.port, SECRET, tls=TLS) as other, pytest.raises(tp.Rejected):
-        other.append(7, 0, 1, 0, *_records(0, 2, 9), cap)
+        other.append(7, 0, 1, 0, *well_formed(0, 2, 9), cap)
     assert holder.stats()["tokens_committed"] == 0
 
 
@@ -185,7 +172,7 @@ def test_a_worker_cannot_fence_the_writer_or_plant_records_a_restore_accepts(
     request_id = 8
     cap = issuer.issue(request_id, 0, 1, holder_id=HOLDER_ID)
     worker.open(request_id, 0, 1, RECORD_BYTES, FP, FP, cap)
-    assert worker.append(request_id, 0, 1, 0, *_records(0, 4, 1), cap) == 4
+    assert worker.append(request_id, 0, 1, 0, *well_formed(0, 4, 1), cap) == 4
     rogue_key = CapabilityIssuer.generate()
     with tp.Client("127.0.0.1", holder.port, SECRET, tls=TLS) as rogue:
         for epoch in (2, 2**32 - 1):  # a newer epoch would fence the writer
@@ -193,19 +180,19 @@ def test_a_worker_cannot_fence_the_writer_or_plant_records_a_restore_accepts(
             with pytest.raises(tp.Rejected):
                 rogue.open(request_id, 0, epoch, RECORD_BYTES, FP, FP, minted)
             with pytest.raises(tp.Rejected):  # the right token ids and crcs, other records
-                rogue.append(request_id, 0, epoch, 0, *_records(0, 8, 0xEE), minted)
+                rogue.append(request_id, 0, epoch, 0, *well_formed(0, 8, 0xEE), minted)
             with pytest.raises(tp.Rejected):
                 rogue.read(request_id, 0, epoch, 0, 1, RECORD_BYTES, minted)
     # Not fenced: the writer goes on at epoch 1, and the issuer's reader at epoch 2 (which
     # fences it now, as a re-route does) gets exactly what the writer wrote.
-    assert worker.append(request_id, 0, 1, 4, *_records(4, 4, 2), cap) == 8
+    assert worker.append(request_id, 0, 1, 4, *well_formed(4, 4, 2), cap) == 8
     reader = issuer.issue(request_id, 0, 2, holder_id=HOLDER_ID, rights=Rights.READ)
     out = np.zeros((8, RECORD_BYTES), np.uint8)
     result = worker.read(request_id, 0, 2, 0, 8, RECORD_BYTES, reader, out=out)
     assert result.records.shape[0] == 8 and (out[:4] == 1).all() and (out[4:] == 2).all()
     np.testing.assert_array_equal(result.token_ids, np.arange(8, dtype=np.uint32))
     with pytest.raises(tp.StaleEpoch):
-        worker.append(request_id, 0, 1, 8, *_records(8, 1, 2), cap)
+        worker.append(request_id, 0, 1, 8, *well_formed(8, 1, 2), cap)
 
 
 def test_reopening_with_a_fresh_capability_renews_the_grant(
@@ -220,16 +207,16 @@ def test_reopening_with_a_fresh_capability_renews_the_grant(
     ):
         first = short.issue(9, 0, 1, holder_id=0)
         client.open(9, 0, 1, RECORD_BYTES, FP, FP, first)
-        assert client.append(9, 0, 1, 0, *_records(0, 2, 1), first) == 2
+        assert client.append(9, 0, 1, 0, *well_formed(0, 2, 1), first) == 2
         renewed = short.issue(9, 0, 1, holder_id=0, now_s=time.time() + 1.0)
         assert client.open(9, 0, 1, RECORD_BYTES, FP, FP, renewed) == 2  # same epoch: renewal
         time.sleep(1.2)  # the first has expired, the renewed one has not
-        assert client.append(9, 0, 1, 2, *_records(2, 2, 1), renewed) == 4
+        assert client.append(9, 0, 1, 2, *well_formed(2, 2, 1), renewed) == 4
         with pytest.raises(tp.Rejected):
-            client.append(9, 0, 1, 4, *_records(4, 2, 1), first)
+            client.append(9, 0, 1, 4, *well_formed(4, 2, 1), first)
         time.sleep(1.0)  # now the renewed one has expired too: appends stop
         with pytest.raises(tp.Rejected):
-            client.append(9, 0, 1, 4, *_records(4, 2, 1), renewed)
+            client.append(9, 0, 1, 4, *well_formed(4, 2, 1), renewed)
 
 
 def test_a_holder_trusts_only_the_issuer_it_was_given(issuer: CapabilityIssuer) -> None:

@@ -76,7 +76,7 @@ def test_append_header_round_trips_little_endian(
     # The layout is fixed little-endian (wire.h): check it byte by byte.
     assert struct.unpack_from("<IHHQQIIQIIQQI", header) == (
         0x4E4D554C,
-        4,  # the version: sealed messages (3 signed capabilities, 2 the limits in AUTH_OK)
+        5,  # the version: worker identity in AUTH (4 sealed messages, 3 signed capabilities)
         5,
         request_id,
         op_id,

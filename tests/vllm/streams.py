@@ -4,13 +4,14 @@ and drain tests of a vLLM cluster share."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +19,14 @@ import openai
 from engines import TLS, record_bytes
 
 from lumen_core.gateway.config import GatewayConfig
+from lumen_core.gateway.http.config import FrontDoorConfig
+from lumen_core.gateway.http.front_door import FrontDoor
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
+from lumen_core.policy.routing import RouterConfig
 
 MODEL = "tiny"
+KEY = "vllm-cluster-test-key-0123456789"  # the front door's one client API key
 PROMPT_TOKENS = 40
 SERVER_ARGS = "--skip-tokenizer-init --enforce-eager --max-model-len 1024 --seed 0"
 # Not the default 10 s: beside two busy loops and other jobs (a run queue of up to 42 on 2
@@ -101,9 +106,16 @@ def run_streams(
 
 
 def start_gateway(secret: bytes) -> GatewayServer:
-    """A LUMEN gateway on loopback for the tests' model (its KV bytes per token), lease LEASE_S."""
+    """A LUMEN gateway on loopback for the tests' model (its KV bytes per token), lease LEASE_S.
+    Every checkpoint is restored on its holder (tau 0): with two servers the one survivor holds
+    the copies, and the rule that re-prefills a short prefix when its holder is over theta
+    would only trade its restore for a prefill on that same server; on two loaded cores the
+    reroutes' own load crossed theta in 2 of 5 runs."""
     config = GatewayConfig(
-        policy="LUMEN", lease_s=LEASE_S, load_config=LoadConfig(kv_bytes_per_token=record_bytes())
+        policy="LUMEN",
+        lease_s=LEASE_S,
+        load_config=LoadConfig(kv_bytes_per_token=record_bytes()),
+        router_config=RouterConfig(tau_tokens=0),
     )
     return GatewayServer(config, secret, port=0, max_streams=256).start()
 
@@ -167,3 +179,18 @@ def kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+@contextlib.contextmanager
+def front_door_client(gateway: GatewayServer) -> Iterator[openai.OpenAI]:
+    """The gateway's front door for the tiny model, and an ``openai`` client of it."""
+    config = FrontDoorConfig(MODEL, vocab_size=512, max_model_len=1024, engine="vllm")
+    with FrontDoor(gateway, config, frozenset([KEY])) as door:
+        yield openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=300.0)
+
+
+def undisturbed_streams(client: openai.OpenAI, num_streams: int, max_tokens: int) -> list[Stream]:
+    """The reference run: the same streams with nothing done to the cluster, none failing."""
+    reference = run_streams(client, num_streams, max_tokens)
+    assert [s.error for s in reference] == [""] * num_streams
+    return reference

@@ -8,7 +8,8 @@ once every stream has 8 tokens: its agent reports the exit at once, the gateway 
 interrupted request to the survivor (restored from the checkpoint the survivor's holder
 kept, prompt + tokens already sent, ``max_tokens`` shrunk) and every stream goes on. Greedy
 streams are the failure-free run's token for token; a moved seeded stream is marked
-``resumed_inexact`` (vLLM's generator restarts), one that was not moved is unchanged.
+``resumed_inexact`` (vLLM's generator restarts), one that was not moved is unchanged. Each
+agent registers its server's worker identity, so every capability is bound to a server.
 """
 
 from __future__ import annotations
@@ -17,27 +18,24 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 from engines import build_model
 from streams import (
-    MODEL,
     PROMPT_TOKENS,
     Stream,
     busiest_once_restorable,
+    front_door_client,
     kill_group,
     run_streams,
     start_agents,
     start_gateway,
     temperature,
+    undisturbed_streams,
 )
 
-from lumen_core.gateway.http.config import FrontDoorConfig
-from lumen_core.gateway.http.front_door import FrontDoor
 from lumen_core.integrations.vllm import control
 from lumen_core.policy.events import RecoveryAction
 
-KEY = "agent-test-key-0123456789abcdef"
 NUM_SERVERS = 2
 NUM_STREAMS = 16
 # Long enough that every stream is mid-way when the last one has 8 tokens and the holders'
@@ -55,11 +53,8 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
     registered: list[dict[str, Any]] = []
     try:
         agents, registered = start_agents(spawn, NUM_SERVERS, gateway.address, secret_file, model, tmp_path)
-        config = FrontDoorConfig(MODEL, vocab_size=512, max_model_len=1024, engine="vllm")
-        with FrontDoor(gateway, config, frozenset([KEY])) as door:
-            client = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=300.0)
-            reference = run_streams(client, NUM_STREAMS, MAX_TOKENS)
-            assert [s.error for s in reference] == [""] * NUM_STREAMS
+        with front_door_client(gateway) as client:
+            reference = undisturbed_streams(client, NUM_STREAMS, MAX_TOKENS)
 
             coordinator = gateway.coordinator
             victims: list[int] = []
@@ -75,6 +70,8 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
             (victim,) = victims
             survivor = 1 - victim
             connector = control.ask(tmp_path / f"control-{survivor}.sock", "stats")
+            with gateway.condition:  # each agent registered its server's identity
+                bound = [coordinator._workers[w].bound for w in range(NUM_SERVERS)]  # noqa: SLF001
         stopped = agents[victim].read()  # the victim's agent reported the exit and ended
         failures = coordinator.failures
     finally:
@@ -82,6 +79,9 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
             kill_group(r["server_pid"])
         gateway.stop(grace_s=0.1)
     assert [s.error for s in streams] == [""] * NUM_STREAMS
+    # Every capability was bound to its server's identity: a holder took the victim's appends
+    # and the survivor's restore reads only on connections that proved those identities.
+    assert bound == [True] * NUM_SERVERS
     assert (stopped["event"], stopped["status"]) == ("stopped", 4)
     killed = next(f for f in failures if f.worker_ids == (victim,))
     assert "exited" in killed.cause and len(killed.reroutes) >= 2  # streams were cut mid-way
@@ -107,6 +107,9 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
     # The gateway routed the moved requests to restore from the survivor's holder, and the
     # survivor restored (a prompt still in its prefix cache from the failure-free run is
     # served from there instead: vLLM asks the connector only past a local hit).
-    assert all(r.route.action == RecoveryAction.RESTORE for r in killed.reroutes)
+    assert all(r.route.action == RecoveryAction.RESTORE for r in killed.reroutes), [
+        (r.route.request_id, r.route.action.name, r.route.restorable_tokens, r.route.reason)
+        for r in killed.reroutes
+    ]
     assert connector["worker"].get("restores", 0) >= 1
     assert connector["worker"].get("restored_tokens", 0) > 0

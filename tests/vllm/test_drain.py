@@ -18,28 +18,25 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import openai
 import pytest
 from engines import build_model
 from streams import (
-    MODEL,
     PROMPT_TOKENS,
     SERVER_ARGS,
     Stream,
     busiest_once_restorable,
+    front_door_client,
     kill_group,
     run_streams,
     start_agents,
     start_gateway,
     temperature,
+    undisturbed_streams,
 )
 
 from lumen_core.gateway.client import GatewayClient
-from lumen_core.gateway.http.config import FrontDoorConfig
-from lumen_core.gateway.http.front_door import FrontDoor
 from lumen_core.integrations.vllm import control
 
-KEY = "drain-test-key-0123456789abcdef"
 NUM_SERVERS = 2
 NUM_STREAMS = 6
 MAX_TOKENS = 320
@@ -61,11 +58,8 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
         agents, registered = start_agents(
             spawn, NUM_SERVERS, gateway.address, secret_file, model, tmp_path, DRAIN_SERVER_ARGS
         )
-        config = FrontDoorConfig(MODEL, vocab_size=512, max_model_len=1024, engine="vllm")
-        with FrontDoor(gateway, config, frozenset([KEY])) as door:
-            client = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=300.0)
-            reference = run_streams(client, NUM_STREAMS, MAX_TOKENS)
-            assert [s.error for s in reference] == [""] * NUM_STREAMS
+        with front_door_client(gateway) as client:
+            reference = undisturbed_streams(client, NUM_STREAMS, MAX_TOKENS)
             coordinator = gateway.coordinator
             drained: list[int] = []
             called_s: list[float] = []  # when the Drain call went out

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lumen_core._validate import U32_MAX, U64_MAX, check_int, check_number
-from lumen_core.auth import check_secret
+from lumen_core.auth import WorkerIdentity, check_secret
 from lumen_core.connector.lookup import RestoreLookup
 from lumen_core.connector.requests import RestoreSource, StepTokens, StreamGrant
 from lumen_core.connector.sources import SourceReader
@@ -66,12 +66,19 @@ class ConnectorCore:
     (sources without an address read from it); ``shard`` is this rank's tensor-parallel shard;
     ``tls`` the UCX transports; ``connect_timeout_s`` bounds connecting to a restore source
     (and a lookup); ``streamer_options`` go to ``CheckpointStreamer``, started with the first
-    request that streams. Request ids are the engine's (str); ``key`` is a request's u64 on
-    the wire.
+    request that streams; ``identity`` is the worker every connection to a holder proves
+    (``auth.WorkerIdentity``: capabilities the gateway binds to it need it); with ``encrypt``
+    every such connection carries its records in AES-256-GCM. With ``release_finished``
+    False, ``finish`` leaves a request's checkpoints on its holders: a gateway that granted
+    them releases them once it learns the request ended (a worker cut off from it finishes
+    requests the gateway will move and restore from those copies). Request ids are
+    the engine's (str); ``key`` is a request's u64 on the wire.
 
     ``counters``: ``restores``, ``restored_tokens``, ``restore_<status>`` (restores that
     stopped early, by reason), ``saved_tokens``, ``save_gaps`` (saves after a gap, skipped),
-    ``released``, ``abandoned``. ``restores``: the last result of each of the latest requests restored.
+    ``released`` (finished; freed on the holders, or left there without
+    ``release_finished``), ``abandoned``. ``restores``: the last result of each of the latest
+    requests restored.
 
     Not thread-safe: one engine thread calls it (lookups run on their own thread).
     """
@@ -86,8 +93,18 @@ class ConnectorCore:
         tls: str = "",
         connect_timeout_s: float = 2.0,
         streamer_options: dict[str, Any] | None = None,
+        identity: WorkerIdentity | None = None,
+        encrypt: bool = False,
+        release_finished: bool = True,
     ) -> None:
         self.secret = check_secret(secret)
+        self.identity = identity
+        if not isinstance(encrypt, bool):
+            raise TypeError(f"`encrypt` must be a bool, got {type(encrypt).__name__}")
+        self.encrypt = encrypt
+        if not isinstance(release_finished, bool):
+            raise TypeError(f"`release_finished` must be a bool, got {type(release_finished).__name__}")
+        self.release_finished = release_finished
         self.model_fingerprint = check_str("model_fingerprint", model_fingerprint)
         if store is not None and not isinstance(store, HolderStore):
             raise TypeError(f"`store` must be a HolderStore, got {type(store).__name__}")
@@ -106,7 +123,13 @@ class ConnectorCore:
         self._layout: KVLayout | None = None
         self._lookup: RestoreLookup | None = None
         self._reader = SourceReader(
-            self.secret, store=store, shard=self.shard, tls=tls, connect_timeout_s=self.connect_timeout_s
+            self.secret,
+            store=store,
+            shard=self.shard,
+            tls=tls,
+            connect_timeout_s=self.connect_timeout_s,
+            identity=identity,
+            encrypt=encrypt,
         )
         self._streaming: dict[str, _Streaming] = {}
 
@@ -134,6 +157,8 @@ class ConnectorCore:
                 model_fingerprint=self.model_fingerprint,
                 shard=self.shard,
                 tls=self.tls,
+                identity=self.identity,
+                encrypt=self.encrypt,
                 **self.streamer_options,
             )
         return self.streamer
@@ -307,6 +332,8 @@ class ConnectorCore:
                 shard=self.shard,
                 tls=self.tls,
                 connect_timeout_s=self.connect_timeout_s,
+                identity=self.identity,
+                encrypt=self.encrypt,
             )
         return self._lookup
 

@@ -8,6 +8,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from lumen_core._validate import check_int, check_number
+from lumen_core.auth import WorkerIdentity
 from lumen_core.connector.requests import RestoreSource
 from lumen_core.connector.sources import SourceReader
 from lumen_core.stream._common import check_str
@@ -34,10 +35,18 @@ class RestoreLookup:
         shard: int = 0,
         tls: str = "",
         connect_timeout_s: float = 2.0,
+        identity: WorkerIdentity | None = None,
+        encrypt: bool = False,
     ) -> None:
         self.record_bytes = check_int("record_bytes", record_bytes, 1, 1 << 40)
         self._reader = SourceReader(
-            secret, store=store, shard=shard, tls=tls, connect_timeout_s=connect_timeout_s
+            secret,
+            store=store,
+            shard=shard,
+            tls=tls,
+            connect_timeout_s=connect_timeout_s,
+            identity=identity,
+            encrypt=encrypt,
         )
         self._answers: dict[str, Future[int]] = {}
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lumen-lookup")

@@ -8,6 +8,7 @@ import logging
 
 import torch
 
+from lumen_core.auth import WorkerIdentity
 from lumen_core.connector.requests import RestoreSource
 from lumen_core.layouts import KVLayout
 from lumen_core.stream.holder import HolderStore, RestoreResult, RestoreStatus, remote_restore
@@ -36,13 +37,17 @@ class SourceReader:
         shard: int = 0,
         tls: str = "",
         connect_timeout_s: float = 2.0,
+        identity: WorkerIdentity | None = None,
+        encrypt: bool = False,
     ) -> None:
         if store is not None and not isinstance(store, HolderStore):
             raise TypeError(f"`store` must be a HolderStore, got {type(store).__name__}")
         self.store = store
         self.shard = shard
         self.timeout_s = connect_timeout_s
-        self._pool = ClientPool(secret, tls=tls, connect_timeout_s=connect_timeout_s)
+        self._pool = ClientPool(
+            secret, tls=tls, connect_timeout_s=connect_timeout_s, identity=identity, encrypt=encrypt
+        )
 
     def _local(self) -> HolderStore:
         if self.store is None:

@@ -32,6 +32,7 @@ from lumen_core.auth import (
     CALL_METADATA_KEY,
     CLUSTER_PRINCIPAL,
     INSTANCE_METADATA_KEY,
+    WorkerIdentity,
     check_secret,
     generate_exchange_key,
     sign_call,
@@ -180,7 +181,10 @@ class TokenChunk:
 class GatewayClient:
     """One channel to the gateway. Thread-safe for concurrent calls; ``close`` when done.
     ``on_issuer_key`` receives the gateway's capability-issuer public key on every
-    registration, before any of its directives is applied (a worker's holder trusts it)."""
+    registration, before any of its directives is applied (a worker's holder trusts it).
+    With ``identity`` each registration sends its public key and ``identity`` takes the
+    credential the gateway returns, also before any directive is applied: the worker's
+    capabilities are then bound to it, and its connections to holders prove it."""
 
     def __init__(
         self,
@@ -189,6 +193,7 @@ class GatewayClient:
         *,
         timeout_s: float = 5.0,
         on_issuer_key: Callable[[bytes], None] | None = None,
+        identity: WorkerIdentity | None = None,
     ) -> None:
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
@@ -197,6 +202,9 @@ class GatewayClient:
         if on_issuer_key is not None and not callable(on_issuer_key):
             raise TypeError(f"on_issuer_key must be callable, got {type(on_issuer_key).__name__}")
         self.on_issuer_key = on_issuer_key
+        if identity is not None and not isinstance(identity, WorkerIdentity):
+            raise TypeError(f"identity must be a WorkerIdentity, got {type(identity).__name__}")
+        self.identity = identity
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
         self._calls: dict[str, Any] = {
             name: (self._channel.unary_stream if streams else self._channel.unary_unary)(
@@ -310,6 +318,7 @@ class GatewayClient:
                 last_epoch=self.epoch,
                 running=[running_to_pb(r) for r in running],
                 held=[held_to_pb(h) for h in held],
+                identity_public_key=self.identity.public_key if self.identity is not None else b"",
             ),
         )
         assert isinstance(reply, pb.RegisterReply)
@@ -343,6 +352,8 @@ class GatewayClient:
         # capabilities of this epoch's directives with.
         if self.on_issuer_key is not None:
             self.on_issuer_key(bytes(reply.issuer_public_key))
+        if self.identity is not None:
+            self.identity.accept(bytes(reply.credential), bytes(reply.issuer_public_key), worker_id)
         # Outside self._lock: a handler the inbox calls may fence this client (take self._lock).
         self.inbox.reset(reply.epoch)
         directives = self.inbox.accept(

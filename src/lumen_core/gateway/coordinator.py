@@ -88,6 +88,7 @@ class Registration:
     worker_id: int
     epoch: int
     assist: AssistDecision | None  # the pairing made for a worker registering as recovering
+    credential: bytes = b""  # signed for the identity key it registered with (none: b"")
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,7 @@ class _Worker:
         "lease_deadline_s",
         "holder_address",
         "num_shards",
+        "bound",
         "held_bytes",
         "proposed_draft_tokens",
         "accepted_draft_tokens",
@@ -198,6 +200,7 @@ class _Worker:
         self.lease_deadline_s = lease_deadline_s
         self.holder_address = address
         self.num_shards = num_shards
+        self.bound = False  # it proves an identity to holders: its capabilities name it
         self.held_bytes = 0
         self.proposed_draft_tokens = 0
         self.accepted_draft_tokens = 0
@@ -353,10 +356,13 @@ class Coordinator:
         """A holder's address and the capabilities of the request's checkpoint at its current
         epoch on that holder, one per shard of the serving worker (each tensor-parallel rank
         streams its own)."""
-        num_shards = self._workers[request.worker_id].num_shards
+        worker = self._workers[request.worker_id]
+        bearer = request.worker_id if worker.bound else None
         capabilities = tuple(
-            self._issuer.issue(request.request_id, shard, request.epoch, holder_id=holder_id, rights=rights)
-            for shard in range(num_shards)
+            self._issuer.issue(
+                request.request_id, shard, request.epoch, holder_id=holder_id, rights=rights, bearer=bearer
+            )
+            for shard in range(worker.num_shards)
         )
         return HolderGrant(holder_id, self._workers[holder_id].holder_address, capabilities)
 
@@ -390,11 +396,14 @@ class Coordinator:
         last_epoch: int = 0,
         running: Sequence[RunningReport] = (),
         held: Sequence[HeldReport] = (),
+        identity_key: bytes = b"",
     ) -> Registration:
         """A worker process starts (serving or recovering) or re-registers with a restarted
         gateway, reporting what it runs and holds. A live earlier incarnation is failed first
         (its process restarted before its lease expired). Returns the new epoch and, for a
-        recovering worker, its assist pairing."""
+        recovering worker, its assist pairing. With ``identity_key`` (the worker's Ed25519
+        public key) it also returns the worker's credential, and every capability granted for
+        its requests from then on is bound to it (docs/security.md, "Worker identity")."""
         worker_id = check_int("worker_id", worker_id, low=0)
         if state not in (WorkerState.SERVING, WorkerState.RECOVERING):
             raise ValueError(f"state must be 'serving' or 'recovering', got {str(state)!r}")
@@ -413,7 +422,11 @@ class Coordinator:
         if old is not None and old.state != WorkerState.FAILED:
             self._end([worker_id], now_s, f"worker {worker_id} registered again (epoch {old.epoch} is gone)")
         epoch = max(old.epoch if old is not None else 0, check_int("last_epoch", last_epoch, low=0)) + 1
+        credential = b""
+        if identity_key:
+            credential = self._issuer.issue_credential(worker_id, epoch, identity_key)
         worker = _Worker(worker_id, epoch, holder_address, num_shards, now_s + self.config.lease_s)
+        worker.bound = bool(credential)
         self._workers[worker_id] = worker
         self._outboxes[worker_id] = DirectiveOutbox()  # a new epoch numbers its directives anew
         known = worker_id in self.monitor.worker_ids()
@@ -434,7 +447,7 @@ class Coordinator:
             self._adopt_held(now_s, worker_id, held_report)
         if state == WorkerState.SERVING and self.driver.parked:
             self.unpark(now_s)
-        return Registration(worker_id, epoch, assist)
+        return Registration(worker_id, epoch, assist, credential)
 
     def _adopt(self, now_s: float, worker_id: int, report: RunningReport) -> None:
         """A running request reported by a re-registering worker (gateway restart)."""

@@ -254,7 +254,7 @@ class LostReplica(_message.Message):
     def __init__(self, request_id: _Optional[int] = ..., holder_worker_id: _Optional[int] = ...) -> None: ...
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_id", "state", "budget_bytes", "domain", "holder_address", "num_shards", "last_epoch", "running", "held", "exchange_public_key")
+    __slots__ = ("worker_id", "state", "budget_bytes", "domain", "holder_address", "num_shards", "last_epoch", "running", "held", "exchange_public_key", "identity_public_key")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     BUDGET_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class RegisterRequest(_message.Message):
     RUNNING_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    IDENTITY_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     worker_id: int
     state: WorkerState
     budget_bytes: int
@@ -275,10 +276,11 @@ class RegisterRequest(_message.Message):
     running: _containers.RepeatedCompositeFieldContainer[RunningRequest]
     held: _containers.RepeatedCompositeFieldContainer[HeldCheckpoint]
     exchange_public_key: bytes
-    def __init__(self, worker_id: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., budget_bytes: _Optional[int] = ..., domain: _Optional[str] = ..., holder_address: _Optional[str] = ..., num_shards: _Optional[int] = ..., last_epoch: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., exchange_public_key: _Optional[bytes] = ...) -> None: ...
+    identity_public_key: bytes
+    def __init__(self, worker_id: _Optional[int] = ..., state: _Optional[_Union[WorkerState, str]] = ..., budget_bytes: _Optional[int] = ..., domain: _Optional[str] = ..., holder_address: _Optional[str] = ..., num_shards: _Optional[int] = ..., last_epoch: _Optional[int] = ..., running: _Optional[_Iterable[_Union[RunningRequest, _Mapping]]] = ..., held: _Optional[_Iterable[_Union[HeldCheckpoint, _Mapping]]] = ..., exchange_public_key: _Optional[bytes] = ..., identity_public_key: _Optional[bytes] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "wrapped_call_key", "call_key_salt", "issuer_public_key", "exchange_public_key")
+    __slots__ = ("epoch", "lease_s", "heartbeat_s", "directives", "wrapped_call_key", "call_key_salt", "issuer_public_key", "exchange_public_key", "credential")
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_S_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_S_FIELD_NUMBER: _ClassVar[int]
@@ -287,6 +289,7 @@ class RegisterReply(_message.Message):
     CALL_KEY_SALT_FIELD_NUMBER: _ClassVar[int]
     ISSUER_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_PUBLIC_KEY_FIELD_NUMBER: _ClassVar[int]
+    CREDENTIAL_FIELD_NUMBER: _ClassVar[int]
     epoch: int
     lease_s: float
     heartbeat_s: float
@@ -295,7 +298,8 @@ class RegisterReply(_message.Message):
     call_key_salt: bytes
     issuer_public_key: bytes
     exchange_public_key: bytes
-    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., wrapped_call_key: _Optional[bytes] = ..., call_key_salt: _Optional[bytes] = ..., issuer_public_key: _Optional[bytes] = ..., exchange_public_key: _Optional[bytes] = ...) -> None: ...
+    credential: bytes
+    def __init__(self, epoch: _Optional[int] = ..., lease_s: _Optional[float] = ..., heartbeat_s: _Optional[float] = ..., directives: _Optional[_Iterable[_Union[Directive, _Mapping]]] = ..., wrapped_call_key: _Optional[bytes] = ..., call_key_salt: _Optional[bytes] = ..., issuer_public_key: _Optional[bytes] = ..., exchange_public_key: _Optional[bytes] = ..., credential: _Optional[bytes] = ...) -> None: ...
 
 class HelloRequest(_message.Message):
     __slots__ = ()

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from lumen_core._validate import U32_MAX, check_int
-from lumen_core.auth import check_exchange_key
+from lumen_core.auth import ISSUER_KEY_BYTES, check_exchange_key
 from lumen_core.gateway import lumen_pb2 as pb
 from lumen_core.gateway.directives import (
     AssistDraft,
@@ -448,6 +448,11 @@ def check_registration(request: pb.RegisterRequest) -> None:
             )
     _check_held("held", request.held)
     check_exchange_key("exchange_public_key", request.exchange_public_key)  # the call key's wrap
+    if len(request.identity_public_key) not in (0, ISSUER_KEY_BYTES):
+        raise ValueError(
+            f"`identity_public_key` must be empty or {ISSUER_KEY_BYTES} bytes, "
+            f"got {len(request.identity_public_key)}"
+        )
 
 
 def check_report(report: pb.WorkerReport) -> None:

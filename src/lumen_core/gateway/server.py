@@ -172,6 +172,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                 last_epoch=request.last_epoch,
                 running=[running_from_pb(r) for r in request.running],
                 held=[held_from_pb(h) for h in request.held],
+                identity_key=request.identity_public_key,
             )
             salt, wrapped, exchange_key = self._server.issue_call_key(
                 request.worker_id, registration.epoch, request.exchange_public_key
@@ -185,6 +186,7 @@ class _Servicer(pb_grpc.GatewayServicer):
                 heartbeat_s=c.config.heartbeat_s,
                 directives=[delivery_to_pb(d) for d in c.directives_after(request.worker_id, 0)],
                 issuer_public_key=c.issuer_public_key,
+                credential=registration.credential,
             )
 
         return self._run(context, register)

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from lumen_core.auth import check_secret
+from lumen_core.auth import WorkerIdentity, check_secret
 from lumen_core.connector import ConnectorCore, RestoreSource, StepTokens, StreamGrant
 from lumen_core.connector.requests import check_capability
 from lumen_core.engine.connector import KVConnector, SavedTokens
@@ -43,8 +43,11 @@ class StreamingConnector(KVConnector):
     restore from. Request ids (str) are keyed on the wire by ``key_for`` (default
     ``request_key``; a gateway's decimal ids use ``int``). A restore that stops early (corrupt
     record, other token ids, another model, an unreachable holder) reports the pages from
-    there on as load errors, so the engine re-prefills them. ``tls``, ``connect_timeout_s``
-    and ``streamer_options`` go to the core; ``restores`` keeps each restore's result.
+    there on as load errors, so the engine re-prefills them. ``tls``, ``connect_timeout_s``,
+    ``streamer_options``, ``identity`` (the worker its connections prove), ``encrypt``
+    (records in AES-256-GCM on those connections) and ``release_finished`` (False: a
+    gateway releases finished requests' checkpoints) go to the core;
+    ``restores`` keeps each restore's result.
 
     The engine plans restores synchronously: a lookup over the transport is waited for (at
     most ``2 * connect_timeout_s``; unanswered by then, the request is re-prefilled).
@@ -66,6 +69,9 @@ class StreamingConnector(KVConnector):
         tls: str = "",
         connect_timeout_s: float = 2.0,
         streamer_options: dict[str, Any] | None = None,
+        identity: WorkerIdentity | None = None,
+        encrypt: bool = False,
+        release_finished: bool = True,
     ) -> None:
         secret = check_secret(secret)
         self.holders = tuple(_check_address("holders[i]", h) for h in holders)
@@ -99,6 +105,9 @@ class StreamingConnector(KVConnector):
             tls=tls,
             connect_timeout_s=connect_timeout_s,
             streamer_options=streamer_options,
+            identity=identity,
+            encrypt=encrypt,
+            release_finished=release_finished,
         )
         self._grants: dict[str, StreamGrant] = {}
         self._sources: dict[str, RestoreSource] = {}

@@ -12,7 +12,7 @@ import torch
 
 from lumen_core import _native
 from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_instance, check_int, check_number
-from lumen_core.auth import check_secret
+from lumen_core.auth import WorkerIdentity, check_secret
 from lumen_core.layouts import KVLayout
 from lumen_core.stream._common import as_array, check_str, fingerprint_bytes
 from lumen_core.transport import CAPABILITY_BYTES, WireLimits
@@ -103,6 +103,10 @@ class CheckpointStreamer:
     after ``reconnect_backoff_s``, doubling per consecutive failure; each of its replicas then
     resumes from the durable length the holder reports. A holder failing for
     ``give_up_after_s`` is gone for good: its replicas are ``lost`` in ``stats()``.
+
+    With ``identity``, connections prove the worker's latest credential (taken at each
+    ``add_request``), which capabilities bound to the worker require; with ``encrypt`` their
+    appends' records travel in AES-256-GCM (``transport.Client``).
     """
 
     def __init__(
@@ -122,8 +126,16 @@ class CheckpointStreamer:
         gather_threads: int = 1,
         tls: str = "",
         limits: WireLimits = WireLimits(),
+        identity: WorkerIdentity | None = None,
+        encrypt: bool = False,
     ) -> None:
         self.layout = check_instance("layout", layout, KVLayout)
+        if not isinstance(encrypt, bool):
+            raise TypeError(f"encrypt must be a bool, got {type(encrypt).__name__}")
+        if identity is not None and not isinstance(identity, WorkerIdentity):
+            raise TypeError(f"identity must be a WorkerIdentity, got {type(identity).__name__}")
+        self._identity = identity
+        self._proved: bytes | None = None  # the credential the native streamer was given last
         native = _native.require_ucx()
         cuda_device = -1
         if self.layout.device.type == "cuda":
@@ -160,6 +172,7 @@ class CheckpointStreamer:
             gather_threads=gather_threads,
             cuda_device=cuda_device,
             **limits._kwargs(),
+            encrypt=encrypt,
         )
 
     def add_request(
@@ -184,7 +197,16 @@ class CheckpointStreamer:
         caps = _check_capabilities(capabilities, len(addresses))
         check_int("epoch", epoch, 0, U32_MAX)
         check_int("expected_tokens", expected_tokens, 0, U64_MAX)
+        self._prove_latest_identity()
         self._native.add_request(request_id, addresses, caps, epoch, expected_tokens)
+
+    def _prove_latest_identity(self) -> None:
+        # A registration may have brought a new credential since the last request: the
+        # connections opened from now on prove that one.
+        if self._identity is None or self._identity.credential in (None, self._proved):
+            return
+        self._native.set_identity(**self._identity.native_kwargs())
+        self._proved = self._identity.credential
 
     def renew(self, request_id: int, capabilities: Sequence[bytes]) -> None:
         """A long request's fresh capabilities (same epoch, later expiry), one per replica in

@@ -11,7 +11,7 @@ import numpy as np
 
 from lumen_core import _native
 from lumen_core._validate import U32_MAX, U64_MAX, check_bytes, check_int
-from lumen_core.auth import check_secret
+from lumen_core.auth import WorkerIdentity, check_secret
 from lumen_core.transport._checks import check_array, check_key, check_timeout
 from lumen_core.transport.wire import (
     CAPABILITY_BYTES,
@@ -58,7 +58,11 @@ class Client:
     ``Rejected``/``Conflict``/``StaleEpoch``/``Malformed``/``Aborted`` when the server refuses.
     Arguments the limits would refuse on the wire are a ValueError before anything is sent:
     ``limits`` are what this end accepts; the server announces its own in the handshake, and
-    ``self.limits`` is then the smaller of the two, field by field.
+    ``self.limits`` is then the smaller of the two, field by field. With ``identity`` (once
+    it holds a credential) the handshake also proves that worker's credential, which
+    capabilities bound to the worker require. With ``encrypt`` the records of appends and
+    reads travel in AES-256-GCM (keys of this connection's handshake; docs/security.md); a
+    holder serves both kinds of connection.
     """
 
     def __init__(
@@ -70,8 +74,14 @@ class Client:
         tls: str = "",
         connect_timeout_s: float = 10.0,
         limits: WireLimits = WireLimits(),
+        identity: WorkerIdentity | None = None,
+        encrypt: bool = False,
     ) -> None:
         key = check_secret(secret)
+        if not isinstance(encrypt, bool):
+            raise TypeError(f"encrypt must be a bool, got {type(encrypt).__name__}")
+        if identity is not None and not isinstance(identity, WorkerIdentity):
+            raise TypeError(f"identity must be a WorkerIdentity, got {type(identity).__name__}")
         if not isinstance(address, str):
             raise TypeError(f"address must be a str, got {type(address).__name__}")
         check_int("port", port, 1, 65535)
@@ -84,7 +94,10 @@ class Client:
             tls=tls,
             connect_timeout_s=check_timeout(connect_timeout_s, "connect_timeout_s"),
             **limits._kwargs(),
+            **(identity.native_kwargs() if identity is not None else {}),
+            encrypt=encrypt,
         )
+        self.encrypt = encrypt
         # Field by field the smaller of ``limits`` and those the server announced in the
         # handshake: what the calls below check before sending.
         self.limits = WireLimits(*self._native.limits)

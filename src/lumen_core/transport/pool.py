@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from lumen_core._validate import check_int
-from lumen_core.auth import check_secret
+from lumen_core.auth import WorkerIdentity, check_secret
 from lumen_core.transport._checks import check_timeout
 from lumen_core.transport.client import Client
 from lumen_core.transport.errors import PeerGone
@@ -28,13 +28,25 @@ class ClientPool:
     they fail. At most ``max_connections`` stay open, the least recently used closed first:
     request parameters name the addresses, so their number is not the pool's to trust.
 
+    Connections prove ``identity`` (when given and it holds a credential) as they open, and
+    with ``encrypt`` carry their records in AES-256-GCM (``Client``).
+
     Not thread-safe: one pool per thread that uses it.
     """
 
     def __init__(
-        self, secret: bytes, *, tls: str = "", connect_timeout_s: float = 2.0, max_connections: int = 64
+        self,
+        secret: bytes,
+        *,
+        tls: str = "",
+        connect_timeout_s: float = 2.0,
+        max_connections: int = 64,
+        identity: WorkerIdentity | None = None,
+        encrypt: bool = False,
     ) -> None:
         self._secret = check_secret(secret)
+        self._identity = identity
+        self._encrypt = encrypt
         self._tls = tls
         self._connect_timeout_s = check_timeout(connect_timeout_s, "connect_timeout_s")
         self._max = check_int("max_connections", max_connections, 1, 1 << 16)
@@ -50,7 +62,13 @@ class ClientPool:
             return client
         self._drop(address)
         client = Client(
-            address[0], address[1], self._secret, tls=self._tls, connect_timeout_s=self._connect_timeout_s
+            address[0],
+            address[1],
+            self._secret,
+            tls=self._tls,
+            connect_timeout_s=self._connect_timeout_s,
+            identity=self._identity,
+            encrypt=self._encrypt,
         )
         self._clients[address] = client
         while len(self._clients) > self._max:

@@ -49,6 +49,7 @@ from typing import Any
 
 import httpx
 
+from lumen_core.auth import WorkerIdentity
 from lumen_core.gateway.client import FencedError, GatewayClient, RequestTokens
 from lumen_core.gateway.directives import (
     AssistDraft,
@@ -125,7 +126,13 @@ class AgentConfig:
     ``workdir/control-<id>.sock``). budget_bytes: the holder's budget for other servers'
     checkpoints; holder_host its listen address; tls the UCX transports of the holder and
     the connector. start_timeout_s: bound on the server's start. holder_linger_s: how long a
-    fenced agent keeps its holder up, registering again (0: it exits at once)."""
+    fenced agent keeps its holder up, registering again (0: it exits at once).
+    encrypt_payloads: the started server's connector encrypts its records to and from holders
+    (AES-256-GCM; the connector's ``encrypt``). identity_key_file: the server's worker identity
+    (an Ed25519 private key, 0600; docs/security.md), which its connector's ``identity_key_file``
+    names too: the agent registers with it and hands each credential to the connector. A
+    started server: default ``workdir/identity-<id>.key``, created if missing. Attached: None
+    registers without an identity (the gateway's capabilities for it are then unbound)."""
 
     worker_id: int
     gateway: str
@@ -144,6 +151,8 @@ class AgentConfig:
     tls: str = ""
     start_timeout_s: float = 600.0
     holder_linger_s: float = 60.0
+    encrypt_payloads: bool = False
+    identity_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
@@ -168,6 +177,42 @@ class AgentConfig:
     @property
     def socket_path(self) -> str:
         return self.control_socket or str(Path(self.workdir) / f"control-{self.worker_id}.sock")
+
+    @property
+    def identity_path(self) -> str | None:
+        if self.identity_key_file is not None or self.server_url is not None:
+            return self.identity_key_file
+        return str(Path(self.workdir) / f"identity-{self.worker_id}.key")
+
+
+class _ServerIdentity(WorkerIdentity):
+    """The vLLM server's identity, whose key its connector holds too: each credential a
+    registration takes goes on to the connector (control ``credential``) before any directive
+    of that registration applies (``GatewayClient.register`` accepts it first), so the requests
+    relayed after it open connections that prove it."""
+
+    def __init__(self, private_key: bytes, *, control_socket: str) -> None:
+        super().__init__(private_key)
+        self._control_socket = control_socket
+
+    def accept(self, credential: bytes, issuer_public_key: bytes, worker_id: int) -> None:
+        super().accept(credential, issuer_public_key, worker_id)
+        control.ask(
+            self._control_socket,
+            "credential",
+            credential=credential.hex(),
+            issuer_public_key=issuer_public_key.hex(),
+            worker_id=worker_id,
+        )
+
+
+def _server_identity(config: AgentConfig) -> _ServerIdentity | None:
+    path = config.identity_path
+    if path is None:
+        return None
+    if config.server_url is None and not Path(path).exists():
+        return _ServerIdentity.create_key_file(path, control_socket=config.socket_path)
+    return _ServerIdentity.from_key_file(path, control_socket=config.socket_path)
 
 
 def server_load(metrics_text: str) -> tuple[int, int]:
@@ -226,7 +271,10 @@ class Agent:
             self.secret, address=config.holder_host, port=0, holder_id=config.worker_id, tls=config.tls
         )
         self.holder_address = f"{config.holder_host}:{self.holder.port}"
-        self.client = GatewayClient(config.gateway, self.secret, on_issuer_key=self.holder.trust_issuer)
+        self.identity = _server_identity(config)
+        self.client = GatewayClient(
+            config.gateway, self.secret, on_issuer_key=self.holder.trust_issuer, identity=self.identity
+        )
         self.server_url = config.server_url
         self.proc: subprocess.Popen[bytes] | None = None
         self.counters = _Counters()
@@ -267,6 +315,8 @@ class Agent:
                 "holders": [],
                 "tls": self.config.tls,
                 "control_socket": self.config.socket_path,
+                "encrypt": self.config.encrypt_payloads,
+                **({} if self.identity is None else {"identity_key_file": self.config.identity_path}),
             },
         }
 
@@ -736,6 +786,8 @@ class Agent:
             "abandoned": c.abandoned,
             "drained": c.drained,
             "relinked": c.relinked,
+            # Connections to this node's holder that proved a worker identity (other servers').
+            "identified_connections": self.holder.stats()["identified"],
             "errors": list(c.errors),
         }
 

@@ -61,6 +61,17 @@ def add_agent_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     parser.add_argument("--start-timeout-s", type=float, default=600.0, help="bound on the server's start")
     parser.add_argument(
+        "--encrypt-payloads",
+        action="store_true",
+        help="the server's connector encrypts its checkpoint records to and from holders (AES-256-GCM)",
+    )
+    parser.add_argument(
+        "--identity-key-file",
+        help="the server's worker identity key (0600; its connector's identity_key_file names the same "
+        "file). Default for a started server: WORKDIR/identity-<id>.key, created if missing; an "
+        "attached server without one registers with no identity",
+    )
+    parser.add_argument(
         "--holder-linger-s",
         type=float,
         default=60.0,
@@ -95,6 +106,8 @@ def run_agent(args: argparse.Namespace) -> int:
             tls=args.tls,
             start_timeout_s=args.start_timeout_s,
             holder_linger_s=args.holder_linger_s,
+            encrypt_payloads=args.encrypt_payloads,
+            identity_key_file=args.identity_key_file,
         )
         agent = Agent(config)
     except (OSError, ValueError) as exc:

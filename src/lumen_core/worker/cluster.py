@@ -121,7 +121,8 @@ class LocalCluster:
     held-token term count real checkpoint sizes. ``router_config`` goes to the gateway (e.g.
     ``remote_restore``) with ``capability_ttl_s``; ``ack_timeout_s`` and ``give_up_after_s`` to
     every worker's checkpoint streamer, ``holder_linger_s`` to every worker (None: the
-    worker's defaults)."""
+    worker's defaults); ``encrypt_payloads`` makes every worker encrypt its records to and
+    from holders."""
 
     def __init__(
         self,
@@ -143,6 +144,7 @@ class LocalCluster:
         give_up_after_s: float | None = None,
         capability_ttl_s: float = DEFAULT_CAPABILITY_TTL_S,
         holder_linger_s: float | None = None,
+        encrypt_payloads: bool = False,
     ) -> None:
         check_int("num_workers", num_workers, low=2)
         self.workdir = Path(workdir)
@@ -158,6 +160,8 @@ class LocalCluster:
             self.worker_args += ["--give-up-after-s", str(give_up_after_s)]
         if holder_linger_s is not None:
             self.worker_args += ["--holder-linger-s", str(holder_linger_s)]
+        if encrypt_payloads:
+            self.worker_args.append("--encrypt-payloads")
         self.start_timeout_s = start_timeout_s
         self.secret_path = self.workdir / "cluster.secret"
         if not self.secret_path.exists():

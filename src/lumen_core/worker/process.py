@@ -37,6 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
+from lumen_core.auth import WorkerIdentity
 from lumen_core.connector import RestoreSource, StreamGrant
 from lumen_core.connector import model_fingerprint as file_fingerprint
 from lumen_core.engine import (
@@ -100,7 +103,8 @@ class WorkerConfig:
     ack_timeout_s, give_up_after_s: the checkpoint streamer's (``CheckpointStreamer``); a
     replica lost for good is reported to the gateway, which places it again.
     holder_linger_s: how long a fenced worker keeps its holder up, registering again (0:
-    it exits at once)."""
+    it exits at once). encrypt_payloads: its connections to holders carry their records in
+    AES-256-GCM (the holder follows each connection's choice)."""
 
     worker_id: int
     gateway: str
@@ -121,6 +125,7 @@ class WorkerConfig:
     ack_timeout_s: float = 2.0  # the streamer's: a holder silent this long has failed
     give_up_after_s: float = 30.0  # the streamer's: a holder failing this long lost its replicas
     holder_linger_s: float = 60.0  # fenced: the holder stays up this long, registering again
+    encrypt_payloads: bool = False  # records to and from holders in AES-256-GCM
 
     def __post_init__(self) -> None:
         if isinstance(self.worker_id, bool) or not isinstance(self.worker_id, int) or self.worker_id < 0:
@@ -170,7 +175,12 @@ class Worker:
         # with each registration (until then every capability is refused).
         self.server = self.store.serve(secret, address=config.holder_host, port=0, holder_id=config.worker_id)
         self.holder_address = f"{config.holder_host}:{self.server.port}"
-        self.client = GatewayClient(config.gateway, secret, on_issuer_key=self.server.trust_issuer)
+        # Drawn once per process; each registration brings its credential, which this
+        # worker's connections to holders prove (capabilities for its requests name it).
+        self.identity = WorkerIdentity()
+        self.client = GatewayClient(
+            config.gateway, secret, on_issuer_key=self.server.trust_issuer, identity=self.identity
+        )
         self.engine: Engine | None = None
         self.connector: StreamingConnector | None = None
         self.model: Llama | None = None
@@ -222,7 +232,12 @@ class Worker:
         assert self.model is not None
         options: dict[str, Any] = {
             "store": self.store,
+            "identity": self.identity,
+            "encrypt": self.config.encrypt_payloads,
             "key_for": request_id_of,
+            # The gateway releases a finished request's checkpoints once its last report
+            # arrives: a worker cut off from it keeps them for the failover that moves it.
+            "release_finished": False,
             "streamer_options": {
                 "ack_timeout_s": self.config.ack_timeout_s,
                 "give_up_after_s": self.config.give_up_after_s,
@@ -670,9 +685,13 @@ class Worker:
         those, remote_restored pulled it from another worker's holder) and re-prefilled; tokens
         restored, and tokens of resumed contexts computed again here (``reprefilled_tokens``:
         context at the resume minus what was restored); requests cancelled; RENEWs applied and
-        ignored (for a request no longer served here); registrations after a fencing (relinked)."""
+        ignored (for a request no longer served here); registrations after a fencing (relinked);
+        connections to this worker's holder that proved a worker's identity and that encrypt
+        their records."""
         restores = self.connector.restores if self.connector is not None else {}
         restored = sum(1 for r in restores.values() if r.restored_tokens > 0)
+        counters = self.connector.core.counters if self.connector is not None else {}
+        holder = self.server.stats()
         reprefilled_tokens = sum(
             context - (restores[key].restored_tokens if key in restores else 0)
             for key, context in self._resumed_tokens.items()
@@ -696,6 +715,8 @@ class Worker:
             "accepted_drafts": self._assist_counts()["accepted"],
             "paced_steps": self.pacer.num_steps if self.pacer is not None else 0,
             "paced_overruns": self.pacer.num_overruns if self.pacer is not None else 0,
+            "identified_connections": holder["identified"],
+            "encrypted_connections": holder["encrypted"],
         }
 
     def run(self) -> int:

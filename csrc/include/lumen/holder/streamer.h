@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -53,6 +54,8 @@ struct StreamerOptions {
   int gather_threads = 1;            // CPU cache
   int cuda_device = -1;              // the cache's CUDA device; -1: the cache is in host memory
   transport::WireLimits limits;
+  std::optional<transport::Identity> identity;  // see Streamer::set_identity
+  bool encrypt = false;  // appends' records in AES-256-GCM (transport::ClientOptions)
 };
 
 struct StreamerStats {
@@ -110,6 +113,9 @@ class Streamer {
   // its next append, which renews the holder's grant (appends already sent keep the old one).
   // std::invalid_argument: unknown request, or not one capability per replica.
   void renew(uint64_t request_id, const std::vector<transport::CapabilityBytes>& capabilities);
+  // The worker identity connections opened from now on prove (each registration brings a new
+  // credential); connections already open keep theirs.
+  void set_identity(const transport::Identity& identity);
   // n tokens: request_ids[i] wrote position positions[i] (token token_ids[i]) into slot
   // slot_ids[i]; a request's tokens are consecutive positions. On a CUDA cache the step is
   // gathered after the work queued so far on engine_stream (the stream that wrote its KV; 0:

@@ -4,10 +4,12 @@
 // a failure raises TransportError with its Status. The caller's buffers must stay valid until
 // the operation's wait returns (it returns only once UCX no longer touches them).
 #pragma once
+#include <array>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -42,6 +44,11 @@ struct ClientOptions {
   WireLimits limits;
   double connect_timeout_s = 10.0;
   Handshake handshake = Handshake::kProve;
+  // The worker this connection speaks for (capabilities bound to it need it); none: the
+  // connection proves the secret only.
+  std::optional<Identity> identity;
+  // Bulk payloads (appends' and reads' records) in AES-256-GCM both ways (auth.h).
+  bool encrypt = false;
 };
 
 struct AppendArgs {
@@ -145,7 +152,10 @@ class Client {
     ReadReply read_reply;
     RawReply reply = RawReply::kWithReplyEp;
     RawSeal seal = RawSeal::kSeal;
-    ucp_dt_iov_t iov[4];
+    ucp_dt_iov_t iov[5];    // a read's: fingerprints, ids, crcs, records, then its GCM tag
+    bool decrypt = false;   // a read whose received payload is still encrypted
+    uint64_t sequence = 0;  // the seal number of its READ_DATA (the GCM nonce)
+    std::array<uint8_t, kCipherTagBytes> tag{};
     std::vector<uint8_t> owned_header;
     std::vector<uint8_t> owned_payload;
   };

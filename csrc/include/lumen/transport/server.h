@@ -6,6 +6,7 @@
 // by the trusted issuer grants it (lumen/transport/capability.h). Appends are received straight
 // into the sink's buffers by the progress thread; no Python runs on it.
 #pragma once
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -55,6 +56,10 @@ struct ServerStats {
   uint64_t handshakes_ok = 0;
   uint64_t handshakes_failed = 0;
   uint64_t handshake_timeouts = 0;  // before or after UCX's connection request
+  uint64_t identified = 0;          // handshakes that proved a worker's credential
+  uint64_t bad_credentials = 0;     // handshakes refused for the identity they claimed
+  uint64_t encrypted = 0;           // handshakes of connections that encrypt their payloads
+  uint64_t decrypt_failures = 0;    // encrypted appends whose tag did not verify (refused)
   uint64_t malformed = 0;           // messages that failed validation (connection dropped)
   uint64_t unauthenticated = 0;     // messages before the handshake (connection dropped)
   uint64_t bad_seals = 0;           // after it, a seal that does not verify (connection dropped)
@@ -106,6 +111,8 @@ class Server {
     HandshakeTranscript transcript;
     EphemeralKey exchange;  // its private half is wiped once the session keys are derived
     bool authenticated = false;
+    std::optional<uint64_t> worker;  // the worker id its handshake proved, if it claimed one
+    bool encrypted = false;          // its bulk payloads travel in AES-256-GCM
     SealState seal;  // keyed by the handshake; every later message in and out is sealed
     // What this connection's opens were granted, by (request_id, shard, epoch): an append
     // must present the same capability, before its expiry. (An older epoch's grant stays, so
@@ -121,8 +128,11 @@ class Server {
     std::vector<ucp_dt_iov_t> iov;  // token ids, crcs, then the record pieces
     std::chrono::steady_clock::time_point begun_at;
     Status failure = Status::kOk;  // why the payload did not arrive intact
-    bool receiving = false;        // UCX is still writing into target
-    bool settled = false;          // the sender has its answer
+    bool encrypted = false;        // target holds ciphertext until its tag is checked
+    uint64_t sequence = 0;         // the seal number of the APPEND (the GCM nonce)
+    std::array<uint8_t, kCipherTagBytes> tag{};
+    bool receiving = false;  // UCX is still writing into target
+    bool settled = false;    // the sender has its answer
   };
 
   static void on_conn_request(ucp_conn_request_h request, void* arg);
@@ -134,9 +144,12 @@ class Server {
 
   ucs_status_t handle(Conn* conn, const WireHeader& h, void* data, bool rndv);
   void handle_auth(Conn* conn, const WireHeader& h, const uint8_t* payload);
+  // Whether the credential an AUTH claims is signed by the issuer and the proof is signed by
+  // its key over this connection's transcript; if so the connection is that worker's.
+  bool check_identity(Conn* conn, const uint8_t* credential, const uint8_t* proof);
   // Whether h.capability is signed by the issuer and grants `needed` on h's checkpoint here,
-  // now (counted in the stats when not); *out is the capability.
-  bool check_capability(Capability* out, const WireHeader& h, uint32_t needed);
+  // now, to this connection (counted in the stats when not); *out is the capability.
+  bool check_capability(const Conn& conn, Capability* out, const WireHeader& h, uint32_t needed);
   // Whether an append is covered by its connection's open.
   bool check_granted(const Conn& conn, const WireHeader& h);
   ucs_status_t handle_append(Conn* conn, const WireHeader& h, void* data, bool rndv);

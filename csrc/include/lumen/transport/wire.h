@@ -28,7 +28,9 @@
 // Payloads:
 //   CHALLENGE   32-byte server nonce + 32-byte server X25519 ephemeral public key
 //   AUTH        32-byte client nonce + 32-byte client X25519 ephemeral public key +
-//               32-byte HMAC(secret, "lumen-auth-v4-client" || transcript)
+//               32-byte HMAC(secret, "lumen-auth-v4-client" || transcript), then, from a
+//               worker that identifies itself, its 128-byte credential and a 64-byte Ed25519
+//               signature by the credential's key of "lumen-identity-v5" || transcript
 //   AUTH_OK     32-byte HMAC(secret, "lumen-auth-v4-server" || transcript || limits) +
 //               limits: the server's WireLimits (what it accepts in one message), 16 bytes:
 //               u32 max_tokens_per_message, u32 max_record_bytes, u64 max_payload_bytes
@@ -49,8 +51,9 @@ namespace lumen::transport {
 
 constexpr uint32_t kWireMagic = 0x4E4D554Cu;  // "LUMN" in little-endian byte order
 // 2: AUTH_OK announces the server's limits; 3: signed 128-byte capabilities; 4: X25519
-// session keys in the handshake, every later message sealed
-constexpr uint16_t kWireVersion = 4;
+// session keys in the handshake, every later message sealed; 5: a worker's identity in AUTH,
+// capabilities bound to a worker
+constexpr uint16_t kWireVersion = 5;
 constexpr size_t kMacBytes = 32;
 constexpr size_t kCrcOffset = 68 + kCapabilityBytes;
 constexpr size_t kSealSeqOffset = kCrcOffset + 4;
@@ -60,7 +63,9 @@ constexpr size_t kNonceBytes = 32;
 constexpr size_t kExchangeKeyBytes = 32;  // an X25519 public or private key
 constexpr size_t kFingerprintBytes = 32;
 constexpr size_t kLimitsBytes = 16;  // WireLimits as AUTH_OK carries them
-constexpr uint16_t kAmId = 0x4C55;   // the active-message id every lumen message uses
+constexpr size_t kAuthBytes = kNonceBytes + kExchangeKeyBytes + kMacBytes;
+constexpr size_t kAuthIdentifiedBytes = kAuthBytes + kCredentialBytes + kEd25519SignatureBytes;
+constexpr uint16_t kAmId = 0x4C55;  // the active-message id every lumen message uses
 
 enum class MessageKind : uint16_t {
   kChallenge = 1,
@@ -127,8 +132,10 @@ void encode_header(uint8_t* out, const WireHeader& header);
 
 // Decodes and validates a header received with payload_length bytes of AM data. Checks the
 // length, magic, version, crc, kind, the payload length the kind requires, limits, and
-// arithmetic overflow. Returns false and fills *why on the first failure.
+// arithmetic overflow. Returns false and fills *why on the first failure. On a connection
+// that encrypts, a bulk payload (APPEND, READ_DATA) carries bulk_trailer_bytes more (its GCM
+// tag), outside the limits.
 bool decode_header(WireHeader* out, std::string* why, const void* bytes, size_t num_bytes,
-                   size_t payload_length, const WireLimits& limits);
+                   size_t payload_length, const WireLimits& limits, size_t bulk_trailer_bytes = 0);
 
 }  // namespace lumen::transport

@@ -5,9 +5,10 @@ A Unix stream socket at the path ``control_socket`` of ``kv_connector_extra_conf
 created owner-only (mode 0600, in a directory the agent chose), and every connection's peer is
 checked with ``SO_PEERCRED`` (same uid as the engine, else closed unanswered). One request per
 connection: a JSON object on one line (at most ``MAX_MESSAGE_BYTES``), answered by one JSON
-line. Commands (docs/vllm.md): ``stats``, ``release``, ``renew``, ``flush`` and ``abandon``. The
-server runs on threads of its own; its handler only reads or queues state for the scheduler's next step, so
-the engine's step never waits on it. No vLLM import: the agent uses ``ask`` as it is.
+line. Commands (docs/vllm.md): ``stats``, ``release``, ``renew``, ``flush``, ``abandon`` and
+``credential``. The server runs on threads of its own; its handler only reads or queues state
+for the scheduler's next step, so the engine's step never waits on it. No vLLM import: the
+agent uses ``ask`` as it is.
 """
 
 from __future__ import annotations

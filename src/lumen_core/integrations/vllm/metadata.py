@@ -2,7 +2,7 @@
 vLLM's multiprocess mode): requests to start streaming, restores to run before the forward,
 the step's computed tokens to save, preempted requests (streaming ones), and what the local
 control channel asked for: requests to stop checkpointing, renewed capabilities, a durable-lag
-sample."""
+sample, the identity's new credential."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from lumen_core.connector import Address, RestoreSource
+from lumen_core.integrations.vllm.params import CredentialGrant
 
 __all__ = ["LoadSpec", "LumenMetadata", "OpenSpec", "RenewSpec", "SaveSpec"]
 
@@ -75,3 +76,4 @@ class LumenMetadata(KVConnectorMetadata):
     renewals: list[RenewSpec] = field(default_factory=list)  # control `renew`
     sample_lag: bool = False  # a control `flush` waits: sample the durable lag this step
     abandon: bool = False  # control `abandon`: stop streaming every request, release none
+    credential: CredentialGrant | None = None  # control `credential`: before this step's opens

@@ -5,16 +5,24 @@ docs/vllm.md's). No vLLM import: the gateway and tests use it as it is."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lumen_core.auth import CapabilityIssuer, Rights, read_issuer_key_file, read_secret_file
+from lumen_core.auth import (
+    CREDENTIAL_BYTES,
+    ISSUER_KEY_BYTES,
+    CapabilityIssuer,
+    Rights,
+    WorkerIdentity,
+    read_issuer_key_file,
+    read_secret_file,
+)
 from lumen_core.connector import RestoreSource
 from lumen_core.stream import request_key
 from lumen_core.transport import CAPABILITY_BYTES
 
-__all__ = ["ConnectorConfig", "Renewal", "RequestControl"]
+__all__ = ["ConnectorConfig", "CredentialGrant", "Renewal", "RequestControl"]
 
 Address = tuple[str, int]
 _U32_MAX = 2**32 - 1
@@ -47,20 +55,24 @@ def _address(name: str, value: Mapping[str, Any]) -> Address:
     return address, port
 
 
-def _capability(name: str, value: object) -> bytes:
-    """A capability given as hex (JSON carries no bytes)."""
+def _hex_bytes(name: str, value: object, size: int) -> bytes:
+    """``size`` bytes given as hex (JSON carries no bytes)."""
     if isinstance(value, (bytes, bytearray)):
         raw = bytes(value)
     elif isinstance(value, str):
         try:
             raw = bytes.fromhex(value)
         except ValueError:
-            raise ValueError(f"`{name}` must be {CAPABILITY_BYTES} bytes as hex, got {value!r}") from None
+            raise ValueError(f"`{name}` must be {size} bytes as hex, got {value!r:.80}") from None
     else:
-        raise TypeError(f"`{name}` must be {CAPABILITY_BYTES} bytes as hex, got {type(value).__name__}")
-    if len(raw) != CAPABILITY_BYTES:
-        raise ValueError(f"`{name}` must be {CAPABILITY_BYTES} bytes as hex, got {len(raw)} bytes")
+        raise TypeError(f"`{name}` must be {size} bytes as hex, got {type(value).__name__}")
+    if len(raw) != size:
+        raise ValueError(f"`{name}` must be {size} bytes as hex, got {len(raw)} bytes")
     return raw
+
+
+def _capability(name: str, value: object) -> bytes:
+    return _hex_bytes(name, value, CAPABILITY_BYTES)
 
 
 def _epoch(name: str, value: object) -> int:
@@ -77,10 +89,14 @@ class ConnectorConfig:
     ``holders`` of requests that name none with the ids capabilities name them by
     (``holder_ids``), the UCX transports (``tls``, "" leaves UCX's choice),
     ``model_fingerprint`` (default: computed from the model's files, see
-    ``model_fingerprint``), ``connect_timeout_s`` of connections to source holders, and
-    ``control_socket``, the path of the local control channel (``control.py``; None: none)."""
+    ``model_fingerprint``), ``connect_timeout_s`` of connections to source holders,
+    ``control_socket``, the path of the local control channel (``control.py``; None: none),
+    ``encrypt``: records to and from holders in AES-256-GCM (docs/security.md), and
+    ``identity_key_file``: the private key of the server's worker identity (a 0600 file its
+    ``lumen agent`` wrote; the credential comes over the control channel; None: connections
+    prove no identity, and only unbound capabilities serve)."""
 
-    secret: bytes
+    secret: bytes = field(repr=False)
     holders: tuple[Address, ...] = ()
     tls: str = ""
     model_fingerprint: str | None = None
@@ -88,6 +104,8 @@ class ConnectorConfig:
     issuer: CapabilityIssuer | None = None
     holder_ids: tuple[int, ...] = ()
     control_socket: str | None = None
+    encrypt: bool = False
+    identity_key_file: str | None = None
 
     def __post_init__(self) -> None:
         if len(self.holder_ids) != len(self.holders):
@@ -118,6 +136,8 @@ class ConnectorConfig:
             "model_fingerprint",
             "connect_timeout_s",
             "control_socket",
+            "encrypt",
+            "identity_key_file",
         }
         unknown = sorted(set(extra) - known)
         if unknown:
@@ -141,10 +161,18 @@ class ConnectorConfig:
         control_socket = extra.get("control_socket")
         if control_socket is not None and (not isinstance(control_socket, str) or not control_socket):
             raise ValueError(f"`control_socket` must be a non-empty str (a path), got {control_socket!r}")
+        encrypt = extra.get("encrypt", False)
+        if not isinstance(encrypt, bool):
+            raise TypeError(f"`encrypt` must be a bool, got {encrypt!r}")
         parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders)]
         issuer = None
         if "issuer_key_file" in extra:
             issuer = CapabilityIssuer(read_issuer_key_file(str(Path(extra["issuer_key_file"]))))
+        identity_file = extra.get("identity_key_file")
+        if identity_file is not None:
+            if not isinstance(identity_file, str) or not identity_file:
+                raise ValueError(f"`identity_key_file` must be a non-empty path, got {identity_file!r}")
+            WorkerIdentity.from_key_file(identity_file)  # a bad key fails here, not at a request
         return cls(
             secret=read_secret_file(str(Path(extra["secret_file"]))),
             holders=tuple(address for address, _ in parsed),
@@ -154,7 +182,15 @@ class ConnectorConfig:
             issuer=issuer,
             holder_ids=tuple(holder_id for _, holder_id in parsed),
             control_socket=control_socket,
+            encrypt=encrypt,
+            identity_key_file=identity_file,
         )
+
+    def identity(self) -> WorkerIdentity | None:
+        """The ``WorkerIdentity`` of ``identity_key_file``, read now (one per connector side:
+        each takes the credential itself), None without one."""
+        path = self.identity_key_file
+        return None if path is None else WorkerIdentity.from_key_file(path)
 
 
 @dataclass(frozen=True)
@@ -295,3 +331,28 @@ class Renewal:
         if set(fresh) != set(holders) or len(fresh) != len(self.holders):
             return None
         return tuple(fresh[h] for h in holders)
+
+
+@dataclass(frozen=True)
+class CredentialGrant:
+    """A control ``credential``: what the server's agent got at its latest registration, the
+    ``credential`` the issuer signed for this server's identity key as worker ``worker_id``,
+    and the issuer's public key it verifies with. Sent on to the worker side in the metadata
+    (all three are public)."""
+
+    credential: bytes
+    issuer_public_key: bytes
+    worker_id: int
+
+    @classmethod
+    def parse(cls, request: Mapping[str, Any]) -> CredentialGrant:
+        """From ``{"credential": hex, "issuer_public_key": hex, "worker_id": int}``;
+        ValueError/TypeError for a bad field."""
+        worker_id = request.get("worker_id")
+        if isinstance(worker_id, bool) or not isinstance(worker_id, int) or not 0 <= worker_id < 2**31:
+            raise ValueError(f"`worker_id` must be an int in [0, 2**31), got {worker_id!r}")
+        return cls(
+            _hex_bytes("credential", request.get("credential"), CREDENTIAL_BYTES),
+            _hex_bytes("issuer_public_key", request.get("issuer_public_key"), ISSUER_KEY_BYTES),
+            worker_id,
+        )

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from lumen_core.connector import RestoreLookup, RestoreSource
 from lumen_core.integrations.vllm.control import ControlServer
 from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, RenewSpec, SaveSpec
-from lumen_core.integrations.vllm.params import ConnectorConfig, Renewal, RequestControl
+from lumen_core.integrations.vllm.params import ConnectorConfig, CredentialGrant, Renewal, RequestControl
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -46,18 +46,22 @@ class SchedulerSide:
         self._sources: dict[str, RestoreSource] = {}  # requests to resume
         self._pending_loads: dict[str, int] = {}  # req_id -> tokens to restore this step
         self._opened: set[str] = set()
+        self.identity = config.identity()
         # Lookups run on the lookup's own thread, never on the scheduler's.
         self._lookup = RestoreLookup(
             config.secret,
             record_bytes=record_bytes,
             tls=config.tls,
             connect_timeout_s=config.connect_timeout_s,
+            encrypt=config.encrypt,
+            identity=self.identity,
         )
         # What the control channel's threads share with the engine's: under _lock.
         self._lock = threading.Condition()
         self._releases: list[str] = []  # LUMEN ids to stop checkpointing at the next step
         self._renewals: list[Renewal] = []  # applied at the next step
         self._abandon = False  # control `abandon`: at the next step
+        self._credential: CredentialGrant | None = None  # control `credential`: to the worker side
         self._worker_totals: Counter[str] = Counter()
         self._lag: tuple[int, float] = (-1, math.inf)  # (tokens, time) of the worker's last sample
         self._num_flushing = 0
@@ -163,6 +167,7 @@ class SchedulerSide:
             renewals, self._renewals = self._renewals, []
             meta.sample_lag = self._num_flushing > 0
             meta.abandon, self._abandon = self._abandon, False
+            meta.credential, self._credential = self._credential, None
             if meta.abandon:
                 self._lock.notify_all()  # the `abandon` waiting for this step answers
         meta.renewals = self._renew(renewals)
@@ -220,6 +225,10 @@ class SchedulerSide:
           stream as usual. Answers once a step's plan has taken it (at most
           ``ABANDON_WAIT_S``; ``applied``), so an abort sent after the answer reaches the
           worker after its abandon. ``streaming``: the requests streaming here then.
+        - ``credential`` ``{"credential": hex, "issuer_public_key": hex, "worker_id": int}``:
+          the agent registered this server (``identity_key_file``); connections opened from
+          now on (lookups here, streaming and restores on the worker side from the next step)
+          prove it. ValueError if it does not name this server's key, or none is configured.
         """
         command = request.get("command")
         if command == "stats":
@@ -232,6 +241,14 @@ class SchedulerSide:
                 "restoring": len(self._sources),
                 "worker": worker,
             }
+        if command == "credential":
+            if self.identity is None:
+                raise ValueError("no `identity_key_file` is configured: this server proves no identity")
+            grant = CredentialGrant.parse(request)
+            self.identity.accept(grant.credential, grant.issuer_public_key, grant.worker_id)
+            with self._lock:
+                self._credential = grant
+            return {"worker_id": grant.worker_id}
         if command == "release":
             request_id = request.get("request_id")
             if not isinstance(request_id, str) or not request_id:

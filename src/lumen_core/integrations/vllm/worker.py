@@ -30,12 +30,18 @@ class WorkerSide:
 
     def __init__(self, config: ConnectorConfig, model_fingerprint: str, shard: int) -> None:
         self.config = config
+        self.identity = config.identity()
         self.core = ConnectorCore(
             config.secret,
             model_fingerprint,
             shard=shard,
             tls=config.tls,
             connect_timeout_s=config.connect_timeout_s,
+            encrypt=config.encrypt,
+            identity=self.identity,
+            # Under a ``lumen agent`` its gateway releases a finished request's checkpoints
+            # once it learns the end: a server cut off from it keeps them for the failover.
+            release_finished=config.control_socket is None,
         )
         self._request_ids: dict[str, str] = {}  # vLLM req_id -> LUMEN request id, while streaming
         self._finishing: set[str] = set()
@@ -84,6 +90,9 @@ class WorkerSide:
         in its last bits, and a holder refuses a differing overlap as a conflict, which loses
         the replica for the rest of the request."""
         self._failed_loads.clear()
+        if meta.credential is not None and self.identity is not None:  # before any connection it opens
+            grant = meta.credential
+            self.identity.accept(grant.credential, grant.issuer_public_key, grant.worker_id)
         if meta.abandon:  # before this step's opens: a request opened now streams as usual
             self.core.abandon()
         for load in meta.loads:
