@@ -87,6 +87,10 @@ from lumen_core.worker.paced_streaming import PacedStreamingConnector
 # Token reports kept while the gateway cannot be reached (one per step: well over a lease's
 # worth at the reference engine's step rates); older ones are dropped past it.
 MAX_UNSENT_REPORTS = 4096
+# A starting worker tries a gateway it cannot reach (not started yet, or its first connect
+# timed out on a loaded machine) again for this long; a refusal ends the start at once.
+START_REGISTER_S = 30.0
+_UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 @dataclass(frozen=True)
@@ -352,7 +356,8 @@ class Worker:
         self.fenced.set()
 
     def start(self) -> None:
-        """Load (the draft first when recovering), register, start heartbeating."""
+        """Load (the draft first when recovering), register (an unreachable gateway again for
+        START_REGISTER_S), start heartbeating."""
         if self.state == WorkerState.RECOVERING:
             if self.config.draft_path is not None:
                 self.draft = load_model(self.config.draft_path)
@@ -365,7 +370,14 @@ class Worker:
             if self.load_error is not None:
                 raise self.load_error
             self._build_engine()
-        self._register()
+        deadline_s = time.monotonic() + START_REGISTER_S
+        while True:
+            try:
+                self._register()
+                return
+            except GatewayError as exc:
+                if exc.code not in _UNREACHABLE or time.monotonic() >= deadline_s or self.stopping.wait(0.5):
+                    raise
 
     def _register(self) -> None:
         """Register (a new epoch, with the checkpoints held here) and start heartbeating."""
