@@ -4,6 +4,7 @@ and registers again every heartbeat for ``holder_linger_s``; the next gateway on
 address hears of those checkpoints. Past the linger it exits fenced."""
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,38 @@ def test_past_its_linger_a_fenced_worker_exits(tmp_path: Path, secret: bytes) ->
         for worker in workers:
             worker.stop()
             worker.close()
+
+
+def test_a_request_that_comes_back_at_a_newer_epoch_is_served_to_its_end(
+    tmp_path: Path, secret: bytes
+) -> None:
+    """The gateway stalls (its lock held) past the worker's 5 s call timeout: the worker's token
+    reports fail and are kept to send again, its lease lapses, it fences itself and registers
+    again; the gateway parks its only request and gives it back to it at a newer epoch. The
+    kept reports are of the fenced epoch: the gateway refuses them, and a refusal must not drop
+    the request served again (it then never finished: the partition suite's stuck stream)."""
+    gateway = GatewayServer(CONFIG, secret, host="127.0.0.1", port=0).start()
+    model_path, _ = write_models(tmp_path, seed=0)
+    worker = Worker(
+        WorkerConfig(0, gateway.address, str(model_path), budget_bytes=1 << 30, holder_linger_s=30.0), secret
+    )
+    submitter = GatewayClient(gateway.address, secret)
+    threads, statuses = _run([worker])
+    try:
+        stream = submitter.submit(list(range(1, 40)), 400, timeout_s=60.0)
+        chunks = [next(stream)]
+        with gateway.condition:  # the stall; the worker's calls wait, then time out
+            assert wait_until(lambda: worker.fenced.is_set(), 15.0)
+            time.sleep(0.5)  # its first registration again is waiting too
+        chunks += list(stream)
+        tokens = [t for c in chunks for t in c.token_ids]
+        assert chunks[-1].finished and len(tokens) == 400
+        assert worker.stats()["relinked"] >= 1 and worker.client.epoch >= 2
+        assert statuses == [] and all(t.is_alive() for t in threads)
+    finally:
+        worker.stop()
+        for thread in threads:
+            thread.join(10)
+        worker.close()
+        submitter.close()
+        gateway.stop(grace_s=0.1)

@@ -628,8 +628,11 @@ class Worker:
             self._unsent = batch[-MAX_UNSENT_REPORTS:]  # again with the next report
             return
         self._unsent = []
-        for ack in acks:
-            if ack.code != 0:  # the request moved on (re-routed at a newer epoch): drop it here
+        for report, ack in zip(batch, acks, strict=False):  # one ack per report, in order
+            # Refused: the request moved on (re-routed at a newer epoch). Dropped here only if
+            # served at the refused report's epoch: it may have come back at a newer one.
+            served = self.served.get(ack.request_id)
+            if ack.code != 0 and (served is None or served.epoch == report.epoch):
                 self._drop(ack.request_id)
 
     def _step(self) -> None:
@@ -777,6 +780,9 @@ class Worker:
             self.assisted = None
         while not self.directives.empty():
             self.directives.get_nowait()
+        # The fenced epoch's undelivered reports: the gateway refuses them now (it moved those
+        # requests on), and one may come back here at a newer epoch, which a refusal would drop.
+        self._unsent = []
         self.served.clear()
         if self.engine is not None:
             assert self.connector is not None
