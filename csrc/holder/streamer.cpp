@@ -214,6 +214,12 @@ bool Streamer::flush(double timeout_s) {
                              [&] { return (queue_.empty() && !busy_) || stopping_; });
 }
 
+void Streamer::forget(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  requests_.erase(request_id);
+  changed_.notify_all();
+}
+
 void Streamer::release(uint64_t request_id) {
   std::unique_lock<std::mutex> lock(mutex_);
   auto it = requests_.find(request_id);

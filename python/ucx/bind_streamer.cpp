@@ -125,6 +125,8 @@ void bind_streamer(py::module_& m) {
            py::call_guard<py::gil_scoped_release>())
       .def("release", &lh::Streamer::release, py::arg("request_id"),
            py::call_guard<py::gil_scoped_release>())
+      .def("forget", &lh::Streamer::forget, py::arg("request_id"),
+           py::call_guard<py::gil_scoped_release>())
       .def(
           "replace_holder",
           [](lh::Streamer& s, const Address& old_holder, const Address& new_holder,

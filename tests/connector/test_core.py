@@ -111,6 +111,25 @@ def test_a_request_streams_restores_bit_exact_and_is_released_on_finish(
     reader.close()
 
 
+def test_without_release_finished_a_finished_request_keeps_its_checkpoint(
+    secret: bytes, holder: Holder
+) -> None:
+    # A gateway's worker: the gateway releases the copy once it learns the end; a worker cut
+    # off from it must not drop the copy the failover restores (CI saw restored 0).
+    writer = core_for(secret, seed=0, release_finished=False)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    assert writer.finish("r")
+    assert not writer.is_streaming("r") and writer.counters["released"] == 1
+    writer.close()  # nothing queued is sent after this: a release in flight would be dropped
+    assert holder.durable(key) == NUM_TOKENS
+    reader = core_for(secret, seed=1)
+    outcome = reader.restore(
+        "r", key, RestoreSource(0, holder.address, holder.capability(key, 0)), slots([3, 4, 5]), tokens()
+    )
+    assert outcome.result.status is RestoreStatus.COMPLETE
+    reader.close()
+
+
 def test_a_corrupted_record_fails_its_blocks_and_nothing_past_it_is_written(
     secret: bytes, issuer: CapabilityIssuer
 ) -> None:
@@ -261,6 +280,8 @@ def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
         ConnectorCore(secret, MODEL, connect_timeout_s=0)
     with pytest.raises(TypeError, match="`streamer_options` must be a dict, got list"):
         ConnectorCore(secret, MODEL, streamer_options=[])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`release_finished` must be a bool, got int"):
+        ConnectorCore(secret, MODEL, release_finished=1)  # type: ignore[arg-type]
     core = ConnectorCore(secret, MODEL, tls=TLS)
     with pytest.raises(RuntimeError, match="register has not been called"):
         core.restore("r", 1, RestoreSource(0, holder.address, b"cap"), [0], [1])

@@ -27,6 +27,14 @@ def _run(
     return outcome
 
 
+def _restores(outcome: Outcome) -> list[dict[str, object]]:
+    """Each stopped worker's resume counters (a failed assertion shows where a restore went)."""
+    keys = ("worker_id", "resumed", "restored", "restored_tokens")
+    return [
+        {k: v for k, v in s.items() if k in keys or k.startswith("restore_")} for s in outcome.worker_stats
+    ]
+
+
 def _failed(outcome: Outcome) -> set[int]:
     return {w for f in outcome.gateway["failures"] for w in f["worker_ids"]}  # type: ignore[attr-defined, index]
 
@@ -49,7 +57,10 @@ def test_partition_worker_cut_from_gateway_longer_than_lease(network: netns.Netw
     assert target in _failed(outcome) and outcome.restarts == []
     assert any(s["relinked"] == 1 and s["worker_id"] == target for s in outcome.worker_stats)
     # Under LUMEN its requests resume from checkpoints it streamed to the other namespaces.
-    assert summary(outcome)["restored"] > 0, [f["reasons"] for f in outcome.gateway["failures"]]  # type: ignore[attr-defined, index]
+    assert summary(outcome)["restored"] > 0, (
+        [f["reasons"] for f in outcome.gateway["failures"]],  # type: ignore[attr-defined, index]
+        _restores(outcome),
+    )
 
 
 def test_partition_gateway_cut_from_everyone_shorter_than_lease(

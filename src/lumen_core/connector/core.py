@@ -12,7 +12,8 @@ a future SGLang one) maps its hooks onto these calls:
   request's new slots, returning the blocks whose load failed (recompute them); the verified
   prefix is streamed again to the request's holders, at its new epoch;
 - ``preempt(request_id)`` when the engine will rewrite a request's blocks (its checkpoint is
-  kept), ``finish(request_id)`` when it finished or the gateway said so (released);
+  kept), ``finish(request_id)`` when it finished or the gateway said so (released, or only
+  forgotten where the gateway releases: ``release_finished``);
 - ``abandon()`` when the engine's worker is fenced: every request stops streaming and its
   checkpoints stay on their holders (the gateway restores from them elsewhere).
 """
@@ -289,9 +290,9 @@ class ConnectorCore:
 
     def finish(self, request_id: str, *, timeout_s: float = _FINISH_TIMEOUT_S) -> bool:
         """``request_id`` finished (or the gateway released it): once its last gather is done
-        its checkpoint is released on its holders and it is forgotten. False when the gather
-        is still pending after ``timeout_s`` (call again; the slots must not be reused yet);
-        True otherwise, also for a request that never streamed."""
+        it is forgotten, and its checkpoint released on its holders (``release_finished``).
+        False when the gather is still pending after ``timeout_s`` (call again; the slots must
+        not be reused yet); True otherwise, also for a request that never streamed."""
         if self._lookup is not None:
             self._lookup.forget(request_id)
         state = self._streaming.get(request_id)
@@ -302,7 +303,10 @@ class ConnectorCore:
             self.streamer.wait_for_save(state.key, timeout_s=timeout_s)
         except TimeoutError:
             return False
-        self.streamer.release(state.key)
+        if self.release_finished:
+            self.streamer.release(state.key)
+        else:
+            self.streamer.forget(state.key)
         del self._streaming[request_id]
         self.counters["released"] += 1
         return True

@@ -844,9 +844,9 @@ class Coordinator:
         RESUME on the target with the prompt and the tokens the client already has, so its
         stream continues with none repeated or missing. The failure path moves each interrupted
         request the same way (``reason`` "failover");
-        a drain moves with "drain". A reference worker's CANCEL releases the request's
-        checkpoint on its holders, so moving off a worker that still serves (rebalancing)
-        needs a cancel that keeps it (TODO issue 22: rebalancing). Returns the driver's reroute.
+        a drain moves with "drain". Workers leave a cancelled request's checkpoint on its
+        holders (the gateway releases those the move drops), so the target restores what the
+        old worker streamed. Returns the driver's reroute.
         Raises IndexError for an unknown request, ValueError for a finished one or when no
         other worker serves."""
         request = self._request(request_id)
@@ -871,8 +871,7 @@ class Coordinator:
         ``_send`` drops what it would get)."""
         decision = reroute.route
         if cancel and self._workers[request.worker_id].state != WorkerState.DRAINING:
-            # A drained worker is not told: it steps no more and is told to STOP, and a
-            # reference worker's cancel would release the checkpoint the target restores.
+            # A drained worker is not told: it steps no more and is told to STOP.
             self._send(request.worker_id, Cancel(request.request_id, f"moved ({reason})"))
         request.epoch += 1
         request.worker_id = decision.target_worker_id

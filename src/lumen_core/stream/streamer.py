@@ -261,6 +261,11 @@ class CheckpointStreamer:
         """The request finished: forget it and free its checkpoints on its holders."""
         self._native.release(check_int("request_id", request_id, 0, U64_MAX))
 
+    def forget(self, request_id: int) -> None:
+        """The request finished: forget it, leaving its checkpoints on its holders for whoever
+        granted them to release (a gateway that has not learned the end may restore them)."""
+        self._native.forget(check_int("request_id", request_id, 0, U64_MAX))
+
     def replace_holder(
         self, old_holder: Address, new_holder: Address, capabilities: Mapping[int, bytes]
     ) -> int:

@@ -720,6 +720,8 @@ class Worker:
             ),
             "reprefilled": self.counters["resumed"] - restored,
             "restored_tokens": sum(r.restored_tokens for r in restores.values()),
+            # Restores that stopped early, by why (``RestoreStatus``): "restore_missing", ...
+            **{k: v for k, v in counters.items() if k.startswith("restore_")},
             "reprefilled_tokens": reprefilled_tokens,
             "cancelled": self.counters["cancelled"],
             "renewed": self.counters["renewed"],

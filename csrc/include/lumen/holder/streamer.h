@@ -135,6 +135,9 @@ class Streamer {
   bool flush(double timeout_s);
   // Forgets request_id and frees its checkpoints on its holders (in the background).
   void release(uint64_t request_id);
+  // Forgets request_id; its checkpoints stay on its holders for whoever granted them to
+  // release (a gateway that has not yet learned the request ended may restore from them).
+  void forget(uint64_t request_id);
   // Moves every replica on `old_holder` to `new_holder`, with the capability for the new
   // holder in capabilities (by request id); the full saved prefix is re-streamed from the
   // engine's cache with each request's next step. A replica of a request with no capability
