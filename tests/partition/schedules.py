@@ -188,9 +188,16 @@ def reference_outputs(model_path: Path, arrivals: list[dict[str, object]]) -> li
 
 
 def _serving(cluster: NetCluster, node: str) -> bool:
-    """Whether worker ``node`` runs a request it has checkpointed (so it has served it)."""
+    """Whether worker ``node`` runs a request it has checkpointed (so it has served it); for
+    the gateway, whether every live worker holds a durable copy of a running request (the
+    first to register after the cut restores what it holds: CI saw restored 0 when only one
+    copy was durable at the cut)."""
     status = cluster.ask("status")
-    running = status["running"].get(node[1:], [])  # type: ignore[attr-defined]
+    by_worker = status["running"]  # type: ignore[index]
+    if node == "gateway":
+        held = {h for ids in by_worker.values() for r in ids for h in status["holders"].get(str(r), [])}  # type: ignore[attr-defined]
+        return bool(by_worker) and {int(w) for w in by_worker} <= held
+    running = by_worker.get(node[1:], [])  # type: ignore[attr-defined]
     return any(status["holders"].get(str(r)) for r in running)  # type: ignore[attr-defined]
 
 

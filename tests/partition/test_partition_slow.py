@@ -146,13 +146,16 @@ def test_partition_gateway_cut_from_everyone_longer_than_lease(
 ) -> None:
     """Every lease runs out at once: the gateway parks the requests (no worker is left serving)
     and moves them to the workers that register again after the heal, each lingering with its
-    holder: a parked request restores from a copy they hold."""
+    holder: a parked request restores from a copy they hold. The cut waits until a worker
+    serves a checkpointed request: cut at a loaded moment before any copy was durable, every
+    parked request re-prefilled (restored 0), which CI saw."""
     outcome = _run(
         tmp_path,
         network,
         "gateway_cut_from_everyone_longer_than_lease",
         217,
         [("isolate_gateway", LONG, 0.6)],
+        while_serving=True,
     )
     assert outcome.restarts == [] and summary(outcome)["restored"] > 0
     assert all(s["relinked"] >= 1 for s in outcome.worker_stats)

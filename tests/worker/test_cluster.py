@@ -78,4 +78,17 @@ def test_one_failure_loses_nothing_and_outputs_match(tmp_path: Path, policy: str
     else:  # every restore the router decided happened (a holder is never overloaded here)
         assert restores and result.restored == len(restores)
     if lumen:  # the restarted worker drafted and the survivor accepted drafts
-        assert result.accepted_drafts > 0 and 0 < result.acceptance <= 1
+        assert result.accepted_drafts > 0 and 0 < result.acceptance <= 1, _assist_figures(result)
+
+
+def _assist_figures(result) -> dict[str, object]:
+    """What a LUMEN run without accepted drafts needs looked at: when the restart came, every
+    failure, the gateway's acceptance and each cleanly stopped worker's assist counters."""
+    keys = ("worker_id", "assist_steps", "proposed_drafts", "accepted_drafts", "relinked")
+    return {
+        "restart_s": result.restart_s,
+        "duration_s": result.duration_s,
+        "failures": [(f.worker_ids, f.cause, len(f.routes)) for f in result.failures],
+        "gateway_acceptance": result.acceptance,
+        "workers": [{k: s.get(k) for k in keys} for s in result.worker_stats],
+    }
