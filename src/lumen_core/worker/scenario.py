@@ -216,8 +216,8 @@ def run_scenario(
     """Run the arrivals on a fresh cluster; see module doc. Every process is reaped.
 
     ``time_scale`` stretches the arrival clock as the workers stretch their paced steps:
-    arrival times, the failure plan's times and the result's figures are modelled seconds,
-    ``request_timeout_s`` is real."""
+    arrival times, the failure plan's times, ``request_timeout_s`` and the result's figures are
+    modelled seconds (a request waits out a modelled reload whatever the scale)."""
     say = progress or (lambda _: None)
     label = policy if failure is not None else "failure-free"
     cluster = LocalCluster(
@@ -233,6 +233,7 @@ def run_scenario(
         return cluster.now_s() / time_scale
 
     clock = _ArrivalClock(now_s, time_scale)
+    timeout_real_s = request_timeout_s * time_scale
     try:
         cluster.start()
         cluster.clock0 = time.monotonic()
@@ -246,7 +247,7 @@ def run_scenario(
                 record.arrival_s = cluster.now_s()
                 thread = threading.Thread(
                     target=cluster.run_request,
-                    args=(record, list(arrival.prompt_token_ids), arrival.max_new_tokens, request_timeout_s),
+                    args=(record, list(arrival.prompt_token_ids), arrival.max_new_tokens, timeout_real_s),
                     daemon=True,
                 )
                 thread.start()
@@ -293,7 +294,7 @@ def run_scenario(
             if arrivals
             else 1.0
         )
-        end = time.monotonic() + request_timeout_s
+        end = time.monotonic() + timeout_real_s
         for thread in list(threads):
             thread.join(timeout=max(0.1, end - time.monotonic()))
         say(f"{label}: {sum(r.finished for r in results)}/{len(results)} requests finished")
