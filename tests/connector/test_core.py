@@ -128,6 +128,12 @@ def test_without_release_finished_a_finished_request_keeps_its_checkpoint(
     )
     assert outcome.result.status is RestoreStatus.COMPLETE
     reader.close()
+    # The gateway's word (vLLM's control `release`) releases it whatever the default.
+    writer = core_for(secret, seed=0, release_finished=False)
+    key = stream(writer, secret, holder, "s", [0, 1, 2])
+    assert writer.finish("s", release=True)
+    assert wait_until(lambda: holder.durable(key) == 0)
+    writer.close()
 
 
 def test_a_corrupted_record_fails_its_blocks_and_nothing_past_it_is_written(

@@ -1,7 +1,9 @@
 """The connector's control channel in a real engine: ``stats`` sees the worker's figures,
 ``release`` stops one request's checkpoint while vLLM serves it on (its blocks still freed
 when it ends), ``flush`` answers once nothing saved is short of durable, a bad command is an
-error reply."""
+error reply. Under a control channel (a ``lumen agent``'s server) a request that ends leaves
+its checkpoint to the gateway, which releases it (a server cut off from the gateway may end a
+request the gateway moves and restores)."""
 
 from __future__ import annotations
 
@@ -76,7 +78,5 @@ def test_stats_release_and_flush_over_the_control_socket(
     while scheduler.requests and time.monotonic() < deadline:
         step(1)
     assert not scheduler.requests  # both freed: the released one's blocks were not kept for it
-    released_by = time.monotonic() + 30  # the holder's release lands asynchronously too
-    while server.ask("stats")["store"]["checkpoints"] > 0 and time.monotonic() < released_by:
-        step(1)
-    assert server.ask("stats")["store"]["checkpoints"] == 0
+    time.sleep(1.0)  # a release sent at the finish would have landed (the holder is local)
+    assert server.ask("stats")["store"]["checkpoints"] == 1  # "kept"'s: the gateway's to release

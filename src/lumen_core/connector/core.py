@@ -288,11 +288,14 @@ class ConnectorCore:
         it, and its later saves continue it)."""
         self.wait_for_save(request_id)
 
-    def finish(self, request_id: str, *, timeout_s: float = _FINISH_TIMEOUT_S) -> bool:
+    def finish(
+        self, request_id: str, *, timeout_s: float = _FINISH_TIMEOUT_S, release: bool | None = None
+    ) -> bool:
         """``request_id`` finished (or the gateway released it): once its last gather is done
-        it is forgotten, and its checkpoint released on its holders (``release_finished``).
-        False when the gather is still pending after ``timeout_s`` (call again; the slots must
-        not be reused yet); True otherwise, also for a request that never streamed."""
+        it is forgotten, and its checkpoint released on its holders if ``release`` (None:
+        ``release_finished``; True where the gateway said so). False when the gather is still
+        pending after ``timeout_s`` (call again; the slots must not be reused yet); True
+        otherwise, also for a request that never streamed."""
         if self._lookup is not None:
             self._lookup.forget(request_id)
         state = self._streaming.get(request_id)
@@ -303,7 +306,7 @@ class ConnectorCore:
             self.streamer.wait_for_save(state.key, timeout_s=timeout_s)
         except TimeoutError:
             return False
-        if self.release_finished:
+        if self.release_finished if release is None else release:
             self.streamer.release(state.key)
         else:
             self.streamer.forget(state.key)

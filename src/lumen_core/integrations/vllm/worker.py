@@ -171,7 +171,9 @@ class WorkerSide:
         self._finished_in_vllm |= finished
         done: set[str] = set()
         for req_id in list(self._finishing):
-            if self.core.finish(self._request_ids[req_id], timeout_s=_FINISHED_POLL_S):
+            # Released over the control channel: the gateway's word, so off its holders too.
+            release = True if req_id in self._released else None
+            if self.core.finish(self._request_ids[req_id], timeout_s=_FINISHED_POLL_S, release=release):
                 self._finishing.discard(req_id)
                 if req_id not in self._finished_in_vllm:
                     continue  # released while vLLM still runs it: reported when it finishes
