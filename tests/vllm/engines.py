@@ -53,11 +53,14 @@ def transfer_config(
     }
 
 
-def controlled_llm(workdir: Path, secret_file: Path, issuer_key_file: Path, port: int) -> tuple[LLM, Path]:
+def controlled_llm(
+    workdir: Path, secret_file: Path, issuer_key_file: Path, port: int, **extra: Any
+) -> tuple[LLM, Path]:
     """An in-process engine of the tiny model (built in ``workdir``) streaming to the holder at
-    ``port``, and the path of its connector's control channel."""
+    ``port``, and the path of its connector's control channel; ``extra``: more connector
+    options."""
     sock = workdir / "control.sock"
-    config = transfer_config(secret_file, issuer_key_file, port, control_socket=str(sock))
+    config = transfer_config(secret_file, issuer_key_file, port, control_socket=str(sock), **extra)
     return LLM(**engine_kwargs(build_model(workdir / "model"), kv_transfer_config=config)), sock
 
 

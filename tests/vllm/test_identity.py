@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engines import build_model, durable_tokens, engine_kwargs, greedy, params, transfer_config
-from vllm import LLM
+from engines import controlled_llm, durable_tokens, greedy, params
 
 from lumen_core.auth import CapabilityIssuer, Rights, WorkerIdentity
 from lumen_core.integrations.vllm.control import ControlError, ask
@@ -35,15 +34,9 @@ def test_bound_capabilities_serve_only_the_identity_the_agent_registered(
 ) -> None:
     server = holder()
     identity = WorkerIdentity.create_key_file(tmp_path / "identity.key")
-    sock = tmp_path / "control.sock"
-    config = transfer_config(
-        secret_file,
-        issuer_key_file,
-        server.port,
-        control_socket=str(sock),
-        identity_key_file=str(tmp_path / "identity.key"),
+    llm, sock = controlled_llm(
+        tmp_path, secret_file, issuer_key_file, server.port, identity_key_file=str(tmp_path / "identity.key")
     )
-    llm = LLM(**engine_kwargs(build_model(tmp_path / "model"), kv_transfer_config=config))
     engine = llm.llm_engine
 
     stranger = WorkerIdentity()  # a credential for another key is not this server's
