@@ -8,7 +8,9 @@ call signing and verification, the server lock):
 - ``report_step_x8``: one engine step's reports of 8 requests in one call (what a worker
   sends per step), against 8 direct calls;
 - ``auth``: signing and verifying one call with a 96-byte body (``sign_call`` +
-  ``CallVerifier.verify``), against one plain HMAC-SHA256 of the same bytes.
+  ``CallVerifier.verify``), against one plain HMAC-SHA256 of the same bytes;
+- ``reply_seal``: sealing and opening one 96-byte reply (``seal_reply`` + ``open_reply``),
+  against one plain HMAC-SHA256 of the same bytes (the RPC rows include both seals).
 Correctness is checked once before timing (the reply carries no fence, the tokens are
 counted). Output: one JSON row per op with ``op, p50_us, p99_us, per_s`` (calls per second of
 wall-clock time; the client and the server share the machine) and ``baseline_p50_us`` and
@@ -41,7 +43,14 @@ from collections.abc import Callable
 
 import numpy as np
 
-from lumen_core.auth import CLUSTER_PRINCIPAL, CallVerifier, new_instance_id, sign_call
+from lumen_core.auth import (
+    CLUSTER_PRINCIPAL,
+    CallVerifier,
+    new_instance_id,
+    open_reply,
+    seal_reply,
+    sign_call,
+)
 from lumen_core.gateway.client import GatewayClient, RequestTokens
 from lumen_core.gateway.coordinator import Coordinator, GatewayConfig
 from lumen_core.gateway.directives import Directive, Resume, Run
@@ -308,6 +317,17 @@ def main() -> None:
             "auth",
             timed(sign_and_verify, args.calls),
             timed(lambda: hmac.new(SECRET, message, hashlib.sha256).hexdigest(), args.calls),
+        )
+    )
+    value = sign_call(
+        SECRET, instance_id=instance_id, principal=CLUSTER_PRINCIPAL, method=method, body=message
+    )
+    assert open_reply(SECRET, value, 0, seal_reply(SECRET, value, 0, message)) == message
+    results.append(
+        row(
+            "reply_seal",
+            timed(lambda: open_reply(SECRET, value, 0, seal_reply(SECRET, value, 0, message)), args.calls),
+            timed(lambda: hmac.new(SECRET, message, hashlib.sha256).digest(), args.calls),
         )
     )
     print(f"{'op':<14}{'p50_us':>10}{'p99_us':>10}{'per_s':>10}{'base_p50':>10}{'ratio':>8}")

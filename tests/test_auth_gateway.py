@@ -1,6 +1,7 @@
 """lumen_core.auth's gateway-plane schemes: call signatures over the whole body bound to a
-gateway instance, the per-worker call keys, and assist datagram seals with replay counters;
-their wire bytes pinned (a changed label or layout would break peers of another build)."""
+gateway instance, reply seals bound to their call and place, the per-worker call keys, and
+assist datagram seals with replay counters; their wire bytes pinned (a changed label or
+layout would break peers of another build)."""
 
 import hashlib
 import hmac
@@ -11,14 +12,18 @@ import pytest
 from lumen_core import _native
 from lumen_core.auth import (
     CLUSTER_PRINCIPAL,
+    REPLY_MAC_BYTES,
     CallRefused,
     CallVerifier,
     CredentialTable,
     DatagramSeal,
+    ReplyForged,
     check_exchange_key,
     generate_exchange_key,
     new_instance_id,
+    open_reply,
     parse_worker_principal,
+    seal_reply,
     sign_call,
     unwrap_call_key,
     worker_principal,
@@ -59,8 +64,8 @@ def test_call_signature_accepted_once_and_only_with_its_key():
         "bad MAC: the caller does not hold the key of cluster"
     )
     assert "more than 30.0 s from now" in refusal(verifier, signed(), now_s=1031.0).reason
-    assert refusal(verifier, None).reason == "missing lumen-call-v2 metadata"
-    assert refusal(verifier, "a.b.c").reason == "malformed lumen-call-v2 metadata"
+    assert refusal(verifier, None).reason == "missing lumen-call-v3 metadata"
+    assert refusal(verifier, "a.b.c").reason == "malformed lumen-call-v3 metadata"
     unknown = refusal(verifier, signed(principal=worker_principal(3, 1)))
     assert unknown.reason == "unknown principal 'worker-3-1' at this gateway instance"
     assert verifier.num_refused == 7
@@ -91,8 +96,28 @@ def test_call_mac_is_the_label_header_fields_and_body():
     value = signed(principal=worker_principal(4, 2), key=b"k" * 32, now_s=1234.5)
     instance_id, principal, timestamp, nonce, mac = value.split(".")
     assert (instance_id, principal, timestamp, len(nonce)) == (INSTANCE, "worker-4-2", "1234500000", 32)
-    message = f"lumen-gateway-v2|{INSTANCE}|worker-4-2|{METHOD}|{timestamp}|{nonce}|".encode() + BODY
+    message = f"lumen-gateway-v3|{INSTANCE}|worker-4-2|{METHOD}|{timestamp}|{nonce}|".encode() + BODY
     assert mac == hmac.new(b"k" * 32, message, hashlib.sha256).hexdigest()
+
+
+def test_a_reply_seal_is_the_label_call_value_index_and_body_and_binds_all_of_them():
+    value = signed(principal=worker_principal(4, 2), key=b"k" * 32)
+    sealed = seal_reply(b"k" * 32, value, 3, BODY)
+    message = f"lumen-reply-v3|{value}|3|".encode() + BODY
+    assert sealed == hmac.new(b"k" * 32, message, hashlib.sha256).digest() + BODY
+    assert len(sealed) == REPLY_MAC_BYTES + len(BODY)
+    assert open_reply(b"k" * 32, value, 3, sealed) == BODY
+    other_call = signed(principal=worker_principal(4, 2), key=b"k" * 32)  # another nonce
+    altered = sealed[:-1] + bytes([sealed[-1] ^ 1])
+    for key, call, index, data in (
+        (b"x" * 32, value, 3, sealed),  # another key: not the gateway's for this call
+        (b"k" * 32, other_call, 3, sealed),  # moved to another call
+        (b"k" * 32, value, 4, sealed),  # moved within its stream (reordered, repeated)
+        (b"k" * 32, value, 3, altered),
+        (b"k" * 32, value, 3, sealed[: REPLY_MAC_BYTES - 1]),  # shorter than a MAC
+    ):
+        with pytest.raises(ReplyForged):
+            open_reply(key, call, index, data)
 
 
 def test_call_verifier_forgets_old_nonces_but_still_refuses_old_calls():

@@ -11,8 +11,8 @@
   them with its public key. Key files: ``write_issuer_key_file`` / ``read_issuer_key_file``
   (the private key, a 0600 file like the secret's) and ``write_issuer_public_key_file`` /
   ``read_issuer_public_key_file`` (hex, for holders).
-- Gateway calls: every gRPC call carries ``lumen-call-v2: <instance>.<principal>.<time
-  us>.<nonce>.<mac>`` with ``mac = HMAC-SHA256(key, "lumen-gateway-v2|" instance "|"
+- Gateway calls: every gRPC call carries ``lumen-call-v3: <instance>.<principal>.<time
+  us>.<nonce>.<mac>`` with ``mac = HMAC-SHA256(key, "lumen-gateway-v3|" instance "|"
   principal "|" method "|" time "|" nonce "|" body)``, ``body`` the serialized request.
   ``principal`` names the key: ``cluster`` (the cluster secret: registrations and the client
   API) or ``worker-<id>-<epoch>`` (the call key the gateway issued that worker incarnation
@@ -20,8 +20,10 @@
   and the registration's X25519 exchange to compute: its every later call). ``instance``
   is the gateway's random id: a
   restarted gateway refuses what was signed for the one before. ``CallVerifier`` accepts a
-  timestamp within ``max_skew_s`` of its clock and each nonce once. Bodies are MAC'd, not
-  encrypted (no TLS): the cluster network must keep them private.
+  timestamp within ``max_skew_s`` of its clock and each nonce once. Each reply message is
+  ``seal_reply``'s 32-byte MAC under the same key, bound to the call's value and the
+  message's index in the reply, followed by the serialized reply (``open_reply`` checks
+  it). Bodies are MAC'd, not encrypted (no TLS): the cluster network must keep them private.
 - Assist datagrams: ``DatagramSeal`` prefixes JSON with
   ``HMAC-SHA256(secret, "lumen-assist-v2|" || payload)``; the payload names its sender and a
   counter, and a datagram whose counter is not above the last one opened from that sender is
@@ -61,6 +63,7 @@ __all__ = [
     "INSTANCE_METADATA_KEY",
     "ISSUER_KEY_BYTES",
     "MIN_SECRET_BYTES",
+    "REPLY_MAC_BYTES",
     "SECRET_FILE_BYTES",
     "CallRefused",
     "CallVerifier",
@@ -68,16 +71,19 @@ __all__ = [
     "CapabilityIssuer",
     "CredentialTable",
     "DatagramSeal",
+    "ReplyForged",
     "Rights",
     "WorkerIdentity",
     "check_exchange_key",
     "check_secret",
     "generate_exchange_key",
     "new_instance_id",
+    "open_reply",
     "parse_worker_principal",
     "read_issuer_key_file",
     "read_issuer_public_key_file",
     "read_secret_file",
+    "seal_reply",
     "sign_call",
     "unwrap_call_key",
     "verify_capability",
@@ -89,11 +95,13 @@ __all__ = [
 ]
 
 # One label per scheme, so that a MAC of one scheme is never valid in another.
-_CALL_LABEL = b"lumen-gateway-v2|"
+_CALL_LABEL = b"lumen-gateway-v3|"
+_REPLY_LABEL = b"lumen-reply-v3|"
 _SEAL_LABEL = b"lumen-assist-v2|"
 _CALL_KEY_LABEL = b"lumen-call-key-v2|"
 
-CALL_METADATA_KEY = "lumen-call-v2"
+CALL_METADATA_KEY = "lumen-call-v3"
+REPLY_MAC_BYTES = 32  # before each reply message of a signed call
 # Trailing metadata of a call refused for naming another gateway instance: the current one.
 INSTANCE_METADATA_KEY = "lumen-gateway-instance"
 CLUSTER_PRINCIPAL = "cluster"
@@ -460,7 +468,7 @@ def sign_call(
     body: bytes,
     now_s: float | None = None,
 ) -> str:
-    """The ``lumen-call-v2`` metadata value for one call of ``method`` (the full gRPC method
+    """The ``lumen-call-v3`` metadata value for one call of ``method`` (the full gRPC method
     name, e.g. "/lumen.gateway.v1.Gateway/Heartbeat") with serialized request ``body``, to
     gateway ``instance_id``, under ``key`` (the cluster secret for ``CLUSTER_PRINCIPAL``, a
     worker's call key for its ``worker_principal``). Raises TypeError for a key or body that
@@ -478,6 +486,35 @@ def sign_call(
     return f"{instance_id}.{principal}.{timestamp}.{nonce}.{mac}"
 
 
+def _reply_mac(key: bytes, call_value: str, index: int, body: bytes) -> bytes:
+    # The call's value names instance, principal and nonce, and its MAC covers method and
+    # request: a reply sealed for one call is valid for no other (nonces are used once).
+    head = f"{call_value}|{index}|".encode()
+    return hmac.new(key, _REPLY_LABEL + head + body, hashlib.sha256).digest()
+
+
+def seal_reply(key: bytes, call_value: str, index: int, body: bytes) -> bytes:
+    """Reply message ``index`` (0 for a unary reply, its position in a stream) of the call
+    signed ``call_value``, serialized as ``body``, as it travels: its MAC under the call's
+    key, then ``body``. The gateway seals every reply of a call it verified."""
+    return _reply_mac(key, call_value, index, body) + body
+
+
+class ReplyForged(Exception):
+    """A reply message whose MAC does not verify: not what the gateway sent for this call."""
+
+
+def open_reply(key: bytes, call_value: str, index: int, data: bytes) -> bytes:
+    """The serialized reply in ``data`` (what ``seal_reply`` made for this call and index);
+    raises ReplyForged if its MAC does not verify under ``key``."""
+    if len(data) < REPLY_MAC_BYTES:
+        raise ReplyForged(f"reply {index} has {len(data)} bytes, under its {REPLY_MAC_BYTES}-byte MAC")
+    mac, body = data[:REPLY_MAC_BYTES], data[REPLY_MAC_BYTES:]
+    if not hmac.compare_digest(_reply_mac(key, call_value, index, body), mac):
+        raise ReplyForged(f"reply {index}'s MAC does not verify: altered on the way or not the gateway's")
+    return body
+
+
 class CallRefused(Exception):
     """A call that does not authenticate; ``stale_instance`` when it was signed for another
     gateway instance (the caller learns the current one and, as a worker, registers again)."""
@@ -489,7 +526,7 @@ class CallRefused(Exception):
 
 
 class CallVerifier:
-    """Checks ``lumen-call-v2`` values for gateway ``instance_id``: this instance, a known
+    """Checks ``lumen-call-v3`` values for gateway ``instance_id``: this instance, a known
     principal, a valid MAC over the header and the body, a timestamp within ``max_skew_s``,
     an unseen nonce. Thread-safe; remembers nonces for ``2 * max_skew_s`` (older ones fail
     the clock). Raises TypeError/ValueError unless ``max_skew_s`` is a number > 0."""

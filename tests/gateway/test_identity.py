@@ -12,6 +12,7 @@ import pytest
 from lumen_core.auth import (
     CALL_METADATA_KEY,
     INSTANCE_METADATA_KEY,
+    REPLY_MAC_BYTES,
     WorkerIdentity,
     generate_exchange_key,
     sign_call,
@@ -25,7 +26,7 @@ from lumen_core.gateway.client import RequestTokens
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import Run
 from lumen_core.gateway.errors import GatewayError
-from lumen_core.gateway.protocol import method
+from lumen_core.gateway.protocol import REPLIES, method
 from lumen_core.gateway.reports import HeldReport, WorkerReport
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,13 +39,15 @@ EXCHANGE = {"exchange_public_key": generate_exchange_key()[1]}
 
 def raw_call(server, client, name, request, metadata=None):
     """Send ``request`` as Gateway method ``name`` over a channel of its own, signed by
-    ``client`` as its principal for that method (or with ``metadata`` as given)."""
+    ``client`` as its principal for that method (or with ``metadata`` as given); the first
+    reply message, its seal left unchecked (tests/gateway/test_replies.py checks seals)."""
     if metadata is None:
         metadata = client.signed_metadata(name, request.SerializeToString())
+    reply_type, streams = REPLIES[name]
     with grpc.insecure_channel(server.address) as channel:
-        call = getattr(pb_grpc.GatewayStub(channel), name)
-        reply = call(request, metadata=metadata, timeout=5.0)
-        return next(reply) if name in ("Directives", "Submit", "Watch") else reply
+        call = (channel.unary_stream if streams else channel.unary_unary)(method(name))
+        data = call(request.SerializeToString(), metadata=metadata, timeout=5.0)
+        return reply_type.FromString((next(data) if streams else data)[REPLY_MAC_BYTES:])
 
 
 def signed_with(server, key, principal, name, request):

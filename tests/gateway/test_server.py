@@ -70,7 +70,7 @@ def test_a_client_without_the_secret_is_refused(start_gateway, connect):
         with pytest.raises(grpc.RpcError) as info:
             pb_grpc.GatewayStub(channel).Status(pb.StatusRequest(), timeout=5.0)
         assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        assert "missing lumen-call-v2" in info.value.details()
+        assert "missing lumen-call-v3" in info.value.details()
     assert server.num_refused_calls == 3
     assert server.coordinator.worker_ids() == []
     assert connect(server).status().workers == []  # the real secret still works

@@ -3,7 +3,9 @@
 Every call is signed (``auth.sign_call``) over its serialized request for the gateway's
 instance (learnt with Hello, again when a call is refused as signed for another instance):
 registrations and the client API with the cluster secret, every later call of a worker with
-the call key its registration returned. Every call has a deadline (the pushed directive
+the call key its registration returned; every reply message is checked under that same key
+(``auth.open_reply``) before it is decoded, and one that does not verify fails its call
+(DATA_LOSS). Every call has a deadline (the pushed directive
 stream excepted: it stays open). Worker side: ``register``, then
 ``heartbeat`` every ``heartbeat_s`` and ``receive_directives`` on a thread of its own (the
 pushed delivery); both deliver through the client's ``DirectiveInbox``, so each directive
@@ -32,9 +34,11 @@ from lumen_core.auth import (
     CALL_METADATA_KEY,
     CLUSTER_PRINCIPAL,
     INSTANCE_METADATA_KEY,
+    ReplyForged,
     WorkerIdentity,
     check_secret,
     generate_exchange_key,
+    open_reply,
     sign_call,
     unwrap_call_key,
     worker_principal,
@@ -45,6 +49,7 @@ from lumen_core.gateway.errors import AuthError, GatewayError, StaleEpochError
 from lumen_core.gateway.inbox import DirectiveHandler, DirectiveInbox
 from lumen_core.gateway.protocol import (
     CLUSTER_SIGNED,
+    REPLIES,
     bound_error,
     delivery_from_pb,
     held_to_pb,
@@ -68,21 +73,23 @@ _CHANNEL_OPTIONS = (
 
 _NO_REPORT = WorkerReport()
 
-# The reply message of each call, and whether it streams: the client sends bytes it
-# serialized itself (what it signed) and decodes the replies with these.
-_REPLIES: dict[str, tuple[Any, bool]] = {
-    "Hello": (pb.HelloReply, False),
-    "Register": (pb.RegisterReply, False),
-    "Heartbeat": (pb.HeartbeatReply, False),
-    "Directives": (pb.Directive, True),
-    "ReportTokens": (pb.TokenAcks, False),
-    "ReportExit": (pb.ExitReply, False),
-    "ModelLoaded": (pb.ModelLoadedReply, False),
-    "Submit": (pb.TokenChunk, True),
-    "Watch": (pb.TokenChunk, True),
-    "Status": (pb.StatusReply, False),
-    "Drain": (pb.DrainReply, False),
-}
+
+@dataclass(frozen=True)
+class _Signed:
+    """One call as signed: its metadata, and the key and value its replies are sealed with."""
+
+    metadata: tuple[tuple[str, str], ...]
+    key: bytes
+    value: str
+
+    def open(self, name: str, index: int, data: bytes) -> Any:
+        """Reply message ``index`` of Gateway method ``name``, decoded once its MAC verifies;
+        GatewayError (DATA_LOSS) if it does not."""
+        try:
+            body = open_reply(self.key, self.value, index, data)
+        except ReplyForged as exc:
+            raise GatewayError(grpc.StatusCode.DATA_LOSS, f"{name}: {exc}") from None
+        return REPLIES[name][0].FromString(body)
 
 
 @dataclass(frozen=True)
@@ -206,11 +213,12 @@ class GatewayClient:
             raise TypeError(f"identity must be a WorkerIdentity, got {type(identity).__name__}")
         self.identity = identity
         self._channel = grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        # Raw reply bytes: a signed call's are opened (``_Signed.open``) before decoding.
         self._calls: dict[str, Any] = {
             name: (self._channel.unary_stream if streams else self._channel.unary_unary)(
-                method(name), response_deserializer=reply.FromString
+                method(name), response_deserializer=reply.FromString if name == "Hello" else None
             )
-            for name, (reply, streams) in _REPLIES.items()
+            for name, (reply, streams) in REPLIES.items()
         }
         self._lock = threading.Lock()
         self._instance_id = ""  # the gateway instance calls are signed for ("": ask with Hello)
@@ -233,7 +241,7 @@ class GatewayClient:
         (registrations, the client API) or this worker incarnation's call key. Raises
         FencedError for a worker's call before ``register``, grpc.RpcError when the gateway
         cannot be asked for its instance."""
-        return self._sign(name, body, self._credential)
+        return self._sign(name, body, self._credential).metadata
 
     def _worker_credential(self, name: str) -> _Credential:
         credential = self._credential
@@ -241,7 +249,7 @@ class GatewayClient:
             raise FencedError(f"{name} before register: this client holds no call key")
         return credential
 
-    def _sign(self, name: str, body: bytes, credential: _Credential | None) -> tuple[tuple[str, str], ...]:
+    def _sign(self, name: str, body: bytes, credential: _Credential | None) -> _Signed:
         if not self._instance_id:
             reply = self._calls["Hello"](b"", timeout=self.timeout_s)
             self._instance_id = reply.instance_id
@@ -253,7 +261,7 @@ class GatewayClient:
         value = sign_call(
             key, instance_id=self._instance_id, principal=principal, method=method(name), body=body
         )
-        return ((CALL_METADATA_KEY, value),)
+        return _Signed(((CALL_METADATA_KEY, value),), key, value)
 
     def _learn_instance(self, error: grpc.RpcError) -> bool:
         """Take a refusal's current gateway instance; True if it is news (re-sign, retry)."""
@@ -271,9 +279,9 @@ class GatewayClient:
         try:
             for attempt in range(2):
                 try:
-                    return self._calls[name](
-                        body, timeout=self.timeout_s, metadata=self._sign(name, body, credential)
-                    )
+                    signed = self._sign(name, body, credential)
+                    reply = self._calls[name](body, timeout=self.timeout_s, metadata=signed.metadata)
+                    return signed.open(name, 0, reply)
                 except grpc.RpcError as error:
                     if not (self._learn_instance(error) and name in CLUSTER_SIGNED and attempt == 0):
                         raise
@@ -442,19 +450,24 @@ class GatewayClient:
             worker_id=credential.worker_id, epoch=epoch, after_sequence=after_sequence
         ).SerializeToString()
         try:
-            call = self._calls["Directives"](body, metadata=self._sign("Directives", body, credential))
+            signed = self._sign("Directives", body, credential)
+            call = self._calls["Directives"](body, metadata=signed.metadata)
         except grpc.RpcError as error:  # Hello failed: the gateway is unreachable
             raise _translate(error) from None
         self._pushed = call
         if stop is not None and stop.is_set():
             call.cancel()
         try:
-            for message in call:
+            for index, data in enumerate(call):
+                message = signed.open("Directives", index, data)
                 self.inbox.accept(epoch, [delivery_from_pb(message)], on_directives)
         except grpc.RpcError as error:
             self._learn_instance(error)
             if error.code() != grpc.StatusCode.CANCELLED:
                 raise _translate(error) from None
+        except GatewayError:  # a forged directive: nothing more is taken from this stream
+            call.cancel()
+            raise
         finally:
             self._pushed = None
 
@@ -570,8 +583,10 @@ class GatewayClient:
         body = request.SerializeToString()
         for attempt in range(2):
             try:
-                call = self._calls[name](body, timeout=timeout_s, metadata=self.signed_metadata(name, body))
-                for chunk in call:
+                signed = self._sign(name, body, self._credential)
+                call = self._calls[name](body, timeout=timeout_s, metadata=signed.metadata)
+                for index, data in enumerate(call):
+                    chunk = signed.open(name, index, data)
                     yield TokenChunk(
                         chunk.request_id, chunk.start_position, tuple(chunk.token_ids), chunk.finished
                     )

@@ -1,10 +1,10 @@
 """Conversions between the gateway's message dataclasses (``directives``, ``reports``) and
 lumen.proto's messages: the one place either side's fields meet the wire. Also who signs
-each call (``CLUSTER_SIGNED``, ``WORKER_SIGNED``) and the ranges a worker's registration and
-reports must keep to (``check_registration``, ``check_report``, ``check_model_loaded``): the
-wire's u64s are wider than the gateway's int64 and float64 arithmetic, so a value outside them
-is refused where it enters (INVALID_ARGUMENT for that call alone) instead of breaking a later
-call of someone else."""
+each call (``CLUSTER_SIGNED``, ``WORKER_SIGNED``), what each answers (``REPLIES``) and the
+ranges a worker's registration and reports must keep to (``check_registration``,
+``check_report``, ``check_model_loaded``): the wire's u64s are wider than the gateway's int64
+and float64 arithmetic, so a value outside them is refused where it enters (INVALID_ARGUMENT
+for that call alone) instead of breaking a later call of someone else."""
 
 from __future__ import annotations
 
@@ -48,6 +48,23 @@ WORKER_SIGNED: dict[str, tuple[str, str]] = {
     "ReportTokens": ("worker_id", "worker_epoch"),
     "ReportExit": ("worker_id", "epoch"),
     "ModelLoaded": ("worker_id", "epoch"),
+}
+
+# The reply message of each call, and whether it streams. Clients send bytes they serialized
+# themselves (what they signed) and decode the replies with these once their MACs verify
+# (Hello's, the one unsigned call, directly: ``auth.open_reply``).
+REPLIES: dict[str, tuple[Any, bool]] = {
+    "Hello": (pb.HelloReply, False),
+    "Register": (pb.RegisterReply, False),
+    "Heartbeat": (pb.HeartbeatReply, False),
+    "Directives": (pb.Directive, True),
+    "ReportTokens": (pb.TokenAcks, False),
+    "ReportExit": (pb.ExitReply, False),
+    "ModelLoaded": (pb.ModelLoadedReply, False),
+    "Submit": (pb.TokenChunk, True),
+    "Watch": (pb.TokenChunk, True),
+    "Status": (pb.StatusReply, False),
+    "Drain": (pb.DrainReply, False),
 }
 
 # Ranges of the reported quantities: byte counts and counters within 2**53 (exact in the

@@ -2,10 +2,11 @@
 
 Every RPC takes one lock around the Coordinator, so the decision path stays single-threaded.
 Calls are authenticated before any handler runs (``lumen_core.auth``, docs/security.md): a
-call without a valid ``lumen-call-v2`` value for this gateway instance is refused with
+call without a valid ``lumen-call-v3`` value for this gateway instance is refused with
 UNAUTHENTICATED; one signed by the wrong principal for its method (a worker's call key on the
 client API, the cluster secret on a worker's call) or naming another worker incarnation than
-its call key's is refused with PERMISSION_DENIED. Registration issues each worker incarnation
+its call key's is refused with PERMISSION_DENIED. Every reply message of a verified call is
+sealed under the key it was signed with (``auth.seal_reply``). Registration issues each worker incarnation
 its call key. Listens on 127.0.0.1 unless told otherwise; port 0 picks a free port.
 """
 
@@ -35,6 +36,7 @@ from lumen_core.auth import (
     check_secret,
     new_instance_id,
     parse_worker_principal,
+    seal_reply,
     worker_principal,
     wrap_call_key,
 )
@@ -87,7 +89,9 @@ class _Forbidden(Exception):
 
 class _AuthInterceptor(grpc.ServerInterceptor):
     """Verifies each call's signature over the raw request bytes, then who signed it: the
-    handler is wrapped to take the bytes, so the MAC covers exactly what was sent."""
+    handler is wrapped to take the bytes, so the MAC covers exactly what was sent. It also
+    serializes the replies itself, each sealed under the key the call was signed with
+    (``auth.seal_reply``), so the caller checks exactly what was sent back."""
 
     def __init__(self, server: GatewayServer) -> None:
         self._server = server
@@ -101,11 +105,18 @@ class _AuthInterceptor(grpc.ServerInterceptor):
         assert not isinstance(value, bytes)  # grpc gives bytes only for keys ending in "-bin"
         behavior = handler.unary_stream if handler.response_streaming else handler.unary_unary
         deserialize = handler.request_deserializer
+        serialize = handler.response_serializer
         server = self._server
 
         def checked(body: bytes, context: grpc.ServicerContext) -> Any:
+            keys: list[bytes | None] = []  # the key the call verified under seals its replies
+
+            def key_of(principal: str) -> bytes | None:
+                keys.append(server.key_of(principal))
+                return keys[-1]
+
             try:
-                principal = server.verifier.verify(details.method, value, body, server.key_of)
+                principal = server.verifier.verify(details.method, value, body, key_of)
                 request = deserialize(body)
                 server.authorize(name, principal, request)
             except CallRefused as exc:
@@ -116,14 +127,21 @@ class _AuthInterceptor(grpc.ServerInterceptor):
                 context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
             except Exception as exc:  # noqa: BLE001 - authentic but not a message of this method
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed request: {exc}")
-            return behavior(request, context)
+            key = keys[-1]
+            assert key is not None and value is not None  # verified
+            if not handler.response_streaming:
+                return seal_reply(key, value, 0, serialize(behavior(request, context)))
+            return (
+                seal_reply(key, value, index, serialize(reply))
+                for index, reply in enumerate(behavior(request, context))
+            )
 
         make = (
             grpc.unary_stream_rpc_method_handler
             if handler.response_streaming
             else grpc.unary_unary_rpc_method_handler
         )
-        return make(checked, response_serializer=handler.response_serializer)
+        return make(checked)  # replies leave as the bytes ``checked`` sealed
 
 
 class _Servicer(pb_grpc.GatewayServicer):
@@ -609,7 +627,7 @@ class GatewayServer:
 
     @property
     def num_refused_calls(self) -> int:
-        """Calls refused for lack of a valid ``lumen-call-v2`` value."""
+        """Calls refused for lack of a valid ``lumen-call-v3`` value."""
         return self.verifier.num_refused
 
     def derive_key(self, label: bytes) -> bytes:
