@@ -80,6 +80,11 @@ def test_rolling_means_and_recovery():
     # Windows past the last arrival do not count as recovered.
     assert math.isnan(recovery_time_s(never, base, failure_s=50.0, window_s=5.0, horizon_s=200.0))
     assert math.isnan(recovery_time_s(hit, base, failure_s=50.0, window_s=16.0, horizon_s=40.0))
+    # Faster than the failure-free run (a survivor LUMEN's drafts speed up) is recovered.
+    fast = records(
+        arrival, arrival + base_ttft, arrival + base_ttft + np.where(arrival >= 50.0, 0.5, 1.0), n_out
+    )
+    assert recovery_time_s(fast, base, failure_s=50.0, window_s=5.0, horizon_s=40.0) == 0.0
 
 
 def test_coverage_balance_acceptance():

@@ -73,7 +73,7 @@ class DemoOptions:
     modelled_full_load_s: float = 6.0
     window_s: float = 3.0
     trace_path: str | None = None  # None: data/traces (or LUMEN_TRACE_DIR)
-    tolerance: float = 0.25  # recovery: rolling means within 25% of the failure-free run's (noisy machine)
+    tolerance: float = 0.25  # recovery: rolling means <= 1.25x the failure-free run's (noisy machine)
     pace: str | None = DEFAULT_PACE  # None: unpaced (tiny-model timings, modelled_full_load_s)
     time_scale: float = 4.0  # real seconds per modelled second (paced steps and arrivals)
     compare_sim: bool = False  # also run the simulator on the same arrivals (needs pace)
