@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 from lumen_core.cli import main
+from lumen_core.worker.cluster import LocalCluster
 from lumen_core.worker.process import WorkerConfig
+from lumen_core.worker.scenario import Arrival, kv_blocks_for
 
 
 @pytest.fixture
@@ -68,3 +70,15 @@ def test_local_cluster_needs_two_workers(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="`num_workers` must be >= 2, got 1"):
         LocalCluster(tmp_path, policy="LUMEN", num_workers=1)
+
+
+def test_a_scenarios_workers_hold_every_running_request_at_its_longest(tmp_path: Path) -> None:
+    # The --full run's longest request: a 192-token prompt and 384 new tokens.
+    arrivals = [Arrival(0.0, (1,) * 192, 384), Arrival(0.1, (1,) * 4, 24)]
+    pages = kv_blocks_for(arrivals)
+    assert pages * WorkerConfig.block_size >= WorkerConfig.max_num_seqs * (192 + 384) == 36_864
+    assert kv_blocks_for([Arrival(0.0, (1,), 1)]) == WorkerConfig.num_blocks  # never below the default
+    cluster = LocalCluster(tmp_path, policy="S&R", num_workers=2, num_blocks=pages)
+    assert cluster.worker_args[-2:] == ["--num-blocks", str(pages)]
+    with pytest.raises(ValueError, match="`num_blocks` must be >= 1, got 0"):
+        LocalCluster(tmp_path, policy="S&R", num_workers=2, num_blocks=0)

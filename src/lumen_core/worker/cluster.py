@@ -122,7 +122,7 @@ class LocalCluster:
     ``remote_restore``) with ``capability_ttl_s``; ``ack_timeout_s`` and ``give_up_after_s`` to
     every worker's checkpoint streamer, ``holder_linger_s`` to every worker (None: the
     worker's defaults); ``encrypt_payloads`` makes every worker encrypt its records to and
-    from holders."""
+    from holders; ``num_blocks``: every worker's KV cache pages (None: the worker's default)."""
 
     def __init__(
         self,
@@ -145,6 +145,7 @@ class LocalCluster:
         capability_ttl_s: float = DEFAULT_CAPABILITY_TTL_S,
         holder_linger_s: float | None = None,
         encrypt_payloads: bool = False,
+        num_blocks: int | None = None,
     ) -> None:
         check_int("num_workers", num_workers, low=2)
         self.workdir = Path(workdir)
@@ -162,6 +163,8 @@ class LocalCluster:
             self.worker_args += ["--holder-linger-s", str(holder_linger_s)]
         if encrypt_payloads:
             self.worker_args.append("--encrypt-payloads")
+        if num_blocks is not None:
+            self.worker_args += ["--num-blocks", str(check_int("num_blocks", num_blocks, low=1))]
         self.start_timeout_s = start_timeout_s
         self.secret_path = self.workdir / "cluster.secret"
         if not self.secret_path.exists():
