@@ -5,8 +5,9 @@
 
 Serves a ``GatewayServer`` on A:P and prints ``{"event": "listening", "address": ...}``; then
 answers stdin lines, one JSON line each:
-- ``status``: every worker (id, epoch, state), the requests running on each, and for each
-  running request the holders with durable tokens (what a schedule picks its victims from);
+- ``status``: every worker (id, epoch, state), the requests running on each, for each
+  running request the holders with durable tokens (what a schedule picks its victims from),
+  and the workers fenced at an epoch that has not reported since (``unheard_fenced``);
 - ``exit W E``: worker W's process (epoch E) exited: the supervisor's report, as
   ``LocalCluster.kill`` makes it;
 - ``stop`` (or EOF): stops the gateway and prints ``{"event": "stopped", ...}``: every failure
@@ -36,11 +37,17 @@ from lumen_core.policy.load import LoadConfig
 class _Ledger:
     """Every token report the coordinator saw and every worker epoch it fenced, in order."""
 
+    def unheard(self) -> list[int]:
+        """Workers fenced at an epoch that has not reported since (an unfenced zombie whose
+        healed connection has not delivered yet)."""
+        return sorted({w for w, e in self.fenced - self.heard_fenced})
+
     def __init__(self, coordinator: Coordinator, *, unfenced: bool) -> None:
         self.fenced: set[tuple[int, int]] = set()
         self.accepted = 0
         self.refused_stale = 0
         self.stale_accepted: list[dict[str, int]] = []
+        self.heard_fenced: set[tuple[int, int]] = set()  # fenced epochs that reported again
         report_tokens, fail = coordinator.report_tokens, coordinator.fail
 
         def on_fail(now_s, worker_ids, *, cause):  # type: ignore[no-untyped-def]
@@ -49,6 +56,8 @@ class _Ledger:
 
         def on_report(now_s, worker_id, worker_epoch, request_id, epoch, start_position, token_ids, **kw):  # type: ignore[no-untyped-def]
             stale = (worker_id, worker_epoch) in self.fenced
+            if stale:
+                self.heard_fenced.add((worker_id, worker_epoch))
             if unfenced and coordinator.has_request(request_id):
                 owner, current = coordinator.request_worker(request_id)
                 stale = stale or (owner, current) != (worker_id, epoch)
@@ -71,7 +80,7 @@ class _Ledger:
             coordinator.check_worker_epoch = lambda worker_id, worker_epoch: None  # type: ignore[method-assign]
 
 
-def _status(server: GatewayServer) -> dict[str, object]:
+def _status(server: GatewayServer, ledger: _Ledger) -> dict[str, object]:
     with server.condition:
         coordinator = server.coordinator
         monitor = coordinator.monitor
@@ -91,6 +100,7 @@ def _status(server: GatewayServer) -> dict[str, object]:
             "running": running,
             "holders": holders,
             "failures": len(coordinator.failures),
+            "unheard_fenced": ledger.unheard(),
         }
 
 
@@ -147,7 +157,7 @@ def main() -> int:
             if not words or words[0] == "stop":
                 break
             if words[0] == "status":
-                print(json.dumps(_status(server)), flush=True)
+                print(json.dumps(_status(server, ledger)), flush=True)
             elif words[0] == "exit":
                 done = server.report_exit(int(words[1]), int(words[2]), "killed by the partition test")
                 print(json.dumps({"reported": done, "at_s": time.monotonic()}), flush=True)
