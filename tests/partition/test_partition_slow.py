@@ -184,7 +184,7 @@ def test_partition_fencing_disabled_is_caught(network: netns.Network, tmp_path: 
     )
     outcome = run_schedule(tmp_path, network, schedule, unfenced=True)
     found = violations(outcome)
-    assert any("of a fenced or outdated epoch accepted" in v for v in found), found
+    assert any("of a fenced or outdated epoch accepted" in v for v in found), (found, outcome.gateway)
 
 
 def test_partition_holder_cut_from_writers_shorter_than_lease(network: netns.Network, tmp_path: Path) -> None:
