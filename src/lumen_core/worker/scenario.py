@@ -23,6 +23,8 @@ from lumen_core.sim.workload import Workload
 from lumen_core.worker.cluster import TINY_MODEL, LocalCluster, RequestResult
 from lumen_core.worker.process import WorkerConfig
 
+PROGRESS_EVERY_S = 60.0  # real seconds between a run's progress lines
+
 
 @dataclass(frozen=True)
 class Arrival:
@@ -248,6 +250,7 @@ def run_scenario(
 
     clock = _ArrivalClock(now_s, time_scale)
     timeout_real_s = request_timeout_s * time_scale
+    done = threading.Event()  # ends the progress lines
     try:
         cluster.start()
         cluster.clock0 = time.monotonic()
@@ -269,6 +272,13 @@ def run_scenario(
 
         submitter = threading.Thread(target=submit_all, daemon=True)
         submitter.start()
+
+        def report_progress() -> None:
+            while not done.wait(PROGRESS_EVERY_S):
+                finished = sum(r.finished for r in results)
+                say(f"{label}: {finished}/{len(results)} requests finished at {now_s():.0f} modelled s")
+
+        threading.Thread(target=report_progress, name="lumen-demo-progress", daemon=True).start()
         if failure is not None:
             deadline = failure.not_before_s + failure.give_up_s
             victim = None
@@ -319,6 +329,7 @@ def run_scenario(
         with cluster.gateway.condition:
             result.failures = cluster.gateway.coordinator.failures
     finally:
+        done.set()
         cluster.close()
     result.worker_stats = cluster.worker_stats()
     result.proposed_drafts = sum(int(s.get("proposed_drafts", 0)) for s in result.worker_stats)  # type: ignore[call-overload]
