@@ -4,12 +4,20 @@ A gateway and its front door on loopback; worker 0 is played in this process thr
 Coordinator calls a worker's token reports make: every ``--step-s`` each running request gets
 one token, and the time the gateway accepted it (``report_tokens`` returned, under the
 gateway's lock) is kept per (request, position). A client in another process opens
-``--streams`` concurrent streaming completions (httpx, one connection each) and keeps the
-time each token arrived. Both read CLOCK_MONOTONIC, one clock for the whole host: the relay
-delay of a token is its client receive time minus its gateway accept time (the coordinator's
+``--streams`` concurrent streaming completions (one connection each) and keeps the time each
+token arrived. Both read CLOCK_MONOTONIC, one clock for the whole host: the relay delay of a
+token is its client receive time minus its gateway accept time (the coordinator's
 notification, the front door's wake-up, SSE framing, uvicorn and the loopback socket). The
-client and the gateway share the machine's cores, as they would on one host. Rows ``metric``
-/ ``value``: ``relay_p50_ms``, ``relay_p99_ms``, ``relay_mean_ms``, ``tokens``, ``streams``.
+client and the gateway share the machine's cores, as they would on one host.
+
+``--client-kind``: ``socket`` (default) reads each connection's bytes with asyncio and stamps
+each read as it returns, so the figure is the gateway's and the kernel's, not a client
+library's; ``httpx`` stamps each event as an httpx client parses it, which adds that client's
+own per-event cost (all 64 streams' events of a step arrive at once and are parsed one after
+another). ``--server-stack pure`` serves with asyncio's own event loop and uvicorn's
+pure-Python HTTP (h11) instead of what uvicorn picks (uvloop and httptools, from the ``http``
+extra): the baseline of what they give. Rows ``metric`` / ``value``: ``relay_p50_ms``,
+``relay_p99_ms``, ``relay_mean_ms``, ``tokens``, ``streams``.
 
     python bench/front_door_relay.py --streams 64 --tokens 64 --json relay.json
 """
@@ -18,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import subprocess
 import sys
@@ -26,6 +35,7 @@ import time
 
 import httpx
 import numpy as np
+import uvicorn
 
 from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.directives import Run
@@ -83,7 +93,7 @@ class _PlayedWorker:
         self._thread.join(timeout=5.0)
 
 
-async def _client(url: str, num_streams: int, num_tokens: int) -> list[tuple[int, int, float]]:
+async def _httpx_client(url: str, num_streams: int, num_tokens: int) -> list[tuple[int, int, float]]:
     """(request id, position, receive time) of every token of ``num_streams`` streams."""
     received: list[tuple[int, int, float]] = []
     body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": num_tokens, "stream": True}
@@ -108,7 +118,54 @@ async def _client(url: str, num_streams: int, num_tokens: int) -> list[tuple[int
     return received
 
 
-def measure(num_streams: int, num_tokens: int, step_s: float) -> list[dict[str, float | str]]:
+async def _socket_client(url: str, num_streams: int, num_tokens: int) -> list[tuple[int, int, float]]:
+    """As ``_httpx_client``, each read stamped as it returns and parsed after the run: an SSE
+    event ends with a blank line; its ``data:`` JSON carries the request id and token ids
+    (the chunked encoding's size lines fall between events)."""
+    address = httpx.URL(url)
+    body = json.dumps({"model": MODEL, "prompt": [1, 2, 3], "max_tokens": num_tokens, "stream": True})
+    head = (
+        f"POST {address.path}/completions HTTP/1.1\r\nHost: {address.host}:{address.port}\r\n"
+        f"Authorization: Bearer {KEY}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+
+    async def one() -> list[tuple[bytes, float]]:
+        reader, writer = await asyncio.open_connection(address.host, address.port)
+        writer.write((head + body).encode())
+        reads, tail = [], b""
+        while b"data: [DONE]" not in tail:
+            data = await reader.read(1 << 16)
+            if not data:
+                raise RuntimeError("the front door closed a stream before [DONE]")
+            reads.append((data, time.monotonic()))
+            tail = (tail + data)[-64:]
+        writer.close()
+        return reads
+
+    received: list[tuple[int, int, float]] = []
+    for reads in await asyncio.gather(*(one() for _ in range(num_streams))):
+        position, pending = 0, b""
+        for data, now in reads:
+            *events, pending = (pending + data).split(b"\n\n")
+            for event in events:
+                _, found, text = event.partition(b"data: ")
+                if not found or text == b"[DONE]":
+                    continue
+                parsed = json.loads(text)
+                request_id = int(parsed["id"].removeprefix("cmpl-"))
+                for _ in parsed["choices"][0]["token_ids"]:
+                    received.append((request_id, position, now))
+                    position += 1
+    return received
+
+
+CLIENTS = {"socket": _socket_client, "httpx": _httpx_client}
+
+
+def measure(
+    num_streams: int, num_tokens: int, step_s: float, client_kind: str = "socket"
+) -> list[dict[str, float | str]]:
     gateway = GatewayServer(GatewayConfig(policy="S&R"), SECRET, port=0, max_streams=num_streams + 8).start()
     with gateway.condition:
         gateway.coordinator.register(gateway.now_s(), 0, budget_bytes=GIB, holder_address="h")
@@ -116,8 +173,8 @@ def measure(num_streams: int, num_tokens: int, step_s: float) -> list[dict[str, 
     worker = _PlayedWorker(gateway, step_s)
     try:
         with FrontDoor(gateway, config, frozenset([KEY])) as door:
-            argv = [sys.executable, __file__, "--client", door.url, "--streams", str(num_streams),
-                    "--tokens", str(num_tokens)]  # fmt: skip
+            argv = [sys.executable, __file__, "--client", door.url, "--client-kind", client_kind,
+                    "--streams", str(num_streams), "--tokens", str(num_tokens)]  # fmt: skip
             out = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=300).stdout
     finally:
         worker.close()
@@ -141,12 +198,16 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="output tokens of each stream")
     parser.add_argument("--step-s", type=float, default=0.02, help="the played worker's step")
     parser.add_argument("--json", default=None, metavar="PATH")
+    parser.add_argument("--server-stack", choices=("auto", "pure"), default="auto")
+    parser.add_argument("--client-kind", choices=tuple(CLIENTS), default="socket")
     parser.add_argument("--client", default=None, help=argparse.SUPPRESS)  # the client process
     args = parser.parse_args()
     if args.client is not None:
-        print(json.dumps(asyncio.run(_client(args.client, args.streams, args.tokens))))
+        print(json.dumps(asyncio.run(CLIENTS[args.client_kind](args.client, args.streams, args.tokens))))
         return
-    rows = measure(args.streams, args.tokens, args.step_s)
+    if args.server_stack == "pure":  # this process serves nothing but the front door
+        uvicorn.Config = functools.partial(uvicorn.Config, loop="asyncio", http="h11")  # type: ignore[misc]
+    rows = measure(args.streams, args.tokens, args.step_s, args.client_kind)
     for row in rows:
         print(f"{row['metric']:16} {row['value']:.3f}")
     if args.json:

@@ -248,12 +248,6 @@ class _FrontDoor:
         if cancelled:
             self.metrics.cancelled.labels(reason).inc()
 
-    def _moved(self, request_id: int) -> bool:
-        """The request was moved since admission (its epoch, 1 at admission, grew). Read after
-        its tokens: a move seen now may have come after some of them, so a mark errs early,
-        never late."""
-        return self.bridge.read(lambda c: c.request_worker(request_id)[1]) > 1
-
     async def pieces(self, admitted: _Admitted) -> AsyncIterator[tuple[list[int], str]]:
         """(token ids, text) pieces of the output until it ends (``admitted.output``'s
         ``finish_reason`` is then set). Raises APIError when the request is lost or the
@@ -261,9 +255,11 @@ class _FrontDoor:
         output = admitted.output
         position = admitted.start
         while True:
-            tokens, finished, lost = await self.bridge.wait_tokens(admitted.request_id, position)
-            if admitted.marks_moves and not admitted.resumed_inexact:
-                admitted.resumed_inexact = self._moved(admitted.request_id)
+            tokens, finished, lost, epoch = await self.bridge.wait_tokens(admitted.request_id, position)
+            # Moved since admission (epoch 1). Read with the tokens: a move seen now may have
+            # come after some of them, so a mark errs early, never late.
+            if admitted.marks_moves and epoch > 1:
+                admitted.resumed_inexact = True
             if lost:
                 reason, refused = self.bridge.read(
                     lambda c: (c.lost_reason(admitted.request_id), c.refused(admitted.request_id))

@@ -3,7 +3,11 @@
 Every call runs under the GatewayServer's lock and notifies its condition afterwards, as the
 gRPC handlers do (so the pushed directive streams send what a call decided at once). Streams
 wait without a thread each: one watcher thread waits on the condition and, while it still holds
-the lock, wakes the event loop's waiting streams (so no notification falls between its waits).
+the lock, schedules one wake-up on the event loop (so no notification falls between its waits;
+notifications before that wake-up ran share it). The wake-up reads every waiting stream's
+tokens in one hold of the lock and resolves those with news: a worker's step reports tokens
+for many streams at once, and one read for all of them keeps the lock, the event loop and the
+threads' GIL hand-offs out of the per-stream cost of the relay (bench/front_door_relay.py).
 """
 
 from __future__ import annotations
@@ -11,13 +15,28 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 from lumen_core.gateway.coordinator import Coordinator
 from lumen_core.gateway.server import GatewayServer
 
 T = TypeVar("T")
 _WATCH_POLL_S = 0.25  # the watcher re-checks for its own stop this often
+
+
+class TokenUpdate(NamedTuple):
+    """What ``wait_tokens`` found: the tokens from the position asked, whether the request has
+    finished or was lost, and its epoch (1 at admission; it grows with every move)."""
+
+    tokens: tuple[int, ...]
+    finished: bool
+    lost: bool
+    epoch: int
+
+
+def _update(coordinator: Coordinator, request_id: int, position: int) -> TokenUpdate:
+    tokens, finished, lost = coordinator.tokens(request_id, position)
+    return TokenUpdate(tokens, finished, lost, coordinator.request_worker(request_id)[1])
 
 
 class CoordinatorBridge:
@@ -27,7 +46,8 @@ class CoordinatorBridge:
     def __init__(self, gateway: GatewayServer) -> None:
         self._gateway = gateway
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._changed = asyncio.Event()
+        self._waiting: dict[asyncio.Future[TokenUpdate], tuple[int, int]] = {}  # -> (request, position)
+        self._wake_pending = False  # a wake-up is scheduled and has not read yet (under the lock)
         self._stopping = False
         self._watcher: threading.Thread | None = None
 
@@ -49,7 +69,6 @@ class CoordinatorBridge:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._changed = asyncio.Event()
         self._watcher = threading.Thread(target=self._watch, name="lumen-gateway-http-watch", daemon=True)
         self._watcher.start()
 
@@ -67,24 +86,46 @@ class CoordinatorBridge:
         condition = self._gateway.condition
         with condition:
             while not self._stopping and not self._gateway.stopping:
-                condition.wait(_WATCH_POLL_S)
-                self._loop.call_soon_threadsafe(self._wake)
+                if condition.wait(_WATCH_POLL_S) and not self._wake_pending:
+                    self._wake_pending = True
+                    self._loop.call_soon_threadsafe(self._wake)
         self._loop.call_soon_threadsafe(self._wake)
 
     def _wake(self) -> None:
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        """On the event loop: every waiting stream's news in one hold of the lock."""
+        waiting = [(f, key) for f, key in self._waiting.items() if not f.done()]
+        found: list[tuple[asyncio.Future[TokenUpdate], TokenUpdate | IndexError]] = []
+        with self._gateway.condition:
+            self._wake_pending = False  # a notification from here on schedules another wake-up
+            coordinator = self._gateway.coordinator
+            for future, (request_id, position) in waiting:
+                try:
+                    found.append((future, _update(coordinator, request_id, position)))
+                except IndexError as exc:
+                    found.append((future, exc))
+        stopping = self.stopping
+        for future, update in found:
+            if isinstance(update, IndexError):
+                future.set_exception(update)
+            elif update.tokens or update.finished or update.lost or stopping:
+                future.set_result(update)
 
     @property
     def stopping(self) -> bool:
         return self._stopping or self._gateway.stopping
 
-    async def wait_tokens(self, request_id: int, position: int) -> tuple[tuple[int, ...], bool, bool]:
-        """(tokens from ``position``, finished, lost) of a request once there is something new
-        (or the gateway stops: then possibly nothing). Raises IndexError for an unknown request."""
-        while True:
-            changed = self._changed  # taken before reading: a change after the read sets it
-            tokens, finished, lost = self.read(lambda c: c.tokens(request_id, position))
-            if tokens or finished or lost or self.stopping:
-                return tokens, finished, lost
-            await changed.wait()
+    async def wait_tokens(self, request_id: int, position: int) -> TokenUpdate:
+        """The request's tokens from ``position`` once there is something new (or the gateway
+        stops: then possibly nothing). Raises IndexError for an unknown request."""
+        update = self.read(lambda c: _update(c, request_id, position))
+        if update.tokens or update.finished or update.lost or self.stopping:
+            return update
+        assert self._loop is not None
+        # Registered after the read, on the loop: a change since the read has notified the
+        # watcher, whose wake-up runs after this and reads for this future too.
+        future: asyncio.Future[TokenUpdate] = self._loop.create_future()
+        self._waiting[future] = (request_id, position)
+        try:
+            return await future
+        finally:
+            del self._waiting[future]
