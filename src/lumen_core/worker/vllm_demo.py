@@ -32,7 +32,7 @@ from typing import Any
 
 from lumen_core.policy.events import RecoveryAction
 
-__all__ = ["count_token_errors", "run_vllm_demo", "write_tiny_llama"]
+__all__ = ["VllmCluster", "count_token_errors", "run_vllm_demo", "write_tiny_llama"]
 
 NUM_SERVERS = 3
 PROMPT_TOKENS = 300  # long enough that a restore saves a real prefill
@@ -139,10 +139,13 @@ def _read_line(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
     return json.loads(line)
 
 
-class _Cluster:
-    """A gateway (``policy``) with its front door, and NUM_SERVERS agents each starting a server."""
+class VllmCluster:
+    """A gateway (``policy``) with its front door, and ``num_servers`` agents each starting a
+    server (``registered[w]["server_url"]`` is server ``w``'s own OpenAI endpoint)."""
 
-    def __init__(self, policy: str, model: Path, workdir: Path, secret_file: Path) -> None:
+    def __init__(
+        self, policy: str, model: Path, workdir: Path, secret_file: Path, *, num_servers: int = NUM_SERVERS
+    ) -> None:
         from lumen_core.auth import read_secret_file
         from lumen_core.gateway.config import GatewayConfig
         from lumen_core.gateway.http.config import FrontDoorConfig
@@ -162,7 +165,7 @@ class _Cluster:
         self.agents: list[subprocess.Popen[str]] = []
         self.registered: list[dict[str, Any]] = []
         try:
-            for worker_id in range(NUM_SERVERS):
+            for worker_id in range(num_servers):
                 argv = [
                     sys.executable, "-m", "lumen_core.cli", "agent", "--worker-id", str(worker_id),
                     "--gateway", self.gateway.address, "--secret-file", str(secret_file),
@@ -176,6 +179,8 @@ class _Cluster:
         except BaseException:
             self.close()
             raise
+
+    api_key = _KEY  # the front door's one client key
 
     def client(self) -> Any:
         import openai
@@ -227,7 +232,7 @@ def _run_policy(
 ) -> tuple[dict[str, Any], list[list[int]]]:  # fmt: skip
     """One policy's row, and the failure-free outputs (run here when ``expected`` is None)."""
     say(f"{policy}: starting {NUM_SERVERS} vLLM servers with their agents")
-    cluster = _Cluster(policy, model, workdir / policy.replace("&", "n"), secret_file)
+    cluster = VllmCluster(policy, model, workdir / policy.replace("&", "n"), secret_file)
     try:
         client = cluster.client()
         if expected is None:
