@@ -5,9 +5,9 @@ gRPC handlers do (so the pushed directive streams send what a call decided at on
 wait without a thread each: one watcher thread waits on the condition and, while it still holds
 the lock, schedules one wake-up on the event loop (so no notification falls between its waits;
 notifications before that wake-up ran share it). The wake-up reads every waiting stream's
-tokens in one hold of the lock and resolves those with news: a worker's step reports tokens
-for many streams at once, and one read for all of them keeps the lock, the event loop and the
-threads' GIL hand-offs out of the per-stream cost of the relay (bench/front_door_relay.py).
+tokens in one hold of the lock and resolves those with news (a worker's step reports tokens
+for many streams at once). Measured no faster than a read per stream (bench/RESULTS.md,
+relay delay): the lock was not the relay's cost; it is kept as the simpler wake-up.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ class TokenUpdate(NamedTuple):
     finished: bool
     lost: bool
     epoch: int
+
+    def news(self, stopping: bool) -> bool:
+        """Whether a waiting stream has something to act on."""
+        return bool(self.tokens) or self.finished or self.lost or stopping
 
 
 def _update(coordinator: Coordinator, request_id: int, position: int) -> TokenUpdate:
@@ -107,7 +111,7 @@ class CoordinatorBridge:
         for future, update in found:
             if isinstance(update, IndexError):
                 future.set_exception(update)
-            elif update.tokens or update.finished or update.lost or stopping:
+            elif update.news(stopping):
                 future.set_result(update)
 
     @property
@@ -118,7 +122,7 @@ class CoordinatorBridge:
         """The request's tokens from ``position`` once there is something new (or the gateway
         stops: then possibly nothing). Raises IndexError for an unknown request."""
         update = self.read(lambda c: _update(c, request_id, position))
-        if update.tokens or update.finished or update.lost or self.stopping:
+        if update.news(self.stopping):
             return update
         assert self._loop is not None
         # Registered after the read, on the loop: a change since the read has notified the
