@@ -15,6 +15,7 @@ reason is kept in ``IMPORT_ERRORS``, so pure-Python parts (policy, sim) work wit
 from __future__ import annotations
 
 import importlib
+import os
 from types import ModuleType
 from typing import Any
 
@@ -30,6 +31,11 @@ def _load(name: str) -> ModuleType | None:
 
 
 def _load_ucx() -> ModuleType | None:
+    # UCX logs to stdout unless told otherwise, and reads where when its libraries load: stdout
+    # belongs to the program (`lumen holder` and the agent answer in JSON lines there, and a
+    # UCX warning landed inside one), so a library's diagnostics go to stderr. The environment
+    # wins.
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     # The UCX libraries live in the libucx wheel; they must be loaded before the module.
     try:
         import libucx
