@@ -20,8 +20,9 @@ from lumen_core.worker.vllm_demo import HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS
 from lumen_core.worker.vllm_demo import write_tiny_llama as build_model  # the demo's tiny Llama
 
 __all__ = [
-    "FP32_NOISE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_LAYERS", "TLS", "build_model", "controlled_llm",
-    "durable_tokens", "engine_kwargs", "greedy", "params", "record_bytes", "transfer_config",
+    "FP32_NOISE", "HEAD_DIM", "NUM_KV_HEADS", "NUM_LAYERS", "TLS", "build_model", "build_qwen3",
+    "controlled_llm", "durable_tokens", "engine_kwargs", "greedy", "params", "record_bytes",
+    "transfer_config",
 ]  # fmt: skip
 
 # fp32 logits of this model differ between kernels by ~1e-5; a gap 100x that cannot flip.
@@ -31,6 +32,30 @@ TLS = "tcp"
 
 def record_bytes() -> int:
     return NUM_LAYERS * 2 * NUM_KV_HEADS * HEAD_DIM * 4  # fp32
+
+
+def build_qwen3(path: Path, *, seed: int = 0) -> Path:
+    """A Qwen3 of the tiny Llama's KV geometry (2 layers, 2 KV heads of 32: the same record
+    size), random fp32 weights saved under ``path``. Qwen3 differs where a connector could
+    care: RMS norms on q and k before RoPE, so a restored K must be the normed, rotated one
+    vLLM's own kernel wrote. The LM head is scaled as the Llama's (top-2 gaps far above
+    noise)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from lumen_core.worker.vllm_demo import VOCAB
+
+    config = Qwen3Config(
+        vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4, num_key_value_heads=NUM_KV_HEADS, head_dim=HEAD_DIM,
+        max_position_embeddings=4096, initializer_range=0.1, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(100.0)
+    model.save_pretrained(path)
+    return path
 
 
 def transfer_config(

@@ -22,6 +22,7 @@ import pytest
 from engines import (
     FP32_NOISE,
     build_model,
+    build_qwen3,
     durable_tokens,
     engine_kwargs,
     greedy,
@@ -45,6 +46,7 @@ TOTAL_TOKENS = 1200
 DECODED_BEFORE_KILL = 32  # durable output tokens every request holds when A dies
 CORRUPTED = "r4"
 BAD_CAPABILITY = "r6"
+QWEN3_REQUESTS = ("r1", "r3", "r7")  # below, just past and several blocks past one block
 
 
 def _prompts() -> dict[str, list[int]]:
@@ -59,9 +61,12 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def reference(model: Path) -> dict[str, list[int]]:
+    return _greedy_reference(model, _prompts())
+
+
+def _greedy_reference(model: Path, prompts: dict[str, list[int]]) -> dict[str, list[int]]:
     """Greedy outputs of an engine without the connector; asserts each position's top-2 gap
     exceeds fp32 noise, so identity below cannot flake."""
-    prompts = _prompts()
     llm = LLM(**engine_kwargs(model))
     sampling = greedy(TOTAL_TOKENS, logprobs=2)
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts.values()], sampling)
@@ -304,5 +309,53 @@ def test_two_failures_in_a_row_resume(
         assert emitted[r] == reference[r][: len(emitted[r])], r
         assert list(output.outputs[0].token_ids) == reference[r][len(emitted[r]) :], r
         assert output.num_cached_tokens == min(durable_b[r], len(prompts[r]) + len(emitted[r]) - 1), r
+    del llm
+    gc.collect()
+
+
+@pytest.mark.timeout(900)
+def test_a_qwen3_model_resumes_after_sigkill(
+    tmp_path: Path,
+    holder: Callable[..., Any],
+    secret: bytes,
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
+) -> None:
+    """The kill and resume of the Llama above on a Qwen3 (RMS norms on q and k before RoPE):
+    the restored K is the one vLLM's kernel wrote, so the continuation is the uninterrupted
+    run's token for token."""
+    model = build_qwen3(tmp_path / "qwen3")
+    prompts = {r: p for r, p in _prompts().items() if r in QWEN3_REQUESTS}
+    reference = _greedy_reference(model, prompts)
+    server = holder()
+    client = Client("127.0.0.1", server.port, secret, tls="tcp")
+    try:
+        run = _run_and_kill(
+            model, secret_file, issuer_key_file, server, _first_run(prompts), client, issuer, epoch=0
+        )
+        emitted = {r: run[r]["tokens"] for r in prompts}
+        durable = {r: durable_tokens(client, issuer, r) for r in prompts}
+    finally:
+        client.close()
+    for r in prompts:
+        assert emitted[r] == reference[r][: len(emitted[r])], r  # A was right until it died
+
+    llm = LLM(
+        **engine_kwargs(model, kv_transfer_config=transfer_config(secret_file, issuer_key_file, server.port))
+    )
+    resumed = {r: prompts[r] + emitted[r] for r in prompts}
+    samplings = [
+        greedy(TOTAL_TOKENS - len(emitted[r]), extra_args=params(r, epoch=1, restore={})) for r in prompts
+    ]
+    outputs = llm.generate([{"prompt_token_ids": resumed[r]} for r in prompts], samplings)
+
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker = get_kv_transfer_group().worker
+    for r, output in zip(prompts, outputs):
+        assert list(output.outputs[0].token_ids) == reference[r][len(emitted[r]) :], r
+        assert output.num_cached_tokens == min(durable[r], len(resumed[r]) - 1), r
+        assert worker.restores[r].restored_tokens == output.num_cached_tokens, r
     del llm
     gc.collect()

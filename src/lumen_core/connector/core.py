@@ -78,7 +78,8 @@ class ConnectorCore:
     ``counters``: ``restores``, ``restored_tokens``, ``restore_<status>`` (restores that
     stopped early, by reason), ``saved_tokens``, ``save_gaps`` (saves after a gap, skipped),
     ``released`` (finished; freed on the holders, or left there without
-    ``release_finished``), ``abandoned``. ``restores``: the last result of each of the latest
+    ``release_finished``), ``abandoned``, ``preempted`` (streaming requests the engine
+    preempted; their checkpoints kept). ``restores``: the last result of each of the latest
     requests restored.
 
     Not thread-safe: one engine thread calls it (lookups run on their own thread).
@@ -285,7 +286,9 @@ class ConnectorCore:
     def preempt(self, request_id: str) -> None:
         """The engine preempts ``request_id`` and may rewrite its blocks: pending gathers of
         them finish first. Its checkpoint is kept (a re-admitted request may restore from
-        it, and its later saves continue it)."""
+        it, and its later saves continue it). Counted (``preempted``) if it streams."""
+        if request_id in self._streaming:
+            self.counters["preempted"] += 1
         self.wait_for_save(request_id)
 
     def finish(

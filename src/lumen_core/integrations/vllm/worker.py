@@ -55,8 +55,8 @@ class WorkerSide:
     @property
     def counters(self) -> Counter[str]:
         """Totals: restores, restored tokens, restores that stopped early by reason
-        (``restore_<status>``), tokens saved, requests released and abandoned, saves skipped
-        for a gap."""
+        (``restore_<status>``), tokens saved, requests released, abandoned and preempted, saves
+        skipped for a gap."""
         return self.core.counters
 
     @property
