@@ -201,7 +201,7 @@ def test_preemption_keeps_the_checkpoint_and_later_saves_continue_it(secret: byt
     core = core_for(secret, seed=0)
     key = stream(core, secret, holder, "r", [0, 1, 2])
     core.preempt("r")
-    assert core.is_streaming("r") and core.counters["released"] == 0
+    assert core.is_streaming("r") and core.counters["released"] == 0 and core.counters["preempted"] == 1
     assert holder.durable(key) == NUM_TOKENS
     # Re-admitted, it recomputes from position 0 into other blocks: only the new token is sent.
     s, t = slots([3, 4, 5], NUM_TOKENS + 1), tokens(NUM_TOKENS + 1)
@@ -269,6 +269,36 @@ def test_a_refused_capability_restores_nothing_and_fails_every_block(secret: byt
     outcome = reader.restore("r", key, forged, slots([3, 4, 5]), tokens())
     assert outcome.result.restored_tokens == 0 and outcome.failed_block_ids == {3, 4, 5}
     assert reader.counters["restore_missing"] == 1
+    writer.close()
+    reader.close()
+
+
+def test_started_restores_end_on_their_thread_and_are_booked_when_collected(
+    secret: bytes, holder: Holder
+) -> None:
+    """start_restore writes what restore writes, off the caller's thread; outcomes come back
+    in the order started (a refused one fails every block) and are booked only then."""
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    reader = core_for(secret, seed=1)
+    forged = RestoreSource(0, holder.address, CapabilityIssuer.generate().issue(key, 0, 0, holder_id=0))
+    reader.start_restore(
+        "r", key, RestoreSource(0, holder.address, holder.capability(key, 0)), slots([5, 3, 7]), tokens()
+    )
+    reader.start_restore("r2", key, forged, slots([4, 6], 2 * BLOCK_SIZE), tokens(2 * BLOCK_SIZE))
+    done: list = []
+    assert wait_until(lambda: bool(done.extend(reader.finished_restores()) or len(done) == 2))
+    (first, restored), (second, refused) = done
+    assert (first, second) == ("r", "r2")
+    assert restored.result.status is RestoreStatus.COMPLETE and restored.failed_block_ids == frozenset()
+    assert_kv_equal(
+        writer.layout, torch.tensor(slots([0, 1, 2])), reader.layout, torch.tensor(slots([5, 3, 7]))
+    )
+    assert refused.result.restored_tokens == 0 and refused.failed_block_ids == {4, 6}
+    assert reader.counters["restores"] == 2 and reader.counters["restore_missing"] == 1
+    assert reader.finished_restores() == []
+    with pytest.raises(ValueError):  # checked before anything starts
+        reader.start_restore("r3", key, forged, slots([4], 2), tokens(3))
     writer.close()
     reader.close()
 

@@ -41,6 +41,9 @@ def _serve(
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     counters = dict(get_kv_transfer_group().worker.counters)
+    # Shut down, not only dropped: vLLM keeps one connector per process, which the next engine
+    # would reuse (already registered), and its engine core froze itself out of the collector.
+    llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
     return {f"{name}-{i}": list(o.outputs[0].token_ids) for i, o in enumerate(outputs)}, counters

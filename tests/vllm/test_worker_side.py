@@ -78,8 +78,12 @@ def test_a_resumed_request_recomputing_a_durable_token_keeps_streaming(
     opens = [OpenSpec("vllm-r", "r", key, (address,), (capability,), 1, len(token_ids))]
     restored = DURABLE - 1
     loads = [LoadSpec("vllm-r", "r", key, slots[:restored], token_ids[:restored], [1, 2], source)]
-    worker.start_step(LumenMetadata(opens=opens, loads=loads))
+    worker.start_step(LumenMetadata(loads=loads))  # the load runs while vLLM steps on
+    finished: set[str] = set()
+    assert _wait_until(lambda: bool(finished.update(worker.finished_loads()) or finished))
+    assert finished == {"vllm-r"} and not worker.load_errors()
     assert worker.restores["r"].restored_tokens == restored
+    worker.start_step(LumenMetadata(opens=opens))  # vLLM schedules it: it opens, saving from 0
     # The streamer's thread may run anything enqueued so far before the forward ends.
     assert worker.streamer is None or worker.streamer.flush(timeout_s=10.0)
     recomputed = torch.tensor(slots[DURABLE - 1 : DURABLE])

@@ -10,7 +10,9 @@ a future SGLang one) maps its hooks onto these calls:
 - ``durable_tokens()`` / ``durable_lag_tokens()``: what the holders hold;
 - ``plan_restore(...)`` (never blocks: None = not known yet) and ``restore(...)`` into the
   request's new slots, returning the blocks whose load failed (recompute them); the verified
-  prefix is streamed again to the request's holders, at its new epoch;
+  prefix is streamed again to the request's holders, at its new epoch. ``start_restore(...)``
+  does the same on the core's restore thread while the engine steps on, and
+  ``finished_restores()`` hands back the outcomes;
 - ``preempt(request_id)`` when the engine will rewrite a request's blocks (its checkpoint is
   kept), ``finish(request_id)`` when it finished or the gateway said so (released, or only
   forgotten where the gateway releases: ``release_finished``);
@@ -20,8 +22,9 @@ a future SGLang one) maps its hooks onto these calls:
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,16 +127,23 @@ class ConnectorCore:
         self.restores: dict[str, RestoreResult] = {}
         self._layout: KVLayout | None = None
         self._lookup: RestoreLookup | None = None
-        self._reader = SourceReader(
-            self.secret,
-            store=store,
-            shard=self.shard,
-            tls=tls,
-            connect_timeout_s=self.connect_timeout_s,
-            identity=identity,
-            encrypt=encrypt,
-        )
+        self._reader = self._source_reader()
         self._streaming: dict[str, _Streaming] = {}
+        # start_restore's thread and its own reader (a reader serves one thread), made on first use.
+        self._restorer: ThreadPoolExecutor | None = None
+        self._restorer_reader: SourceReader | None = None
+        self._started: deque[tuple[str, list[int], list[int], Future[RestoreResult]]] = deque()
+
+    def _source_reader(self) -> SourceReader:
+        return SourceReader(
+            self.secret,
+            store=self.store,
+            shard=self.shard,
+            tls=self.tls,
+            connect_timeout_s=self.connect_timeout_s,
+            identity=self.identity,
+            encrypt=self.encrypt,
+        )
 
     # ---- setup ------------------------------------------------------------------------------
     def register(self, layout: KVLayout) -> None:
@@ -381,6 +391,52 @@ class ConnectorCore:
         ``KVLayout`` raises for slots outside the cache); a source that cannot serve the
         checkpoint is not an error: nothing is restored and every block is reported failed.
         """
+        slots, tokens = self._restore_args(request_id, key, source, slot_ids, token_ids)
+        result = self._reader.restore(key, source, self.layout, slots, tokens, self.model_fingerprint)
+        return self._book(request_id, result, slots, tokens)
+
+    def start_restore(
+        self,
+        request_id: str,
+        key: int,
+        source: RestoreSource,
+        slot_ids: Sequence[int],
+        token_ids: Sequence[int],
+    ) -> None:
+        """``restore`` on the core's restore thread, so the engine steps on while the records
+        arrive: the engine must leave ``slot_ids`` alone until ``finished_restores`` hands the
+        outcome back (it is booked then, on the caller's thread). Restores run one at a time,
+        in the order started. Raises as ``restore`` does, before anything starts."""
+        slots, tokens = self._restore_args(request_id, key, source, slot_ids, token_ids)
+        layout = self.layout
+        if self._restorer is None:
+            self._restorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lumen-restore")
+            self._restorer_reader = self._source_reader()
+        reader = self._restorer_reader
+        assert reader is not None
+        future = self._restorer.submit(
+            reader.restore, key, source, layout, slots, tokens, self.model_fingerprint
+        )
+        self._started.append((request_id, slots, tokens, future))
+
+    def finished_restores(self) -> list[tuple[str, RestoreOutcome]]:
+        """The restores ``start_restore`` began that have ended since the last call, in the
+        order they were started, with their request ids (booked as ``restore`` books them).
+        Never waits."""
+        done = []
+        while self._started and self._started[0][3].done():
+            request_id, slots, tokens, future = self._started.popleft()
+            done.append((request_id, self._book(request_id, future.result(), slots, tokens)))
+        return done
+
+    def _restore_args(
+        self,
+        request_id: str,
+        key: int,
+        source: RestoreSource,
+        slot_ids: Sequence[int],
+        token_ids: Sequence[int],
+    ) -> tuple[list[int], list[int]]:
         check_str("request_id", request_id)
         check_int("key", key, 0, U64_MAX)
         if not isinstance(source, RestoreSource):
@@ -393,7 +449,13 @@ class ConnectorCore:
             )
         if self._lookup is not None:
             self._lookup.forget(request_id)
-        result = self._reader.restore(key, source, self.layout, slots, tokens, self.model_fingerprint)
+        return slots, tokens
+
+    def _book(
+        self, request_id: str, result: RestoreResult, slots: list[int], tokens: list[int]
+    ) -> RestoreOutcome:
+        """A restore's result in ``restores`` and the counters; its verified prefix streamed
+        again if the request streams; the blocks the engine must recompute."""
         self.restores.pop(request_id, None)  # re-inserted as the latest: the oldest go first
         self.restores[request_id] = result
         while len(self.restores) > _KEPT_RESTORES:
@@ -412,6 +474,11 @@ class ConnectorCore:
         """Stops lookups, closes connections and the streamer (pending sends are dropped)."""
         if self._lookup is not None:
             self._lookup.close()
+        if self._restorer is not None:  # the restore under way ends (bounded by its timeouts)
+            self._restorer.shutdown(wait=True, cancel_futures=True)
+            assert self._restorer_reader is not None
+            self._restorer_reader.close()
+        self._started.clear()
         self._reader.close()
         if self.streamer is not None:
             self.streamer.close()

@@ -133,7 +133,8 @@ class LumenConnector(KVConnectorBase_V1):
         self._worker.start_step(meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        """Restores finish in start_load_kv, before the forward."""
+        """Restores are asynchronous: vLLM schedules a restored request once get_finished
+        names it."""
 
     def save_kv_layer(
         self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: AttentionMetadata, **kwargs: Any
@@ -147,8 +148,10 @@ class LumenConnector(KVConnectorBase_V1):
         self._worker.save_step(meta)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Finished requests whose blocks may be freed, and restores that ended (their failed
+        blocks in the load errors vLLM asks for next)."""
         assert self._worker is not None
-        return self._worker.finished(finished_req_ids) or None, None
+        return self._worker.finished(finished_req_ids) or None, self._worker.finished_loads() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
         assert self._worker is not None

@@ -1,5 +1,5 @@
 """What the scheduler side tells the worker side each step (pickled between processes in
-vLLM's multiprocess mode): requests to start streaming, restores to run before the forward,
+vLLM's multiprocess mode): requests to start streaming, restores to start (asynchronous loads),
 the step's computed tokens to save, preempted requests (streaming ones), and what the local
 control channel asked for: requests to stop checkpointing, renewed capabilities, a durable-lag
 sample, the identity's new credential."""

@@ -94,8 +94,10 @@ class SchedulerSide:
         durable = self._lookup.plan(request.request_id, control.key, source)
         if durable is None:  # not known yet: vLLM asks again next step
             return None, False
-        # At least one token is computed: vLLM needs a forward to sample from.
-        return min(durable, request.num_tokens - 1), False
+        # At least one token is computed: vLLM needs a forward to sample from. The load is
+        # asynchronous: the request waits for it (WAITING_FOR_REMOTE_KVS) while the others step.
+        matched = min(durable, request.num_tokens - 1)
+        return matched, matched > 0
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int

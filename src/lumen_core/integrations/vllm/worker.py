@@ -1,15 +1,16 @@
 """The worker side of LumenConnector: vLLM's per-step metadata mapped onto the engine-neutral
-``ConnectorCore`` (verified restores before the forward, one ``save_step`` after it)."""
+``ConnectorCore`` (verified restores on the core's restore thread, through vLLM's asynchronous
+load path; one ``save_step`` after each forward)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Sequence
 
 from lumen_core.connector import ConnectorCore, StepTokens, StreamGrant
-from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata
+from lumen_core.integrations.vllm.metadata import LumenMetadata
 from lumen_core.integrations.vllm.params import ConnectorConfig
 from lumen_core.layouts import KVLayout
 from lumen_core.stream import CheckpointStreamer, RestoreResult
@@ -46,7 +47,7 @@ class WorkerSide:
         self._request_ids: dict[str, str] = {}  # vLLM req_id -> LUMEN request id, while streaming
         self._finishing: set[str] = set()
         self._load_errors: set[int] = set()
-        self._failed_loads: dict[str, int] = {}  # this step's restores that stopped early: verified tokens
+        self._loading: dict[str, deque[str]] = {}  # LUMEN id -> vLLM req_ids restoring, in start order
         self._reported: Counter[str] = Counter()
         self._lag_sampled_at = 0.0
         self._released: set[str] = set()  # vLLM req_ids the control channel released: not saved
@@ -77,26 +78,26 @@ class WorkerSide:
 
     # ---- before the forward ----------------------------------------------------------------
     def start_step(self, meta: LumenMetadata) -> None:
-        """Abandons every streaming request if told to (control ``abandon``), runs this step's
-        restores (synchronously: the forward reads what they write), then opens its new
-        requests.
+        """Abandons every streaming request if told to (control ``abandon``), starts this
+        step's restores (vLLM leaves their blocks alone until ``finished_loads`` names them),
+        then opens its new requests.
 
-        Restores go first so that a restored prefix is not streamed on its own: it reaches the
-        streamer in the step's one ``save_step`` (a new request's first save starts at 0),
-        with the token the forward recomputes. The streamer opens the holder's checkpoint with
-        that save in hand and skips what the holder already holds durably. That matters when
-        the checkpoint is a token ahead of what the client saw (the dead engine saved the KV
-        of its last emitted token): the token recomputed here may differ from the saved record
-        in its last bits, and a holder refuses a differing overlap as a conflict, which loses
-        the replica for the rest of the request."""
-        self._failed_loads.clear()
+        A restored request is opened in the step vLLM first schedules it, after its load: its
+        first save starts at 0, so the restored prefix reaches the streamer with the token the
+        forward recomputes, in one ``save_step``. The streamer opens the holder's checkpoint
+        with that save in hand and skips what the holder already holds durably. That matters
+        when the checkpoint is a token ahead of what the client saw (the dead engine saved the
+        KV of its last emitted token): the token recomputed here may differ from the saved
+        record in its last bits, and a holder refuses a differing overlap as a conflict, which
+        loses the replica for the rest of the request."""
         if meta.credential is not None and self.identity is not None:  # before any connection it opens
             grant = meta.credential
             self.identity.accept(grant.credential, grant.issuer_public_key, grant.worker_id)
         if meta.abandon:  # before this step's opens: a request opened now streams as usual
             self.core.abandon()
         for load in meta.loads:
-            self._load(load)
+            self.core.start_restore(load.request_id, load.key, load.restore, load.slot_ids, load.token_ids)
+            self._loading.setdefault(load.request_id, deque()).append(load.req_id)
         for spec in meta.opens:
             if self.core.is_streaming(spec.request_id):  # two live requests named alike
                 logger.error("lumen: request %s is already streaming: %s is not checkpointed",
@@ -121,17 +122,27 @@ class WorkerSide:
                 self._released.add(req_id)
                 self._finishing.add(req_id)
 
-    def _load(self, load: LoadSpec) -> None:
-        outcome = self.core.restore(load.request_id, load.key, load.restore, load.slot_ids, load.token_ids)
-        restored = outcome.result.restored_tokens
-        if outcome.failed_block_ids:
-            # vLLM recomputes from the first block that failed; never a corrupt block served.
-            self._load_errors |= outcome.failed_block_ids
-            self._failed_loads[load.req_id] = restored
-            logger.warning(
-                "lumen: restored %d of %d tokens of %s (%s): recomputing the rest",
-                restored, len(load.slot_ids), load.req_id, outcome.result.status.name,
-            )  # fmt: skip
+    def finished_loads(self) -> set[str]:
+        """The vLLM requests whose restores ended since the last call; the blocks a restore
+        could not fill (a record failed verification, the source went away) are among the
+        next ``load_errors``, which vLLM asks for after this in the same step, so it recomputes
+        them: never a corrupt block served, never a request failed for a bad checkpoint."""
+        done: set[str] = set()
+        for request_id, outcome in self.core.finished_restores():
+            waiting = self._loading[request_id]
+            req_id = waiting.popleft()
+            if not waiting:
+                del self._loading[request_id]
+            done.add(req_id)
+            if outcome.failed_block_ids:
+                self._load_errors |= outcome.failed_block_ids
+                result = outcome.result
+                logger.warning(
+                    "lumen: restored %d of %d tokens of %s (%s): recomputing the rest",
+                    result.restored_tokens, result.restored_tokens + result.reprefill_tokens, req_id,
+                    result.status.name,
+                )  # fmt: skip
+        return done
 
     def wait_for_preempted(self, meta: LumenMetadata) -> None:
         """A preempted request's blocks may be rewritten this step: its pending gathers finish
@@ -143,20 +154,15 @@ class WorkerSide:
 
     # ---- after the forward -----------------------------------------------------------------
     def save_step(self, meta: LumenMetadata) -> None:
-        """One ``save_step`` for every request's tokens computed this step (restored ones were
-        saved by the restore); enqueues only, never waits for the gather or the holders."""
+        """One ``save_step`` for every request's tokens computed this step (a restored
+        request's first save starts at 0, its restored prefix with it); enqueues only, never
+        waits for the gather or the holders."""
         steps = []
         for save in meta.saves:
             request_id = self._request_ids.get(save.req_id)
             if request_id is None or save.req_id in self._released:
                 continue
-            n = len(save.slot_ids)
-            verified = self._failed_loads.get(save.req_id)
-            if verified is not None:
-                # This step's forward read blocks that failed to load: only the verified prefix
-                # is saved; vLLM recomputes the rest in later steps.
-                n = max(0, min(n, verified - save.start))
-            steps.append(StepTokens(request_id, save.start, save.slot_ids[:n], save.token_ids[:n]))
+            steps.append(StepTokens(request_id, save.start, save.slot_ids, save.token_ids))
         self.core.save_step(steps)
 
     def load_errors(self) -> set[int]:
