@@ -15,7 +15,7 @@ after another, so that all three see the same load. Correctness is checked once 
     python bench/vllm_stream.py [--json PATH] [--layers N] [--reps N] [--threads N]
 
 The engine figures (inter-token latency with and without the connector, restore vs recompute
-TTFT) are not measured yet: docs/vllm.md lists them as left.
+TTFT, decode steps during restores) are bench/vllm_engine.py's.
 """
 
 from __future__ import annotations
