@@ -76,7 +76,7 @@ class WorkerSide:
     def register(self, layout: KVLayout) -> None:
         self.core.register(layout)
 
-    # ---- before the forward ----------------------------------------------------------------
+    # ---- start_load_kv, before the step's saves -------------------------------------------
     def start_step(self, meta: LumenMetadata) -> None:
         """Abandons every streaming request if told to (control ``abandon``), starts this
         step's restores (vLLM leaves their blocks alone until ``finished_loads`` names them),
@@ -152,7 +152,7 @@ class WorkerSide:
             if request_id is not None:
                 self.core.preempt(request_id)
 
-    # ---- after the forward -----------------------------------------------------------------
+    # ---- wait_for_save and get_finished ----------------------------------------------------
     def save_step(self, meta: LumenMetadata) -> None:
         """One ``save_step`` for every request's tokens computed this step (a restored
         request's first save starts at 0, its restored prefix with it); enqueues only, never
