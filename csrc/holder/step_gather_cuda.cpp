@@ -19,22 +19,6 @@ namespace lumen::holder {
 
 namespace {
 
-// Makes `device` current on the calling thread for one scope and restores what was current:
-// mark() runs on the engine's thread, whose current device is the engine's business.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != device) cuda_check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 class CudaStepGather final : public StepGather {
  public:
   CudaStepGather(std::vector<PlaneDesc> planes, int64_t record_bytes, int device, uint8_t* staging,

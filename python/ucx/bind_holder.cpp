@@ -24,6 +24,27 @@ using I64Array = py::array_t<int64_t, py::array::c_style>;
 using U32Array = py::array_t<uint32_t, py::array::c_style>;
 using U8Array = py::array_t<uint8_t, py::array::c_style>;
 
+// The checks every restore binding makes, then `run(fingerprints, planes, num_planes)` without
+// the GIL; returns (status, restored_tokens, durable_tokens).
+template <typename Run>
+py::tuple restore(const py::bytes& fingerprints, const I64Array& descriptors,
+                  const I64Array& slot_ids, int64_t record_bytes, const Run& run) {
+  const std::string fp = fingerprints;
+  if (fp.size() != 2 * lt::kFingerprintBytes) {
+    throw py::value_error("fingerprints must be 64 bytes, got " + std::to_string(fp.size()));
+  }
+  const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
+  lumen::validate_planes(planes, num_planes, record_bytes);
+  lumen::validate_slots(planes, num_planes, slot_ids.data(), slot_ids.size());
+  lh::RestoreReport report;
+  {
+    py::gil_scoped_release release;
+    report = run(reinterpret_cast<const uint8_t*>(fp.data()), planes, num_planes);
+  }
+  return py::make_tuple(static_cast<int>(report.status), report.restored_tokens,
+                        report.durable_tokens);
+}
+
 py::dict stats_dict(const lh::HolderStats& s) {
   py::dict d;
   d["checkpoints"] = s.checkpoints;
@@ -107,54 +128,31 @@ void bind_holder(py::module_& m) {
           [](lh::HolderStore& s, uint64_t request_id, uint32_t shard, const py::bytes& fingerprints,
              const U32Array& token_ids, const I64Array& descriptors, const I64Array& slot_ids,
              int64_t record_bytes) {
-            const std::string fp = fingerprints;
-            if (fp.size() != 2 * lt::kFingerprintBytes) {
-              throw py::value_error("fingerprints must be 64 bytes, got " +
-                                    std::to_string(fp.size()));
-            }
-            const auto [planes, num_planes] = lumen_bind::to_planes(descriptors);
-            lumen::validate_planes(planes, num_planes, record_bytes);
-            lumen::validate_slots(planes, num_planes, slot_ids.data(), slot_ids.size());
-            lh::RestoreReport report;
-            {
-              py::gil_scoped_release release;
-              report = s.restore_into(
-                  request_id, shard, reinterpret_cast<const uint8_t*>(fp.data()), token_ids.data(),
-                  token_ids.size(), planes, num_planes, slot_ids.data(), slot_ids.size());
-            }
-            return py::make_tuple(static_cast<int>(report.status), report.restored_tokens,
-                                  report.durable_tokens);
+            return restore(fingerprints, descriptors, slot_ids, record_bytes,
+                           [&](const uint8_t* fp, const lumen::PlaneDesc* planes, int num_planes) {
+                             return s.restore_into(request_id, shard, fp, token_ids.data(),
+                                                   token_ids.size(), planes, num_planes,
+                                                   slot_ids.data(), slot_ids.size());
+                           });
           },
           py::arg("request_id"), py::arg("shard"), py::arg("fingerprints"), py::arg("token_ids"),
           py::arg("descriptors"), py::arg("slot_ids"), py::arg("record_bytes"))
       .def(
-          "copy_out",
-          [](lh::HolderStore& s, uint64_t request_id, uint32_t shard, uint64_t start,
-             U32Array& token_ids, U32Array& crcs, U8Array& records, int num_threads) {
-            // Up to n tokens into token_ids [n], crcs [n] and records [n, record_bytes].
-            const auto n = static_cast<uint64_t>(token_ids.size());
-            if (static_cast<uint64_t>(crcs.size()) != n || records.ndim() != 2 ||
-                static_cast<uint64_t>(records.shape(0)) != n || records.shape(1) < 1 ||
-                records.shape(1) > UINT32_MAX) {
-              throw py::value_error(
-                  "copy_out: token_ids [n], crcs [n] and records [n, record_bytes] expected");
-            }
-            const auto record_bytes = static_cast<uint32_t>(records.shape(1));
-            std::string fingerprints(2 * lt::kFingerprintBytes, '\0');
-            uint64_t copied = 0;
-            uint64_t durable = 0;
-            bool found = false;
-            {
-              py::gil_scoped_release release;
-              found = s.copy_out(request_id, shard, start, n, record_bytes,
-                                 reinterpret_cast<uint8_t*>(fingerprints.data()),
-                                 token_ids.mutable_data(), crcs.mutable_data(),
-                                 records.mutable_data(), &copied, &durable, num_threads);
-            }
-            return py::make_tuple(found, py::bytes(fingerprints), copied, durable);
+          "restore_into_cuda",
+          [](lh::HolderStore& s, uint64_t request_id, uint32_t shard, const py::bytes& fingerprints,
+             const U32Array& token_ids, const I64Array& descriptors, const I64Array& slot_ids,
+             int64_t record_bytes, int device, uintptr_t stream, int num_threads) {
+            return restore(fingerprints, descriptors, slot_ids, record_bytes,
+                           [&](const uint8_t* fp, const lumen::PlaneDesc* planes, int num_planes) {
+                             return s.restore_into_cuda(request_id, shard, fp, token_ids.data(),
+                                                        token_ids.size(), planes, num_planes,
+                                                        slot_ids.data(), slot_ids.size(), device,
+                                                        stream, num_threads);
+                           });
           },
-          py::arg("request_id"), py::arg("shard"), py::arg("start"), py::arg("token_ids"),
-          py::arg("crcs"), py::arg("records"), py::arg("num_threads") = 1);
+          py::arg("request_id"), py::arg("shard"), py::arg("fingerprints"), py::arg("token_ids"),
+          py::arg("descriptors"), py::arg("slot_ids"), py::arg("record_bytes"), py::kw_only(),
+          py::arg("device"), py::arg("stream"), py::arg("num_threads"));
 
   m.def("holder_can_pin", &lh::can_pin_host_memory,
         "True when this build can page-lock holder memory and a CUDA device is present.");

@@ -488,11 +488,17 @@ def test_store_arguments_are_checked(issuer: CapabilityIssuer, rig: Rig) -> None
 
 
 def hold_checkpoint(
-    secret: bytes, source: KVLayout, tokens: np.ndarray, crcs: np.ndarray, records: torch.Tensor
+    secret: bytes,
+    source: KVLayout,
+    tokens: np.ndarray,
+    crcs: np.ndarray,
+    records: torch.Tensor,
+    store: HolderStore | None = None,
 ) -> HolderStore:
-    """A store holding request 1: ``records`` of ``source``'s format appended as they are (the
-    holder does not check crcs on receipt, so a restore is what catches a bad record)."""
-    store = HolderStore()
+    """A store (a new one by default) holding request 1: ``records`` of ``source``'s format
+    appended as they are (the holder does not check crcs on receipt, so a restore is what
+    catches a bad record)."""
+    store = HolderStore() if store is None else store
     fp = fingerprint_bytes(source, MODEL)
     issuer = CapabilityIssuer.generate()
     cap = issuer.issue(1, SHARD, EPOCH, holder_id=0)
@@ -571,36 +577,6 @@ def test_holder_memory_is_pinned_where_a_gpu_is_present(rig: Rig) -> None:
     assert stats["pinned"] is True and stats["arena_bytes"] > 0
 
 
-@pytest.mark.parametrize("threads", [1, 2])
-def test_copy_out_hands_out_what_was_appended(rig: Rig, threads: int) -> None:
-    """The read-out a restore into a CUDA cache verifies and scatters (HolderStore.restore)."""
-    rig.open(4)
-    rig.append(4, 0, 45)
-    fp = rig.layout_fp + rig.model_fp
-
-    def copy_out(rid: int, start: int, n: int, record_bytes: int = rig.layout.record_bytes) -> tuple:
-        ids, crcs = np.zeros(n, np.uint32), np.zeros(n, np.uint32)
-        records = np.zeros((n, record_bytes), np.uint8)
-        found, fingerprints, copied, durable = rig.store._native.copy_out(
-            rid, SHARD, start, ids, crcs, records, num_threads=threads
-        )
-        return found, fingerprints, copied, durable, ids[:copied], crcs[:copied], records[:copied]
-
-    found, fingerprints, copied, durable, ids, crcs, records = copy_out(4, 10, 16)
-    expected = gather_tokens(rig.layout, rig.slots(4, 26)[10:])
-    assert (found, fingerprints, copied, durable) == (True, fp, 16, 45)
-    assert np.array_equal(ids, rig.tokens(4, 26)[10:]) and np.array_equal(records, expected.numpy())
-    assert np.array_equal(crcs, checksum(expected).numpy())
-    assert copy_out(4, 40, 16)[2:4] == (5, 45)  # the durable tail only
-    assert copy_out(4, 45, 16)[:4] == (True, fp, 0, 45)
-    assert copy_out(4, 0, 4, rig.layout.record_bytes + 2)[:4] == (True, fp, 0, 45)  # other records
-    assert copy_out(99, 0, 4)[0] is False
-    with pytest.raises(ValueError, match="records \\[n, record_bytes\\] expected"):
-        rig.store._native.copy_out(
-            4, SHARD, 0, np.zeros(2, np.uint32), np.zeros(2, np.uint32), np.zeros((3, 8), np.uint8)
-        )
-
-
 @pytest.mark.cuda
 @pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("remote", [False, True])
@@ -637,6 +613,53 @@ def test_restore_into_a_cuda_cache_stops_at_the_first_bad_record(secret: bytes, 
         assert torch.equal(restored, gather_tokens(rig.layout, rig.slots(1, 28)))
     finally:
         rig.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("pinned", [True, False])
+@pytest.mark.parametrize("flip", [None, 2800])
+def test_restore_into_a_cuda_cache_runs_its_groups_through_the_native_pipeline(
+    secret: bytes, pinned: bool, flip: int | None
+) -> None:
+    """3,000 records of 24 KiB: three groups of the native pipeline (32 MiB each), records
+    straddling the store's 2 MiB chunks, copied straight from pinned chunks or through the
+    bounce buffers of an unpinned store, restored on a side stream. The cache then holds the
+    sent records bit for bit; a byte flipped in the third group stops the restore at that
+    record, and no slot after it is written."""
+
+    def cache(seed: int, device: str) -> KVLayout:
+        return make_paged_cache(
+            "vllm_flash",
+            num_layers=8,
+            num_blocks=200,
+            block_size=16,
+            num_kv_heads=6,
+            head_dim=128,
+            dtype=torch.bfloat16,
+            seed=seed,
+            device=device,
+        )
+
+    source, target = cache(0, "cpu"), cache(1, "cuda")
+    assert target.record_bytes == 24 << 10
+    records = gather_tokens(source, torch.arange(3000, dtype=torch.int64))
+    crcs = checksum(records).numpy()
+    sent = records.clone()
+    if flip is not None:
+        sent[flip, 100] ^= 0x01
+    tokens = np.arange(3000, dtype=np.uint32)
+    store = hold_checkpoint(secret, source, tokens, crcs, sent, HolderStore(pinned=pinned))
+    into = torch.randperm(3200, generator=torch.Generator().manual_seed(3))
+    before = gather_tokens(target, into.cuda()).cpu()
+    with torch.cuda.stream(torch.cuda.Stream()):
+        result = store.restore(1, target, into[:3000], token_ids=tokens, model_fingerprint=MODEL)
+    restored = 3000 if flip is None else flip
+    status = RestoreStatus.COMPLETE if flip is None else RestoreStatus.CRC_MISMATCH
+    assert (result.status, result.restored_tokens) == (status, restored)
+    after = gather_tokens(target, into.cuda()).cpu()
+    assert torch.equal(after[:restored], records[:restored])
+    assert torch.equal(after[restored:], before[restored:])
 
 
 _OUT_OF_MEMORY_SCRIPT = r"""

@@ -261,43 +261,29 @@ class HolderStore:
         expected id and its record its crc. The prefix up to the first failed check (at most
         ``max_tokens``, e.g. the minimum over TP shards) is restored; the caller re-prefills
         the rest (``reprefill_tokens`` of ``token_ids``). A CPU cache is written while its
-        records are verified, in one pass; for a CUDA cache the records are copied out in
-        chunks into pinned memory, verified, then scattered by the CUDA kernels.
+        records are verified, in one pass. A CUDA cache is written by a native pipeline: groups
+        of records are checked on the host while the group before is copied to the device and
+        scattered on the current CUDA stream; the call returns once the cache holds them.
         """
         layout, slots, tokens, limit = _check_restore_args(layout, slot_ids, token_ids, max_tokens)
         check_str("model_fingerprint", model_fingerprint)
-        request_id = check_int("request_id", request_id, 0, U64_MAX)
-        shard = check_int("shard", shard, 0, U32_MAX)
-        if layout.device.type == "cuda":  # copied out here, verified and scattered by the GPU
-
-            def read(start: int, records: torch.Tensor) -> _Chunk | None:
-                n = len(records)
-                ids, crcs = np.empty(n, np.uint32), np.empty(n, np.uint32)
-                found, fingerprints, copied, durable = self._native.copy_out(
-                    request_id, shard, start, ids, crcs, records.numpy(), num_threads=os.cpu_count() or 1
-                )
-                if not found:
-                    return None
-                return _Chunk(bytes(fingerprints), ids[:copied], crcs[:copied], int(durable))
-
-            return _restore_in_chunks(
-                read,
-                layout,
-                slots,
-                tokens,
-                limit,
-                fingerprint_bytes(layout, model_fingerprint),
-                _RESTORE_CHUNK_TOKENS,
-            )
-        status, restored, durable = self._native.restore_into(
-            request_id,
-            shard,
+        args = (
+            check_int("request_id", request_id, 0, U64_MAX),
+            check_int("shard", shard, 0, U32_MAX),
             fingerprint_bytes(layout, model_fingerprint),
             tokens[:limit],
             layout.descriptors().numpy(),
             slots[:limit],
             layout.record_bytes,
         )
+        if layout.device.type == "cuda":
+            device = layout.device.index if layout.device.index is not None else torch.cuda.current_device()
+            stream = torch.cuda.current_stream(device).cuda_stream
+            status, restored, durable = self._native.restore_into_cuda(
+                *args, device=device, stream=stream, num_threads=os.cpu_count() or 1
+            )
+        else:
+            status, restored, durable = self._native.restore_into(*args)
         return RestoreResult(
             status=RestoreStatus(status),
             restored_tokens=int(restored),
@@ -370,11 +356,6 @@ class _Chunk:
     token_ids: np.ndarray
     crcs: np.ndarray
     durable_tokens: int
-
-
-# Tokens per read when the store's records are copied out (a CUDA cache): 512 records of a
-# 32-layer, 8-head bf16 model are 64 MiB; a restore holds two such pinned buffers.
-_RESTORE_CHUNK_TOKENS = 512
 
 
 def _restore_in_chunks(

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "lumen/holder/chunk_arena.h"
+#include "lumen/holder/cuda_restore.h"
 #include "lumen/holder/record_chunks.h"
 #include "lumen/slot_index.h"
 #include "lumen/transport/sink.h"
@@ -138,15 +139,15 @@ class HolderStore final : public transport::RecordSink {
                              const uint32_t* expected_token_ids, uint64_t num_expected,
                              const PlaneDesc* planes, int num_planes, const int64_t* slot_ids,
                              uint64_t num_slots);
-  // For a cache the store cannot write itself (on a GPU): copies up to max_tokens durable
-  // tokens of (request_id, shard) from position `start` (their ids, crcs and records) and the
-  // checkpoint's fingerprints (2 * kFingerprintBytes) out, for the caller to verify and
-  // scatter; records are copied only when they are record_bytes long (else the fingerprints
-  // differ too). False when there is no such opened checkpoint; *copied: tokens copied;
-  // *durable: the checkpoint's durable length. The records are copied by num_threads threads.
-  bool copy_out(uint64_t request_id, uint32_t shard, uint64_t start, uint64_t max_tokens,
-                uint32_t record_bytes, uint8_t* fingerprints, uint32_t* token_ids, uint32_t* crcs,
-                uint8_t* records, uint64_t* copied, uint64_t* durable, int num_threads = 1);
+  // restore_into for a cache on CUDA device `device`, by the native pipeline of
+  // lumen/holder/cuda_restore.h: the scatters are queued on `stream` (a cudaStream_t, 0 for the
+  // default stream) and have run when this returns; the crcs are checked by num_threads
+  // threads. std::runtime_error when this build has no CUDA or a CUDA call fails.
+  RestoreReport restore_into_cuda(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
+                                  const uint32_t* expected_token_ids, uint64_t num_expected,
+                                  const PlaneDesc* planes, int num_planes, const int64_t* slot_ids,
+                                  uint64_t num_slots, int device, uintptr_t stream,
+                                  int num_threads);
 
  private:
   struct Pending {
@@ -210,6 +211,17 @@ class HolderStore final : public transport::RecordSink {
   };
 
   static uint64_t token_bytes(uint32_t record_bytes) { return uint64_t(record_bytes) + 8; }
+  // The start of every restore (lock held): finds the checkpoint and checks its fingerprints
+  // (null, with report's status and durable length set, when it cannot be restored); else
+  // *matching is the length of the prefix of at most *limit (= min(durable, num_expected,
+  // num_slots)) tokens whose ids are the expected ones.
+  Checkpoint* restorable(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
+                         const uint32_t* expected_token_ids, uint64_t num_expected,
+                         uint64_t num_slots, RestoreReport* report, uint64_t* limit,
+                         uint64_t* matching);
+  // The report of a restore that wrote `written` of the `matching` tokens checked against `limit`.
+  static void finish_restore(uint64_t written, uint64_t matching, uint64_t limit,
+                             RestoreReport* report);
   // What the bytes being charged are for: the eviction victims they may take.
   enum class Purpose { kGrowth, kReservation };
   // Sets checkpoint's charge to max(reserved, tokens) tokens, evicting others if needed;
@@ -265,6 +277,7 @@ class HolderStore final : public transport::RecordSink {
   uint64_t next_ticket_ = 1;
   uint64_t charged_bytes_ = 0;
   HolderStats stats_;
+  std::unique_ptr<CudaRestorer> cuda_restorer_;  // made by the first restore into a CUDA cache
 };
 
 }  // namespace lumen::holder
