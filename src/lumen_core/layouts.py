@@ -222,6 +222,34 @@ class KVLayout:
         return layout
 
     @classmethod
+    def vllm_paged(cls, kv_caches: Sequence[torch.Tensor]) -> KVLayout:
+        """vLLM's attention cache as its GPU backends hold it since vLLM's KV-cache layout
+        rework (vLLM 0.32: ``FLASH_ATTN``, ``TRITON_ATTN``, ``FLASHINFER``): per layer a logical
+        ``[num_blocks, H, block_size, 2 * D]`` view, K then V in the last dimension, in any of
+        the physical orders of vLLM's ``KVCacheLayout`` (``LBNHC``, vLLM's default, a token's
+        K and V heads side by side; ``LBHNC`` head-major; the block-outermost ones) as
+        ``vllm.v1.kv_cache_interface.create_kv_cache_views`` makes them. K and V are the
+        views the flash backend writes through (``transpose(1, 2).split(D, -1)``); records are
+        those of ``vllm_flash`` for the same H, D and dtype, and so is the fingerprint.
+        """
+        caches = _require_tensor_list(kv_caches, "kv_caches")
+        planes: list[torch.Tensor] = []
+        names: list[str] = []
+        for i, cache in enumerate(caches):
+            _require_shape(cache, f"kv_caches[{i}]", "num_blocks, num_kv_heads, block_size, 2 * head_dim")
+            if cache.shape[3] % 2:
+                raise ValueError(
+                    f"`kv_caches[{i}]` must hold K and V of one head size in its last dimension "
+                    f"(an even size), got shape {tuple(cache.shape)}"
+                )
+            head_dim = cache.shape[3] // 2
+            rows = cache.transpose(1, 2)
+            key, value = rows[..., :head_dim], rows[..., head_dim:]
+            planes += [key, value]
+            names += [f"layer{i}.k", f"layer{i}.v"]
+        return cls(planes, kind="vllm_paged", names=names)
+
+    @classmethod
     def vllm_cpu(cls, kv_caches: Sequence[torch.Tensor], *, isa: str) -> KVLayout:
         """vLLM's CPU attention backend (``CPU_ATTN``): per layer ``[num_blocks, H, block_size, 2 * D]``.
 

@@ -25,6 +25,7 @@ from lumen_core.ops import gather_tokens, scatter_tokens
 
 __all__ = [
     "LAYOUT_KINDS",
+    "VLLM_PAGED_ORDERS",
     "assert_kv_equal",
     "checkpoint_slots",
     "make_paged_cache",
@@ -41,7 +42,18 @@ LAYOUT_KINDS = (
     "sglang",
     "mla",
     "vllm_flash_fp8_scales",
+    "vllm_paged",
+    "vllm_paged_hnd",
+    "vllm_paged_blocks_outer",
 )
+
+# The physical orders (vLLM's KVCacheLayout, of the logical axes layer, block, head, token,
+# content) that make_paged_cache gives the vllm_paged kinds: LBNHC, LBHNC and BLNHC.
+VLLM_PAGED_ORDERS = {
+    "vllm_paged": (0, 1, 3, 2, 4),
+    "vllm_paged_hnd": (0, 1, 2, 3, 4),
+    "vllm_paged_blocks_outer": (1, 0, 3, 2, 4),
+}
 
 
 def random_tensor(
@@ -75,7 +87,9 @@ def make_paged_cache(
 
     ``sglang`` has ``num_blocks * block_size`` slots and page size 1; ``mla`` rows are
     ``num_kv_heads * head_dim`` elements; ``vllm_flash_fp8_scales`` is a float8_e4m3fn flash
-    cache with per-token-head float32 scale planes (``dtype`` is ignored there).
+    cache with per-token-head float32 scale planes (``dtype`` is ignored there). The
+    ``vllm_paged`` kinds are one storage for all layers in the physical order
+    ``VLLM_PAGED_ORDERS`` names, as vLLM allocates them.
     """
     if kind not in LAYOUT_KINDS:
         raise ValueError(f"`kind` must be one of {LAYOUT_KINDS}, got {kind!r}")
@@ -98,6 +112,13 @@ def make_paged_cache(
         return KVLayout.sglang([rand(nb * bs, h, d) for _ in layers], [rand(nb * bs, h, d) for _ in layers])
     if kind == "mla":
         return KVLayout.mla([rand(nb, bs, h * d) for _ in layers])
+    if kind in VLLM_PAGED_ORDERS:
+        order = VLLM_PAGED_ORDERS[kind]
+        logical = (num_layers, nb, h, bs, 2 * d)
+        physical = rand(*(logical[axis] for axis in order))
+        return KVLayout.vllm_paged(
+            list(physical.permute(*(order.index(axis) for axis in range(5))).unbind(0))
+        )
     return KVLayout.vllm_flash(
         [rand(2, nb, bs, h, d, dt=torch.float8_e4m3fn) for _ in layers],
         scales=[rand(2, nb, bs, h, dt=torch.float32) for _ in layers],

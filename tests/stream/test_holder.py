@@ -580,11 +580,16 @@ def test_holder_memory_is_pinned_where_a_gpu_is_present(rig: Rig) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not _native.HAS_CUDA, reason="needs a CUDA device")
 @pytest.mark.parametrize("remote", [False, True])
-def test_restore_into_a_cuda_cache_stops_at_the_first_bad_record(secret: bytes, remote: bool) -> None:
+@pytest.mark.parametrize("kind", ["vllm_flash", "vllm_paged"])
+def test_restore_into_a_cuda_cache_stops_at_the_first_bad_record(
+    secret: bytes, remote: bool, kind: str
+) -> None:
+    """A vllm_flash checkpoint restores into a CUDA cache of its own kind or of vLLM's GPU
+    backends' (same records, same fingerprint), up to the corrupted record."""
     rig = corrupted_rig(secret)
     try:
         target = make_paged_cache(
-            "vllm_flash",
+            kind,
             num_layers=2,
             num_blocks=64,
             block_size=16,

@@ -67,7 +67,9 @@ def test_the_cuda_path_is_built_with_the_cuda_module() -> None:
 
 @pytest.mark.cuda
 @needs_gpu
-@pytest.mark.parametrize("kind", ["vllm_flash", "vllm_flash_hnd", "sglang", "mla"])
+@pytest.mark.parametrize(
+    "kind", ["vllm_flash", "vllm_flash_hnd", "sglang", "mla", "vllm_paged", "vllm_paged_blocks_outer"]
+)
 def test_a_cuda_cache_streams_bit_exact(
     issuer: CapabilityIssuer, kind: str, holder: Any, secret: bytes
 ) -> None:
