@@ -31,7 +31,7 @@ def _load(name: str) -> ModuleType | None:
 
 
 def _load_ucx() -> ModuleType | None:
-    # UCX logs to stdout unless told otherwise, and reads where when its libraries load: stdout
+    # UCX logs to stdout unless told otherwise, and reads where to when its libraries load: stdout
     # belongs to the program (`lumen holder` and the agent answer in JSON lines there, and a
     # UCX warning landed inside one), so a library's diagnostics go to stderr. The environment
     # wins.

@@ -77,7 +77,7 @@ def test_a_resumed_request_recomputing_a_durable_token_keeps_streaming(
     source = RestoreSource(1, address, issuer.issue(key, 0, 1, holder_id=0, rights=Rights.READ))
     opens = [OpenSpec("vllm-r", "r", key, (address,), (capability,), 1, len(token_ids))]
     restored = DURABLE - 1
-    loads = [LoadSpec("vllm-r", "r", key, slots[:restored], token_ids[:restored], [1, 2], source)]
+    loads = [LoadSpec("vllm-r", "r", key, slots[:restored], token_ids[:restored], source)]
     worker.start_step(LumenMetadata(loads=loads))  # the load runs while vLLM steps on
     finished: set[str] = set()
     assert _wait_until(lambda: bool(finished.update(worker.finished_loads()) or finished))

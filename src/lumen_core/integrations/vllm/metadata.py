@@ -33,15 +33,14 @@ class OpenSpec:
 @dataclass(frozen=True)
 class LoadSpec:
     """Restore the first ``len(slot_ids)`` tokens of ``req_id`` (LUMEN id ``request_id``, ids
-    ``token_ids``) from ``restore`` into ``slot_ids``; ``block_ids`` are the blocks they fill
-    (load errors are reported by block)."""
+    ``token_ids``) from ``restore`` into ``slot_ids`` (load errors are reported by the blocks
+    of the slots that failed)."""
 
     req_id: str
     request_id: str
     key: int
     slot_ids: list[int]
     token_ids: list[int]
-    block_ids: list[int]
     restore: RestoreSource
 
 

@@ -127,7 +127,6 @@ class SchedulerSide:
                     control.key,
                     slots,
                     list(request.all_token_ids[:num_tokens]),
-                    sorted({s // self.block_size for s in slots}),
                     self._sources[req_id],
                 )
             )
