@@ -31,7 +31,7 @@ WHEEL = $(wildcard dist/lumen_core-*.whl)
 
 # The wheel's version does not change between builds: --force-reinstall --no-deps swaps it in.
 $(VENV)/.installed: $(VENV)/.torch $(WHEEL_STAMP)
-	$(BIN)/pip install -q "$(WHEEL)[test,http,typecheck]"
+	$(BIN)/pip install -q "$(WHEEL)[test,http,demo,typecheck]"
 	$(BIN)/pip install -q --force-reinstall --no-deps "$(WHEEL)"
 	touch $@
 

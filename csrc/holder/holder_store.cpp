@@ -551,35 +551,33 @@ std::vector<CheckpointInfo> HolderStore::checkpoints() const {
   return out;
 }
 
-HolderStore::Checkpoint* HolderStore::restorable(uint64_t request_id, uint32_t shard,
-                                                 const uint8_t* fingerprints,
-                                                 const uint32_t* expected_token_ids,
-                                                 uint64_t num_expected, uint64_t num_slots,
-                                                 RestoreReport* report, uint64_t* limit,
-                                                 uint64_t* matching) {
+template <typename Write>
+RestoreReport HolderStore::restore(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
+                                   const uint32_t* expected_token_ids, uint64_t num_expected,
+                                   uint64_t num_slots, const Write& write) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  RestoreReport report;
   auto it = checkpoints_.find({request_id, shard});
-  if (it == checkpoints_.end() || !it->second.opened) return nullptr;  // kMissing
+  if (it == checkpoints_.end() || !it->second.opened) return report;  // kMissing
   Checkpoint& checkpoint = it->second;
   checkpoint.last_access_ns = now_ns();
-  report->durable_tokens = checkpoint.durable_tokens;
+  report.durable_tokens = checkpoint.durable_tokens;
   if (std::memcmp(fingerprints, checkpoint.fingerprints.data(), 2 * kFingerprintBytes) != 0) {
-    report->status = RestoreStatus::kFingerprintMismatch;
-    return nullptr;
+    report.status = RestoreStatus::kFingerprintMismatch;
+    return report;
   }
-  *limit = std::min({checkpoint.durable_tokens, num_expected, num_slots});
-  *matching = 0;
-  while (*matching < *limit && checkpoint.token_ids[*matching] == expected_token_ids[*matching]) {
-    ++*matching;
+  const uint64_t n = std::min({checkpoint.durable_tokens, num_expected, num_slots});
+  uint64_t matching = 0;
+  while (matching < n && checkpoint.token_ids[matching] == expected_token_ids[matching]) {
+    ++matching;
   }
-  return &checkpoint;
-}
-
-void HolderStore::finish_restore(uint64_t written, uint64_t matching, uint64_t limit,
-                                 RestoreReport* report) {
-  report->status = written < matching ? RestoreStatus::kCrcMismatch
-                   : matching < limit ? RestoreStatus::kTokenMismatch
-                                      : RestoreStatus::kComplete;
-  report->restored_tokens = written;
+  // The store's lock is held until write returns: no append, release or eviction moves the
+  // records it reads.
+  report.restored_tokens = write(checkpoint, matching);
+  report.status = report.restored_tokens < matching ? RestoreStatus::kCrcMismatch
+                  : matching < n                    ? RestoreStatus::kTokenMismatch
+                                                    : RestoreStatus::kComplete;
+  return report;
 }
 
 RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
@@ -587,36 +585,29 @@ RestoreReport HolderStore::restore_into(uint64_t request_id, uint32_t shard,
                                         const uint32_t* expected_token_ids, uint64_t num_expected,
                                         const PlaneDesc* planes, int num_planes,
                                         const int64_t* slot_ids, uint64_t num_slots) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  RestoreReport report;
-  uint64_t limit = 0;
-  uint64_t matching = 0;
-  Checkpoint* checkpoint = restorable(request_id, shard, fingerprints, expected_token_ids,
-                                      num_expected, num_slots, &report, &limit, &matching);
-  if (checkpoint == nullptr) return report;
-  const uint64_t record_bytes = checkpoint->record_bytes;
-  const std::vector<int> order =
-      fused_plane_order(planes, num_planes, static_cast<int64_t>(record_bytes));
-  auto read = [&](uint64_t i, uint8_t* scratch) {
-    return checkpoint->records.record(arena_, i, scratch);
-  };
-  auto write = [&](const uint8_t* const* records, uint64_t first, int count) {
-    if (!order.empty()) {
-      // The non-temporal copy (its crcs are not needed: these records passed theirs).
-      uint32_t crcs[3];
-      scatter_with_crc(records, slot_ids + first, count, planes, order, crcs);
-      return;
-    }
-    for (int t = 0; t < count; ++t) {
-      scatter_tokens_cpu(records[t], planes, num_planes, static_cast<int64_t>(record_bytes),
-                         slot_ids + first + t, 1, 1);
-    }
-  };
-  // The store's lock is held throughout: no append, release or eviction moves the records.
-  const VerifiedWrite written =
-      write_verified(matching, record_bytes, checkpoint->crcs.data(), read, write);
-  finish_restore(written.written, matching, limit, &report);
-  return report;
+  return restore(
+      request_id, shard, fingerprints, expected_token_ids, num_expected, num_slots,
+      [&](const Checkpoint& checkpoint, uint64_t matching) {
+        const uint64_t record_bytes = checkpoint.record_bytes;
+        const std::vector<int> order =
+            fused_plane_order(planes, num_planes, static_cast<int64_t>(record_bytes));
+        auto read = [&](uint64_t i, uint8_t* scratch) {
+          return checkpoint.records.record(arena_, i, scratch);
+        };
+        auto write = [&](const uint8_t* const* records, uint64_t first, int count) {
+          if (!order.empty()) {
+            // The non-temporal copy (no crcs needed: these records passed theirs).
+            uint32_t crcs[3];
+            scatter_with_crc(records, slot_ids + first, count, planes, order, crcs);
+            return;
+          }
+          for (int t = 0; t < count; ++t) {
+            scatter_tokens_cpu(records[t], planes, num_planes, static_cast<int64_t>(record_bytes),
+                               slot_ids + first + t, 1, 1);
+          }
+        };
+        return write_verified(matching, record_bytes, checkpoint.crcs.data(), read, write).written;
+      });
 }
 
 RestoreReport HolderStore::restore_into_cuda(uint64_t request_id, uint32_t shard,
@@ -626,22 +617,15 @@ RestoreReport HolderStore::restore_into_cuda(uint64_t request_id, uint32_t shard
                                              int num_planes, const int64_t* slot_ids,
                                              uint64_t num_slots, int device, uintptr_t stream,
                                              int num_threads) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  RestoreReport report;
-  uint64_t limit = 0;
-  uint64_t matching = 0;
-  Checkpoint* checkpoint = restorable(request_id, shard, fingerprints, expected_token_ids,
-                                      num_expected, num_slots, &report, &limit, &matching);
-  if (checkpoint == nullptr) return report;
-  if (cuda_restorer_ == nullptr || cuda_restorer_->device() != device) {
-    cuda_restorer_ = make_cuda_restorer(device);
-  }
-  // The lock is held until the device has read every record it copies.
-  const uint64_t written =
-      cuda_restorer_->restore(checkpoint->records, arena_, checkpoint->crcs.data(), matching,
-                              planes, num_planes, slot_ids, stream, num_threads);
-  finish_restore(written, matching, limit, &report);
-  return report;
+  return restore(request_id, shard, fingerprints, expected_token_ids, num_expected, num_slots,
+                 [&](const Checkpoint& checkpoint, uint64_t matching) {
+                   if (cuda_restorer_ == nullptr || cuda_restorer_->device() != device) {
+                     cuda_restorer_ = make_cuda_restorer(device);
+                   }
+                   return cuda_restorer_->restore(checkpoint.records, arena_,
+                                                  checkpoint.crcs.data(), matching, planes,
+                                                  num_planes, slot_ids, stream, num_threads);
+                 });
 }
 
 }  // namespace lumen::holder

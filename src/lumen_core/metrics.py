@@ -10,12 +10,15 @@
   requests grouped by arrival) are both no worse than ``1 + tolerance`` (10%) times the
   failure-free run's in the same windows, for ``num_windows`` (3) consecutive windows.
 - Checkpoint coverage, holder balance ratio, acceptance rate.
+- Token errors of a client's stream against the failure-free run's: duplicate, missing and
+  changed tokens (``count_token_errors``).
 
 Times are seconds on the driver's clock. Unfinished requests carry NaN times.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass
 from typing import cast
@@ -240,3 +243,19 @@ def run_figures(
         "recovery_s": recovery_time_s(records, baseline, failure_s, window_s, horizon_s, tolerance=tolerance),
         "replay_ttft_s": nan_mean(records.replay_ttft_s(failure_s)),
     }
+
+
+def count_token_errors(expected: list[int], received: list[int]) -> tuple[int, int, int]:
+    """(duplicate, missing, changed) tokens of ``received`` against ``expected``: tokens in
+    excess, tokens absent, and tokens in place but different, from a minimal alignment."""
+    duplicate = missing = changed = 0
+    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, expected, received, autojunk=False).get_opcodes():
+        if op == "insert":
+            duplicate += j2 - j1
+        elif op == "delete":
+            missing += i2 - i1
+        elif op == "replace":
+            changed += min(i2 - i1, j2 - j1)
+            duplicate += max(0, (j2 - j1) - (i2 - i1))
+            missing += max(0, (i2 - i1) - (j2 - j1))
+    return duplicate, missing, changed

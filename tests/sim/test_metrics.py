@@ -7,6 +7,7 @@ from lumen_core.metrics import (
     RequestRecords,
     acceptance_rate,
     checkpoint_coverage,
+    count_token_errors,
     holder_balance_ratio,
     nan_mean,
     recovery_time_s,
@@ -123,3 +124,18 @@ def test_validation():
         acceptance_rate(-1, 2)
     with pytest.raises(ValueError, match="`accepted_tokens` must be <= `proposed_tokens`"):
         acceptance_rate(3, 2)
+
+
+@pytest.mark.parametrize(
+    ("received", "errors"),
+    [
+        ([1, 2, 3, 4, 5], (0, 0, 0)),
+        ([1, 2, 3, 3, 4, 5], (1, 0, 0)),  # a token sent twice across the resume point
+        ([1, 2, 4, 5], (0, 1, 0)),  # one lost
+        ([1, 2, 9, 4, 5], (0, 0, 1)),  # one changed in place
+        ([1, 2], (0, 3, 0)),  # a stream that broke off
+        ([], (0, 5, 0)),
+    ],
+)
+def test_token_errors_count_duplicate_missing_and_changed_tokens(received: list[int], errors: tuple) -> None:
+    assert count_token_errors([1, 2, 3, 4, 5], received) == errors

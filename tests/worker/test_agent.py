@@ -44,7 +44,6 @@ from lumen_core.worker.agent import (
 )
 from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK, EXIT_SERVER_EXITED
 from lumen_core.worker.upstream import completion_body
-from lumen_core.worker.vllm_demo import count_token_errors
 
 CAP_A, CAP_B = bytes(range(128)), bytes(128)
 HOLDERS = (HolderGrant(1, "10.0.0.1:7001", (CAP_A,)), HolderGrant(2, "10.0.0.2:7002", (CAP_B, CAP_A)))
@@ -167,21 +166,6 @@ def test_lumen_agent_reports_bad_arguments_with_status_2(
             "--model", str(tmp_path), "--workdir", str(tmp_path)]  # fmt: skip
     assert main(argv) == 2
     assert "`model` must be a model directory with a config.json" in capsys.readouterr().err
-
-
-@pytest.mark.parametrize(
-    ("received", "errors"),
-    [
-        ([1, 2, 3, 4, 5], (0, 0, 0)),
-        ([1, 2, 3, 3, 4, 5], (1, 0, 0)),  # a token sent twice across the resume point
-        ([1, 2, 4, 5], (0, 1, 0)),  # one lost
-        ([1, 2, 9, 4, 5], (0, 0, 1)),  # one changed in place
-        ([1, 2], (0, 3, 0)),  # a stream that broke off
-        ([], (0, 5, 0)),
-    ],
-)
-def test_the_demo_counts_duplicate_missing_and_changed_tokens(received: list[int], errors: tuple) -> None:
-    assert count_token_errors([1, 2, 3, 4, 5], received) == errors
 
 
 def test_servers_start_beside_live_grpc_channels() -> None:

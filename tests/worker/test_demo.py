@@ -76,4 +76,6 @@ def test_short_demo_end_to_end(tmp_path: Path) -> None:
     assert all(r["sim_interrupted"] >= 1 and r["interrupted"] >= 1 for r in rows)
     assert all(0 <= r["paced_overrun_fraction"] <= 1 for r in rows)
     assert all(r["lost"] == 0 and r["identical"] == r["total"] for r in rows)
+    # Through the front door with the openai client: every stream whole, every token once.
+    assert all(r["broken_streams"] == r["duplicate_tokens"] == r["missing_tokens"] == 0 for r in rows)
     assert (tmp_path / "t.png").is_file()

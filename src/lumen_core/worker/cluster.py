@@ -3,7 +3,8 @@
 What the demo and the end-to-end tests drive: it writes a random cluster secret (0600) and
 the model files into ``workdir``, starts the gateway, spawns ``lumen worker`` processes
 (each in its own process group), SIGKILLs and restarts them (reporting the exit to the
-gateway as a supervisor would), submits requests and records every token's arrival time.
+gateway as a supervisor would), and streams requests through the gateway's OpenAI front door
+with the official ``openai`` client (the ``demo`` extra), recording every token's arrival time.
 ``close`` reaps every process it started (SIGTERM, then SIGKILL after a grace period).
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from lumen_core._validate import check_int
 from lumen_core.auth import DEFAULT_CAPABILITY_TTL_S, read_secret_file, write_secret_file
@@ -34,6 +37,8 @@ DRAFT_NUM_LAYERS = 1
 TINY_RECORD_BYTES = 2 * TINY_MODEL.num_layers * TINY_MODEL.num_kv_heads * TINY_MODEL.head_dim * 8
 HEARTBEAT_S = 0.25  # real seconds: worker reports, directives and the lease ride on it
 HOLDER_BUDGET_BYTES = 1 << 30  # each worker's holder room for others' checkpoints
+MODEL_NAME = "tiny"  # what the cluster's front door serves
+MAX_CLIENT_STREAMS = 1024  # streams the front door admits at once (the faithful run's ~120 and its queue)
 LATE_LAYER_SCALE = 0.15  # how far the target's late layers move it from the draft (acceptance)
 
 
@@ -50,6 +55,36 @@ def write_models(directory: Path, *, seed: int) -> tuple[Path, Path]:
     save_model(target, paths[0])
     save_model(draft, paths[1])
     return paths
+
+
+def _front_door(gateway: GatewayServer) -> tuple[Any, Any]:
+    """The gateway's OpenAI front door (started) and the openai client of the cluster's
+    streams: no retries (a retried completion would be a second request) and a connection for
+    every stream the front door admits."""
+    try:
+        import httpx
+        import openai
+
+        from lumen_core.gateway.http.config import FrontDoorConfig
+        from lumen_core.gateway.http.front_door import FrontDoor
+    except ImportError as exc:
+        raise ImportError(
+            f"the live cluster's clients need the front door and the openai client ({exc}): "
+            "pip install 'lumen_core[demo]'"
+        ) from exc
+    key = secrets.token_urlsafe(32)
+    config = FrontDoorConfig(
+        MODEL_NAME,
+        vocab_size=TINY_MODEL.vocab_size,
+        max_model_len=TINY_MODEL.max_position_embeddings,
+        max_concurrent_requests=MAX_CLIENT_STREAMS,
+    )
+    door = FrontDoor(gateway, config, frozenset([key])).start()
+    limits = httpx.Limits(max_connections=MAX_CLIENT_STREAMS, max_keepalive_connections=MAX_CLIENT_STREAMS)
+    client = openai.OpenAI(
+        base_url=door.url, api_key=key, max_retries=0, http_client=httpx.Client(limits=limits, timeout=60.0)
+    )
+    return door, client
 
 
 @dataclass
@@ -189,6 +224,14 @@ class LocalCluster:
         )
         self.gateway.start()
         self.client = GatewayClient(self.gateway.address, self.secret, timeout_s=10.0)
+        # Clients come in as a user's would (issue 20): the official openai client through the
+        # gateway's OpenAI front door, one connection per stream.
+        try:
+            self.door, self.openai = _front_door(self.gateway)
+        except BaseException:
+            self.client.close()
+            self.gateway.stop()
+            raise
         self.workers: dict[int, WorkerProcess] = {}
         self.exited: list[WorkerProcess] = []
         self.clock0 = time.monotonic()
@@ -268,19 +311,28 @@ class LocalCluster:
     def run_request(
         self, result: RequestResult, prompt: list[int], max_new_tokens: int, timeout_s: float
     ) -> None:
-        """Submit one request and record its tokens (blocking; one thread per request)."""
+        """Stream one greedy completion of ``prompt`` (token ids) through the front door and
+        record its tokens as they arrive (blocking; one thread per request). ``timeout_s``
+        bounds each wait for the next event. A stream that breaks off (an error event, a
+        dropped connection) leaves ``error`` set and ``finished`` False."""
         try:
-            for chunk in self.client.submit(prompt, max_new_tokens, timeout_s=timeout_s):
+            events = self.openai.completions.create(
+                model=MODEL_NAME,
+                prompt=prompt,
+                max_tokens=max_new_tokens,
+                temperature=0.0,
+                stream=True,
+                timeout=timeout_s,
+            )
+            for chunk in events:
                 now = self.now_s()
-                result.request_id = chunk.request_id
-                if chunk.start_position != len(result.token_ids):
-                    raise RuntimeError(
-                        f"chunk at {chunk.start_position} after {len(result.token_ids)} tokens"
-                    )
-                result.token_ids.extend(chunk.token_ids)
-                result.token_times_s.extend([now] * len(chunk.token_ids))
-                if chunk.finished:
-                    result.finished = True
+                result.request_id = int(chunk.id.removeprefix("cmpl-"))
+                for choice in chunk.choices:
+                    token_ids = list(getattr(choice, "token_ids", None) or ())
+                    result.token_ids.extend(token_ids)
+                    result.token_times_s.extend([now] * len(token_ids))
+                    if choice.finish_reason is not None:
+                        result.finished = True
         except Exception as exc:  # noqa: BLE001 - recorded: the request counts as lost
             result.error = f"{type(exc).__name__}: {exc}"
 
@@ -298,6 +350,8 @@ class LocalCluster:
                 worker.process.wait(timeout=30)
             self.exited.append(worker)
         self.workers.clear()
+        self.openai.close()
+        self.door.stop()
         self.client.close()
         self.gateway.stop()
 

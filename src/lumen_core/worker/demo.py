@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from lumen_core.metrics import rolling_means, run_figures
+from lumen_core.metrics import count_token_errors, rolling_means, run_figures
 from lumen_core.pacing import FAITHFUL_OVERRUN_FRACTION, parse_pace
 
 if TYPE_CHECKING:
@@ -45,14 +45,17 @@ if TYPE_CHECKING:
 POLICIES = ("S&R", "FC", "LUMEN")
 COLUMNS = (
     "policy", "mean_ttft_s", "mean_tpot_s", "recovery_s", "replay_ttft_s", "lost", "identical", "total",
-    "interrupted", "restored", "reprefilled", "accepted_drafts", "acceptance", "coverage", "holder_balance",
-    "paced_overrun_fraction",
+    "broken_streams", "duplicate_tokens", "missing_tokens", "interrupted", "restored", "reprefilled",
+    "accepted_drafts", "acceptance", "coverage", "holder_balance", "paced_overrun_fraction",
 )  # fmt: skip
 # With --compare-sim: the simulator's figures on the same arrivals (lumen_core.sim.replay).
 SIM_COLUMNS = (
     "sim_mean_ttft_s", "sim_mean_tpot_s", "sim_recovery_s", "sim_replay_ttft_s", "sim_interrupted",
     "sim_restored", "sim_reprefilled", "sim_accepted_drafts",
 )  # fmt: skip
+# The client's view: streams that broke off, tokens sent twice or never, summed over requests
+# (worst repeat).
+STREAM_ERRORS = ("broken_streams", "duplicate_tokens", "missing_tokens")
 COUNTS = ("total", "interrupted", "restored", "reprefilled", "accepted_drafts")
 COUNTS += tuple(f"sim_{c}" for c in COUNTS[1:])
 DEFAULT_PACE = "qwen3-32b/h100x2"
@@ -141,6 +144,7 @@ def run_demo(
             records = result.records()
             lost = sum(not r.finished for r in result.results)
             identical = sum(r.token_ids == ref for r, ref in zip(result.results, reference, strict=True))
+            errors = [count_token_errors(ref, r.token_ids) for r, ref in zip(result.results, reference)]
             horizon = max(1.0, options.duration_s - result.failure_s)
             per_repeat.append(
                 {
@@ -151,6 +155,9 @@ def run_demo(
                     "lost": lost,
                     "identical": identical,
                     "total": len(arrivals),
+                    "broken_streams": sum(1 for r in result.results if r.error or not r.finished),
+                    "duplicate_tokens": sum(e[0] for e in errors),
+                    "missing_tokens": sum(e[1] for e in errors),
                     "interrupted": len(result.interrupted_ids),
                     "restored": result.restored,
                     "reprefilled": result.reprefilled,
@@ -180,7 +187,7 @@ def run_demo(
         row: dict[str, object] = {"policy": policy}
         for key in (*COLUMNS[1:], *(SIM_COLUMNS if replay is not None else ())):
             values = [float(r[key]) for r in per_repeat]  # type: ignore[arg-type]
-            if key == "lost":
+            if key == "lost" or key in STREAM_ERRORS:
                 row[key] = int(max(values))
             elif key == "identical":
                 row[key] = int(min(values))
@@ -490,9 +497,13 @@ def run_demo_command(args: argparse.Namespace) -> int:
         worst = max(float(r["paced_overrun_fraction"]) for r in rows)  # type: ignore[arg-type]
         print(f"NOT FAITHFUL: {worst:.1%} of paced steps overran their modelled time (more than "
               f"{FAITHFUL_OVERRUN_FRACTION:.0%}); raise --time-scale or lower the load")  # fmt: skip
-    failed = [r["policy"] for r in rows if r["lost"] != 0 or r["identical"] != r["total"]]
+    failed = [
+        r["policy"]
+        for r in rows
+        if r["lost"] != 0 or r["identical"] != r["total"] or any(r[key] != 0 for key in STREAM_ERRORS)
+    ]
     if failed:
-        print(f"FAILED: requests lost or outputs differ under {', '.join(map(str, failed))}")
+        print(f"FAILED: requests lost, streams broken or outputs differ under {', '.join(map(str, failed))}")
     if args.json:
         finite = [
             {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in row.items()}

@@ -16,7 +16,6 @@ for a survivor) is absent: vLLM has no API for outside drafts. Needs the ``vllm`
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import os
 import select
@@ -30,9 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lumen_core.metrics import count_token_errors
 from lumen_core.policy.events import RecoveryAction
 
-__all__ = ["VllmCluster", "count_token_errors", "run_vllm_demo", "write_tiny_llama"]
+__all__ = ["VllmCluster", "run_vllm_demo", "write_tiny_llama"]
 
 NUM_SERVERS = 3
 PROMPT_TOKENS = 300  # long enough that a restore saves a real prefill
@@ -69,22 +69,6 @@ def write_tiny_llama(path: Path, *, seed: int = 0) -> Path:
         model.lm_head.weight.mul_(100.0)  # top-2 gaps of ~0.1-10 logits
     model.save_pretrained(path)
     return path
-
-
-def count_token_errors(expected: list[int], received: list[int]) -> tuple[int, int, int]:
-    """(duplicate, missing, changed) tokens of ``received`` against ``expected``: tokens in
-    excess, tokens absent, and tokens in place but different, from a minimal alignment."""
-    duplicate = missing = changed = 0
-    for op, i1, i2, j1, j2 in difflib.SequenceMatcher(None, expected, received, autojunk=False).get_opcodes():
-        if op == "insert":
-            duplicate += j2 - j1
-        elif op == "delete":
-            missing += i2 - i1
-        elif op == "replace":
-            changed += min(i2 - i1, j2 - j1)
-            duplicate += max(0, (j2 - j1) - (i2 - i1))
-            missing += max(0, (i2 - i1) - (j2 - j1))
-    return duplicate, missing, changed
 
 
 @dataclass

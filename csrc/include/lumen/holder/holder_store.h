@@ -211,17 +211,15 @@ class HolderStore final : public transport::RecordSink {
   };
 
   static uint64_t token_bytes(uint32_t record_bytes) { return uint64_t(record_bytes) + 8; }
-  // The start of every restore (lock held): finds the checkpoint and checks its fingerprints
-  // (null, with report's status and durable length set, when it cannot be restored); else
-  // *matching is the length of the prefix of at most *limit (= min(durable, num_expected,
-  // num_slots)) tokens whose ids are the expected ones.
-  Checkpoint* restorable(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
-                         const uint32_t* expected_token_ids, uint64_t num_expected,
-                         uint64_t num_slots, RestoreReport* report, uint64_t* limit,
-                         uint64_t* matching);
-  // The report of a restore that wrote `written` of the `matching` tokens checked against `limit`.
-  static void finish_restore(uint64_t written, uint64_t matching, uint64_t limit,
-                             RestoreReport* report);
+  // Every restore, under the lock throughout: finds the checkpoint and checks its
+  // fingerprints (else the report says why), finds the prefix of at most min(durable,
+  // num_expected, num_slots) tokens whose ids are the expected ones, and has
+  // write(checkpoint, matching) write a verified prefix of those `matching` tokens and return
+  // its length.
+  template <typename Write>
+  RestoreReport restore(uint64_t request_id, uint32_t shard, const uint8_t* fingerprints,
+                        const uint32_t* expected_token_ids, uint64_t num_expected,
+                        uint64_t num_slots, const Write& write);
   // What the bytes being charged are for: the eviction victims they may take.
   enum class Purpose { kGrowth, kReservation };
   // Sets checkpoint's charge to max(reserved, tokens) tokens, evicting others if needed;
