@@ -11,8 +11,6 @@
 #include "lumen/thread_pool.h"
 
 #ifdef LUMEN_HOLDER_CUDA
-#include <cstring>
-
 #include "lumen/cuda_check.h"
 #include "lumen/gather.h"
 #include "lumen/transport/sink.h"

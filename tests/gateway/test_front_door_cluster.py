@@ -12,10 +12,8 @@ import pytest
 
 from lumen_core import _native
 from lumen_core.engine import Engine, SamplingParams, load_model
-from lumen_core.gateway.http.config import FrontDoorConfig
-from lumen_core.gateway.http.front_door import FrontDoor
 from lumen_core.gateway.http.text import Tokenizer, write_byte_tokenizer
-from lumen_core.worker.cluster import LocalCluster
+from lumen_core.worker.cluster import MODEL_NAME, LocalCluster
 
 pytestmark = [
     pytest.mark.ucx,
@@ -23,8 +21,6 @@ pytestmark = [
     pytest.mark.timeout(240),
 ]
 
-KEY = "front-door-cluster-key-0123456789"
-MODEL = "tiny"
 NUM_STREAMS = 16
 MAX_TOKENS = 320  # long enough that every stream is mid-way when the last one has 8 tokens
 KILL_AFTER_TOKENS = 8
@@ -61,7 +57,7 @@ def _sampling(i: int) -> SamplingParams:
 def _consume(client: openai.OpenAI, prompt: list[int], sampling: SamplingParams, stream: _Stream) -> None:
     try:
         events = client.completions.create(
-            model=MODEL,
+            model=MODEL_NAME,
             prompt=prompt,
             max_tokens=MAX_TOKENS,
             temperature=sampling.temperature,
@@ -84,32 +80,32 @@ def _consume(client: openai.OpenAI, prompt: list[int], sampling: SamplingParams,
 def test_sixteen_streams_greedy_and_seeded_survive_a_sigkill_with_every_token_once(tmp_path: Path) -> None:
     tokenizer = Tokenizer(write_byte_tokenizer(tmp_path / "tokenizer"))
     prompts = [_prompt(i) for i in range(NUM_STREAMS)]
-    with LocalCluster(tmp_path, policy="FC", num_workers=3) as cluster:
+    with LocalCluster(tmp_path, policy="FC", num_workers=3, tokenizer=tokenizer) as cluster:
         cluster.start()
-        config = FrontDoorConfig(MODEL, vocab_size=256)
-        with FrontDoor(cluster.gateway, config, frozenset([KEY]), tokenizer=tokenizer) as door:
-            client = openai.OpenAI(base_url=door.url, api_key=KEY, max_retries=0, timeout=120.0)
-            streams = [_Stream() for _ in prompts]
-            threads = [
-                threading.Thread(target=_consume, args=(client, p, _sampling(i), s))
-                for i, (p, s) in enumerate(zip(prompts, streams))
-            ]
-            for thread in threads:
-                thread.start()
-            deadline = time.monotonic() + 120.0
-            while min(len(s.token_ids) for s in streams) < KILL_AFTER_TOKENS:
-                assert time.monotonic() < deadline and not any(s.error for s in streams)
-                time.sleep(0.002)
-            coordinator = cluster.gateway.coordinator
-            with cluster.gateway.condition:
-                running = {
-                    w: len(coordinator.monitor.running_on(w)) for w in coordinator.monitor.live_worker_ids()
-                }
-            victim = max(running, key=lambda w: running[w])
-            cluster.kill(victim)
-            for thread in threads:
-                thread.join(timeout=120.0)
-            assert not any(t.is_alive() for t in threads)
+        client = openai.OpenAI(
+            base_url=cluster.door.url, api_key=cluster.api_key, max_retries=0, timeout=120.0
+        )
+        streams = [_Stream() for _ in prompts]
+        threads = [
+            threading.Thread(target=_consume, args=(client, p, _sampling(i), s))
+            for i, (p, s) in enumerate(zip(prompts, streams))
+        ]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 120.0
+        while min(len(s.token_ids) for s in streams) < KILL_AFTER_TOKENS:
+            assert time.monotonic() < deadline and not any(s.error for s in streams)
+            time.sleep(0.002)
+        coordinator = cluster.gateway.coordinator
+        with cluster.gateway.condition:
+            running = {
+                w: len(coordinator.monitor.running_on(w)) for w in coordinator.monitor.live_worker_ids()
+            }
+        victim = max(running, key=lambda w: running[w])
+        cluster.kill(victim)
+        for thread in threads:
+            thread.join(timeout=120.0)
+        assert not any(t.is_alive() for t in threads)
         failures = coordinator.failures  # a lease run out on a starved machine may add one
         causes = [(f.worker_ids, f.cause) for f in failures]
     assert [s.error for s in streams] == [""] * NUM_STREAMS
@@ -132,31 +128,28 @@ def test_a_client_that_disconnects_mid_stream_is_cancelled_on_its_worker(tmp_pat
     max_tokens = 3000  # far more than it gets to before the client leaves
     with LocalCluster(tmp_path, policy="FC", num_workers=2) as cluster:
         cluster.start()
-        config = FrontDoorConfig(MODEL, vocab_size=256)
-        with FrontDoor(cluster.gateway, config, frozenset([KEY])) as door:
-            body = {"model": MODEL, "prompt": _prompt(1), "max_tokens": max_tokens, "stream": True}
-            headers = {"Authorization": f"Bearer {KEY}"}
-            with (
-                httpx.Client(timeout=30.0) as http,
-                http.stream("POST", f"{door.url}/completions", json=body, headers=headers) as response,
-            ):
-                assert response.status_code == 200
-                first = next(line for line in response.iter_lines() if line.startswith("data: "))
-            # the client is gone (the connection closed) with the request far from done
-            request_id = json.loads(first.removeprefix("data: "))["id"].removeprefix("cmpl-")
-            request_id = int(request_id)
-            coordinator = cluster.gateway.coordinator
-            deadline = time.monotonic() + 30.0
-            while True:  # the front door notices the closed socket at its next send
-                with cluster.gateway.condition:
-                    tokens, finished, _ = coordinator.tokens(request_id)
-                    held = coordinator.monitor.has_request(request_id)
-                if finished:
-                    break
-                assert time.monotonic() < deadline, "the request was not cancelled"
-                time.sleep(0.02)
-            assert len(tokens) < max_tokens and not held  # ended early; its checkpoint released
-            time.sleep(1.0)  # the worker applies the CANCEL at its next step
+        body = {"model": MODEL_NAME, "prompt": _prompt(1), "max_tokens": max_tokens, "stream": True}
+        headers = {"Authorization": f"Bearer {cluster.api_key}"}
+        with (
+            httpx.Client(timeout=30.0) as http,
+            http.stream("POST", f"{cluster.door.url}/completions", json=body, headers=headers) as response,
+        ):
+            assert response.status_code == 200
+            first = next(line for line in response.iter_lines() if line.startswith("data: "))
+        # the client is gone (the connection closed) with the request far from done
+        request_id = int(json.loads(first.removeprefix("data: "))["id"].removeprefix("cmpl-"))
+        coordinator = cluster.gateway.coordinator
+        deadline = time.monotonic() + 30.0
+        while True:  # the front door notices the closed socket at its next send
             with cluster.gateway.condition:
-                assert len(coordinator.tokens(request_id)[0]) < max_tokens
+                tokens, finished, _ = coordinator.tokens(request_id)
+                held = coordinator.monitor.has_request(request_id)
+            if finished:
+                break
+            assert time.monotonic() < deadline, "the request was not cancelled"
+            time.sleep(0.02)
+        assert len(tokens) < max_tokens and not held  # ended early; its checkpoint released
+        time.sleep(1.0)  # the worker applies the CANCEL at its next step
+        with cluster.gateway.condition:
+            assert len(coordinator.tokens(request_id)[0]) < max_tokens
     assert sum(int(s["cancelled"]) for s in cluster.worker_stats()) == 1

@@ -20,7 +20,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lumen_core._validate import check_int
 from lumen_core.auth import DEFAULT_CAPABILITY_TTL_S, read_secret_file, write_secret_file
@@ -30,6 +30,9 @@ from lumen_core.gateway.config import GatewayConfig
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.routing import RouterConfig
+
+if TYPE_CHECKING:
+    from lumen_core.gateway.http.text import Tokenizer
 
 TINY_MODEL = ModelConfig()
 DRAFT_NUM_LAYERS = 1
@@ -57,10 +60,10 @@ def write_models(directory: Path, *, seed: int) -> tuple[Path, Path]:
     return paths
 
 
-def _front_door(gateway: GatewayServer) -> tuple[Any, Any]:
-    """The gateway's OpenAI front door (started) and the openai client of the cluster's
-    streams: no retries (a retried completion would be a second request) and a connection for
-    every stream the front door admits."""
+def _front_door(gateway: GatewayServer, key: str, tokenizer: Tokenizer | None) -> tuple[Any, Any]:
+    """The gateway's OpenAI front door (started; ``key`` its client key) and the openai client
+    of the cluster's streams: no retries (a retried completion would be a second request) and
+    a connection for every stream the front door admits."""
     try:
         import httpx
         import openai
@@ -72,14 +75,13 @@ def _front_door(gateway: GatewayServer) -> tuple[Any, Any]:
             f"the live cluster's clients need the front door and the openai client ({exc}): "
             "pip install 'lumen_core[demo]'"
         ) from exc
-    key = secrets.token_urlsafe(32)
     config = FrontDoorConfig(
         MODEL_NAME,
         vocab_size=TINY_MODEL.vocab_size,
         max_model_len=TINY_MODEL.max_position_embeddings,
         max_concurrent_requests=MAX_CLIENT_STREAMS,
     )
-    door = FrontDoor(gateway, config, frozenset([key])).start()
+    door = FrontDoor(gateway, config, frozenset([key]), tokenizer=tokenizer).start()
     limits = httpx.Limits(max_connections=MAX_CLIENT_STREAMS, max_keepalive_connections=MAX_CLIENT_STREAMS)
     client = openai.OpenAI(
         base_url=door.url, api_key=key, max_retries=0, http_client=httpx.Client(limits=limits, timeout=60.0)
@@ -157,7 +159,10 @@ class LocalCluster:
     ``remote_restore``) with ``capability_ttl_s``; ``ack_timeout_s`` and ``give_up_after_s`` to
     every worker's checkpoint streamer, ``holder_linger_s`` to every worker (None: the
     worker's defaults); ``encrypt_payloads`` makes every worker encrypt its records to and
-    from holders; ``num_blocks``: every worker's KV cache pages (None: the worker's default)."""
+    from holders; ``num_blocks``: every worker's KV cache pages (None: the worker's default).
+    ``door`` is the gateway's OpenAI front door (``tokenizer``: its text tokenizer, None for
+    token ids only), ``api_key`` its one client key, ``openai`` the client ``run_request``
+    streams with."""
 
     def __init__(
         self,
@@ -181,6 +186,7 @@ class LocalCluster:
         holder_linger_s: float | None = None,
         encrypt_payloads: bool = False,
         num_blocks: int | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         check_int("num_workers", num_workers, low=2)
         self.workdir = Path(workdir)
@@ -227,7 +233,8 @@ class LocalCluster:
         # Clients come in as a user's would (issue 20): the official openai client through the
         # gateway's OpenAI front door, one connection per stream.
         try:
-            self.door, self.openai = _front_door(self.gateway)
+            self.api_key = secrets.token_urlsafe(32)
+            self.door, self.openai = _front_door(self.gateway, self.api_key, tokenizer)
         except BaseException:
             self.client.close()
             self.gateway.stop()
