@@ -296,6 +296,7 @@ def test_started_restores_end_on_their_thread_and_are_booked_when_collected(
     )
     assert refused.result.restored_tokens == 0 and refused.failed_block_ids == {4, 6}
     assert reader.counters["restores"] == 2 and reader.counters["restore_missing"] == 1
+    assert reader.counters["restore_us"] > 0  # their own time, on the restore thread
     assert reader.finished_restores() == []
     with pytest.raises(ValueError):  # checked before anything starts
         reader.start_restore("r3", key, forged, slots([4], 2), tokens(3))

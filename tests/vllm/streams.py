@@ -24,6 +24,7 @@ from lumen_core.gateway.http.front_door import FrontDoor
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.routing import RouterConfig
+from lumen_core.worker.vllm_demo import checkpoints_cover
 
 MODEL = "tiny"
 KEY = "vllm-cluster-test-key-0123456789"  # the front door's one client API key
@@ -154,17 +155,13 @@ def busiest_once_restorable(gateway: GatewayServer, streams: list[Stream], min_t
     durable: the holders report with their heartbeats, once a second, and at the 3 to 250
     tokens/s a stream makes here all 16 are within 16 tokens of their reports only by chance.)"""
     monitor = gateway.coordinator.monitor
-
-    def restorable() -> bool:
-        with gateway.condition:
-            return all(
-                max((d for _, d in monitor.request(r).durable_tokens), default=0) >= PROMPT_TOKENS
-                for w in monitor.live_worker_ids()
-                for r in monitor.running_on(w)
-            )
-
     deadline = time.monotonic() + 300.0
-    while min(len(s.token_ids) for s in streams) < min_tokens or not restorable():
+
+    def ready() -> bool:
+        started = min(len(s.token_ids) for s in streams) >= min_tokens
+        return started and checkpoints_cover(gateway, PROMPT_TOKENS)
+
+    while not ready():
         assert time.monotonic() < deadline and not any(s.error for s in streams)
         time.sleep(0.002)
     with gateway.condition:

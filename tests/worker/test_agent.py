@@ -458,10 +458,15 @@ def test_a_request_its_server_fails_mid_stream_continues_on_another_worker(
             for config in _agent_configs(tmp_path, secret_file, gateway.address, (server, other)):
                 agents.append(Agent(config).start())
             prompt = [201, 1, 2]
+            started_s = time.monotonic()
             tokens = [t for piece in client.submit(prompt, 12, timeout_s=20.0) for t in piece.token_ids]
             assert tokens == [10 + i % 50 for i in range(len(prompt), len(prompt) + 12)]
             assert sorted(server.epochs + other.epochs) == [1, 2]  # failed at epoch 1, moved once
             assert sum(a.stats()["upstream_failed"] for a in agents) == 1
+            # The RESUME's timing, on the host's clock: received, then its first token.
+            (timing,) = [t for a in agents for t in a.stats()["resumes"]]
+            assert (timing["epoch"], timing["restoring"]) == (2, False) and 0 < timing["position"] < 12
+            assert started_s < timing["received_s"] < timing["first_token_s"] < time.monotonic()
     finally:
         for agent in agents:
             agent.close()

@@ -691,6 +691,11 @@ class GatewayServer:
         """The gateway's clock: seconds since it was built (monotonic)."""
         return time.monotonic() - self._started_s
 
+    def monotonic_s(self, gateway_s: float) -> float:
+        """A time on the gateway's clock as ``time.monotonic()`` (the host's clock, which the
+        other processes of the host share)."""
+        return self._started_s + gateway_s
+
     def start(self) -> GatewayServer:
         self.port = self._grpc.add_insecure_port(f"{self._host}:{self._port}")
         if self.port == 0:

@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,7 @@ from lumen_core.worker.upstream import UpstreamError, completion_body, renew_arg
 __all__ = [
     "Agent",
     "AgentConfig",
+    "ResumeTiming",
     "record_bytes_of",
     "server_load",
     "start_dying_with_parent",
@@ -92,6 +93,7 @@ _ATTACHED_MISSES = 3  # an attached server that fails this many health checks in
 _REPORT_RETRY_S = 0.1  # a token report the gateway did not get is sent again this often
 _MAX_UNSENT_REPORTS = 4096  # kept while the gateway cannot be reached; older ones dropped past it
 _DRAIN_FLUSH_S = 5.0  # a drain's control `flush` waits this long for every saved token durable
+_MAX_RESUME_TIMINGS = 1024  # the latest RESUMEs' timings kept for the stats
 
 
 def record_bytes_of(model_dir: str | os.PathLike[str], dtype: str) -> int:
@@ -244,6 +246,21 @@ class _Counters:
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
 
 
+@dataclass(frozen=True)
+class ResumeTiming:
+    """One RESUME this agent served, on the host's monotonic clock (``time.monotonic``: one
+    clock for every process of a host, so a demo can line it up with the gateway's and its
+    clients' times): when the directive reached the agent, and when the server's first token
+    of it (output ``position``) came back. ``restoring``: the body named a restore source."""
+
+    request_id: int
+    epoch: int
+    position: int
+    restoring: bool
+    received_s: float
+    first_token_s: float
+
+
 @dataclass
 class _Relayed:
     """A request the agent relays: what a restarted gateway needs to adopt it."""
@@ -299,6 +316,8 @@ class Agent:
         self._tasks: dict[int, tuple[int, asyncio.Task[None]]] = {}  # request id -> (epoch, task)
         self._relayed: dict[int, _Relayed] = {}  # of the tasks; read by the heartbeat thread
         self._reports: queue.Queue[RequestTokens | None] = queue.Queue()
+        self._resumes: deque[ResumeTiming] = deque(maxlen=_MAX_RESUME_TIMINGS)  # on the loop only
+        self._server_exited_s: float | None = None  # when the supervisor saw it (host's monotonic)
         self._threads: list[threading.Thread] = []
 
     # ---- the server ----------------------------------------------------------------------
@@ -366,6 +385,7 @@ class Agent:
         reports it to the gateway at once."""
         if self.proc is not None:
             code = self.proc.wait()
+            self._server_exited_s = time.monotonic()
             reason = f"the vLLM server exited with {code}"
         else:
             misses = 0
@@ -447,7 +467,7 @@ class Agent:
                 case Release():
                     self.store.expire(directive.request_id)
                 case Run() | Resume():
-                    self._loop.call_soon_threadsafe(self._serve, directive)
+                    self._loop.call_soon_threadsafe(self._serve, directive, time.monotonic())
                 case Cancel():
                     self._loop.call_soon_threadsafe(self._cancel, directive.request_id)
                 case Stream():
@@ -613,13 +633,13 @@ class Agent:
                 break
 
     # ---- requests (on the upstream loop) -------------------------------------------------
-    def _serve(self, directive: Run | Resume) -> None:
+    def _serve(self, directive: Run | Resume, received_s: float) -> None:
         self._cancel(directive.request_id)
         outputs = list(directive.output_token_ids) if isinstance(directive, Resume) else []
         self._relayed[directive.request_id] = _Relayed(
             directive.epoch, directive.prompt_token_ids, directive.max_new_tokens, outputs
         )
-        task = self._loop.create_task(self._relay(directive))
+        task = self._loop.create_task(self._relay(directive, received_s))
         self._tasks[directive.request_id] = (directive.epoch, task)
 
     async def _cancel_all(self) -> int:
@@ -639,7 +659,7 @@ class Agent:
             entry[1].cancel()
             self.counters.cancelled += 1
 
-    async def _relay(self, directive: Run | Resume) -> None:
+    async def _relay(self, directive: Run | Resume, received_s: float) -> None:
         request_id, epoch = directive.request_id, directive.epoch
         relayed = self._relayed[request_id]
         self.counters.served += 1
@@ -650,12 +670,18 @@ class Agent:
             self._reports.put(RequestTokens(request_id, epoch, sent, (), True))
             self._forget(request_id, epoch)
             return
+        restoring = "restore" in body["kv_transfer_params"]["lumen"]
         if isinstance(directive, Resume):
             self.counters.resumed += 1
-            self.counters.restoring += "restore" in body["kv_transfer_params"]["lumen"]
+            self.counters.restoring += restoring
+        timed = not isinstance(directive, Resume)  # a RESUME's first token is timed
         assert self._http is not None
         try:
             async for piece in stream_tokens(self._http, f"{self.server_url}/v1/completions", body, position):
+                if not timed and piece.token_ids:
+                    timed = True
+                    self._resumes.append(ResumeTiming(request_id, epoch, piece.start_position, restoring,
+                                                      received_s, time.monotonic()))  # fmt: skip
                 self.counters.tokens += len(piece.token_ids)
                 self._reports.put(RequestTokens(request_id, epoch, piece.start_position, piece.token_ids,
                                                 piece.finished))  # fmt: skip
@@ -789,6 +815,8 @@ class Agent:
             # Connections to this node's holder that proved a worker identity (other servers').
             "identified_connections": self.holder.stats()["identified"],
             "errors": list(c.errors),
+            "resumes": [asdict(t) for t in list(self._resumes)],
+            "server_exited_s": self._server_exited_s,
         }
 
     def wait(self, timeout_s: float | None = None) -> int | None:

@@ -388,9 +388,12 @@ def add_demo_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
         choices=("reference", "vllm"),
         default="reference",
         help="vllm: 3 vLLM servers (CPU) with their agents behind the front door, --scenario kill "
-        "(lumen_core.worker.vllm_demo; uses --policy, --seed, --json, --workdir, --streams)",
+        "(lumen_core.worker.vllm_demo; uses --policy, --seed, --json, --workdir, --streams, --prompt-tokens)",
     )
     parser.add_argument("--streams", type=int, default=16, help="--engine vllm: concurrent streams")
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=300, help="--engine vllm: each stream's prompt length (300)"
+    )
     parser.set_defaults(func=run_demo_command)
     return parser
 
