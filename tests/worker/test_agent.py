@@ -39,6 +39,7 @@ from lumen_core.worker.agent import (
     Agent,
     AgentConfig,
     record_bytes_of,
+    server_exiting,
     server_load,
     start_dying_with_parent,
 )
@@ -100,6 +101,24 @@ def test_a_resume_sends_the_tokens_so_far_shrinks_max_tokens_and_restores_at_its
 def test_a_resume_with_nothing_left_is_refused() -> None:
     with pytest.raises(ValueError, match="`max_new_tokens` must exceed the 2 tokens sent, got 2"):
         completion_body(_resume(RecoveryAction.REPREFILL, None, max_new_tokens=2), "m")
+
+
+def test_a_server_reads_as_exiting_once_killed_before_it_is_reaped(tmp_path: Path) -> None:
+    """The supervisor's early look: a live process is not exiting (whatever its name holds),
+    a killed one not yet reaped is (a zombie here; PF_EXITING while its memory is torn down),
+    and so is one that is gone."""
+    odd = tmp_path / "a (b) c"
+    odd.symlink_to(sys.executable)  # a command name with spaces and parentheses
+    proc = subprocess.Popen([str(odd), "-c", "import time; time.sleep(60)"])
+    try:
+        assert not server_exiting(proc.pid) and not server_exiting(os.getpid())
+        proc.kill()
+        assert wait_until(lambda: server_exiting(proc.pid))  # not reaped yet: no wait() called
+        assert proc.poll() is not None
+    finally:
+        proc.kill()
+        proc.wait()
+    assert server_exiting(proc.pid)  # reaped: gone
 
 
 def test_the_load_is_read_from_vllms_metrics() -> None:

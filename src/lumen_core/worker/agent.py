@@ -80,6 +80,7 @@ __all__ = [
     "AgentConfig",
     "ResumeTiming",
     "record_bytes_of",
+    "server_exiting",
     "server_load",
     "start_dying_with_parent",
 ]
@@ -94,6 +95,8 @@ _REPORT_RETRY_S = 0.1  # a token report the gateway did not get is sent again th
 _MAX_UNSENT_REPORTS = 4096  # kept while the gateway cannot be reached; older ones dropped past it
 _DRAIN_FLUSH_S = 5.0  # a drain's control `flush` waits this long for every saved token durable
 _MAX_RESUME_TIMINGS = 1024  # the latest RESUMEs' timings kept for the stats
+_EXIT_POLL_S = 0.01  # how often the supervisor looks for a server the kernel is ending
+_PF_EXITING = 0x4  # include/linux/sched.h: the task is being shut down
 
 
 def record_bytes_of(model_dir: str | os.PathLike[str], dtype: str) -> int:
@@ -215,6 +218,23 @@ def _server_identity(config: AgentConfig) -> _ServerIdentity | None:
     if config.server_url is None and not Path(path).exists():
         return _ServerIdentity.create_key_file(path, control_socket=config.socket_path)
     return _ServerIdentity.from_key_file(path, control_socket=config.socket_path)
+
+
+def server_exiting(pid: int) -> bool:
+    """Whether the kernel is ending process ``pid`` (its main thread has ``PF_EXITING`` in
+    ``/proc/<pid>/stat``, set when a fatal signal is taken, before its memory is torn down), has
+    ended it (a zombie), or it is gone. Linux only; elsewhere only a gone process reads as
+    exiting."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:  # gone, where there is a /proc to look in
+        return Path("/proc/self/stat").exists()
+    except OSError:
+        return False
+    # The command name, field 2, is in parentheses and may hold spaces or parentheses itself.
+    fields = stat[stat.rindex(")") + 2 :].split()
+    state, flags = fields[0], int(fields[6])  # fields 3 and 9
+    return state in ("Z", "X") or bool(flags & _PF_EXITING)
 
 
 def server_load(metrics_text: str) -> tuple[int, int]:
@@ -384,9 +404,8 @@ class Agent:
         """Waits for the server's exit (started: the process; attached: its health) and
         reports it to the gateway at once."""
         if self.proc is not None:
-            code = self.proc.wait()
+            reason = self._wait_for_exit(self.proc)
             self._server_exited_s = time.monotonic()
-            reason = f"the vLLM server exited with {code}"
         else:
             misses = 0
             while misses < _ATTACHED_MISSES and not self._done.wait(_HEALTH_POLL_S):
@@ -398,6 +417,19 @@ class Agent:
         # token report or heartbeat refused then must not make it read "fenced".
         self._finish(EXIT_SERVER_EXITED, reason)
         self._report_exit(reason)
+
+    @staticmethod
+    def _wait_for_exit(proc: subprocess.Popen[bytes]) -> str:
+        """Returns once the server exited, or once the kernel has begun to end it: a killed
+        process is reaped only after its memory is torn down, which took 0.2 to 3.8 s for a
+        vLLM server on two loaded cores (bench/RESULTS.md), while the kernel marks it
+        exiting at once. A GPU server's teardown (its CUDA contexts) is slower still."""
+        while True:
+            try:
+                return f"the vLLM server exited with {proc.wait(timeout=_EXIT_POLL_S)}"
+            except subprocess.TimeoutExpired:
+                if server_exiting(proc.pid):
+                    return "the vLLM server is exiting (killed or ended; not yet reaped)"
 
     def _report_exit(self, reason: str) -> None:
         """Tell the gateway this incarnation is gone: once, from whichever thread is first.

@@ -304,6 +304,12 @@ class VllmCluster:
     def kill_server(self, worker_id: int) -> None:
         os.killpg(self.registered[worker_id]["server_pid"], signal.SIGKILL)
 
+    def tokens_on(self, worker_id: int) -> list[int]:
+        """How many output tokens the gateway has of each request ``worker_id`` runs."""
+        coordinator = self.gateway.coordinator
+        with self.gateway.condition:
+            return [len(coordinator.tokens(r)[0]) for r in coordinator.monitor.running_on(worker_id)]
+
     def failure_of(self, worker_id: int, timeout_s: float = 30.0) -> FailurePlan:
         """The gateway's ``FailurePlan`` of ``worker_id`` alone (its exit report may come after
         the streams ended); RuntimeError if there is none within ``timeout_s``."""
@@ -376,6 +382,7 @@ def _run_policy(
                 raise RuntimeError(f"the failure-free run broke: {broken[0]}")
             expected = [s.token_ids for s in reference]
         killed: list[tuple[int, float]] = []
+        victim_tokens: list[int] = []  # the output tokens of each of its requests the gateway had
 
         # A checkpointing policy's failure comes once the holders reported the victim's prompts:
         # the router then restores, instead of re-prefilling what it has not heard of yet.
@@ -392,6 +399,7 @@ def _run_policy(
             killed_at_s = time.monotonic()  # the SIGKILL is delivered within the call
             cluster.kill_server(victim)
             killed.append((victim, killed_at_s))
+            victim_tokens.extend(cluster.tokens_on(victim))
 
         say(
             f"{policy}: streaming, the busiest server SIGKILLed once each of its requests has "
@@ -431,6 +439,7 @@ def _run_policy(
         "duplicate_tokens": sum(e[0] for e in errors),
         "missing_tokens": sum(e[1] for e in errors),
         "changed_tokens": sum(e[2] for e in errors),
+        "victim_tokens": sorted(victim_tokens),
         "interrupted": len(moved),
         "restore": actions.count(RecoveryAction.RESTORE),
         "remote_restore": actions.count(RecoveryAction.REMOTE_RESTORE),
@@ -488,7 +497,7 @@ def run_vllm_demo(args: argparse.Namespace) -> int:
             say(json.dumps(row))
     print(f"vLLM servers (CPU) behind the front door, {num_streams} greedy streams of "
           f"{args.prompt_tokens}-token prompts, one server SIGKILLed:")  # fmt: skip
-    columns = [c for c in rows[0] if c not in ("mechanism_3", "failover_gap")]
+    columns = [c for c in rows[0] if c not in ("mechanism_3", "failover_gap", "victim_tokens")]
     print("  ".join(columns))
     for row in rows:
         print("  ".join(str(row[c]).ljust(len(c)) for c in columns))
