@@ -214,6 +214,21 @@ def test_preemption_keeps_the_checkpoint_and_later_saves_continue_it(secret: byt
     core.close()
 
 
+def test_an_engine_that_will_stream_gets_its_streamer_at_register(secret: bytes, holder: Holder) -> None:
+    """start_streamer: built with the cache, and the first request streams on it (a lazy core
+    builds it at its first begin, inside that engine step)."""
+    lazy = core_for(secret, seed=0)
+    assert lazy.streamer is None
+    lazy.close()
+    core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0)
+    core.register(cache(seed=0), start_streamer=True)
+    built = core.streamer
+    assert built is not None
+    stream(core, secret, holder, "r", [0, 1, 2])
+    assert core.streamer is built
+    core.close()
+
+
 def test_an_abandoned_request_keeps_its_checkpoint_and_the_next_one_streams_anew(
     secret: bytes, holder: Holder
 ) -> None:

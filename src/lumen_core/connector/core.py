@@ -147,13 +147,19 @@ class ConnectorCore:
         )
 
     # ---- setup ------------------------------------------------------------------------------
-    def register(self, layout: KVLayout) -> None:
-        """The layout of the engine's KV cache (once, before any save or restore)."""
+    def register(self, layout: KVLayout, *, start_streamer: bool = False) -> None:
+        """The layout of the engine's KV cache (once, before any save or restore).
+        ``start_streamer``: build the streamer now, for an engine that will stream, so that
+        its staging and transport are made before serving, not inside the step of the first
+        ``begin`` (0.1 s on an idle core here, 0.7 to 9 s while three engines started and
+        prefilled on two; bench/RESULTS.md). Otherwise the first ``begin`` builds it."""
         if not isinstance(layout, KVLayout):
             raise TypeError(f"`layout` must be a KVLayout, got {type(layout).__name__}")
         if self._layout is not None:
             raise RuntimeError("register has already been called")
         self._layout = layout
+        if start_streamer:
+            self._streamer()
 
     @property
     def layout(self) -> KVLayout:

@@ -74,7 +74,9 @@ class WorkerSide:
         return self.core.streamer
 
     def register(self, layout: KVLayout) -> None:
-        self.core.register(layout)
+        # Every request vLLM serves here streams (its holders come with it): the streamer is
+        # built with the cache, before the first request's step.
+        self.core.register(layout, start_streamer=True)
 
     # ---- start_load_kv, before the step's saves -------------------------------------------
     def start_step(self, meta: LumenMetadata) -> None:
