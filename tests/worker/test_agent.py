@@ -113,8 +113,9 @@ def test_a_server_reads_as_exiting_once_killed_before_it_is_reaped(tmp_path: Pat
     try:
         assert not server_exiting(proc.pid) and not server_exiting(os.getpid())
         proc.kill()
-        assert wait_until(lambda: server_exiting(proc.pid))  # not reaped yet: no wait() called
-        assert proc.poll() is not None
+        # Exiting (PF_EXITING during its teardown, then a zombie), not reaped: no wait() yet.
+        assert wait_until(lambda: server_exiting(proc.pid))
+        assert wait_until(lambda: proc.poll() is not None)
     finally:
         proc.kill()
         proc.wait()
