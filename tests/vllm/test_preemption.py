@@ -40,7 +40,10 @@ def _serve(
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], samplings)
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    counters = dict(get_kv_transfer_group().worker.counters)
+    worker = get_kv_transfer_group().worker
+    # Closing drops pending sends: the last step's records may still be on their way.
+    assert worker.core.streamer is not None and worker.core.streamer.flush(timeout_s=30)
+    counters = dict(worker.counters)
     # Shut down, not only dropped: vLLM keeps one connector per process, which the next engine
     # would reuse (already registered), and its engine core froze itself out of the collector.
     llm.llm_engine.engine_core.shutdown()
