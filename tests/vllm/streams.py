@@ -24,7 +24,7 @@ from lumen_core.gateway.http.front_door import FrontDoor
 from lumen_core.gateway.server import GatewayServer
 from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.routing import RouterConfig
-from lumen_core.worker.vllm_demo import checkpoints_cover
+from lumen_core.worker.vllm_demo import ready_victim
 
 MODEL = "tiny"
 KEY = "vllm-cluster-test-key-0123456789"  # the front door's one client API key
@@ -148,27 +148,15 @@ def start_agents(
 
 
 def busiest_once_restorable(gateway: GatewayServer, streams: list[Stream], min_tokens: int) -> int:
-    """Wait (at most 300 s, no stream failing) until every stream has ``min_tokens`` tokens and
-    every running request's checkpoint holds its prompt as its holders last reported (what the
-    router needs to restore it rather than re-prefill); the worker running the most requests
-    then, which must run at least 2. (Not the coverage gauge, all but the last 16 tokens
-    durable: the holders report with their heartbeats, once a second, and at the 3 to 250
-    tokens/s a stream makes here all 16 are within 16 tokens of their reports only by chance.)"""
-    monitor = gateway.coordinator.monitor
+    """Wait (at most 300 s, no stream failing) for the demo's failure rule, ``ready_victim``:
+    the worker running the most requests, at least 2, once each of them has ``min_tokens``
+    tokens and its prompt durable as its holders last reported (what the router needs to
+    restore it rather than re-prefill)."""
     deadline = time.monotonic() + 300.0
-
-    def ready() -> bool:
-        started = min(len(s.token_ids) for s in streams) >= min_tokens
-        return started and checkpoints_cover(gateway, PROMPT_TOKENS)
-
-    while not ready():
+    while (victim := ready_victim(gateway, min_tokens, PROMPT_TOKENS)) is None:
         assert time.monotonic() < deadline and not any(s.error for s in streams)
         time.sleep(0.002)
-    with gateway.condition:
-        running = {w: len(monitor.running_on(w)) for w in monitor.live_worker_ids()}
-    busiest = max(running, key=lambda w: running[w])
-    assert running[busiest] >= 2, f"the streams ended too soon: running {running}"
-    return busiest
+    return victim
 
 
 def kill_group(pid: int) -> None:

@@ -223,8 +223,8 @@ def _server_identity(config: AgentConfig) -> _ServerIdentity | None:
 def server_exiting(pid: int) -> bool:
     """Whether the kernel is ending process ``pid`` (its main thread has ``PF_EXITING`` in
     ``/proc/<pid>/stat``, set when a fatal signal is taken, before its memory is torn down), has
-    ended it (a zombie), or it is gone. Linux only; elsewhere only a gone process reads as
-    exiting."""
+    ended it (a zombie), or it is gone. Always False without a ``/proc`` (the supervisor's
+    wait for the exit covers that case)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except FileNotFoundError:  # gone, where there is a /proc to look in
@@ -421,7 +421,7 @@ class Agent:
     @staticmethod
     def _wait_for_exit(proc: subprocess.Popen[bytes]) -> str:
         """Returns once the server exited, or once the kernel has begun to end it: a killed
-        process is reaped only after its memory is torn down, which took 0.2 to 3.8 s for a
+        process is reaped only after its memory is torn down, which took 0.16 to 3.9 s for a
         vLLM server on two loaded cores (bench/RESULTS.md), while the kernel marks it
         exiting at once. A GPU server's teardown (its CUDA contexts) is slower still."""
         while True:

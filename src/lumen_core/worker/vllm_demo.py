@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,10 +42,9 @@ if TYPE_CHECKING:
 __all__ = [
     "FailoverGap",
     "VllmCluster",
-    "checkpoints_cover",
     "failover_gaps",
-    "ready_victim",
     "gap_summary",
+    "ready_victim",
     "run_vllm_demo",
     "write_tiny_llama",
 ]
@@ -207,18 +207,6 @@ def _read_line(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
     if not line:
         raise RuntimeError(f"an agent did not register within {timeout_s:.0f} s (exit status {proc.poll()})")
     return json.loads(line)
-
-
-def checkpoints_cover(gateway: Any, tokens: int) -> bool:
-    """Whether every running request's checkpoint holds ``tokens`` as its holders last
-    reported (with their heartbeats, about once a second): what the router needs to restore
-    the requests of a failed worker rather than re-prefill them. ``gateway``: a running
-    ``GatewayServer``."""
-    monitor = gateway.coordinator.monitor
-    with gateway.condition:
-        return all(
-            _durable(monitor, r) >= tokens for w in monitor.live_worker_ids() for r in monitor.running_on(w)
-        )
 
 
 def ready_victim(gateway: Any, min_tokens: int, checkpointed: int) -> int | None:
@@ -418,19 +406,18 @@ def _run_policy(
         restored = [cluster.connector_stats(w) for w in survivors]
     finally:
         cluster.close()
-    moved = {r.route.request_id for r in failure.reroutes}
-    actions = [r.route.action for r in failure.reroutes]
+    actions = {r.route.request_id: r.route.action for r in failure.reroutes}
     resumes = [t for w in survivors for t in cluster.stopped.get(w, {}).get("resumes", ())]
-    by_request = {r.route.request_id: r.route.action for r in failure.reroutes}
-    gaps = failover_gaps(killed_at_s, detected_s, by_request, resumes, streams)
+    gaps = failover_gaps(killed_at_s, detected_s, actions, resumes, streams)
     exited_s = cluster.stopped.get(victim, {}).get("server_exited_s")
     restore_us = sum(int(s.get("restore_us", 0)) for s in restored)
     num_restores = sum(int(s.get("restores", 0)) for s in restored)
+    counts = Counter(actions.values())
     errors = [count_token_errors(e, s.token_ids) for e, s in zip(expected, streams)]
     pauses = [
         max((b - a for a, b in zip(s.times_s, s.times_s[1:]) if b >= killed_at_s), default=0.0)
         for s in streams
-        if s.request_id in moved
+        if s.request_id in actions
     ]
     row = {
         "policy": policy,
@@ -440,10 +427,10 @@ def _run_policy(
         "missing_tokens": sum(e[1] for e in errors),
         "changed_tokens": sum(e[2] for e in errors),
         "victim_tokens": sorted(victim_tokens),
-        "interrupted": len(moved),
-        "restore": actions.count(RecoveryAction.RESTORE),
-        "remote_restore": actions.count(RecoveryAction.REMOTE_RESTORE),
-        "reprefill": actions.count(RecoveryAction.REPREFILL),
+        "interrupted": len(actions),
+        "restore": counts[RecoveryAction.RESTORE],
+        "remote_restore": counts[RecoveryAction.REMOTE_RESTORE],
+        "reprefill": counts[RecoveryAction.REPREFILL],
         "restored_tokens": sum(int(s.get("restored_tokens", 0)) for s in restored),
         "max_pause_s": round(max(pauses, default=0.0), 3),
         # Of the detection: the victim's agent saw its server's exit (the rest: its report).
