@@ -39,10 +39,10 @@ from lumen_core.worker.agent import (
     Agent,
     AgentConfig,
     record_bytes_of,
-    server_exiting,
     server_load,
     start_dying_with_parent,
 )
+from lumen_core.worker.exit_watch import ExitWatch
 from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK, EXIT_SERVER_EXITED
 from lumen_core.worker.upstream import completion_body
 
@@ -110,16 +110,18 @@ def test_a_server_reads_as_exiting_once_killed_before_it_is_reaped(tmp_path: Pat
     odd = tmp_path / "a (b) c"
     odd.symlink_to(sys.executable)  # a command name with spaces and parentheses
     proc = subprocess.Popen([str(odd), "-c", "import time; time.sleep(60)"])
-    try:
-        assert not server_exiting(proc.pid) and not server_exiting(os.getpid())
-        proc.kill()
-        # Exiting (PF_EXITING during its teardown, then a zombie), not reaped: no wait() yet.
-        assert wait_until(lambda: server_exiting(proc.pid))
-        assert wait_until(lambda: proc.poll() is not None)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert server_exiting(proc.pid)  # reaped: gone
+    with ExitWatch(proc.pid) as watch, ExitWatch(os.getpid()) as own:
+        try:
+            assert not watch.exiting() and not own.exiting()
+            proc.kill()
+            # Exiting (PF_EXITING during its teardown, then a zombie), not reaped: no wait() yet.
+            assert wait_until(watch.exiting)
+            assert wait_until(lambda: proc.poll() is not None)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert watch.exiting()  # reaped: gone
+    assert ExitWatch(proc.pid).exiting()  # gone before it was watched
 
 
 def test_the_load_is_read_from_vllms_metrics() -> None:

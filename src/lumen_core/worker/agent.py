@@ -71,6 +71,7 @@ from lumen_core.gateway.heartbeat import HeartbeatLoop
 from lumen_core.gateway.reports import RunningReport, WorkerReport
 from lumen_core.integrations.vllm import control
 from lumen_core.stream import HolderStore
+from lumen_core.worker.exit_watch import ExitWatch
 from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK, EXIT_SERVER_EXITED
 from lumen_core.worker.held import held_reports
 from lumen_core.worker.upstream import UpstreamError, completion_body, renew_args, stream_tokens
@@ -80,7 +81,6 @@ __all__ = [
     "AgentConfig",
     "ResumeTiming",
     "record_bytes_of",
-    "server_exiting",
     "server_load",
     "start_dying_with_parent",
 ]
@@ -96,7 +96,6 @@ _MAX_UNSENT_REPORTS = 4096  # kept while the gateway cannot be reached; older on
 _DRAIN_FLUSH_S = 5.0  # a drain's control `flush` waits this long for every saved token durable
 _MAX_RESUME_TIMINGS = 1024  # the latest RESUMEs' timings kept for the stats
 _EXIT_POLL_S = 0.01  # how often the supervisor looks for a server the kernel is ending
-_PF_EXITING = 0x4  # include/linux/sched.h: the task is being shut down
 
 
 def record_bytes_of(model_dir: str | os.PathLike[str], dtype: str) -> int:
@@ -218,23 +217,6 @@ def _server_identity(config: AgentConfig) -> _ServerIdentity | None:
     if config.server_url is None and not Path(path).exists():
         return _ServerIdentity.create_key_file(path, control_socket=config.socket_path)
     return _ServerIdentity.from_key_file(path, control_socket=config.socket_path)
-
-
-def server_exiting(pid: int) -> bool:
-    """Whether the kernel is ending process ``pid`` (its main thread has ``PF_EXITING`` in
-    ``/proc/<pid>/stat``, set when a fatal signal is taken, before its memory is torn down), has
-    ended it (a zombie), or it is gone. Always False without a ``/proc`` (the supervisor's
-    wait for the exit covers that case)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:  # gone, where there is a /proc to look in
-        return Path("/proc/self/stat").exists()
-    except OSError:
-        return False
-    # The command name, field 2, is in parentheses and may hold spaces or parentheses itself.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    state, flags = fields[0], int(fields[6])  # fields 3 and 9
-    return state in ("Z", "X") or bool(flags & _PF_EXITING)
 
 
 def server_load(metrics_text: str) -> tuple[int, int]:
@@ -420,16 +402,16 @@ class Agent:
 
     @staticmethod
     def _wait_for_exit(proc: subprocess.Popen[bytes]) -> str:
-        """Returns once the server exited, or once the kernel has begun to end it: a killed
-        process is reaped only after its memory is torn down, which took 0.16 to 3.9 s for a
-        vLLM server on two loaded cores (bench/RESULTS.md), while the kernel marks it
-        exiting at once. A GPU server's teardown (its CUDA contexts) is slower still."""
-        while True:
-            try:
-                return f"the vLLM server exited with {proc.wait(timeout=_EXIT_POLL_S)}"
-            except subprocess.TimeoutExpired:
-                if server_exiting(proc.pid):
+        """Returns once the server exited, or once the kernel has begun to end it (it is
+        reaped only after its memory is torn down: exit_watch)."""
+        with ExitWatch(proc.pid) as watch:
+            while True:
+                code = proc.poll()
+                if code is not None:
+                    return f"the vLLM server exited with {code}"
+                if watch.exiting():
                     return "the vLLM server is exiting (killed or ended; not yet reaped)"
+                time.sleep(_EXIT_POLL_S)
 
     def _report_exit(self, reason: str) -> None:
         """Tell the gateway this incarnation is gone: once, from whichever thread is first.
