@@ -12,7 +12,9 @@ own ``/v1/completions`` or to the front door's, in rounds direct, gateway, gatew
 throughput: a round's output tokens over its wall time (first send to last token). Rows
 ``metric`` / ``value`` per path (``direct``, ``gateway``) and the differences the issue's
 targets name: ``ttft_p50_delta_ms`` (gateway minus direct, p50 of each), ``throughput_ratio``
-(gateway over direct, the rounds' sums). Needs the ``vllm`` extra (``make vllm-env``).
+(gateway over direct, the rounds' sums). Where the time goes: each path's mean CPU seconds
+per round of the server (``vllm serve`` and its engine process), the agent, the gateway
+(this process) and the client (``cpu_s_server`` ...). Needs the ``vllm`` extra (``make vllm-env``).
 
     python bench/front_door_vllm.py --streams 64 --json front_door_vllm.json
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -33,6 +36,23 @@ import numpy as np
 
 from lumen_core.auth import write_secret_file
 from lumen_core.worker.vllm_demo import MODEL_NAME, VOCAB, VllmCluster, write_tiny_llama
+
+_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int, *, group: bool = False) -> float:
+    """CPU seconds (user + system, every thread) of process ``pid``, or with ``group`` of
+    every live process in the process group it leads."""
+    total = 0
+    for stat_path in Path("/proc").glob("[0-9]*/stat") if group else [Path(f"/proc/{pid}/stat")]:
+        try:
+            stat = stat_path.read_text()
+        except OSError:  # ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()  # the name, field 2, may hold spaces
+        if not group or int(fields[2]) == pid:  # field 5: the process group
+            total += int(fields[11]) + int(fields[12])  # fields 14 and 15: utime, stime
+    return total / _TICKS_PER_S
 
 
 def _prompt(i: int, length: int) -> list[int]:
@@ -73,9 +93,13 @@ async def _round(
             return first, count
 
         started = time.monotonic()
+        cpu = time.process_time()
         results = await asyncio.gather(*(one(i) for i in range(num_streams)))
         wall = time.monotonic() - started
-    return {"ttft_s": [r[0] for r in results], "tokens": [r[1] for r in results], "wall_s": wall}
+    return {
+        "ttft_s": [r[0] for r in results], "tokens": [r[1] for r in results], "wall_s": wall,
+        "cpu_s_client": time.process_time() - cpu,
+    }  # fmt: skip
 
 
 def measure(num_streams: int, prompt_tokens: int, max_tokens: int, rounds: int, workdir: Path) -> list[dict]:
@@ -89,6 +113,11 @@ def measure(num_streams: int, prompt_tokens: int, max_tokens: int, rounds: int, 
     paths = {"direct": (cluster.registered[0]["server_url"].rstrip("/") + "/v1", "", str(model)),
              "gateway": (cluster.door.url, cluster.api_key, MODEL_NAME)}  # fmt: skip
     runs: dict[str, list[dict]] = {"direct": [], "gateway": []}
+    processes = {
+        "server": lambda: _cpu_s(cluster.registered[0]["server_pid"], group=True),
+        "agent": lambda: _cpu_s(cluster.agents[0].pid),
+        "gateway": lambda: _cpu_s(os.getpid()),
+    }
     try:
         order = ["direct", "gateway", "gateway", "direct"] * rounds
         for i, path in enumerate(["direct", *order]):  # a first, discarded round warms the server
@@ -96,10 +125,12 @@ def measure(num_streams: int, prompt_tokens: int, max_tokens: int, rounds: int, 
             argv = [sys.executable, __file__, "--client", url, "--key", key, "--model-name", name,
                     "--streams", str(num_streams),
                     "--prompt-tokens", str(prompt_tokens), "--max-tokens", str(max_tokens)]  # fmt: skip
+            before = {name: cpu() for name, cpu in processes.items()}
             done = subprocess.run(argv, capture_output=True, text=True, timeout=900)
             if done.returncode != 0:
                 raise RuntimeError(f"the {path} client failed: {done.stderr[-2000:]}")
             result = json.loads(done.stdout)
+            result.update({f"cpu_s_{name}": cpu() - before[name] for name, cpu in processes.items()})
             expected = num_streams * max_tokens
             if sum(result["tokens"]) != expected:
                 raise RuntimeError(f"{path}: {sum(result['tokens'])} tokens, expected {expected}")
@@ -118,7 +149,11 @@ def measure(num_streams: int, prompt_tokens: int, max_tokens: int, rounds: int, 
             {"path": path, "metric": "ttft_p50_ms", "value": summary[path][0]},
             {"path": path, "metric": "ttft_p99_ms", "value": float(np.percentile(ttft_ms, 99))},
             {"path": path, "metric": "tokens_per_s", "value": tokens_per_s},
+            {"path": path, "metric": "wall_s", "value": float(np.mean([r["wall_s"] for r in results]))},
         ]
+        for name in ("server", "agent", "gateway", "client"):
+            value = float(np.mean([r[f"cpu_s_{name}"] for r in results]))
+            rows.append({"path": path, "metric": f"cpu_s_{name}", "value": value})
     rows += [
         {"metric": "ttft_p50_delta_ms", "value": summary["gateway"][0] - summary["direct"][0]},
         {"metric": "throughput_ratio", "value": summary["gateway"][1] / summary["direct"][1]},
