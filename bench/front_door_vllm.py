@@ -14,7 +14,9 @@ throughput: a round's output tokens over its wall time (first send to last token
 targets name: ``ttft_p50_delta_ms`` (gateway minus direct, p50 of each), ``throughput_ratio``
 (gateway over direct, the rounds' sums). Where the time goes: each path's mean CPU seconds
 per round of the server (``vllm serve`` and its engine process), the agent, the gateway
-(this process) and the client (``cpu_s_server`` ...). Needs the ``vllm`` extra (``make vllm-env``).
+(this process) and the client (``cpu_s_server`` ...), and the agent's tokens per token
+report (``tokens_per_report``: its batching of ReportTokens calls). Needs the ``vllm`` extra
+(``make vllm-env``).
 
     python bench/front_door_vllm.py --streams 64 --json front_door_vllm.json
 """
@@ -139,7 +141,16 @@ def measure(num_streams: int, prompt_tokens: int, max_tokens: int, rounds: int, 
             print(f"round {i} {path:7}: {result['wall_s']:.2f} s", file=sys.stderr, flush=True)
     finally:
         cluster.close()
+    agent = cluster.stopped.get(0, {})
     rows: list[dict] = []
+    if agent.get("token_reports"):  # the agent served the gateway rounds only
+        rows.append(
+            {
+                "path": "gateway",
+                "metric": "tokens_per_report",
+                "value": agent["tokens"] / agent["token_reports"],
+            }
+        )
     summary = {}
     for path, results in runs.items():
         ttft_ms = np.array([t for r in results for t in r["ttft_s"]]) * 1e3

@@ -583,6 +583,8 @@ def test_an_agent_registers_what_it_relays_with_a_restarted_gateway_and_the_stre
             ]
         assert got + rest == [10 + i % 50 for i in range(len(prompt), len(prompt) + count)]
         assert server.epochs == [1] and agent.stats()["served"] == 1  # one relay, never broken
+        stats = agent.stats()
+        assert stats["tokens"] == count and 1 <= stats["token_reports"] <= count
     finally:
         if agent is not None:
             agent.close()

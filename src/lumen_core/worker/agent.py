@@ -47,6 +47,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 
 from lumen_core.auth import WorkerIdentity
@@ -74,7 +75,7 @@ from lumen_core.stream import HolderStore
 from lumen_core.worker.exit_watch import ExitWatch
 from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK, EXIT_SERVER_EXITED
 from lumen_core.worker.held import held_reports
-from lumen_core.worker.upstream import UpstreamError, completion_body, renew_args, stream_tokens
+from lumen_core.worker.upstream import UpstreamError, completion_body, open_session, renew_args, stream_tokens
 
 __all__ = [
     "Agent",
@@ -245,6 +246,7 @@ class _Counters:
     drained: int = 0  # relays closed when drained (the gateway moves those requests)
     relinked: int = 0  # registrations after a fencing
     tokens: int = 0
+    token_reports: int = 0  # ReportTokens calls answered (tokens / token_reports: the batching)
     errors: deque[str] = field(default_factory=lambda: deque(maxlen=8))  # the latest upstream errors
 
 
@@ -314,7 +316,7 @@ class Agent:
         self._flushed = threading.Event()  # drained: every relay closed, checkpoints kept
         self._http_sync = httpx.Client(timeout=_METRICS_TIMEOUT_S)
         self._loop = asyncio.new_event_loop()
-        self._http: httpx.AsyncClient | None = None  # made on the loop's thread
+        self._http: aiohttp.ClientSession | None = None  # made on the loop's thread
         self._tasks: dict[int, tuple[int, asyncio.Task[None]]] = {}  # request id -> (epoch, task)
         self._relayed: dict[int, _Relayed] = {}  # of the tasks; read by the heartbeat thread
         self._reports: queue.Queue[RequestTokens | None] = queue.Queue()
@@ -701,7 +703,7 @@ class Agent:
                                                 piece.finished))  # fmt: skip
                 relayed.outputs.extend(piece.token_ids)
                 position = piece.start_position + len(piece.token_ids)
-        except (UpstreamError, httpx.HTTPError, ValueError) as exc:
+        except (UpstreamError, aiohttp.ClientError, ValueError) as exc:
             self.counters.upstream_errors += 1
             self.counters.errors.append(f"{request_id}: {exc}"[:300])
             logger.warning("lumen agent: request %d: %s", request_id, exc)
@@ -711,7 +713,7 @@ class Agent:
                 # server's message. Any other (a 5xx, vLLM's mid-stream internal error): it
                 # failed the request while alive, so the gateway moves it to another worker
                 # (nothing else would: the supervisor sees a live server). A server that died
-                # or broke the connection (httpx errors, a stream cut off) is left to the
+                # or broke the connection (aiohttp errors, a stream cut off) is left to the
                 # supervisor: its exit report fails this worker and the gateway resumes the
                 # request on another, from the tokens its client has.
                 if exc.refused:
@@ -732,10 +734,7 @@ class Agent:
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)
-        # One connection per concurrent stream, to the one server, never timed out mid-stream.
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(None, connect=5.0), limits=httpx.Limits(max_connections=None)
-        )
+        self._http = self._loop.run_until_complete(open_session())
         try:
             self._loop.run_forever()
         finally:  # stopped by close(): end the relays still out, then the loop's resources
@@ -743,7 +742,7 @@ class Agent:
             for task in pending:
                 task.cancel()
             self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            self._loop.run_until_complete(self._http.aclose())
+            self._loop.run_until_complete(self._http.close())
             self._loop.close()
 
     def _report_loop(self) -> None:
@@ -774,6 +773,7 @@ class Agent:
             epoch = self.client.epoch
             try:
                 acks = self.client.report_tokens_batch(batch)
+                self.counters.token_reports += 1
             except (FencedError, StaleEpochError) as exc:
                 unsent = []
                 self._fence(str(exc), epoch)
@@ -817,6 +817,7 @@ class Agent:
             "restoring": c.restoring,
             "cancelled": c.cancelled,
             "tokens": c.tokens,
+            "token_reports": c.token_reports,
             "upstream_errors": c.upstream_errors,
             "upstream_refused": c.upstream_refused,
             "upstream_failed": c.upstream_failed,

@@ -1,6 +1,7 @@
 """One gateway request on one vLLM server: a RUN or RESUME directive as a streaming
-``POST /v1/completions`` to the server's OpenAI endpoint (``httpx``, async), and the server's
-events as output tokens by position.
+``POST /v1/completions`` to the server's OpenAI endpoint (``aiohttp``: its C parser reads a
+server-sent event in half the CPU time of httpx's stack, and the agent reads one per token;
+bench/RESULTS.md), and the server's events as output tokens by position.
 
 The body carries the request's ``kv_transfer_params["lumen"]`` (docs/vllm.md): the gateway's
 request id and its u64 ``key`` (the gateway's capabilities are bound to it), the epoch, the
@@ -18,13 +19,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
+import aiohttp
 
 from lumen_core.gateway.directives import HolderGrant, Renew, Resume, Run
 from lumen_core.gateway.protocol import parse_address
 from lumen_core.policy.events import RecoveryAction
 
-__all__ = ["UpstreamError", "UpstreamTokens", "completion_body", "stream_tokens"]
+__all__ = ["UpstreamError", "UpstreamTokens", "completion_body", "open_session", "stream_tokens"]
+
+# Bound on one server-sent event: vLLM's first event of a request carries its prompt's token
+# ids (7 bytes a token or so), and aiohttp refuses a line past its read buffer's high water.
+_MAX_EVENT_BYTES = 8 << 20
+_CONNECT_TIMEOUT_S = 5.0
 
 
 class UpstreamError(RuntimeError):
@@ -134,26 +140,34 @@ def completion_body(directive: Run | Resume, model: str) -> tuple[dict[str, Any]
     return body, len(outputs)
 
 
+async def open_session() -> aiohttp.ClientSession:
+    """The session the agent's relays share (made on its event loop): one connection
+    per concurrent stream, to the one server, never timed out mid-stream."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),
+        timeout=aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S),
+        read_bufsize=_MAX_EVENT_BYTES // 2,  # a line may fill twice this (its high water)
+    )
+
+
 async def stream_tokens(
-    http: httpx.AsyncClient, url: str, body: dict[str, Any], start_position: int
+    http: aiohttp.ClientSession, url: str, body: dict[str, Any], start_position: int
 ) -> AsyncIterator[UpstreamTokens]:
     """POST ``body`` to ``url`` (the server's ``/v1/completions``) and yield its tokens by
     output position as they arrive, the last with ``finished``. Raises UpstreamError for an
     error answer or an error event (with its ``status`` and the server's error message), or
-    a stream that ends unfinished; httpx errors when the server cannot be reached or goes
-    away."""
+    a stream that ends unfinished; ``aiohttp.ClientError`` when the server cannot be reached
+    or goes away, ValueError for an event over 8 MiB or one that is not JSON."""
     position = start_position
-    async with http.stream("POST", url, json=body) as response:
-        if response.status_code != 200:
-            detail = (await response.aread()).decode(errors="replace")[:500]
-            raise UpstreamError(
-                f"the server answered {response.status_code}: {detail}", status=response.status_code
-            )
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
+    async with http.post(url, json=body) as response:
+        if response.status != 200:
+            detail = (await response.read()).decode(errors="replace")[:500]
+            raise UpstreamError(f"the server answered {response.status}: {detail}", status=response.status)
+        async for line in response.content:
+            if not line.startswith(b"data: "):
                 continue
-            data = line.removeprefix("data: ")
-            if data == "[DONE]":
+            data = line[6:].rstrip(b"\r\n")
+            if data == b"[DONE]":
                 break
             event = json.loads(data)
             if "error" in event:
