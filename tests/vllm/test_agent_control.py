@@ -44,7 +44,7 @@ def test_stats_release_and_flush_over_the_control_socket(
     while server.ask("stats")["store"]["checkpoints"] < 2 and time.monotonic() < deadline:
         step(1)  # the holder's appends land asynchronously
     stats = ask(sock, "stats")
-    assert (stats["requests"], stats["streaming"], stats["restoring"]) == (2, 2, 0)
+    assert (stats["requests"], stats["streaming"], stats["restoring"], stats["lookups"]) == (2, 2, 0, [])
     assert stats["worker"]["saved_tokens"] >= 200  # both prompts, from the steps' outputs
     assert server.ask("stats")["store"]["checkpoints"] == 2
 

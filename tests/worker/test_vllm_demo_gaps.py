@@ -39,9 +39,15 @@ def test_a_gap_is_cut_at_detection_the_directive_and_the_servers_first_token() -
         _timing(1, 8, received_s=10.2, first_token_s=10.6),
         _timing(1, 0, received_s=5.0, first_token_s=5.5),  # its first RUN's era: before the kill
     ]
-    gaps = failover_gaps(10.0, 10.1, actions, resumes, streams)
+    lookups = [  # the restoring server's: an older lookup of request 1, then this RESUME's
+        {"request_id": "1", "arrived_s": 4.0, "asked_s": 4.1, "planned_s": 4.2, "matched": 100},
+        {"request_id": "1", "arrived_s": 10.25, "asked_s": 10.3, "planned_s": 10.45, "matched": 100},
+    ]
+    gaps = failover_gaps(10.0, 10.1, actions, resumes, streams, lookups)
     assert [(g.request_id, g.restored) for g in gaps] == [(1, True), (2, False)]
     restored, reprefilled = gaps
+    assert restored.server_parts == pytest.approx({"api": 0.05, "queue": 0.05, "lookup": 0.15, "load": 0.15})
+    assert reprefilled.server_parts is None
     assert restored.detection_s == pytest.approx(0.1) and restored.directive_s == pytest.approx(0.1)
     assert restored.server_s == pytest.approx(0.4) and restored.relay_s == pytest.approx(0.3)
     assert restored.total_s == pytest.approx(0.9)  # 10.9 - 10.0
@@ -49,7 +55,9 @@ def test_a_gap_is_cut_at_detection_the_directive_and_the_servers_first_token() -
     assert actions == {1: RecoveryAction.RESTORE, 2: RecoveryAction.REPREFILL}  # not consumed
     summary = gap_summary(gaps)
     assert summary["restored"] == {"n": 1, "detection_ms": 100.0, "directive_ms": 100.0, "server_ms": 400.0,
-                                   "relay_ms": 300.0, "total_ms": 900.0}  # fmt: skip
+                                   "relay_ms": 300.0, "total_ms": 900.0, "n_parts": 1, "server_api_ms": 50.0,
+                                   "server_queue_ms": 50.0, "server_lookup_ms": 150.0,
+                                   "server_load_ms": 150.0}  # fmt: skip
     assert summary["reprefilled"]["n"] == 1 and summary["reprefilled"]["total_ms"] == 1500.0
 
 

@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -109,7 +109,11 @@ class FailoverGap:
     server and moved the request; ``directive`` until the RESUME reached the new server's
     agent; ``server`` until that server's first token came back to the agent (its queueing,
     the restore or the prefill, one step); ``relay`` until the client had it (agent, gateway,
-    front door)."""
+    front door). A request that restored, with its server's ``LookupTiming``, has ``server``
+    in parts too (``server_parts``): ``api`` until vLLM took the request (the agent's POST,
+    HTTP, its API server), ``queue`` until its scheduler first looked at it, ``lookup`` until
+    the holder answered, ``load`` until the first token came back (the restore, one step, the
+    server's event)."""
 
     request_id: int
     restored: bool
@@ -117,19 +121,41 @@ class FailoverGap:
     directive_s: float
     server_s: float
     relay_s: float
+    server_parts: dict[str, float] | None = None
 
     @property
     def total_s(self) -> float:
         return self.detection_s + self.directive_s + self.server_s + self.relay_s
 
 
+SERVER_PARTS = ("api", "queue", "lookup", "load")
+_CLOCK_SLACK_S = 0.01  # vLLM's wall-clock arrival time, mapped onto the monotonic clock
+
+
+def _server_parts(timing: dict[str, Any], lookups: Sequence[dict[str, Any]]) -> dict[str, float] | None:
+    """The parts of a RESUME's server time from its server's first lookup of it after the
+    agent had the RESUME (None without one)."""
+    request_id = str(timing["request_id"])
+    lookup = next(
+        (t for t in sorted(lookups, key=lambda t: t["arrived_s"])
+         if t["request_id"] == request_id and t["arrived_s"] >= timing["received_s"] - _CLOCK_SLACK_S),
+        None,
+    )  # fmt: skip
+    if lookup is None:
+        return None
+    edges = [timing["received_s"], lookup["arrived_s"], lookup["asked_s"], lookup["planned_s"],
+             timing["first_token_s"]]  # fmt: skip
+    return {part: b - a for part, a, b in zip(SERVER_PARTS, edges, edges[1:])}
+
+
 def failover_gaps(
     killed_s: float, detected_s: float, actions: dict[int, RecoveryAction], resumes: list[dict[str, Any]],
-    streams: list[_Stream],
+    streams: list[_Stream], lookups: Sequence[dict[str, Any]] = (),
 ) -> list[FailoverGap]:  # fmt: skip
     """The gap of each moved request (``actions``: request id -> its recovery action) from the
-    agents' RESUME timings after the kill (``ResumeTiming`` rows) and its client's stream;
-    a request without a timing or whose next token never arrived is left out."""
+    agents' RESUME timings after the kill (``ResumeTiming`` rows), the servers' lookups
+    (``LookupTiming`` rows, for the parts of a restore) and its client's stream; a request
+    without a timing or whose next token never arrived is left out."""
     by_id = {s.request_id: s for s in streams}
     actions = dict(actions)
     gaps = []
@@ -140,19 +166,22 @@ def failover_gaps(
         received_s = by_id[request_id].received_s(timing["position"])
         if math.isnan(received_s):
             continue
+        restored = actions.pop(request_id) != RecoveryAction.REPREFILL  # the first RESUME after the kill
         gaps.append(FailoverGap(
             request_id,
-            actions.pop(request_id) != RecoveryAction.REPREFILL,  # the first RESUME after the kill
+            restored,
             detected_s - killed_s,
             timing["received_s"] - detected_s,
             timing["first_token_s"] - timing["received_s"],
             received_s - timing["first_token_s"],
+            _server_parts(timing, lookups) if restored else None,
         ))  # fmt: skip
     return gaps
 
 
 def gap_summary(gaps: list[FailoverGap]) -> dict[str, dict[str, float]]:
-    """Mean parts in ms of the restored and of the re-prefilled gaps (``n``: how many)."""
+    """Mean parts in ms of the restored and of the re-prefilled gaps (``n``: how many), and of
+    the restored ones' server parts (``n_parts``: how many had them)."""
     summary = {}
     for kind, restored in (("restored", True), ("reprefilled", False)):
         chosen = [g for g in gaps if g.restored == restored]
@@ -162,6 +191,12 @@ def gap_summary(gaps: list[FailoverGap]) -> dict[str, dict[str, float]]:
             f"{part}_ms": round(1e3 * sum(getattr(g, f"{part}_s") for g in chosen) / len(chosen), 1)
             for part in ("detection", "directive", "server", "relay", "total")
         }
+        parted = [g.server_parts for g in chosen if g.server_parts is not None]
+        if parted:
+            summary[kind] |= {"n_parts": len(parted)} | {
+                f"server_{part}_ms": round(1e3 * sum(p[part] for p in parted) / len(parted), 1)
+                for part in SERVER_PARTS
+            }
     return summary
 
 
@@ -313,9 +348,11 @@ class VllmCluster:
         return found
 
     def connector_stats(self, worker_id: int) -> dict[str, Any]:
+        """Server ``worker_id``'s connector ``stats`` (docs/vllm.md): its worker's counters
+        under ``worker``, its restoring requests' ``lookups``."""
         from lumen_core.integrations.vllm import control
 
-        return control.ask(self.workdir / f"control-{worker_id}.sock", "stats")["worker"]
+        return control.ask(self.workdir / f"control-{worker_id}.sock", "stats")
 
     def close(self) -> None:
         """SIGTERM every agent (each ends its server), then the gateway."""
@@ -403,12 +440,14 @@ def _run_policy(
         failure = cluster.failure_of(victim)
         detected_s = cluster.gateway.monotonic_s(failure.time_s)
         survivors = [w for w in range(NUM_SERVERS) if w != victim]
-        restored = [cluster.connector_stats(w) for w in survivors]
+        connectors = [cluster.connector_stats(w) for w in survivors]
     finally:
         cluster.close()
     actions = {r.route.request_id: r.route.action for r in failure.reroutes}
     resumes = [t for w in survivors for t in cluster.stopped.get(w, {}).get("resumes", ())]
-    gaps = failover_gaps(killed_at_s, detected_s, actions, resumes, streams)
+    restored = [c["worker"] for c in connectors]
+    lookups = [t for c in connectors for t in c.get("lookups", ())]
+    gaps = failover_gaps(killed_at_s, detected_s, actions, resumes, streams, lookups)
     exited_s = cluster.stopped.get(victim, {}).get("server_exited_s")
     restore_us = sum(int(s.get("restore_us", 0)) for s in restored)
     num_restores = sum(int(s.get("restores", 0)) for s in restored)

@@ -10,7 +10,8 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lumen_core.connector import RestoreLookup, RestoreSource
@@ -23,13 +24,29 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.request import Request
 
-__all__ = ["SchedulerSide"]
+__all__ = ["LookupTiming", "SchedulerSide"]
 
 logger = logging.getLogger(__name__)
 
 MAX_FLUSH_S = 30.0  # bound on one `flush` command's wait
 ABANDON_WAIT_S = 3.0  # bound on an `abandon`'s wait for the step that takes it (< ask's 5 s)
 _DURABLE_LAG = "durable_lag_tokens"  # the worker's gauge (stats.DURABLE_LAG, without importing vLLM)
+_MAX_LOOKUP_TIMINGS = 1024  # the latest ones kept for `stats`
+
+
+@dataclass(frozen=True)
+class LookupTiming:
+    """One restoring request's way into this engine, on the host's monotonic clock (one clock
+    for every process of a host, so the agent's and the gateway's times line up with it):
+    ``arrived_s`` vLLM's arrival time (its API server took the request: input processing
+    begins), ``asked_s`` the scheduler's first look at it (``get_num_new_matched_tokens``),
+    ``planned_s`` the lookup's answer, ``matched`` the tokens it will restore (0: recomputed)."""
+
+    request_id: str
+    arrived_s: float
+    asked_s: float
+    planned_s: float
+    matched: int
 
 
 class SchedulerSide:
@@ -46,6 +63,7 @@ class SchedulerSide:
         self._sources: dict[str, RestoreSource] = {}  # requests to resume
         self._pending_loads: dict[str, int] = {}  # req_id -> tokens to restore this step
         self._opened: set[str] = set()
+        self._asked_s: dict[str, float] = {}  # restoring requests looked up, not yet planned
         self.identity = config.identity()
         # Lookups run on the lookup's own thread, never on the scheduler's.
         self._lookup = RestoreLookup(
@@ -65,6 +83,7 @@ class SchedulerSide:
         self._worker_totals: Counter[str] = Counter()
         self._lag: tuple[int, float] = (-1, math.inf)  # (tokens, time) of the worker's last sample
         self._num_flushing = 0
+        self._lookup_timings: deque[LookupTiming] = deque(maxlen=_MAX_LOOKUP_TIMINGS)
         self._control = (
             None if config.control_socket is None else ControlServer(config.control_socket, self.control)
         )
@@ -91,12 +110,19 @@ class SchedulerSide:
             # Restores fill a request's blocks from position 0; a local prefix hit is kept.
             return 0, False
         control = self._controls[request.request_id]
+        now = time.monotonic()
+        asked_s = self._asked_s.setdefault(request.request_id, now)
         durable = self._lookup.plan(request.request_id, control.key, source)
         if durable is None:  # not known yet: vLLM asks again next step
             return None, False
         # At least one token is computed: vLLM needs a forward to sample from. The load is
         # asynchronous: the request waits for it (WAITING_FOR_REMOTE_KVS) while the others step.
         matched = min(durable, request.num_tokens - 1)
+        if self._asked_s.pop(request.request_id, None) is not None:  # its first plan
+            arrived_s = request.arrival_time - time.time() + now  # vLLM's wall clock, mapped
+            timing = LookupTiming(control.request_id, arrived_s, asked_s, now, matched)
+            with self._lock:
+                self._lookup_timings.append(timing)
         return matched, matched > 0
 
     def update_state_after_alloc(
@@ -208,9 +234,10 @@ class SchedulerSide:
     def control(self, request: dict[str, Any]) -> dict[str, Any]:
         """One control command (module docstring of ``control.py``); ValueError for a bad one.
 
-        - ``stats``: ``requests`` (known to the scheduler), ``streaming``, ``restoring``, and
+        - ``stats``: ``requests`` (known to the scheduler), ``streaming``, ``restoring``,
           ``worker``: the worker's counter totals since the engine started, with its last
-          ``durable_lag_tokens`` (-1 before its first sample).
+          ``durable_lag_tokens`` (-1 before its first sample), and ``lookups``: the latest
+          1,024 restoring requests' ``LookupTiming``.
         - ``release`` ``{"request_id": str}``: stop checkpointing that LUMEN request from the
           next step on and drop its checkpoint on its holders (the gateway's word; the vLLM
           request itself runs on). ``known``: it streams here.
@@ -236,11 +263,13 @@ class SchedulerSide:
             with self._lock:
                 worker = dict(self._worker_totals)
                 worker[_DURABLE_LAG] = self._lag[0]
+                lookups = [dataclasses.asdict(t) for t in self._lookup_timings]
             return {
                 "requests": len(self._requests),
                 "streaming": len(self._opened),
                 "restoring": len(self._sources),
                 "worker": worker,
+                "lookups": lookups,
             }
         if command == "credential":
             if self.identity is None:
@@ -319,6 +348,7 @@ class SchedulerSide:
         self._controls.pop(req_id, None)
         self._requests.pop(req_id, None)
         self._sources.pop(req_id, None)
+        self._asked_s.pop(req_id, None)
         self._lookup.forget(req_id)
         self._pending_loads.pop(req_id, None)
         if req_id in self._opened:
