@@ -27,6 +27,10 @@ def _timing(request_id: int, position: int, received_s: float, first_token_s: fl
             "received_s": received_s, "first_token_s": first_token_s}  # fmt: skip
 
 
+def _lookup(request_id: int, **times_s: float) -> dict:  # type: ignore[type-arg]
+    return {"request_id": str(request_id), "matched": 100, **times_s}
+
+
 def test_a_gap_is_cut_at_detection_the_directive_and_the_servers_first_token() -> None:
     streams = [
         _stream(1, [(9.0, 8), (10.9, 3)]),  # its 8 tokens before the kill, then 3 in one chunk
@@ -40,13 +44,14 @@ def test_a_gap_is_cut_at_detection_the_directive_and_the_servers_first_token() -
         _timing(1, 0, received_s=5.0, first_token_s=5.5),  # its first RUN's era: before the kill
     ]
     lookups = [  # the restoring server's: an older lookup of request 1, then this RESUME's
-        {"request_id": "1", "arrived_s": 4.0, "asked_s": 4.1, "planned_s": 4.2, "matched": 100},
-        {"request_id": "1", "arrived_s": 10.25, "asked_s": 10.3, "planned_s": 10.45, "matched": 100},
+        _lookup(1, arrived_s=4.0, added_s=4.05, asked_s=4.1, planned_s=4.2),
+        _lookup(1, arrived_s=10.25, added_s=10.27, asked_s=10.3, planned_s=10.45),
     ]
     gaps = failover_gaps(10.0, 10.1, actions, resumes, streams, lookups)
     assert [(g.request_id, g.restored) for g in gaps] == [(1, True), (2, False)]
     restored, reprefilled = gaps
-    assert restored.server_parts == pytest.approx({"api": 0.05, "queue": 0.05, "lookup": 0.15, "load": 0.15})
+    parts = {"api": 0.05, "admit": 0.02, "queue": 0.03, "lookup": 0.15, "load": 0.15}
+    assert restored.server_parts == pytest.approx(parts)
     assert reprefilled.server_parts is None
     assert restored.detection_s == pytest.approx(0.1) and restored.directive_s == pytest.approx(0.1)
     assert restored.server_s == pytest.approx(0.4) and restored.relay_s == pytest.approx(0.3)
@@ -56,8 +61,8 @@ def test_a_gap_is_cut_at_detection_the_directive_and_the_servers_first_token() -
     summary = gap_summary(gaps)
     assert summary["restored"] == {"n": 1, "detection_ms": 100.0, "directive_ms": 100.0, "server_ms": 400.0,
                                    "relay_ms": 300.0, "total_ms": 900.0, "n_parts": 1, "server_api_ms": 50.0,
-                                   "server_queue_ms": 50.0, "server_lookup_ms": 150.0,
-                                   "server_load_ms": 150.0}  # fmt: skip
+                                   "server_admit_ms": 20.0, "server_queue_ms": 30.0,
+                                   "server_lookup_ms": 150.0, "server_load_ms": 150.0}  # fmt: skip
     assert summary["reprefilled"]["n"] == 1 and summary["reprefilled"]["total_ms"] == 1500.0
 
 

@@ -110,9 +110,10 @@ class FailoverGap:
     agent; ``server`` until that server's first token came back to the agent (its queueing,
     the restore or the prefill, one step); ``relay`` until the client had it (agent, gateway,
     front door). A request that restored, with its server's ``LookupTiming``, has ``server``
-    in parts too (``server_parts``): ``api`` until vLLM took the request (the agent's POST,
-    HTTP, its API server), ``queue`` until its scheduler first looked at it, ``lookup`` until
-    the holder answered, ``load`` until the first token came back (the restore, one step, the
+    in parts too (``server_parts``): ``api`` until vLLM's API server took the request (the
+    agent's POST, HTTP), ``admit`` until its scheduler had it (input processing, the engine's
+    input queue), ``queue`` until the scheduler first looked at it, ``lookup`` until the
+    holder answered, ``load`` until the first token came back (the restore, one step, the
     server's event)."""
 
     request_id: int
@@ -128,7 +129,7 @@ class FailoverGap:
         return self.detection_s + self.directive_s + self.server_s + self.relay_s
 
 
-SERVER_PARTS = ("api", "queue", "lookup", "load")
+SERVER_PARTS = ("api", "admit", "queue", "lookup", "load")
 _CLOCK_SLACK_S = 0.01  # vLLM's wall-clock arrival time, mapped onto the monotonic clock
 
 
@@ -143,8 +144,8 @@ def _server_parts(timing: dict[str, Any], lookups: Sequence[dict[str, Any]]) -> 
     )  # fmt: skip
     if lookup is None:
         return None
-    edges = [timing["received_s"], lookup["arrived_s"], lookup["asked_s"], lookup["planned_s"],
-             timing["first_token_s"]]  # fmt: skip
+    edges = [timing["received_s"], lookup["arrived_s"], lookup["added_s"], lookup["asked_s"],
+             lookup["planned_s"], timing["first_token_s"]]  # fmt: skip
     return {part: b - a for part, a, b in zip(SERVER_PARTS, edges, edges[1:])}
 
 

@@ -39,11 +39,13 @@ class LookupTiming:
     """One restoring request's way into this engine, on the host's monotonic clock (one clock
     for every process of a host, so the agent's and the gateway's times line up with it):
     ``arrived_s`` vLLM's arrival time (its API server took the request: input processing
-    begins), ``asked_s`` the scheduler's first look at it (``get_num_new_matched_tokens``),
-    ``planned_s`` the lookup's answer, ``matched`` the tokens it will restore (0: recomputed)."""
+    begins), ``added_s`` the scheduler's ``add_request`` (the engine has it: waiting),
+    ``asked_s`` its first look at it (``get_num_new_matched_tokens``), ``planned_s`` the
+    lookup's answer, ``matched`` the tokens it will restore (0: recomputed)."""
 
     request_id: str
     arrived_s: float
+    added_s: float
     asked_s: float
     planned_s: float
     matched: int
@@ -63,7 +65,8 @@ class SchedulerSide:
         self._sources: dict[str, RestoreSource] = {}  # requests to resume
         self._pending_loads: dict[str, int] = {}  # req_id -> tokens to restore this step
         self._opened: set[str] = set()
-        self._asked_s: dict[str, float] = {}  # restoring requests looked up, not yet planned
+        self._added_s: dict[str, float] = {}  # restoring requests not yet planned: when added
+        self._asked_s: dict[str, float] = {}  # of those, looked up: when first
         self.identity = config.identity()
         # Lookups run on the lookup's own thread, never on the scheduler's.
         self._lookup = RestoreLookup(
@@ -100,6 +103,7 @@ class SchedulerSide:
         self._requests[request.request_id] = request
         if control.restore is not None:
             self._sources[request.request_id] = control.restore
+            self._added_s[request.request_id] = time.monotonic()
 
     # ---- restore --------------------------------------------------------------------------
     def get_num_new_matched_tokens(
@@ -120,7 +124,8 @@ class SchedulerSide:
         matched = min(durable, request.num_tokens - 1)
         if self._asked_s.pop(request.request_id, None) is not None:  # its first plan
             arrived_s = request.arrival_time - time.time() + now  # vLLM's wall clock, mapped
-            timing = LookupTiming(control.request_id, arrived_s, asked_s, now, matched)
+            added_s = self._added_s.pop(request.request_id, asked_s)
+            timing = LookupTiming(control.request_id, arrived_s, added_s, asked_s, now, matched)
             with self._lock:
                 self._lookup_timings.append(timing)
         return matched, matched > 0
@@ -348,6 +353,7 @@ class SchedulerSide:
         self._controls.pop(req_id, None)
         self._requests.pop(req_id, None)
         self._sources.pop(req_id, None)
+        self._added_s.pop(req_id, None)
         self._asked_s.pop(req_id, None)
         self._lookup.forget(req_id)
         self._pending_loads.pop(req_id, None)
