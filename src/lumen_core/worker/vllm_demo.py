@@ -534,6 +534,14 @@ def run_vllm_demo(args: argparse.Namespace) -> int:
     for row in rows:
         for kind, summary in row["failover_gap"].items():
             print(f"{row['policy']:<7} {kind:<12} " + "  ".join(str(summary[p]).ljust(len(p)) for p in parts))
+    parted = [(row["policy"], s) for row in rows for s in row["failover_gap"].values() if "n_parts" in s]
+    if parted:
+        print("a restored stream's server part, mean ms: until vLLM's API server, its scheduler, its first")
+        print("look, the holder's answer, the first token back")
+        parts = ("n_parts", *(f"server_{p}_ms" for p in SERVER_PARTS))
+        print("policy  " + "  ".join(parts))
+        for policy, summary in parted:
+            print(f"{policy:<7} " + "  ".join(str(summary[p]).ljust(len(p)) for p in parts))
     print("mechanism 3 (assisted recovery): absent over vLLM (no API for outside drafts)")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
