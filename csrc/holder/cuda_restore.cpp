@@ -2,22 +2,30 @@
 // CUDA.
 #include "lumen/holder/cuda_restore.h"
 
+#include <stdexcept>
+
+#ifdef LUMEN_HOLDER_CUDA
 #include <algorithm>
 #include <atomic>
-#include <stdexcept>
 #include <vector>
 
 #include "lumen/checksum.h"
-#include "lumen/thread_pool.h"
-
-#ifdef LUMEN_HOLDER_CUDA
 #include "lumen/cuda_check.h"
 #include "lumen/gather.h"
+#include "lumen/thread_pool.h"
 #include "lumen/transport/sink.h"
 #endif
 
 namespace lumen::holder {
 
+#ifdef LUMEN_HOLDER_CUDA
+
+namespace {
+
+using transport::MemoryPiece;
+
+// How many of records [first, first + n) pass their crcs (crcs indexed from record 0) before
+// the first that does not, checked by num_threads threads. Host memory only.
 uint64_t verified_prefix(const RecordChunks& records, const ChunkArena& arena, const uint32_t* crcs,
                          uint64_t first, uint64_t n, int num_threads) {
   const uint64_t record_bytes = records.record_bytes();
@@ -41,12 +49,6 @@ uint64_t verified_prefix(const RecordChunks& records, const ChunkArena& arena, c
   });
   return first_bad.load();
 }
-
-#ifdef LUMEN_HOLDER_CUDA
-
-namespace {
-
-using transport::MemoryPiece;
 
 // Device (or pinned host) memory of `T`, grown to a capacity and kept.
 template <typename T, bool kPinnedHost>
@@ -160,7 +162,6 @@ class CudaRestorerImpl final : public CudaRestorer {
         // On the host while the device still works on group g - 1.
         const uint64_t good = verified_prefix(records, arena, crcs, written, count, num_threads);
         if (good == 0) break;
-        const uint64_t bytes = good * record_bytes;
         if (g >= 2) {  // staging[b] is free once group g - 2's scatter has read it
           cuda_check(cudaStreamWaitEvent(copy_stream_, scattered_[b], 0), "cudaStreamWaitEvent");
         }
@@ -177,7 +178,7 @@ class CudaRestorerImpl final : public CudaRestorer {
         } else {  // bounce[b] is free once group g - 2's copy has read it
           if (g >= 2) cuda_check(cudaEventSynchronize(copied_[b]), "cudaEventSynchronize");
           records.copy_out(arena, written, good, bounce_[b].get(), num_threads);
-          cuda_check(cudaMemcpyAsync(staging_[b].get(), bounce_[b].get(), bytes,
+          cuda_check(cudaMemcpyAsync(staging_[b].get(), bounce_[b].get(), good * record_bytes,
                                      cudaMemcpyHostToDevice, copy_stream_),
                      "cudaMemcpyAsync (records)");
         }

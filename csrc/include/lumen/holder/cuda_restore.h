@@ -39,9 +39,4 @@ class CudaRestorer {
 // std::runtime_error when this build has no CUDA or the device cannot be used.
 std::unique_ptr<CudaRestorer> make_cuda_restorer(int device);
 
-// How many of records [first, first + n) pass their crcs (crcs indexed from record 0) before
-// the first that does not, checked by num_threads threads. Host memory only.
-uint64_t verified_prefix(const RecordChunks& records, const ChunkArena& arena, const uint32_t* crcs,
-                         uint64_t first, uint64_t n, int num_threads);
-
 }  // namespace lumen::holder
