@@ -117,6 +117,7 @@ def test_streams_survive_a_vllm_servers_sigkill_with_every_token_once(
     # had it, looked it up, the lookup answered; the restored ones matched tokens.
     lookups = connector["lookups"]
     assert {int(t["request_id"]) for t in lookups} <= {r.route.request_id for r in killed.reroutes}
+    assert len({t["request_id"] for t in lookups}) == len(lookups)  # one each: its first plan
     assert lookups and any(t["matched"] > 0 for t in lookups)
     ordered = [t["arrived_s"] - 0.01 <= t["added_s"] <= t["asked_s"] <= t["planned_s"] for t in lookups]
     assert all(ordered), lookups

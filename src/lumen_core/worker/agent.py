@@ -703,7 +703,7 @@ class Agent:
                                                 piece.finished))  # fmt: skip
                 relayed.outputs.extend(piece.token_ids)
                 position = piece.start_position + len(piece.token_ids)
-        except (UpstreamError, aiohttp.ClientError, ValueError) as exc:
+        except (UpstreamError, aiohttp.ClientError) as exc:
             self.counters.upstream_errors += 1
             self.counters.errors.append(f"{request_id}: {exc}"[:300])
             logger.warning("lumen agent: request %d: %s", request_id, exc)

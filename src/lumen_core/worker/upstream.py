@@ -1,7 +1,7 @@
 """One gateway request on one vLLM server: a RUN or RESUME directive as a streaming
 ``POST /v1/completions`` to the server's OpenAI endpoint (``aiohttp``: its C parser reads a
-server-sent event in half the CPU time of httpx's stack, and the agent reads one per token;
-bench/RESULTS.md), and the server's events as output tokens by position.
+server-sent event in two thirds of the CPU time of httpx's stack, and the agent reads one
+per token; bench/sse_reader.py), and the server's events as output tokens by position.
 
 The body carries the request's ``kv_transfer_params["lumen"]`` (docs/vllm.md): the gateway's
 request id and its u64 ``key`` (the gateway's capabilities are bound to it), the epoch, the
@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import aiohttp.http_exceptions
 
 from lumen_core.gateway.directives import HolderGrant, Renew, Resume, Run
 from lumen_core.gateway.protocol import parse_address
@@ -150,31 +151,53 @@ async def open_session() -> aiohttp.ClientSession:
     )
 
 
+async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """The lines of a server's stream; an over-long one is a refusal (the request cannot be
+    relayed, and would not be by another server either)."""
+    try:
+        async for line in response.content:
+            yield line
+    except (ValueError, aiohttp.http_exceptions.LineTooLong) as exc:  # ValueError: aiohttp < 3.11
+        raise UpstreamError(
+            f"an event of the server's stream is over {_MAX_EVENT_BYTES} bytes", status=400
+        ) from exc
+
+
+def _tokens(data: bytes) -> list[tuple[tuple[int, ...], bool]]:
+    """(token ids, finished) of each choice of one event; UpstreamError for an error event
+    (its status) or one that is not vLLM's shape (502: the live server failed the request)."""
+    try:
+        event = json.loads(data)
+        if "error" in event:
+            raise _event_error(event["error"])
+        return [
+            (tuple(int(t) for t in choice.get("token_ids") or ()), choice.get("finish_reason") is not None)
+            for choice in event.get("choices", ())
+        ]
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise UpstreamError(f"the server sent an event that is not a completion: {exc}", status=502) from exc
+
+
 async def stream_tokens(
     http: aiohttp.ClientSession, url: str, body: dict[str, Any], start_position: int
 ) -> AsyncIterator[UpstreamTokens]:
     """POST ``body`` to ``url`` (the server's ``/v1/completions``) and yield its tokens by
     output position as they arrive, the last with ``finished``. Raises UpstreamError for an
-    error answer or an error event (with its ``status`` and the server's error message), or
-    a stream that ends unfinished; ``aiohttp.ClientError`` when the server cannot be reached
-    or goes away, ValueError for an event over 8 MiB or one that is not JSON."""
+    error answer or an error event (with its ``status`` and the server's error message), an
+    event over 8 MiB (400) or not a completion's (502), or a stream that ends unfinished;
+    ``aiohttp.ClientError`` when the server cannot be reached or goes away."""
     position = start_position
     async with http.post(url, json=body) as response:
         if response.status != 200:
             detail = (await response.read()).decode(errors="replace")[:500]
             raise UpstreamError(f"the server answered {response.status}: {detail}", status=response.status)
-        async for line in response.content:
+        async for line in _lines(response):
             if not line.startswith(b"data: "):
                 continue
             data = line[6:].rstrip(b"\r\n")
             if data == b"[DONE]":
                 break
-            event = json.loads(data)
-            if "error" in event:
-                raise _event_error(event["error"])
-            for choice in event.get("choices", ()):
-                tokens = tuple(int(t) for t in choice.get("token_ids") or ())
-                finished = choice.get("finish_reason") is not None
+            for tokens, finished in _tokens(data):
                 if tokens or finished:
                     yield UpstreamTokens(position, tokens, finished)
                     position += len(tokens)

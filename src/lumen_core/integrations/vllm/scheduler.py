@@ -66,7 +66,7 @@ class SchedulerSide:
         self._pending_loads: dict[str, int] = {}  # req_id -> tokens to restore this step
         self._opened: set[str] = set()
         self._added_s: dict[str, float] = {}  # restoring requests not yet planned: when added
-        self._asked_s: dict[str, float] = {}  # of those, looked up: when first
+        self._asked_s: dict[str, float] = {}  # of those, looked up: when first looked up
         self.identity = config.identity()
         # Lookups run on the lookup's own thread, never on the scheduler's.
         self._lookup = RestoreLookup(
@@ -115,16 +115,18 @@ class SchedulerSide:
             return 0, False
         control = self._controls[request.request_id]
         now = time.monotonic()
-        asked_s = self._asked_s.setdefault(request.request_id, now)
+        if request.request_id in self._added_s:  # not planned yet
+            self._asked_s.setdefault(request.request_id, now)
         durable = self._lookup.plan(request.request_id, control.key, source)
         if durable is None:  # not known yet: vLLM asks again next step
             return None, False
         # At least one token is computed: vLLM needs a forward to sample from. The load is
         # asynchronous: the request waits for it (WAITING_FOR_REMOTE_KVS) while the others step.
         matched = min(durable, request.num_tokens - 1)
-        if self._asked_s.pop(request.request_id, None) is not None:  # its first plan
+        added_s = self._added_s.pop(request.request_id, None)
+        if added_s is not None:  # its first plan (vLLM may ask again: a failed allocation)
             arrived_s = request.arrival_time - time.time() + now  # vLLM's wall clock, mapped
-            added_s = self._added_s.pop(request.request_id, asked_s)
+            asked_s = self._asked_s.pop(request.request_id, now)
             timing = LookupTiming(control.request_id, arrived_s, added_s, asked_s, now, matched)
             with self._lock:
                 self._lookup_timings.append(timing)
