@@ -37,6 +37,7 @@ import httpx
 import numpy as np
 
 from lumen_core.auth import write_secret_file
+from lumen_core.worker.exit_watch import stat_fields
 from lumen_core.worker.vllm_demo import MODEL_NAME, VOCAB, VllmCluster, write_tiny_llama
 
 _TICKS_PER_S = os.sysconf("SC_CLK_TCK")
@@ -48,10 +49,9 @@ def _cpu_s(pid: int, *, group: bool = False) -> float:
     total = 0
     for stat_path in Path("/proc").glob("[0-9]*/stat") if group else [Path(f"/proc/{pid}/stat")]:
         try:
-            stat = stat_path.read_text()
+            fields = stat_fields(stat_path.read_bytes())
         except OSError:  # ended meanwhile
             continue
-        fields = stat[stat.rindex(")") + 2 :].split()  # the name, field 2, may hold spaces
         if not group or int(fields[2]) == pid:  # field 5: the process group
             total += int(fields[11]) + int(fields[12])  # fields 14 and 15: utime, stime
     return total / _TICKS_PER_S

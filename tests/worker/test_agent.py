@@ -106,7 +106,7 @@ def test_a_resume_with_nothing_left_is_refused() -> None:
 def test_a_server_reads_as_exiting_once_killed_before_it_is_reaped(tmp_path: Path) -> None:
     """The supervisor's early look: a live process is not exiting (whatever its name holds),
     a killed one not yet reaped is (a zombie here; PF_EXITING while its memory is torn down),
-    and so is one that is gone."""
+    and so is one that is gone; a closed watch refuses to say."""
     odd = tmp_path / "a (b) c"
     odd.symlink_to(sys.executable)  # a command name with spaces and parentheses
     proc = subprocess.Popen([str(odd), "-c", "import time; time.sleep(60)"])
@@ -121,6 +121,8 @@ def test_a_server_reads_as_exiting_once_killed_before_it_is_reaped(tmp_path: Pat
             proc.kill()
             proc.wait()
         assert watch.exiting()  # reaped: gone
+    with pytest.raises(ValueError, match="closed"):
+        watch.exiting()  # a closed watch does not read as "still running"
     assert ExitWatch(proc.pid).exiting()  # gone before it was watched
 
 

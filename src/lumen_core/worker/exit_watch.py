@@ -12,9 +12,16 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["ExitWatch"]
+__all__ = ["ExitWatch", "stat_fields"]
 
 _PF_EXITING = 0x4  # include/linux/sched.h: the task is being shut down
+
+
+def stat_fields(stat: bytes) -> list[bytes]:
+    """The fields of a ``/proc/<pid>/stat`` line from field 3 (the state) on; field ``n`` is
+    at index ``n - 3``. The command name, field 2, is in parentheses and may hold spaces or
+    parentheses itself, so the split starts after its last closing one."""
+    return stat[stat.rindex(b")") + 2 :].split()
 
 
 class ExitWatch:
@@ -22,6 +29,7 @@ class ExitWatch:
     is reaped). Without a ``/proc`` it never reads as exiting: the caller's wait covers it."""
 
     def __init__(self, pid: int) -> None:
+        self._closed = False
         try:
             self._fd: int | None = os.open(f"/proc/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # gone already, or no /proc
@@ -32,19 +40,21 @@ class ExitWatch:
 
     def exiting(self) -> bool:
         """Whether the kernel is ending the process (``PF_EXITING``), has ended it (a
-        zombie) or it is gone (reaped)."""
+        zombie) or it is gone (reaped). A closed watch cannot say: ValueError."""
+        if self._closed:
+            raise ValueError("the exit watch is closed")
         if self._fd is None:
             return self._gone
         try:
             stat = os.pread(self._fd, 1024, 0)
         except ProcessLookupError:  # reaped
             return True
-        # The command name, field 2, is in parentheses and may hold spaces or parentheses itself.
-        fields = stat[stat.rindex(b")") + 2 :].split()
+        fields = stat_fields(stat)
         state, flags = fields[0], int(fields[6])  # fields 3 and 9
         return state in (b"Z", b"X") or bool(flags & _PF_EXITING)
 
     def close(self) -> None:
+        self._closed = True
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None

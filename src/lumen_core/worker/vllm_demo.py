@@ -137,10 +137,10 @@ def _server_parts(timing: dict[str, Any], lookups: Sequence[dict[str, Any]]) -> 
     """The parts of a RESUME's server time from its server's first lookup of it after the
     agent had the RESUME (None without one)."""
     request_id = str(timing["request_id"])
-    lookup = next(
-        (t for t in sorted(lookups, key=lambda t: t["arrived_s"])
+    lookup = min(
+        (t for t in lookups
          if t["request_id"] == request_id and t["arrived_s"] >= timing["received_s"] - _CLOCK_SLACK_S),
-        None,
+        key=lambda t: t["arrived_s"], default=None,
     )  # fmt: skip
     if lookup is None:
         return None
