@@ -11,9 +11,13 @@ because CPUs with AMX prepack bf16 blocks, which the connector refuses):
   running request) of ``--requests`` concurrent requests with the connector streaming each
   token to a ``lumen holder``, over the same engine without the connector; rounds interleaved
   (plain, connector, connector, plain) ``--reps`` times, a fresh engine each.
-  ``step_ms_p50`` of the plain engine beside them. ``durable_within_2_steps``: of the tokens
-  computed, the share durable on the holder two steps later ("never blocks the step" must not
-  be met by falling behind).
+  ``itl_mean_ratio`` and ``step_ms_p50`` of the plain engine beside them.
+  ``durable_within_2_steps``: of the tokens computed, the share durable on the holder two
+  steps later ("never blocks the step" must not be met by falling behind). The connector
+  saves vLLM CPU's K in whole 64-byte lines (16 fp32 tokens, ``KVLayout.line_tokens``),
+  holding at most 15 tokens of a request back (``ConnectorCore.save_step``):
+  ``durable_lag_max_tokens`` is the most a request's durable length trailed what it had
+  computed two steps before.
 - ``prefill_costly``: hidden size 1024, 8 layers, a 2,000-token prefill of 1 s or more here.
   ``replay_ttft_restore_vs_recompute``: time to the first token of a 2,000-token request resumed
   from its checkpoint over the same request recomputed, in one fresh engine (prefix caching off),
@@ -189,9 +193,10 @@ def _drop(llm: Any) -> None:
 
 
 def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: int, *, tag: str,
-                  durable: bool) -> tuple[list[float], float]:  # fmt: skip
-    """Step times (s) while all ``num_requests`` decode, and the share of computed tokens
-    durable two steps later (nan without ``durable``)."""
+                  durable: bool) -> tuple[list[float], dict[str, float]]:  # fmt: skip
+    """Step times (s) while all ``num_requests`` decode; the share of computed tokens durable
+    two steps after they were computed, and the most tokens a request's durable length
+    trailed what it had computed two steps before (nan without ``durable``)."""
     engine = llm.llm_engine
     for i in range(num_requests):
         rid = f"{tag}-{i}"
@@ -222,9 +227,10 @@ def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: i
             # The KV of every token but the last sampled one is computed.
             computed_log.append({r: prompt_tokens + n - 1 for r, n in produced.items()})
             durable_log.append(worker.durable_tokens())
-    share = float("nan")
+    durability = {"durable_within_2_steps": float("nan"), "durable_lag_max_tokens": float("nan")}
     if worker is not None:
         good = total = 0
+        lag_max = 0
         for k, computed in enumerate(computed_log):
             before = computed_log[k - 1] if k else {}
             later = durable_log[min(k + 2, len(durable_log) - 1)]
@@ -232,8 +238,10 @@ def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: i
                 start = before.get(r, 0)
                 total += end - start
                 good += max(0, min(end, later.get(r, 0)) - start)
-        share = good / total if total else float("nan")
-    return times, share
+                if r in later:  # still streaming two steps on (a finished request is forgotten)
+                    lag_max = max(lag_max, end - later[r])
+        durability = {"durable_within_2_steps": good / total, "durable_lag_max_tokens": float(lag_max)}
+    return times, durability
 
 
 def stream_stress(bench: _Bench, model: Path, requests: list[int], reps: int) -> list[dict[str, Any]]:
@@ -242,19 +250,22 @@ def stream_stress(bench: _Bench, model: Path, requests: list[int], reps: int) ->
         times: dict[str, list[float]] = {"plain": [], "connector": []}
         # CPU seconds per decoded step of this process (engine, streamer) and of the holder.
         cpu: dict[str, list[tuple[float, float]]] = {"plain": [], "connector": []}
-        shares = []
+        durability: dict[str, list[float]] = {}
         for rep in range(reps):
             for kind in ("plain", "connector", "connector", "plain"):
                 llm = bench.engine(model, connector=kind == "connector")
                 before = (time.process_time(), bench.holder.cpu_s())
-                steps, share = _decode_steps(llm, n, 32, 96, tag=f"{kind}{rep}", durable=kind == "connector")
+                steps, measured = _decode_steps(
+                    llm, n, 32, 96, tag=f"{kind}{rep}", durable=kind == "connector"
+                )
                 cpu[kind].append(
                     ((time.process_time() - before[0]) / 96, (bench.holder.cpu_s() - before[1]) / 96)
                 )
                 _drop(llm)
                 times[kind] += steps
                 if kind == "connector":
-                    shares.append(share)
+                    for name, value in measured.items():
+                        durability.setdefault(name, []).append(value)
                 _progress(f"stream_stress {n} requests, {kind}: step p50 {1e3 * np.median(steps):.1f} ms")
         plain, conn = np.array(times["plain"]), np.array(times["connector"])
         rows += [
@@ -264,8 +275,21 @@ def stream_stress(bench: _Bench, model: Path, requests: list[int], reps: int) ->
                 "value": float(np.percentile(conn, 99) / np.percentile(plain, 99)),
                 "requests": n,
             },
+            # The mean carries what the p50 may not: steps in which many requests' lines end.
+            {"metric": "itl_mean_ratio", "value": float(np.mean(conn) / np.mean(plain)), "requests": n},
             {"metric": "step_ms_p50", "value": float(1e3 * np.median(plain)), "requests": n},
-            {"metric": "durable_within_2_steps", "value": float(min(shares)), "requests": n},
+        ]
+        rows += [
+            {
+                "metric": "durable_within_2_steps",
+                "value": min(durability["durable_within_2_steps"]),
+                "requests": n,
+            },
+            {
+                "metric": "durable_lag_max_tokens",
+                "value": max(durability["durable_lag_max_tokens"]),
+                "requests": n,
+            },
         ]
         for kind, samples in cpu.items():
             for who, at in (("engine", 0), ("holder", 1)):
@@ -295,7 +319,11 @@ def prefill_costly(bench: _Bench, model: Path, reps: int) -> list[dict[str, Any]
     resumed = {r: p + list(o.outputs[0].token_ids) for (r, p), o in zip(prompts.items(), outputs)}
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
-    record_bytes = get_kv_transfer_group().worker.layout.record_bytes
+    worker = get_kv_transfer_group().worker
+    # The offline LLM takes no step after its outputs are done, in which the worker would learn
+    # they finished and hand over the tails it holds back to whole cache lines: here, then.
+    worker.core.flush()
+    record_bytes = worker.layout.record_bytes
     deadline = time.monotonic() + 60
     while (
         min(durable := {r: bench.durable_tokens(r, record_bytes) for r in prompts}.values()) < LONG_PROMPT + 7

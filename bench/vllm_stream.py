@@ -12,6 +12,11 @@ Each figure is the best of ``--reps`` rounds, each round timing gather, scatter 
 after another, so that all three see the same load. Correctness is checked once against
 ``KVLayout.vllm_flash`` records first.
 
+``batch``: ``decode`` times the save path's gather from a cold cache: 32 requests' newest
+token each, alone (a per-token save) or with the rest of its K line (``KVLayout.line_tokens``
+tokens, what ``ConnectorCore`` hands over), in microseconds a token, their ratio
+(``vllm_cpu_decode_gather_alone_vs_line``) and the line batch against memcpy of its bytes.
+
     python bench/vllm_stream.py [--json PATH] [--layers N] [--reps N] [--threads N]
 
 The engine figures (inter-token latency with and without the connector, restore vs recompute
@@ -34,6 +39,8 @@ from lumen_core.ops import gather_tokens, scatter_tokens
 
 NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 8, 128, 128, torch.bfloat16
 RESTORE_TOKENS = 4096
+DECODE_REQUESTS = 32
+EVICT_BYTES = 256 << 20
 
 
 def _best_s(fns: list[Callable[[], object]], reps: int) -> list[float]:
@@ -102,6 +109,56 @@ def measure(num_layers: int, reps: int, threads: int) -> list[dict[str, object]]
     ]
 
 
+def measure_decode(num_layers: int, reps: int, threads: int) -> list[dict[str, object]]:
+    """The save path's gather (``batch``: ``decode``): ``DECODE_REQUESTS`` requests, each in a
+    block of its own, their newest token alone (what a per-token save gathers each step) or
+    their newest whole line of K (``KVLayout.line_tokens`` tokens: what ``ConnectorCore``
+    gathers), from a cold cache as after a forward. Rows: microseconds a token for each, their
+    ratio, and memcpy of the line batch's bytes (cold too) as the baseline."""
+    caches = [torch.randn(DECODE_REQUESTS + 1, NUM_KV_HEADS, BLOCK_SIZE, 2 * HEAD_DIM).to(DTYPE)
+              for _ in range(num_layers)]  # fmt: skip
+    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    line = layout.line_tokens
+    blocks = torch.arange(1, DECODE_REQUESTS + 1) * BLOCK_SIZE
+    alone = blocks + line - 1  # the token that ends each request's first line
+    whole = (blocks[:, None] + torch.arange(line)).flatten()
+    _check(layout, caches, whole)
+    records = torch.empty(len(whole), layout.record_bytes, dtype=torch.uint8)
+    source = torch.randint(0, 255, records.shape, dtype=torch.uint8)
+    payload = records.numel()
+    evict = torch.zeros(EVICT_BYTES, dtype=torch.uint8)  # past the last-level cache
+    native = _native.require_cpu()
+    load_1m = os.getloadavg()[0]
+    runs: dict[str, list[float]] = {"alone": [], "line": [], "memcpy": []}
+    for _ in range(reps + 1):  # the first round warms up
+        for name, fn in (
+            ("alone", lambda: gather_tokens(layout, alone, out=records[: len(alone)], num_threads=threads)),
+            ("line", lambda: gather_tokens(layout, whole, out=records, num_threads=threads)),
+            ("memcpy", lambda: native.copy_bytes(records.data_ptr(), source.data_ptr(), payload, threads)),
+        ):  # fmt: skip
+            evict.add_(1)  # every op reads and writes cold lines
+            start = time.perf_counter()
+            fn()
+            runs[name].append(time.perf_counter() - start)
+    best = {name: min(times[1:]) for name, times in runs.items()}
+    alone_us, line_us = 1e6 * best["alone"] / len(alone), 1e6 * best["line"] / len(whole)
+    common = {
+        "batch": "decode",
+        "tokens": len(whole),
+        "line_tokens": line,
+        "geometry": f"stream_stress {num_layers}L x {NUM_KV_HEADS} heads x {HEAD_DIM} bf16",
+        "threads": threads,
+        "copy_kind": native.cpu_copy_kind(),
+        "load_1m": round(load_1m, 2),
+    }
+    return [
+        {"metric": "vllm_cpu_decode_gather_us_per_token_alone", "value": alone_us, **common},
+        {"metric": "vllm_cpu_decode_gather_us_per_token_line", "value": line_us, **common},
+        {"metric": "vllm_cpu_decode_gather_alone_vs_line", "value": alone_us / line_us, **common},
+        {"metric": "vllm_cpu_decode_gather_line_vs_memcpy", "value": best["memcpy"] / best["line"], **common},
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write the rows here")
@@ -109,7 +166,10 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="copy threads of every op and the baseline")
     args = parser.parse_args()
-    rows = measure(args.layers, args.reps, args.threads)
+    rows = [
+        *measure(args.layers, args.reps, args.threads),
+        *measure_decode(args.layers, args.reps, args.threads),
+    ]
     for row in rows:
         print(
             f"{row['metric']:32s} {row['value']:8.3f}  ({row['geometry']}, {row['tokens']} tokens, "

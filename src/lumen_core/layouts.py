@@ -29,6 +29,9 @@ _FP8_DTYPES = frozenset(
 )
 
 
+_LINE_BYTES = 64  # a CPU cache line
+
+
 @dataclass(frozen=True)
 class PlaneInfo:
     """What one plane contributes to a token record (strides in bytes)."""
@@ -465,6 +468,21 @@ class KVLayout:
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    @property
+    def line_tokens(self) -> int:
+        """How many consecutive slots share each cache line of a token's row in some plane:
+        ``64 // element bytes`` where a plane keeps consecutive slots in consecutive elements
+        of many pieces (vLLM CPU's K, transposed per block and head: one token's K is
+        ``head_dim`` lines that its neighbours share), else 1. Gathering such a token alone
+        reads every line for one element of each: a connector that saves whole lines at a time
+        reads each line once (``ConnectorCore.save_step``)."""
+        shared = [
+            min(self._block_size, _LINE_BYTES // p.token_stride)
+            for p in self._planes
+            if p.num_pieces > 1 and 0 < p.token_stride < _LINE_BYTES
+        ]
+        return max(shared, default=1)
 
     @property
     def num_slots(self) -> int:

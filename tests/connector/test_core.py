@@ -17,7 +17,7 @@ from lumen_core.connector import ConnectorCore, RestoreSource, StepTokens, Strea
 from lumen_core.layouts import KVLayout
 from lumen_core.ops import checksum, gather_tokens
 from lumen_core.stream import HolderStore, RestoreStatus, fingerprint_bytes, request_key
-from lumen_core.testing import assert_kv_equal, make_paged_cache, slots_for_blocks, wait_until
+from lumen_core.testing import assert_kv_equal, make_paged_cache, random_tensor, slots_for_blocks, wait_until
 from lumen_core.transport import Client, Server
 
 pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
@@ -211,6 +211,83 @@ def test_preemption_keeps_the_checkpoint_and_later_saves_continue_it(secret: byt
     # A save past the saved prefix would leave a gap: skipped and counted.
     assert core.save_step([StepTokens("r", NUM_TOKENS + 5, s[:1], t[:1])]) == 0
     assert core.counters["save_gaps"] == 1
+    core.close()
+
+
+def test_a_transposed_cache_is_saved_in_whole_lines_and_its_tail_handed_over_when_its_slots_go(
+    secret: bytes, holder: Holder
+) -> None:
+    """vLLM CPU's K shares each 64-byte line among 16 fp32 slots: tokens are held until the
+    slot that ends their line is saved, at most 15 behind; the held tail is handed over by
+    ``flush``, ``preempt`` and ``finish`` (before the engine may free or rewrite the slots),
+    and the records are those of saving every token at once."""
+    gen = torch.Generator().manual_seed(0)
+    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
+    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    assert layout.line_tokens == 16
+    core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0, release_finished=False)
+    core.register(layout)
+    keys = {r: request_key(r) for r in ("r", "q", "b")}
+    for request_id, key in keys.items():
+        assert core.begin(request_id, key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
+    s, t = slots([0, 1, 2]), tokens()
+    assert core.save_step([StepTokens("r", 0, s[:20], t[:20])]) == 16  # a prefill: 4 held
+    handed = [core.save_step([StepTokens("r", p, s[p : p + 1], t[p : p + 1])]) for p in range(20, 34)]
+    assert handed == [0] * 11 + [16, 0, 0]  # slot 31 ends a line
+    q = slots([6], 5)
+    assert core.save_step([StepTokens("q", 0, q, t[:5])]) == 0
+    assert core.save_step([StepTokens("b", 0, slots([3, 4, 5], 40), tokens(40))]) == 32
+    assert core.streamer is not None and core.streamer.flush(timeout_s=10)
+    assert [holder.durable(keys[r]) for r in ("r", "q", "b")] == [32, 0, 32]
+    assert core.durable_lag_tokens() == 2 + 5 + 8  # held ones count
+
+    core.preempt("r")  # its slots may be rewritten: the tail goes first
+    assert core.flush(["r"]) == 0 and core.streamer.flush(timeout_s=10)
+    assert holder.durable(keys["r"]) == 34 and holder.durable(keys["q"]) == 0
+    assert core.finish("q")  # its slots are freed: the tail goes first
+    assert wait_until(lambda: holder.durable(keys["q"]) == 5)
+    assert core.flush() == 8 and core.counters["saved_tokens"] == 34 + 5 + 40
+
+    reader = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0)
+    reader.register(make_paged_cache("vllm_flash", num_layers=2, num_blocks=8, block_size=BLOCK_SIZE,
+                                     num_kv_heads=2, head_dim=32, dtype=torch.float32, seed=1))  # fmt: skip
+    source = RestoreSource(0, holder.address, holder.capability(keys["r"], 0))
+    target = slots([6, 4, 3], 34)
+    assert reader.restore("r", keys["r"], source, target, t[:34]).result.status is RestoreStatus.COMPLETE
+    assert torch.equal(
+        gather_tokens(layout, torch.tensor(s[:34])), gather_tokens(reader.layout, torch.tensor(target))
+    )
+    core.close()
+    reader.close()
+
+
+def test_a_step_enqueues_what_the_streamer_stages_oldest_lines_first(secret: bytes, holder: Holder) -> None:
+    """Three requests end a line of 16 in the same step and the streamer stages 40 tokens a
+    step: two lines go now, the third first in the next step; none is deferred."""
+    gen = torch.Generator().manual_seed(0)
+    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
+    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    core = ConnectorCore(
+        secret,
+        MODEL,
+        tls=TLS,
+        connect_timeout_s=1.0,
+        streamer_options={"staging_bytes": 40 * layout.record_bytes},
+    )
+    core.register(layout)
+    assert core._streamer().step_tokens == 40
+    keys = {r: request_key(r) for r in ("a", "b", "c")}
+    for r, key in keys.items():
+        assert core.begin(r, key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
+    blocks = {"a": [0, 3], "b": [1], "c": [2]}
+    steps = [StepTokens(r, 0, slots(blocks[r], 16), tokens(16)) for r in keys]
+    assert core.save_step(steps) == 32
+    assert core.durable_lag_tokens() >= 16
+    # "c" waited: it goes first, "a"'s new token is held (its line is not whole).
+    assert core.save_step([StepTokens("a", 16, slots(blocks["a"], 17)[16:], tokens(17)[16:])]) == 16
+    assert core.streamer is not None and core.streamer.flush(timeout_s=10)
+    assert [holder.durable(keys[r]) for r in "abc"] == [16, 16, 16]
+    assert core.streamer.stats().counters["tokens_deferred"] == 0
     core.close()
 
 

@@ -153,3 +153,15 @@ def test_refuses_what_it_cannot_describe():
         KVLayout.vllm_cpu([torch.zeros(2, 1, 32, 64, dtype=torch.float8_e4m3fn)], isa="vec")
     with pytest.raises(TypeError, match="`kv_caches` must be a non-empty sequence"):
         KVLayout.vllm_cpu(cache, isa="vec")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "block_size", "line"),
+    [(torch.float32, 128, 16), (torch.bfloat16, 128, 32), (torch.int8, 32, 32), (torch.float64, 128, 8)],
+)
+def test_line_tokens_counts_the_slots_that_share_a_line_of_k(dtype: torch.dtype, block_size: int, line: int):
+    """K transposed per block and head: a line holds ``64 / element bytes`` consecutive slots
+    (at most a block's); layouts that keep a token's row apart share none."""
+    assert KVLayout.vllm_cpu(_random_caches(1, (2, 2, block_size, 16), dtype), isa="vec").line_tokens == line
+    flash = KVLayout.vllm_flash([torch.zeros(2, 2, 16, 2, 32)])
+    assert flash.line_tokens == 1

@@ -41,7 +41,10 @@ def _serve(
     from vllm.distributed.kv_transfer import get_kv_transfer_group
 
     worker = get_kv_transfer_group().worker
+    # The offline LLM takes no step after its outputs are done, in which the worker would learn
+    # they finished and hand over the tails it holds back to whole cache lines: here, then.
     # Closing drops pending sends: the last step's records may still be on their way.
+    worker.core.flush()
     assert worker.core.streamer is not None and worker.core.streamer.flush(timeout_s=30)
     counters = dict(worker.counters)
     # Shut down, not only dropped: vLLM keeps one connector per process, which the next engine

@@ -26,7 +26,7 @@ import time
 from collections import Counter, deque
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from lumen_core._validate import U32_MAX, U64_MAX, check_int, check_number
@@ -60,7 +60,35 @@ class RestoreOutcome:
 @dataclass
 class _Streaming:
     key: int
-    saved_tokens: int = 0  # positions [0, saved_tokens) handed to the streamer
+    saved_tokens: int = 0  # positions [0, saved_tokens) saved: handed to the streamer or held
+    # The held tail: the last len(held_slots) saved positions, not handed over yet (save_step).
+    held_slots: list[int] = field(default_factory=list)
+    held_tokens: list[int] = field(default_factory=list)
+
+    def ready_tokens(self, line: int) -> int:
+        """How many held positions end at a ``line`` boundary of slots (all with ``line`` 1)."""
+        count = len(self.held_slots)
+        if line > 1:
+            while count and (self.held_slots[count - 1] + 1) % line:
+                count -= 1
+        return count
+
+    def lines_within(self, budget: int, line: int) -> int:
+        """The most held positions, at most ``budget``, that end at a ``line`` boundary (0: none)."""
+        count = min(budget, len(self.held_slots))
+        while count and (self.held_slots[count - 1] + 1) % line:
+            count -= 1
+        return count
+
+    def hand_over(self, count: int, into: tuple[list[int], list[int], list[int], list[int]]) -> None:
+        """Moves the first ``count`` held positions into ``into``: (keys, positions, slots, token ids)."""
+        ids, positions, slots, tokens = into
+        first = self.saved_tokens - len(self.held_slots)
+        ids += [self.key] * count
+        positions += range(first, first + count)
+        slots += self.held_slots[:count]
+        tokens += self.held_tokens[:count]
+        del self.held_slots[:count], self.held_tokens[:count]
 
 
 class ConnectorCore:
@@ -127,9 +155,12 @@ class ConnectorCore:
         self.counters: Counter[str] = Counter()
         self.restores: dict[str, RestoreResult] = {}
         self._layout: KVLayout | None = None
+        self._line_tokens = 1  # the layout's, once registered
         self._lookup: RestoreLookup | None = None
         self._reader = self._source_reader()
         self._streaming: dict[str, _Streaming] = {}
+        # Requests with whole lines held, in the order they had them: handed over first.
+        self._ready: dict[str, None] = {}
         # start_restore's thread and its own reader (a reader serves one thread), made on first use.
         self._restorer: ThreadPoolExecutor | None = None
         self._restorer_reader: SourceReader | None = None
@@ -158,6 +189,8 @@ class ConnectorCore:
         if self._layout is not None:
             raise RuntimeError("register has already been called")
         self._layout = layout
+        # A GPU gathers in 32-byte sectors on the streamer's own stream: nothing to gain there.
+        self._line_tokens = layout.line_tokens if layout.device.type == "cpu" else 1
         if start_streamer:
             self._streamer()
 
@@ -225,11 +258,21 @@ class ConnectorCore:
         (never waits for the gather or the holders). Positions already saved are skipped (a
         recompute after preemption, a restored prefix); a save that starts past a request's
         saved prefix would leave a gap and is skipped (``save_gaps``); requests not streaming
-        are ignored. Returns the number of tokens enqueued."""
-        ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        tokens: list[int] = []
+        are ignored. Returns the number of tokens enqueued.
+
+        Where a CPU layout's tokens share cache lines (``KVLayout.line_tokens`` > 1: vLLM CPU's
+        transposed K), a request's tokens are held until the slot that ends their line is
+        saved, and then enqueued together: a decoded token gathered alone reads all its lines
+        for one element of each, 15x the time a token of a whole line takes (cold cache,
+        bench/vllm_stream.py's decode batch, bench/RESULTS.md). A request's durable
+        length then trails its saves by at most ``line_tokens - 1`` tokens more;
+        ``wait_for_save``, ``preempt``, ``finish`` and ``flush`` hand the held tail over.
+
+        At most ``CheckpointStreamer.step_tokens`` tokens are enqueued per call, oldest whole
+        lines first: requests that decode in step (same prompt length and start) end their
+        lines in the same step, and past that the streamer would defer the same requests at
+        every such burst; the rest waits for the next call."""
+        into: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
         for step in steps:
             if not isinstance(step, StepTokens):
                 raise TypeError(f"`steps[i]` must be a StepTokens, got {type(step).__name__}")
@@ -243,11 +286,50 @@ class ConnectorCore:
             if end <= state.saved_tokens:
                 continue
             first = state.saved_tokens - step.start_position
-            ids += [state.key] * (end - state.saved_tokens)
-            positions += range(state.saved_tokens, end)
-            slots += step.slot_ids[first:]
-            tokens += step.token_ids[first:]
+            state.held_slots += step.slot_ids[first:]
+            state.held_tokens += step.token_ids[first:]
             state.saved_tokens = end
+            self._ready[step.request_id] = None  # kept in its place if already there
+        return self._enqueue(self._hand_over_ready(into))
+
+    def flush(self, request_ids: Sequence[str] | None = None) -> int:
+        """Enqueues the held tail (see ``save_step``) of ``request_ids`` (None: every streaming
+        request), whatever its line: before the engine frees or rewrites their slots, or when
+        their checkpoints must catch up (a drain). Returns the number of tokens enqueued."""
+        into: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+        for request_id in list(self._streaming if request_ids is None else request_ids):
+            state = self._streaming.get(request_id)
+            if state is not None:
+                state.hand_over(len(state.held_slots), into)
+                self._ready.pop(request_id, None)
+        return self._enqueue(into)
+
+    def _hand_over_ready(
+        self, into: tuple[list[int], list[int], list[int], list[int]]
+    ) -> tuple[list[int], list[int], list[int], list[int]]:
+        """Whole lines of the requests in ``_ready``, oldest first, as many as the streamer
+        stages in one step (``step_tokens``: past it, it would defer requests, and the same
+        ones again at each burst); the first that does not fit goes first next step."""
+        line = self._line_tokens
+        budget = step_tokens = self._streamer().step_tokens
+        for request_id in list(self._ready):
+            state = self._streaming.get(request_id)
+            count = 0 if state is None else state.ready_tokens(line)
+            if state is not None and count > budget:
+                count = state.lines_within(budget, line)
+                if not count and budget == step_tokens:  # a line larger than a step: a piece
+                    count = budget
+            if count:
+                assert state is not None
+                state.hand_over(count, into)
+                budget -= count
+            if state is not None and state.ready_tokens(line):
+                break
+            del self._ready[request_id]
+        return into
+
+    def _enqueue(self, into: tuple[list[int], list[int], list[int], list[int]]) -> int:
+        ids, positions, slots, tokens = into
         if ids:
             self._streamer().save_step(ids, positions, slots, tokens)
             self.counters["saved_tokens"] += len(ids)
@@ -259,7 +341,9 @@ class ConnectorCore:
         those requests from its first unsent position, so steps it dropped while its queue was
         full are caught up without a new engine step (a drained worker steps no more).
         Requests not streaming, or whose tail is not their last saved position, are skipped.
-        Returns the number of requests handed over."""
+        Held tails are handed over first (``flush``). Returns the number of requests handed
+        over."""
+        self.flush()
         ids: list[int] = []
         positions: list[int] = []
         slots: list[int] = []
@@ -286,18 +370,21 @@ class ConnectorCore:
         return {r: durable.get(s.key, 0) for r, s in self._streaming.items()}
 
     def durable_lag_tokens(self) -> int:
-        """Tokens saved but not yet durable on a live replica, all requests together (walks
-        every streaming request: sample it, do not call it every step)."""
+        """Tokens saved but not yet durable on a live replica (held ones with them), all
+        requests together (walks every streaming request: sample it, do not call it every
+        step)."""
         if self.streamer is None:
             return 0
         stats = self.streamer.stats()
-        return sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
+        held = sum(len(s.held_slots) for s in self._streaming.values())
+        return held + sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
 
     def wait_for_save(self, request_id: str, *, timeout_s: float = _FINISH_TIMEOUT_S) -> None:
-        """Returns once no pending gather reads ``request_id``'s slots (so the engine may free
-        or rewrite them); TimeoutError after ``timeout_s``."""
+        """Hands ``request_id``'s held tail over, then returns once no pending gather reads its
+        slots (so the engine may free or rewrite them); TimeoutError after ``timeout_s``."""
         state = self._streaming.get(request_id)
         if state is not None and self.streamer is not None:
+            self.flush([request_id])
             self.streamer.wait_for_save(state.key, timeout_s=timeout_s)
 
     def preempt(self, request_id: str) -> None:
@@ -323,7 +410,7 @@ class ConnectorCore:
             return True
         assert self.streamer is not None
         try:
-            self.streamer.wait_for_save(state.key, timeout_s=timeout_s)
+            self.wait_for_save(request_id, timeout_s=timeout_s)
         except TimeoutError:
             return False
         if self.release_finished if release is None else release:
@@ -346,6 +433,7 @@ class ConnectorCore:
             self.streamer.close()
             self.streamer = None
         self._streaming.clear()
+        self._ready.clear()
         self.counters["abandoned"] += num_abandoned
         return num_abandoned
 

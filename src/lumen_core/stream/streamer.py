@@ -153,6 +153,8 @@ class CheckpointStreamer:
             raise TypeError(f"limits must be a WireLimits, got {type(limits).__name__}")
         check_int("staging_buffers", staging_buffers, 1, 1 << 16)
         check_int("staging_bytes", staging_bytes, layout.record_bytes, 1 << 40)
+        # One step is staged in one buffer: the rest of a larger one is deferred.
+        self.step_tokens = staging_bytes // layout.record_bytes
         check_int("max_queued_steps", max_queued_steps, 1, 1 << 20)
         check_int("gather_threads", gather_threads, 1, 256)
         self._native = native.Streamer(
@@ -220,9 +222,10 @@ class CheckpointStreamer:
     def save_step(self, request_ids: object, positions: object, slot_ids: object, token_ids: object) -> int:
         """Enqueue one step: token i of request ``request_ids[i]`` at position ``positions[i]``
         was written into slot ``slot_ids[i]`` and is token ``token_ids[i]``. A request's tokens
-        are adjacent and consecutive. Returns the fence of the step (0: dropped, nothing to
-        wait for). ValueError: an unknown request, a gap, tokens out of order, a cache freed or
-        reallocated under the layout."""
+        are adjacent and consecutive. A step is staged in one staging buffer
+        (``step_tokens``): requests past it are deferred, as when the pool is full. Returns
+        the fence of the step (0: dropped, nothing to wait for). ValueError: an unknown
+        request, a gap, tokens out of order, a cache freed or reallocated under the layout."""
         ids = as_array("request_ids", request_ids, np.uint64)
         pos = as_array("positions", positions, np.uint64)
         slots = as_array("slot_ids", slot_ids, np.int64)

@@ -158,7 +158,8 @@ class WorkerSide:
     def save_step(self, meta: LumenMetadata) -> None:
         """One ``save_step`` for every request's tokens computed this step (a restored
         request's first save starts at 0, its restored prefix with it); enqueues only, never
-        waits for the gather or the holders."""
+        waits for the gather or the holders. While a control ``flush`` waits, the tails the
+        core holds back to whole cache lines go too (``ConnectorCore.save_step``)."""
         steps = []
         for save in meta.saves:
             request_id = self._request_ids.get(save.req_id)
@@ -166,6 +167,8 @@ class WorkerSide:
                 continue
             steps.append(StepTokens(request_id, save.start, save.slot_ids, save.token_ids))
         self.core.save_step(steps)
+        if meta.sample_lag:
+            self.core.flush()
 
     def load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
