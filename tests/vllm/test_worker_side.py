@@ -61,6 +61,7 @@ def test_a_resumed_request_recomputing_a_durable_token_keeps_streaming(
     dead.register(a_layout)
     dead.begin("r", key, StreamGrant(0, (address,), (issuer.issue(key, 0, 0, holder_id=0),)))
     dead.save_step([StepTokens("r", 0, slots[:DURABLE], token_ids[:DURABLE])])
+    dead.flush()  # the tail it holds back to a whole line too: the checkpoint ends at DURABLE
     assert _wait_until(lambda: dead.durable_tokens()["r"] == DURABLE)
     dead.close()
 
@@ -95,6 +96,7 @@ def test_a_resumed_request_recomputing_a_durable_token_keeps_streaming(
         worker.save_step(
             LumenMetadata(saves=[SaveSpec("vllm-r", position, [slots[position]], [token_ids[position]])])
         )
+    worker.core.flush()  # no line ends past slot 31: hand the held tail over, as a finish would
 
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
@@ -117,6 +119,7 @@ def test_an_abandoned_request_keeps_its_checkpoint_when_vllm_aborts_it(
     for the gateway; a request opened in the abandon's step streams as usual."""
     server = holder()
     address = ("127.0.0.1", server.port)
+    line = 16  # a whole line of fp32 K: saved at once, not held back
     config = ConnectorConfig.from_extra_config(
         {**transfer_config(secret_file, issuer_key_file, server.port)["kv_connector_extra_config"],
          "model_fingerprint": "model-fp"}
@@ -127,21 +130,23 @@ def test_an_abandoned_request_keeps_its_checkpoint_when_vllm_aborts_it(
     def opened(request_id: str, first_slot: int) -> tuple[OpenSpec, SaveSpec]:
         key = request_key(request_id)
         spec = OpenSpec(f"vllm-{request_id}", request_id, key, (address,),
-                        (issuer.issue(key, 0, 0, holder_id=0),), 0, 8)  # fmt: skip
-        return spec, SaveSpec(spec.req_id, 0, list(range(first_slot, first_slot + 8)), list(range(1, 9)))
+                        (issuer.issue(key, 0, 0, holder_id=0),), 0, line)  # fmt: skip
+        return spec, SaveSpec(
+            spec.req_id, 0, list(range(first_slot, first_slot + line)), list(range(1, line + 1))
+        )
 
     fenced, fenced_save = opened("fenced", 0)
     worker.start_step(LumenMetadata(opens=[fenced]))
     worker.save_step(LumenMetadata(saves=[fenced_save]))
     client = Client("127.0.0.1", server.port, secret, tls="tcp")
     try:
-        assert _wait_until(lambda: durable_tokens(client, issuer, "fenced") == 8)
+        assert _wait_until(lambda: durable_tokens(client, issuer, "fenced") == line)
         later, later_save = opened("later", BLOCK_SIZE)
         worker.start_step(LumenMetadata(opens=[later], abandon=True))
         worker.save_step(LumenMetadata(saves=[fenced_save, later_save]))
         assert worker.finished({"vllm-fenced"}) == {"vllm-fenced"}  # vLLM aborted it: blocks free
-        assert _wait_until(lambda: durable_tokens(client, issuer, "later") == 8)
-        assert durable_tokens(client, issuer, "fenced") == 8  # kept: not released
+        assert _wait_until(lambda: durable_tokens(client, issuer, "later") == line)
+        assert durable_tokens(client, issuer, "fenced") == line  # kept: not released
         assert worker.counters["abandoned"] == 1 and worker.counters["released"] == 0
     finally:
         client.close()
