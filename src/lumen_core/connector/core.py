@@ -65,17 +65,10 @@ class _Streaming:
     held_slots: list[int] = field(default_factory=list)
     held_tokens: list[int] = field(default_factory=list)
 
-    def ready_tokens(self, line: int) -> int:
-        """How many held positions end at a ``line`` boundary of slots (all with ``line`` 1)."""
-        count = len(self.held_slots)
-        if line > 1:
-            while count and (self.held_slots[count - 1] + 1) % line:
-                count -= 1
-        return count
-
-    def lines_within(self, budget: int, line: int) -> int:
-        """The most held positions, at most ``budget``, that end at a ``line`` boundary (0: none)."""
-        count = min(budget, len(self.held_slots))
+    def whole_lines(self, line: int, limit: int | None = None) -> int:
+        """The most held positions (at most ``limit``) that end at a ``line`` boundary of
+        slots: 0 for none, all of them with ``line`` 1."""
+        count = len(self.held_slots) if limit is None else min(limit, len(self.held_slots))
         while count and (self.held_slots[count - 1] + 1) % line:
             count -= 1
         return count
@@ -314,16 +307,15 @@ class ConnectorCore:
         budget = step_tokens = self._streamer().step_tokens
         for request_id in list(self._ready):
             state = self._streaming.get(request_id)
-            count = 0 if state is None else state.ready_tokens(line)
-            if state is not None and count > budget:
-                count = state.lines_within(budget, line)
-                if not count and budget == step_tokens:  # a line larger than a step: a piece
-                    count = budget
-            if count:
-                assert state is not None
-                state.hand_over(count, into)
-                budget -= count
-            if state is not None and state.ready_tokens(line):
+            if state is None:  # finished or abandoned meanwhile
+                del self._ready[request_id]
+                continue
+            count = state.whole_lines(line)
+            if count > budget:  # whole lines that fit; a line larger than a step: a piece
+                count = state.whole_lines(line, budget) or (budget if budget == step_tokens else 0)
+            state.hand_over(count, into)
+            budget -= count
+            if state.whole_lines(line):
                 break
             del self._ready[request_id]
         return into
