@@ -303,6 +303,8 @@ class ConnectorCore:
         """Whole lines of the requests in ``_ready``, oldest first, as many as the streamer
         stages in one step (``step_tokens``: past it, it would defer requests, and the same
         ones again at each burst); the first that does not fit goes first next step."""
+        if not self._ready:  # nothing streams (and maybe no streamer was ever needed)
+            return into
         line = self._line_tokens
         budget = step_tokens = self._streamer().step_tokens
         for request_id in list(self._ready):
