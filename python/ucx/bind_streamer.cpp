@@ -62,6 +62,9 @@ void bind_streamer(py::module_& m) {
              options.limits =
                  lumen_bind::to_limits(max_tokens, max_record_bytes, max_payload_bytes);
              options.encrypt = encrypt;
+             // Building the UCX context and pinning the staging buffers takes tens of ms,
+             // more on a loaded machine: the process's other threads (heartbeats) go on.
+             py::gil_scoped_release release;
              return std::make_unique<lh::Streamer>(options);
            }),
            py::kw_only(), py::arg("secret"), py::arg("tls"), py::arg("shard"),

@@ -59,15 +59,17 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
         "--modelled-full-load-s",
         type=float,
         default=None,
-        help=f"modelled load time of the full model on restart, in real seconds (default: the --pace "
+        help=f"on restart, the full model is ready this many real seconds after the loads begin (at the "
+        f"worker's start; paced, at its process's start), both models loading at once (default: the --pace "
         f"setup's, times --time-scale; without --pace {MODELLED_FULL_LOAD_S:.1f}: 32B bf16 from NVMe)",
     )
     parser.add_argument(
         "--modelled-draft-load-s",
         type=float,
         default=None,
-        help=f"modelled load time of the draft on restart, in real seconds (default: the --pace "
-        f"setup's, times --time-scale; without --pace {MODELLED_DRAFT_LOAD_S:.2f}: 0.6B bf16 from NVMe)",
+        help=f"on restart, the draft is ready this many real seconds after the loads begin (default: "
+        f"the --pace setup's, times --time-scale; without --pace {MODELLED_DRAFT_LOAD_S:.2f}: 0.6B bf16 "
+        "from NVMe)",
     )
     parser.add_argument(
         "--ack-timeout-s",
@@ -137,7 +139,7 @@ def run_worker(args: argparse.Namespace) -> int:
         return 2
     if config.state == WorkerState.RECOVERING:
         print(
-            f"worker {config.worker_id}: modelled load delays (not measurements): draft "
+            f"worker {config.worker_id}: modelled loads (not measurements), from the loads' start: draft "
             f"{config.modelled_draft_load_s:.2f} s, full model {config.modelled_full_load_s:.2f} s",
             file=sys.stderr,
             flush=True,

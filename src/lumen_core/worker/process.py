@@ -16,9 +16,12 @@ the healed gateway restores from them (issue 23). Registered again, it serves as
 epoch; past the linger ``run`` returns ``EXIT_FENCED``.
 
 A worker started as ``recovering`` (restarted after a failure) loads the draft's weights
-first and the full model in the background; ``modelled_*_load_s`` add the load times of a
-32B model and its draft from NVMe on top of the real loads (modelled, not measured), then it
-tells the gateway ``ModelLoaded`` and serves.
+in the foreground and the full model at the same time in the background, then tells the
+gateway ``ModelLoaded`` and serves. ``modelled_*_load_s`` are the load times of a 32B model
+and its draft from NVMe (modelled, not measured): each model is ready that long after the
+loads began, or when its real load ends if later. Unpaced they begin at ``start``; paced,
+at the process's own start (``process_start_s``): the emulated restart's process start is
+part of the modelled engine start, as the simulator counts both loads from detection.
 
 Paced (``WorkerConfig.pace``, issue 21): ``_step`` holds each engine step and its token
 reports to the modelled duration of what it ran (``lumen_core.pacing``), and checkpoint
@@ -29,6 +32,7 @@ two hooks are the only pacing code here.
 from __future__ import annotations
 
 import math
+import os
 import queue
 import sys
 import threading
@@ -80,6 +84,7 @@ from lumen_core.stream import HolderStore, RestoreResult
 from lumen_core.worker import MODELLED_DRAFT_LOAD_S, MODELLED_FULL_LOAD_S
 from lumen_core.worker.assist import Assistant, AssistedRequests
 from lumen_core.worker.engine_ids import engine_key, request_id_of
+from lumen_core.worker.exit_watch import stat_fields
 from lumen_core.worker.exits import EXIT_FENCED, EXIT_OK
 from lumen_core.worker.held import held_reports
 from lumen_core.worker.paced_streaming import PacedStreamingConnector
@@ -91,6 +96,20 @@ MAX_UNSENT_REPORTS = 4096
 # timed out on a loaded machine) again for this long; a refusal ends the start at once.
 START_REGISTER_S = 30.0
 _UNREACHABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+
+
+def process_start_s() -> float:
+    """When this process started, on the ``time.monotonic()`` clock: its start time in
+    ``/proc/self/stat`` (clock ticks since boot, field 22) against ``CLOCK_BOOTTIME``; now
+    where there is no ``/proc``."""
+    now_s = time.monotonic()
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            ticks = int(stat_fields(stat.read())[22 - 3])
+    except OSError:
+        return now_s
+    age_s = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return now_s - max(0.0, age_s)
 
 
 @dataclass(frozen=True)
@@ -221,10 +240,12 @@ class Worker:
         self._pace_continues = False  # the last paced step left work: the next one follows it
 
     # ---- models --------------------------------------------------------------------------
-    def _load_full(self, modelled_s: float) -> None:
+    def _load_full(self, ready_at_s: float | None = None) -> None:
+        """Loads the full model; ``ready_at_s`` (``time.monotonic()``): not ready before."""
         try:
             model = load_model(self.config.model_path)
-            if modelled_s > 0 and self.stopping.wait(modelled_s):  # the modelled load, after the real one
+            remaining_s = 0.0 if ready_at_s is None else ready_at_s - time.monotonic()
+            if remaining_s > 0 and self.stopping.wait(remaining_s):
                 return
             self.model = model
             self.loaded.set()
@@ -359,14 +380,15 @@ class Worker:
         """Load (the draft first when recovering), register (an unreachable gateway again for
         START_REGISTER_S), start heartbeating."""
         if self.state == WorkerState.RECOVERING:
+            loads_from_s = process_start_s() if self.pacer is not None else time.monotonic()
+            threading.Thread(
+                target=self._load_full, args=(loads_from_s + self.config.modelled_full_load_s,), daemon=True
+            ).start()
             if self.config.draft_path is not None:
                 self.draft = load_model(self.config.draft_path)
-                time.sleep(self.config.modelled_draft_load_s)
-            threading.Thread(
-                target=self._load_full, args=(self.config.modelled_full_load_s,), daemon=True
-            ).start()
+                time.sleep(max(0.0, loads_from_s + self.config.modelled_draft_load_s - time.monotonic()))
         else:
-            self._load_full(0.0)
+            self._load_full()
             if self.load_error is not None:
                 raise self.load_error
             self._build_engine()
