@@ -64,12 +64,22 @@ class _Streaming:
     # The held tail: the last len(held_slots) saved positions, not handed over yet (save_step).
     held_slots: list[int] = field(default_factory=list)
     held_tokens: list[int] = field(default_factory=list)
+    lined: int = 0  # the held positions up to the last one whose slot ends a line
 
-    def whole_lines(self, line: int, limit: int | None = None) -> int:
-        """The most held positions (at most ``limit``) that end at a ``line`` boundary of
-        slots: 0 for none, all of them with ``line`` 1."""
-        count = len(self.held_slots) if limit is None else min(limit, len(self.held_slots))
-        while count and (self.held_slots[count - 1] + 1) % line:
+    def hold(self, slot_ids: Sequence[int], token_ids: Sequence[int], line: int) -> None:
+        """Holds the next saved positions; ``lined`` moves to the last new one that ends a
+        ``line`` of slots (every one with ``line`` 1), so only new slots are looked at."""
+        self.held_slots += slot_ids
+        self.held_tokens += token_ids
+        for back, slot in enumerate(reversed(slot_ids)):
+            if (slot + 1) % line == 0:
+                self.lined = len(self.held_slots) - back
+                break
+
+    def whole_lines(self, line: int, limit: int) -> int:
+        """The most held positions, at most ``limit``, that end at a ``line`` boundary (0: none)."""
+        count = min(limit, self.lined)
+        while 0 < count < self.lined and (self.held_slots[count - 1] + 1) % line:
             count -= 1
         return count
 
@@ -82,6 +92,7 @@ class _Streaming:
         slots += self.held_slots[:count]
         tokens += self.held_tokens[:count]
         del self.held_slots[:count], self.held_tokens[:count]
+        self.lined = max(0, self.lined - count)
 
 
 class ConnectorCore:
@@ -279,10 +290,10 @@ class ConnectorCore:
             if end <= state.saved_tokens:
                 continue
             first = state.saved_tokens - step.start_position
-            state.held_slots += step.slot_ids[first:]
-            state.held_tokens += step.token_ids[first:]
+            state.hold(step.slot_ids[first:], step.token_ids[first:], self._line_tokens)
             state.saved_tokens = end
-            self._ready[step.request_id] = None  # kept in its place if already there
+            if state.lined:
+                self._ready[step.request_id] = None  # kept in its place if already there
         return self._enqueue(self._hand_over_ready(into))
 
     def flush(self, request_ids: Sequence[str] | None = None) -> int:
@@ -312,12 +323,12 @@ class ConnectorCore:
             if state is None:  # finished or abandoned meanwhile
                 del self._ready[request_id]
                 continue
-            count = state.whole_lines(line)
+            count = state.lined
             if count > budget:  # whole lines that fit; a line larger than a step: a piece
                 count = state.whole_lines(line, budget) or (budget if budget == step_tokens else 0)
             state.hand_over(count, into)
             budget -= count
-            if state.whole_lines(line):
+            if state.lined:
                 break
             del self._ready[request_id]
         return into
