@@ -40,6 +40,7 @@ from lumen_core.pacing import FAITHFUL_OVERRUN_FRACTION, parse_pace
 
 if TYPE_CHECKING:
     from lumen_core.sim.cluster import SimResult
+    from lumen_core.sim.replay import LiveSetup
     from lumen_core.worker.scenario import Arrival
 
 POLICIES = ("S&R", "FC", "LUMEN")
@@ -100,15 +101,9 @@ def run_demo(
     the worst of the correctness counts and of the overrun fraction), one per policy and
     repeat (with its ``repeat`` index; intervals over repeats need these) and the first
     run's rolling means per policy."""
-    from lumen_core.sim.workload import load_trace
-    from lumen_core.worker.scenario import KillRule, arrivals_from_workload, run_scenario
+    from lumen_core.worker.scenario import KillRule, run_scenario
 
-    trace = load_trace(options.trace_path)
-    num_requests = max(2, round(options.rate_per_s * options.duration_s))
-    workload = trace.head(num_requests).scaled_to_rate(options.rate_per_s)
-    arrivals = arrivals_from_workload(
-        workload, seed=options.seed, max_output_tokens=options.max_output_tokens
-    )
+    arrivals = demo_arrivals(options)
     say(f"{len(arrivals)} requests over {options.duration_s:.0f} s, {options.workers} workers")
     common = {
         "num_workers": options.workers,
@@ -203,32 +198,62 @@ def run_demo(
     return rows, runs, timelines
 
 
+def demo_arrivals(
+    options: DemoOptions, *, prompt_scale: float = 1 / 8, max_prompt_tokens: int = 192
+) -> list[Arrival]:
+    """The demo's requests: the head of the trace at ``options.rate_per_s`` for its duration,
+    token counts scaled and clipped (``scenario.arrivals_from_workload``)."""
+    from lumen_core.sim.workload import load_trace
+    from lumen_core.worker.scenario import arrivals_from_workload
+
+    trace = load_trace(options.trace_path)
+    num_requests = max(2, round(options.rate_per_s * options.duration_s))
+    workload = trace.head(num_requests).scaled_to_rate(options.rate_per_s)
+    return arrivals_from_workload(
+        workload,
+        seed=options.seed,
+        prompt_scale=prompt_scale,
+        max_prompt_tokens=max_prompt_tokens,
+        max_output_tokens=options.max_output_tokens,
+    )
+
+
+def live_setup(options: DemoOptions) -> LiveSetup:
+    """What the demo's live cluster runs with, for the simulator (``sim.replay``): its workers,
+    the ``--pace`` cost model, the engine's batching limits, heartbeat (modelled seconds) and
+    holder room."""
+    from lumen_core.engine import SchedulerConfig
+    from lumen_core.sim.replay import LiveSetup
+    from lumen_core.worker.cluster import HEARTBEAT_S, HOLDER_BUDGET_BYTES, TINY_RECORD_BYTES
+    from lumen_core.worker.process import WorkerConfig
+
+    if options.pace is None:
+        raise ValueError("the simulator needs a paced setup (`pace`), got None")
+    cost = parse_pace(options.pace)
+    return LiveSetup(
+        num_workers=options.workers,
+        model=cost.model.name,
+        gpu=cost.gpu.name,
+        tp=cost.tp,
+        max_batched_tokens=SchedulerConfig().max_num_batched_tokens,
+        max_num_seqs=WorkerConfig.max_num_seqs,
+        heartbeat_s=HEARTBEAT_S / options.time_scale,
+        holder_budget_tokens=HOLDER_BUDGET_BYTES // (TINY_RECORD_BYTES + 8),
+        acceptance=math.nan,
+    )
+
+
 class _SimReplay:
     """The simulator on the demo's arrivals: the live run's requests (prompt lengths, the
     failure-free run's output lengths, modelled arrival times), cluster size, cost model,
     batching limits, heartbeat and holder budget; its own failure-free baseline."""
 
     def __init__(self, options: DemoOptions, arrivals: list[Arrival], reference: list[list[int]]) -> None:
-        from lumen_core.engine import SchedulerConfig
-        from lumen_core.sim.replay import LiveSetup, simulate
+        from lumen_core.sim.replay import simulate
         from lumen_core.sim.workload import Workload
-        from lumen_core.worker.cluster import HEARTBEAT_S, HOLDER_BUDGET_BYTES, TINY_RECORD_BYTES
-        from lumen_core.worker.process import WorkerConfig
 
-        assert options.pace is not None
-        cost = parse_pace(options.pace)
         self.options = options
-        self.setup = LiveSetup(
-            num_workers=options.workers,
-            model=cost.model.name,
-            gpu=cost.gpu.name,
-            tp=cost.tp,
-            max_batched_tokens=SchedulerConfig().max_num_batched_tokens,
-            max_num_seqs=WorkerConfig.max_num_seqs,
-            heartbeat_s=HEARTBEAT_S / options.time_scale,
-            holder_budget_tokens=HOLDER_BUDGET_BYTES // (TINY_RECORD_BYTES + 8),
-            acceptance=math.nan,
-        )
+        self.setup = live_setup(options)
         self.workload = Workload(
             arrival_s=np.array([a.time_s for a in arrivals], dtype=np.float64),
             prompt_tokens=np.array([len(a.prompt_token_ids) for a in arrivals], dtype=np.int64),
