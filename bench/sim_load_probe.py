@@ -21,12 +21,9 @@ import json
 import math
 import sys
 
-import numpy as np
-
 from lumen_core.metrics import nan_mean
 from lumen_core.sim.replay import sim_figures, simulate
-from lumen_core.sim.workload import Workload
-from lumen_core.worker.demo import FULL, POLICIES, demo_arrivals, live_setup
+from lumen_core.worker.demo import FULL, POLICIES, demo_arrivals, live_setup, sim_workload
 
 LOADS = ((32.0, 1 / 8), (32.0, 1 / 2), (40.0, 1 / 8))  # the first: the faithful run of ff78b6c
 
@@ -39,18 +36,13 @@ def _load(text: str) -> tuple[float, float]:
 def probe(rate: float, prompt_scale: float, failure_s: float, worker: int) -> list[dict[str, object]]:
     options = dataclasses.replace(FULL, rate_per_s=rate)
     arrivals = demo_arrivals(options, prompt_scale=prompt_scale, max_prompt_tokens=round(1536 * prompt_scale))
-    workload = Workload(
-        arrival_s=np.array([a.time_s for a in arrivals]),
-        prompt_tokens=np.array([len(a.prompt_token_ids) for a in arrivals], dtype=np.int64),
-        output_tokens=np.array([a.max_new_tokens for a in arrivals], dtype=np.int64),
-    )
+    workload = sim_workload(arrivals, [a.max_new_tokens for a in arrivals])
     setup = live_setup(options)
     baseline = simulate(setup, workload, "LUMEN", None)
     horizon = max(1.0, options.duration_s - failure_s)
     rows: list[dict[str, object]] = []
     common = {"rate_per_s": rate, "prompt_scale": prompt_scale, "requests": len(arrivals)}
-    free_ttft = nan_mean(np.where(baseline.records.interrupted, np.nan, baseline.records.ttft_s))
-    rows.append({**common, "policy": "failure-free", "mean_ttft_s": free_ttft})
+    rows.append({**common, "policy": "failure-free", "mean_ttft_s": nan_mean(baseline.records.ttft_s)})
     for policy in POLICIES:
         result = simulate(setup, workload, policy, (failure_s, worker))
         figures = sim_figures(result, baseline, options.window_s, horizon, options.tolerance)

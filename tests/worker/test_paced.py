@@ -57,10 +57,6 @@ def test_unpaced_workers_count_no_paced_steps(tmp_path: Path) -> None:
     assert all(s["paced_steps"] == 0 for s in result.worker_stats)
 
 
-def _state(cluster: LocalCluster, worker_id: int) -> str:
-    return next(w.state for w in cluster.client.status().workers if w.worker_id == worker_id)
-
-
 def test_a_paced_restart_counts_its_modelled_loads_from_its_process_start(tmp_path: Path) -> None:
     # Both models load at once from the restarted process's start, as the simulator counts both
     # from detection: the full model serves its modelled load after the spawn, not after the
@@ -73,8 +69,8 @@ def test_a_paced_restart_counts_its_modelled_loads_from_its_process_start(tmp_pa
         spawned = time.monotonic()
         cluster.restart(1)
         registered = time.monotonic() - spawned
-        assert _state(cluster, 1) == "recovering"
-        while _state(cluster, 1) != "serving" and time.monotonic() - spawned < 30.0:
+        assert cluster.worker_status(1).state == "recovering"
+        while cluster.worker_status(1).state != "serving" and time.monotonic() - spawned < 30.0:
             time.sleep(0.05)
         serving = time.monotonic() - spawned
     assert draft_s - 0.1 <= registered < full_s

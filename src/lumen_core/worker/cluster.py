@@ -32,6 +32,7 @@ from lumen_core.policy.load import LoadConfig
 from lumen_core.policy.routing import RouterConfig
 
 if TYPE_CHECKING:
+    from lumen_core.gateway import lumen_pb2 as pb
     from lumen_core.gateway.http.text import Tokenizer
 
 TINY_MODEL = ModelConfig()
@@ -287,11 +288,15 @@ class LocalCluster:
         for worker in started:
             self.wait_registered(worker)
 
-    def epoch(self, worker_id: int) -> int:
+    def worker_status(self, worker_id: int) -> pb.WorkerStatus:
+        """The gateway's ``WorkerStatus`` of ``worker_id`` (epoch, state, load); KeyError if unknown."""
         for status in self.client.status().workers:
             if status.worker_id == worker_id:
-                return int(status.epoch)
+                return status
         raise KeyError(worker_id)
+
+    def epoch(self, worker_id: int) -> int:
+        return int(self.worker_status(worker_id).epoch)
 
     def kill(self, worker_id: int) -> float:
         """SIGKILL the worker's process group, reap it, report the exit; the failure time."""

@@ -41,6 +41,7 @@ from lumen_core.pacing import FAITHFUL_OVERRUN_FRACTION, parse_pace
 if TYPE_CHECKING:
     from lumen_core.sim.cluster import SimResult
     from lumen_core.sim.replay import LiveSetup
+    from lumen_core.sim.workload import Workload
     from lumen_core.worker.scenario import Arrival
 
 POLICIES = ("S&R", "FC", "LUMEN")
@@ -243,6 +244,18 @@ def live_setup(options: DemoOptions) -> LiveSetup:
     )
 
 
+def sim_workload(arrivals: list[Arrival], output_tokens: list[int]) -> Workload:
+    """The simulator's workload of ``arrivals`` (modelled arrival times, prompt lengths) with
+    these output lengths."""
+    from lumen_core.sim.workload import Workload
+
+    return Workload(
+        arrival_s=np.array([a.time_s for a in arrivals], dtype=np.float64),
+        prompt_tokens=np.array([len(a.prompt_token_ids) for a in arrivals], dtype=np.int64),
+        output_tokens=np.array(output_tokens, dtype=np.int64),
+    )
+
+
 class _SimReplay:
     """The simulator on the demo's arrivals: the live run's requests (prompt lengths, the
     failure-free run's output lengths, modelled arrival times), cluster size, cost model,
@@ -250,15 +263,10 @@ class _SimReplay:
 
     def __init__(self, options: DemoOptions, arrivals: list[Arrival], reference: list[list[int]]) -> None:
         from lumen_core.sim.replay import simulate
-        from lumen_core.sim.workload import Workload
 
         self.options = options
         self.setup = live_setup(options)
-        self.workload = Workload(
-            arrival_s=np.array([a.time_s for a in arrivals], dtype=np.float64),
-            prompt_tokens=np.array([len(a.prompt_token_ids) for a in arrivals], dtype=np.int64),
-            output_tokens=np.array([max(1, len(tokens)) for tokens in reference], dtype=np.int64),
-        )
+        self.workload = sim_workload(arrivals, [max(1, len(tokens)) for tokens in reference])
         self._simulate = simulate
         self.baseline = simulate(self.setup, self.workload, "LUMEN", None)
 
