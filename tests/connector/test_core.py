@@ -261,6 +261,32 @@ def test_a_transposed_cache_is_saved_in_whole_lines_and_its_tail_handed_over_whe
     reader.close()
 
 
+def test_a_flush_mark_waits_for_what_was_saved_by_then_not_for_what_follows(
+    secret: bytes, holder: Holder
+) -> None:
+    """``flush_mark`` hands the held tails over and marks each stream's saved length; tokens
+    saved after it (a drained engine decodes on) are not in ``lag_behind``, and a stream that
+    ended since counts none."""
+    gen = torch.Generator().manual_seed(0)
+    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
+    core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0)
+    core.register(KVLayout.vllm_cpu(caches, isa="vec"))
+    keys = {r: request_key(r) for r in ("r", "q")}
+    for request_id, key in keys.items():
+        assert core.begin(request_id, key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
+    s, t = slots([0, 1, 2]), tokens()
+    prefills = [StepTokens("r", 0, s[:20], t[:20]), StepTokens("q", 0, slots([6], 5), t[:5])]
+    assert core.save_step(prefills) == 16
+    mark = core.flush_mark()  # the held 4 + 5 go now
+    assert mark == {keys["r"]: 20, keys["q"]: 5} and 0 <= core.lag_behind(mark) <= 25
+    for p in range(20, 30):  # decoding on: held, not durable
+        core.save_step([StepTokens("r", p, s[p : p + 1], t[p : p + 1])])
+    assert wait_until(lambda: core.lag_behind(mark) == 0)
+    assert core.durable_lag_tokens() == 10 and holder.durable(keys["r"]) == 20
+    assert core.finish("q") and core.lag_behind({keys["q"]: 99}) == 0
+    core.close()
+
+
 def test_a_step_enqueues_what_the_streamer_stages_oldest_lines_first(secret: bytes, holder: Holder) -> None:
     """Three requests end a line of 16 in the same step and the streamer stages 40 tokens a
     step: two lines go now, the third first in the next step; none is deferred."""

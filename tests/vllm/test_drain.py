@@ -39,7 +39,13 @@ from lumen_core.integrations.vllm import control
 
 NUM_SERVERS = 2
 NUM_STREAMS = 6
-MAX_TOKENS = 320
+# The drain must finish while the victim's streams still run: with 320 tokens their last 312
+# took 1.5 s here, and one CI run saw them all end before the flush moved one.
+MAX_TOKENS = 640
+# The agent's flush waits at most 5 s for the checkpoints: a drain that took that long did
+# not see them catch up. Before a flush waited only for what was saved by its mark, it waited
+# for a step with nothing in flight while its streams decoded on (drains of 0.2-2.9 s here).
+FLUSH_WAIT_S = 5.0
 DRAIN_AFTER_TOKENS = 8
 # Without a prefix cache, the server a request moves to cannot serve its prefix from the
 # undisturbed run's blocks (as it did in 1 of 2 runs here): it restores from the holder.
@@ -85,6 +91,8 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
         for r in registered:
             kill_group(r["server_pid"])
         gateway.stop(grace_s=0.1)
+    ended_s = sorted(round(s.ended_s - called_s[0], 3) for s in streams)
+    assert any(moved), f"nothing moved: {status}; the streams ended {ended_s} s after the Drain call"
     # The figures (bench/RESULTS.md): the Drain call until STOP, against how long its
     # requests kept running where they were moved (the least a graceful drain would wait).
     figures = {
@@ -97,6 +105,7 @@ def test_a_drained_vllm_server_moves_its_streams_with_their_checkpoints(
     print("vllm-drain " + json.dumps(figures), flush=True)
     assert [s.error for s in streams] == [""] * NUM_STREAMS
     assert (status.state, status.num_reprefilled) == ("stopped", 0) and status.num_moved >= 2
+    assert figures["drain_s"] < FLUSH_WAIT_S
     assert (stopped["event"], stopped["status"]) == ("stopped", 0) and stopped["reason"].startswith("drained")
     assert stopped["drained"] >= 2  # its streams closed at the flush
     assert failures == ()  # its exit retired it

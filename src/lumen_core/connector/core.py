@@ -7,7 +7,8 @@ a future SGLang one) maps its hooks onto these calls:
 - ``begin(request_id, key, grant)`` before a request's first save: where it streams;
 - ``save_step(steps)`` once per step, all requests' newly written tokens in one call; it only
   enqueues (the gather, crc32c and sends run on the streamer's thread);
-- ``durable_tokens()`` / ``durable_lag_tokens()``: what the holders hold;
+- ``durable_tokens()`` / ``durable_lag_tokens()``: what the holders hold; ``flush_mark()`` and
+  ``lag_behind(mark)``: how much of what was saved by a point is not durable yet;
 - ``plan_restore(...)`` (never blocks: None = not known yet) and ``restore(...)`` into the
   request's new slots, returning the blocks whose load failed (recompute them); the verified
   prefix is streamed again to the request's holders, at its new epoch. ``start_restore(...)``
@@ -383,6 +384,23 @@ class ConnectorCore:
         stats = self.streamer.stats()
         held = sum(len(s.held_slots) for s in self._streaming.values())
         return held + sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
+
+    def flush_mark(self) -> dict[int, int]:
+        """Hands every held tail over (``flush``) and returns each stream's saved length, by
+        stream key: the mark ``lag_behind`` measures a drain's flush against, so tokens saved
+        after it (the engine decodes on) do not keep the flush waiting."""
+        self.flush()
+        return dict(self.streamer.stats().saved) if self.streamer is not None else {}
+
+    def lag_behind(self, mark: dict[int, int]) -> int:
+        """Tokens of ``mark`` (``flush_mark``) not yet durable on a live replica; a stream
+        that ended since (finished, released, abandoned) counts none."""
+        if self.streamer is None:
+            return 0
+        stats = self.streamer.stats()
+        return sum(
+            max(0, saved - stats.durable.get(key, 0)) for key, saved in mark.items() if key in stats.saved
+        )
 
     def wait_for_save(self, request_id: str, *, timeout_s: float = _FINISH_TIMEOUT_S) -> None:
         """Hands ``request_id``'s held tail over, then returns once no pending gather reads its

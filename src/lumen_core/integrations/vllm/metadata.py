@@ -73,6 +73,6 @@ class LumenMetadata(KVConnectorMetadata):
     preempted_req_ids: list[str] = field(default_factory=list)
     releases: list[str] = field(default_factory=list)  # LUMEN request ids (control `release`)
     renewals: list[RenewSpec] = field(default_factory=list)  # control `renew`
-    sample_lag: bool = False  # a control `flush` waits: sample the durable lag this step
+    flush_mark: int = 0  # a control `flush` waits: the newest one's number (0: none)
     abandon: bool = False  # control `abandon`: stop streaming every request, release none
     credential: CredentialGrant | None = None  # control `credential`: before this step's opens

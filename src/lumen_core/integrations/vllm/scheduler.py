@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import threading
 import time
 from collections import Counter, deque
@@ -18,6 +17,7 @@ from lumen_core.connector import RestoreLookup, RestoreSource
 from lumen_core.integrations.vllm.control import ControlServer
 from lumen_core.integrations.vllm.metadata import LoadSpec, LumenMetadata, OpenSpec, RenewSpec, SaveSpec
 from lumen_core.integrations.vllm.params import ConnectorConfig, CredentialGrant, Renewal, RequestControl
+from lumen_core.integrations.vllm.stats import DURABLE_LAG, FLUSH_LAG, FLUSH_MARK
 
 if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks, KVCacheManager
@@ -30,7 +30,6 @@ logger = logging.getLogger(__name__)
 
 MAX_FLUSH_S = 30.0  # bound on one `flush` command's wait
 ABANDON_WAIT_S = 3.0  # bound on an `abandon`'s wait for the step that takes it (< ask's 5 s)
-_DURABLE_LAG = "durable_lag_tokens"  # the worker's gauge (stats.DURABLE_LAG, without importing vLLM)
 _MAX_LOOKUP_TIMINGS = 1024  # the latest ones kept for `stats`
 
 
@@ -84,8 +83,10 @@ class SchedulerSide:
         self._abandon = False  # control `abandon`: at the next step
         self._credential: CredentialGrant | None = None  # control `credential`: to the worker side
         self._worker_totals: Counter[str] = Counter()
-        self._lag: tuple[int, float] = (-1, math.inf)  # (tokens, time) of the worker's last sample
+        self._lag = -1  # the worker's last durable lag sample (tokens)
         self._num_flushing = 0
+        self._flush_asks = 0  # control `flush`es asked so far: the newest one's mark number
+        self._flush_lag: tuple[int, int] = (0, -1)  # the worker's (mark number, tokens not durable)
         self._lookup_timings: deque[LookupTiming] = deque(maxlen=_MAX_LOOKUP_TIMINGS)
         self._control = (
             None if config.control_socket is None else ControlServer(config.control_socket, self.control)
@@ -199,7 +200,7 @@ class SchedulerSide:
         with self._lock:
             meta.releases, self._releases = self._releases, []
             renewals, self._renewals = self._renewals, []
-            meta.sample_lag = self._num_flushing > 0
+            meta.flush_mark = self._flush_asks if self._num_flushing > 0 else 0
             meta.abandon, self._abandon = self._abandon, False
             meta.credential, self._credential = self._credential, None
             if meta.abandon:
@@ -229,12 +230,13 @@ class SchedulerSide:
         and ``flush``."""
         if stats is None or not stats.data:
             return
+        data = dict(stats.data)
         with self._lock:
-            for name, value in stats.data.items():
-                if name == _DURABLE_LAG:
-                    self._lag = (int(value), time.monotonic())
-                else:
-                    self._worker_totals[name] += value
+            if FLUSH_MARK in data:
+                self._flush_lag = (int(data.pop(FLUSH_MARK)), int(data.pop(FLUSH_LAG, -1)))
+            if DURABLE_LAG in data:
+                self._lag = int(data.pop(DURABLE_LAG))
+            self._worker_totals.update(data)
             self._lock.notify_all()
 
     # ---- the control channel (its threads) -------------------------------------------------
@@ -269,7 +271,7 @@ class SchedulerSide:
         if command == "stats":
             with self._lock:
                 worker = dict(self._worker_totals)
-                worker[_DURABLE_LAG] = self._lag[0]
+                worker[DURABLE_LAG] = self._lag
                 lookups = [dataclasses.asdict(t) for t in self._lookup_timings]
             return {
                 "requests": len(self._requests),
@@ -327,23 +329,26 @@ class SchedulerSide:
         )
 
     def _flush(self, wait_s: float) -> dict[str, Any]:
-        """Wait for a lag sample taken after this call that is 0 (the worker samples every
-        step while a flush waits; the engine steps while a request streams or waits for its
-        last gather, and with none there is nothing to flush)."""
-        asked_at = time.monotonic()
+        """Wait until every token saved by the first step that sees this call is durable: that
+        step marks each stream's saved length, and the worker reports every step how much of
+        its mark is not durable yet. Tokens decoded after the mark do not keep the flush
+        waiting (a drain's requests decode on until they move). The engine steps while a
+        request streams or waits for its last gather; with none there is nothing to flush."""
         if not self._opened:  # nothing streams, nothing waits for its last gather
-            return {"flushed": True, _DURABLE_LAG: 0}
-        deadline = asked_at + wait_s
+            return {"flushed": True, DURABLE_LAG: 0}
+        deadline = time.monotonic() + wait_s
         with self._lock:
+            self._flush_asks += 1
+            number = self._flush_asks
             self._num_flushing += 1
             try:
                 while True:
-                    lag, sampled_at = self._lag
-                    if sampled_at >= asked_at and lag == 0:
-                        return {"flushed": True, _DURABLE_LAG: 0}
+                    marked, lag = self._flush_lag
+                    if marked >= number and lag == 0:
+                        return {"flushed": True, DURABLE_LAG: 0}
                     left = deadline - time.monotonic()
                     if left <= 0:
-                        return {"flushed": False, _DURABLE_LAG: lag}
+                        return {"flushed": False, DURABLE_LAG: lag if marked >= number else -1}
                     self._lock.wait(left)
             finally:
                 self._num_flushing -= 1

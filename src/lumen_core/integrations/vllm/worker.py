@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from lumen_core.connector import ConnectorCore, StepTokens, StreamGrant
 from lumen_core.integrations.vllm.metadata import LumenMetadata
 from lumen_core.integrations.vllm.params import ConnectorConfig
+from lumen_core.integrations.vllm.stats import DURABLE_LAG, FLUSH_LAG, FLUSH_MARK
 from lumen_core.layouts import KVLayout
 from lumen_core.stream import CheckpointStreamer, RestoreResult
 
@@ -50,6 +51,7 @@ class WorkerSide:
         self._loading: dict[str, deque[str]] = {}  # LUMEN id -> vLLM req_ids restoring, in start order
         self._reported: Counter[str] = Counter()
         self._lag_sampled_at = 0.0
+        self._flush_mark: tuple[int, dict[int, int]] | None = None  # (number, ConnectorCore.flush_mark)
         self._released: set[str] = set()  # vLLM req_ids the control channel released: not saved
         self._finished_in_vllm: set[str] = set()  # finished by vLLM, not reported done yet
 
@@ -111,8 +113,6 @@ class WorkerSide:
         for renewal in meta.renewals:
             self.core.renew(renewal.request_id, renewal.capabilities)
         self._release(meta.releases)
-        if meta.sample_lag:
-            self._lag_sampled_at = 0.0  # this step's stats sample the lag
 
     def _release(self, request_ids: list[str]) -> None:
         """Stop checkpointing these LUMEN requests (the gateway's word, over the control
@@ -159,7 +159,9 @@ class WorkerSide:
         """One ``save_step`` for every request's tokens computed this step (a restored
         request's first save starts at 0, its restored prefix with it); enqueues only, never
         waits for the gather or the holders. While a control ``flush`` waits, the tails the
-        core holds back to whole cache lines go too (``ConnectorCore.save_step``)."""
+        core holds back to whole cache lines go too (``ConnectorCore.save_step``), and the
+        first step of each flush marks what is saved by then: the stats report how much of
+        the mark is not durable yet."""
         steps = []
         for save in meta.saves:
             request_id = self._request_ids.get(save.req_id)
@@ -167,7 +169,11 @@ class WorkerSide:
                 continue
             steps.append(StepTokens(request_id, save.start, save.slot_ids, save.token_ids))
         self.core.save_step(steps)
-        if meta.sample_lag:
+        if not meta.flush_mark:
+            self._flush_mark = None
+        elif self._flush_mark is None or self._flush_mark[0] != meta.flush_mark:
+            self._flush_mark = (meta.flush_mark, self.core.flush_mark())
+        else:
             self.core.flush()
 
     def load_errors(self) -> set[int]:
@@ -195,8 +201,9 @@ class WorkerSide:
         return done
 
     def interval_stats(self) -> dict[str, int]:
-        """The counters' growth since the last call, with ``saved_bytes``, and about once a
-        second ``durable_lag_tokens`` (saved but not yet durable, all requests)."""
+        """The counters' growth since the last call, with ``saved_bytes``, about once a second
+        ``durable_lag_tokens`` (saved but not yet durable, all requests), and while a control
+        ``flush`` waits, its mark's number and how much of it is not durable yet."""
         counters = self.core.counters
         delta = {name: value - self._reported[name] for name, value in counters.items()}
         delta = {name: value for name, value in delta.items() if value}
@@ -206,7 +213,10 @@ class WorkerSide:
         now = time.monotonic()
         if self.core.streamer is not None and now - self._lag_sampled_at >= _LAG_SAMPLE_S:
             self._lag_sampled_at = now
-            delta["durable_lag_tokens"] = self.core.durable_lag_tokens()
+            delta[DURABLE_LAG] = self.core.durable_lag_tokens()
+        if self._flush_mark is not None:
+            number, mark = self._flush_mark
+            delta[FLUSH_MARK], delta[FLUSH_LAG] = number, self.core.lag_behind(mark)
         return delta
 
     def durable_tokens(self) -> dict[str, int]:
