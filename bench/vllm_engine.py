@@ -18,6 +18,9 @@ because CPUs with AMX prepack bf16 blocks, which the connector refuses):
   holding at most 15 tokens of a request back (``ConnectorCore.save_step``):
   ``durable_lag_max_tokens`` is the most a request's durable length trailed what it had
   computed two steps before.
+  The holder maps ``--holder-reserve-bytes`` at its start (4 GiB, more than a round's records;
+  ``lumen holder --reserve-bytes``); with 0 it maps memory as checkpoints grow, and the
+  kernel's zeroing of each new page runs on the engine's cores.
 - ``prefill_costly``: hidden size 1024, 8 layers, a 2,000-token prefill of 1 s or more here.
   ``replay_ttft_restore_vs_recompute``: time to the first token of a 2,000-token request resumed
   from its checkpoint over the same request recomputed, in one fresh engine (prefix caching off),
@@ -66,6 +69,10 @@ GEOMETRIES: dict[str, dict[str, int]] = {
 LONG_PROMPT = 2000
 RESTORED = 4  # requests restored while RUNNING decode
 RUNNING = 32
+# A holder that reserves its memory takes no page fault while it receives (docs/streaming.md).
+# A 64-request round's records are 2 GiB (128 tokens x 256 KiB each); with a 2 GiB reserve the
+# holder still mapped memory in that round (17 ms of its CPU a step, 8 with 4 GiB).
+HOLDER_RESERVE_BYTES = 4 << 30
 
 
 def _progress(message: str) -> None:
@@ -86,10 +93,10 @@ def _build(path: Path, geometry: str) -> Path:
 class _Holder:
     """A `lumen holder` process on loopback, trusting the bench's issuer."""
 
-    def __init__(self, secret_file: Path, public_key_file: Path, budget_bytes: int) -> None:
+    def __init__(self, secret_file: Path, public_key: Path, budget_bytes: int, reserve_bytes: int) -> None:
         argv = [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0", "--budget-bytes",
-                str(budget_bytes), "--secret-file", str(secret_file), "--issuer-key-file",
-                str(public_key_file), "--tls", "tcp"]  # fmt: skip
+                str(budget_bytes), "--reserve-bytes", str(reserve_bytes), "--secret-file", str(secret_file),
+                "--issuer-key-file", str(public_key), "--tls", "tcp"]  # fmt: skip
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         self.port = int(json.loads(self.proc.stdout.readline())["port"])
@@ -105,7 +112,7 @@ class _Holder:
 
 
 class _Bench:
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, holder_reserve_bytes: int) -> None:
         self.workdir = workdir
         self.secret_file = workdir / "secret"
         write_secret_file(self.secret_file)
@@ -116,7 +123,7 @@ class _Bench:
         self.issuer = CapabilityIssuer(read_issuer_key_file(self.issuer_key_file))
         public = workdir / "issuer.pub"
         write_issuer_public_key_file(public, self.issuer.public_key)
-        self.holder = _Holder(self.secret_file, public, 8 << 30)
+        self.holder = _Holder(self.secret_file, public, 8 << 30, holder_reserve_bytes)
         self._sockets = 0
 
     def durable_tokens(self, request_id: str, record_bytes: int) -> int:
@@ -416,11 +423,17 @@ def main() -> None:
     )
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--only", choices=sorted(GEOMETRIES), default=None)
+    parser.add_argument(
+        "--holder-reserve-bytes",
+        type=int,
+        default=HOLDER_RESERVE_BYTES,
+        help="the holder's memory mapped at its start (`lumen holder --reserve-bytes`; 0: none)",
+    )
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        bench = _Bench(workdir)
+        bench = _Bench(workdir, args.holder_reserve_bytes)
         try:
             if args.only in (None, "stream_stress"):
                 model = _build(workdir / "stream_stress", "stream_stress")

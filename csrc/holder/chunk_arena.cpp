@@ -14,7 +14,7 @@
 namespace lumen::holder {
 
 ChunkArena::ChunkArena(uint64_t chunk_bytes, uint64_t slab_bytes, uint64_t retain_bytes,
-                       bool pinned)
+                       bool pinned, uint64_t reserve_bytes)
     : chunk_bytes_(chunk_bytes),
       slab_bytes_(slab_bytes),
       retain_bytes_(retain_bytes),
@@ -29,6 +29,8 @@ ChunkArena::ChunkArena(uint64_t chunk_bytes, uint64_t slab_bytes, uint64_t retai
                                 std::to_string(chunk_bytes) + "), got " +
                                 std::to_string(slab_bytes));
   }
+  while (mapped_bytes_ < reserve_bytes) map_slab();
+  retain_bytes_ = std::max(retain_bytes_, mapped_bytes_);  // the reserve is never unmapped
 }
 
 ChunkArena::~ChunkArena() {

@@ -40,7 +40,8 @@ uint64_t now_ns() {
 
 HolderStore::HolderStore(const HolderOptions& options)
     : options_(options),
-      arena_(options.chunk_bytes, slab_bytes(options), 2 * slab_bytes(options), options.pinned) {
+      arena_(options.chunk_bytes, slab_bytes(options), 2 * slab_bytes(options), options.pinned,
+             options.reserve_bytes) {
   stats_.budget_bytes = options.budget_bytes;
 }
 

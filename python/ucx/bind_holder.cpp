@@ -76,17 +76,20 @@ py::dict stats_dict(const lh::HolderStats& s) {
 
 void bind_holder(py::module_& m) {
   py::class_<lh::HolderStore, std::shared_ptr<lh::HolderStore>>(m, "HolderStore")
-      .def(py::init([](uint64_t budget_bytes, int policy, uint64_t chunk_bytes, bool pinned) {
+      .def(py::init([](uint64_t budget_bytes, int policy, uint64_t chunk_bytes, bool pinned,
+                       uint64_t reserve_bytes) {
              if (policy < 0 || policy > 2) throw py::value_error("policy must be 0, 1 or 2");
              lh::HolderOptions options;
              options.budget_bytes = budget_bytes;
              options.policy = static_cast<lh::EvictionPolicy>(policy);
              options.chunk_bytes = chunk_bytes;
              options.pinned = pinned;
+             options.reserve_bytes = reserve_bytes;
+             py::gil_scoped_release release;  // a reserve is populated (and pinned) now
              return std::make_shared<lh::HolderStore>(options);
            }),
            py::kw_only(), py::arg("budget_bytes"), py::arg("policy"), py::arg("chunk_bytes"),
-           py::arg("pinned"))
+           py::arg("pinned"), py::arg("reserve_bytes"))
       .def("reserve", &lh::HolderStore::reserve, py::arg("request_id"), py::arg("shard"),
            py::arg("num_tokens"), py::arg("record_bytes"), py::call_guard<py::gil_scoped_release>())
       .def("expire", &lh::HolderStore::expire, py::arg("request_id"),

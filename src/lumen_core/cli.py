@@ -113,7 +113,9 @@ def _holder(args: argparse.Namespace) -> int:
     from lumen_core.auth import read_issuer_public_key_file, read_secret_file
     from lumen_core.stream import EvictionPolicy, HolderStore
 
-    store = HolderStore(args.budget_bytes, eviction=EvictionPolicy[args.eviction.upper()])
+    store = HolderStore(
+        args.budget_bytes, eviction=EvictionPolicy[args.eviction.upper()], reserve_bytes=args.reserve_bytes
+    )
     server = store.serve(
         read_secret_file(args.secret_file),
         holder_id=args.holder_id,
@@ -243,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     holder.add_argument("--port", type=int, default=0, help="listen port (0: any free port)")
     holder.add_argument("--address", default="127.0.0.1", help="listen address (loopback default)")
     holder.add_argument("--budget-bytes", type=int, required=True, help="byte budget of the store")
+    holder.add_argument(
+        "--reserve-bytes",
+        type=int,
+        default=0,
+        help="host memory mapped at start and kept (<= the budget): no page faults while receiving",
+    )
     holder.add_argument("--secret-file", required=True, help="cluster secret, a 0600 file")
     holder.add_argument(
         "--issuer-key-file",
@@ -300,6 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"--port must be in [0, 65535], got {args.port}")
         if args.budget_bytes < 0:
             parser.error(f"--budget-bytes must be >= 0, got {args.budget_bytes}")
+        if not 0 <= args.reserve_bytes <= args.budget_bytes:
+            parser.error(f"--reserve-bytes must be in [0, --budget-bytes], got {args.reserve_bytes}")
         if args.idle_expiry_s <= 0:
             parser.error(f"--idle-expiry-s must be > 0, got {args.idle_expiry_s}")
         if not 0 <= args.holder_id < 2**64:

@@ -1,5 +1,5 @@
-"""`lumen holder`: argument checks, idle checkpoints expiring in a running holder, the holder id
-capabilities name it by; `lumen keygen`."""
+"""`lumen holder`: argument checks, idle checkpoints expiring in a running holder (its reserve
+mapped at start), the holder id capabilities name it by; `lumen keygen`."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.ucx, pytest.mark.timeout(60)]
     [
         (["--port", "70000"], "--port must be in"),
         (["--budget-bytes", "-1"], "--budget-bytes must be >= 0"),
+        (["--reserve-bytes", "2048"], "--reserve-bytes must be in [0, --budget-bytes], got 2048"),
         (["--idle-expiry-s", "0"], "--idle-expiry-s must be > 0"),
         (["--holder-id", "-1"], "--holder-id must be in [0, 2**64)"),
     ],
@@ -45,7 +46,8 @@ def test_holder_arguments_are_checked(
 def test_idle_checkpoints_expire_and_are_counted(
     issuer: CapabilityIssuer, holder: Any, secret: bytes
 ) -> None:
-    h = holder(1 << 20, "--idle-expiry-s", "0.3")
+    h = holder(1 << 20, "--idle-expiry-s", "0.3", "--reserve-bytes", str(1 << 20))
+    assert h.ask("stats")["store"]["arena_bytes"] >= 1 << 20  # mapped at start
     cap = issuer.issue(5, 0, 0, holder_id=0)
     records = np.arange(4 * 64, dtype=np.uint8).reshape(4, 64)
     crcs = checksum(torch.from_numpy(records)).numpy()

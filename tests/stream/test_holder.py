@@ -452,6 +452,27 @@ def test_records_straddling_chunks_round_trip_and_memory_is_reused(
         assert after["arena_free_bytes"] == after["arena_bytes"] == stats["arena_bytes"]
 
 
+def test_a_reserve_is_mapped_at_start_and_stays(secret: bytes) -> None:
+    """``reserve_bytes`` are mapped (whole slabs: 9 chunks of 4 KiB under this budget) before
+    any append, hold the first checkpoint without mapping more, and stay after its release."""
+    source = small_cache(seed=0)
+    budget = 8 * 4096
+    assert HolderStore(budget, chunk_bytes=4096).stats()["arena_bytes"] == 0
+    store = HolderStore(budget, chunk_bytes=4096, reserve_bytes=budget)
+    slab = 9 * 4096
+    assert (store.stats()["arena_bytes"], store.stats()["arena_free_bytes"]) == (slab, slab)
+    n = 4 * 4096 // source.record_bytes
+    slots = torch.arange(n, dtype=torch.int64)
+    records = gather_tokens(source, slots)
+    hold_checkpoint(secret, source, np.arange(n, dtype=np.uint32), checksum(records).numpy(), records, store)
+    held = store.stats()
+    assert held["tokens_held"] == n and held["arena_bytes"] == slab and held["arena_free_bytes"] < slab
+    store.expire(1)
+    assert (store.stats()["arena_bytes"], store.stats()["arena_free_bytes"]) == (slab, slab)
+    with pytest.raises(ValueError, match=r"`reserve_bytes` must be in \[0, 32768\], got 32769"):
+        HolderStore(budget, reserve_bytes=budget + 1)
+
+
 def test_store_arguments_are_checked(issuer: CapabilityIssuer, rig: Rig) -> None:
     with pytest.raises(TypeError, match="eviction must be an EvictionPolicy"):
         HolderStore(eviction="lru")  # type: ignore[arg-type]

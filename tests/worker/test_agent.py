@@ -164,6 +164,7 @@ def test_record_bytes_follow_the_models_attention_shape(tmp_path: Path) -> None:
         ({"port": 70000}, r"`port` must be in \[0, 65535\], got 70000"),
         ({"kv_space_gib": 0}, "`kv_space_gib` must be a number > 0, got 0"),
         ({"budget_bytes": -1}, "`budget_bytes` must be >= 0, got -1"),
+        ({"reserve_bytes": 2 << 30}, r"`reserve_bytes` must be in \[0, budget_bytes\], got 2147483648"),
         ({"holder_linger_s": -1}, "`holder_linger_s` must be a finite number >= 0, got -1"),
         ({"holder_linger_s": float("inf")}, "`holder_linger_s` must be a finite number >= 0, got inf"),
         ({"server_url": "http://h:1", "server_args": ("--x",)}, "`server_args` must be empty when attaching"),

@@ -134,7 +134,10 @@ class HolderStore:
 
     Records live in chunks of ``chunk_bytes`` (a page multiple) that never move, so appends
     are received in place; a record may straddle two chunks. ``pinned`` page-locks them for
-    fast restores into GPU memory; default: when a CUDA device is present.
+    fast restores into GPU memory; default: when a CUDA device is present. ``reserve_bytes``
+    (at most the budget) are mapped and populated now, and stay: otherwise chunks are mapped
+    32 MiB at a time as checkpoints grow, each first touch a page fault the kernel zeroes
+    while appends arrive (most of a loopback holder's CPU beside a busy vLLM, bench/RESULTS.md).
     """
 
     def __init__(
@@ -144,8 +147,10 @@ class HolderStore:
         eviction: EvictionPolicy = EvictionPolicy.SHORTEST_PREFIX,
         chunk_bytes: int = 2 << 20,
         pinned: bool | None = None,
+        reserve_bytes: int = 0,
     ) -> None:
         check_int("budget_bytes", budget_bytes, 0, U64_MAX)
+        check_int("reserve_bytes", reserve_bytes, 0, budget_bytes)
         if not isinstance(eviction, EvictionPolicy):
             raise TypeError(f"eviction must be an EvictionPolicy, got {type(eviction).__name__}")
         page = mmap.PAGESIZE
@@ -165,6 +170,7 @@ class HolderStore:
             policy=eviction.value,
             chunk_bytes=int(chunk_bytes),
             pinned=pinned,
+            reserve_bytes=int(reserve_bytes),
         )
 
     def serve(

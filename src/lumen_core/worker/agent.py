@@ -129,7 +129,8 @@ class AgentConfig:
     host do not all bind to the same core). kv_space_gib: its ``VLLM_CPU_KVCACHE_SPACE``.
     control_socket: the connector's control channel (started server: created there; default
     ``workdir/control-<id>.sock``). budget_bytes: the holder's budget for other servers'
-    checkpoints; holder_host its listen address; tls the UCX transports of the holder and
+    checkpoints, reserve_bytes how much of it is mapped at start (``HolderStore``);
+    holder_host its listen address; tls the UCX transports of the holder and
     the connector. start_timeout_s: bound on the server's start. holder_linger_s: how long a
     fenced agent keeps its holder up, registering again (0: it exits at once).
     encrypt_payloads: the started server's connector encrypts its records to and from holders
@@ -152,6 +153,7 @@ class AgentConfig:
     kv_space_gib: float = 1.0
     control_socket: str | None = None
     budget_bytes: int = 1 << 30
+    reserve_bytes: int = 0
     holder_host: str = "127.0.0.1"
     tls: str = ""
     start_timeout_s: float = 600.0
@@ -174,6 +176,8 @@ class AgentConfig:
             raise ValueError(f"`kv_space_gib` must be a number > 0, got {self.kv_space_gib}")
         if self.budget_bytes < 0:
             raise ValueError(f"`budget_bytes` must be >= 0, got {self.budget_bytes}")
+        if not 0 <= self.reserve_bytes <= self.budget_bytes:
+            raise ValueError(f"`reserve_bytes` must be in [0, budget_bytes], got {self.reserve_bytes}")
         if not 0 <= self.holder_linger_s < math.inf:
             raise ValueError(f"`holder_linger_s` must be a finite number >= 0, got {self.holder_linger_s}")
         if self.server_url is not None and self.server_args:
@@ -287,7 +291,7 @@ class Agent:
         self.config = config
         self.secret = read_secret_file(config.secret_file)
         self.record_bytes = record_bytes_of(config.model, config.dtype)
-        self.store = HolderStore(config.budget_bytes)
+        self.store = HolderStore(config.budget_bytes, reserve_bytes=config.reserve_bytes)
         self.holder = self.store.serve(
             self.secret, address=config.holder_host, port=0, holder_id=config.worker_id, tls=config.tls
         )

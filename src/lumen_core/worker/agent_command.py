@@ -54,6 +54,9 @@ def add_agent_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
         "--budget-bytes", type=int, default=1 << 30, help="holder budget for others' checkpoints"
     )
     parser.add_argument(
+        "--reserve-bytes", type=int, default=0, help="holder memory mapped at start (<= the budget)"
+    )
+    parser.add_argument(
         "--holder-host", default="127.0.0.1", help="holder listen address (default: loopback)"
     )
     parser.add_argument(
@@ -102,6 +105,7 @@ def run_agent(args: argparse.Namespace) -> int:
             kv_space_gib=args.kv_space_gib,
             control_socket=args.control_socket,
             budget_bytes=args.budget_bytes,
+            reserve_bytes=args.reserve_bytes,
             holder_host=args.holder_host,
             tls=args.tls,
             start_timeout_s=args.start_timeout_s,

@@ -2,7 +2,9 @@
 // mappings (slabs) that are populated once and, when pinning, page-locked once: page faults
 // and cudaHostRegister are paid per slab, not per checkpoint. Freed chunks are reused warm
 // (most recently freed first); a slab is unmapped when it is wholly free and more than
-// `retain_bytes` would stay free without it. Not thread-safe: the owner serialises calls.
+// `retain_bytes` would stay free without it. `reserve_bytes` are mapped (and populated) at
+// construction and never unmapped, so a holder that reserves what it will hold pays no page
+// fault while it receives. Not thread-safe: the owner serialises calls.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -13,8 +15,10 @@ namespace lumen::holder {
 class ChunkArena {
  public:
   // chunk_bytes: a multiple of the page size; slab_bytes: a multiple of chunk_bytes.
-  // std::invalid_argument otherwise.
-  ChunkArena(uint64_t chunk_bytes, uint64_t slab_bytes, uint64_t retain_bytes, bool pinned);
+  // std::invalid_argument otherwise. reserve_bytes: mapped now, whole slabs (std::bad_alloc
+  // when they cannot be), and kept mapped.
+  ChunkArena(uint64_t chunk_bytes, uint64_t slab_bytes, uint64_t retain_bytes, bool pinned,
+             uint64_t reserve_bytes = 0);
   ~ChunkArena();
   ChunkArena(const ChunkArena&) = delete;
   ChunkArena& operator=(const ChunkArena&) = delete;

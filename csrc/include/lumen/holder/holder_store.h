@@ -27,6 +27,7 @@ struct HolderOptions {
   EvictionPolicy policy = EvictionPolicy::kShortestPrefix;
   uint64_t chunk_bytes = 2ull << 20;  // records live in chunks of this size (page multiple)
   bool pinned = false;                // page-lock the chunks (needs a CUDA device)
+  uint64_t reserve_bytes = 0;         // chunks mapped at construction and kept (ChunkArena)
 };
 
 // Counters; every refusal, eviction and expiry is visible here.
