@@ -10,13 +10,16 @@ because CPUs with AMX prepack bf16 blocks, which the connector refuses):
   ``itl_p50_ratio`` / ``itl_p99_ratio``: decode step time (the inter-token latency of every
   running request) of ``--requests`` concurrent requests with the connector streaming each
   token to a ``lumen holder``, over the same engine without the connector; rounds interleaved
-  (plain, connector, connector, plain) ``--reps`` times, a fresh engine each.
+  (plain, connector, connector, plain) ``--reps`` times, a fresh engine each. Every prompt
+  has 32 tokens, so all requests end a K line in the same step; ``--prompt-spread 16`` gives
+  request i 32 + i % 16, spreading those steps as mixed prompt lengths do.
   ``itl_mean_ratio`` and ``step_ms_p50`` of the plain engine beside them.
   ``durable_within_2_steps``: of the tokens computed, the share durable on the holder two
   steps later ("never blocks the step" must not be met by falling behind). The connector
   saves vLLM CPU's K in whole 64-byte lines (16 fp32 tokens, ``KVLayout.line_tokens``),
-  holding at most 15 tokens of a request back (``ConnectorCore.save_step``):
-  ``durable_lag_max_tokens`` is the most a request's durable length trailed what it had
+  holding at most 15 tokens of a request back (``ConnectorCore.save_step``), as issue 18
+  allows: ``durable_within_2_steps_of_line`` counts from the step that filled a token's line,
+  and ``durable_lag_max_tokens`` is the most a request's durable length trailed what it had
   computed two steps before.
   The holder maps ``--holder-reserve-bytes`` at its start (4 GiB, more than a round's records;
   ``lumen holder --reserve-bytes``); with 0 it maps memory as checkpoints grow, and the
@@ -200,14 +203,16 @@ def _drop(llm: Any) -> None:
 
 
 def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: int, *, tag: str,
-                  durable: bool) -> tuple[list[float], dict[str, float]]:  # fmt: skip
+                  durable: bool, spread: int = 1) -> tuple[list[float], dict[str, float]]:  # fmt: skip
     """Step times (s) while all ``num_requests`` decode; the share of computed tokens durable
-    two steps after they were computed, and the most tokens a request's durable length
-    trailed what it had computed two steps before (nan without ``durable``)."""
+    two steps after they were computed, the share durable two steps after their K line was
+    whole (the save path holds a token until then: ``KVLayout.line_tokens``), and the most
+    tokens a request's durable length trailed what it had computed two steps before (nan
+    without ``durable``)."""
     engine = llm.llm_engine
-    for i in range(num_requests):
-        rid = f"{tag}-{i}"
-        engine.add_request(rid, {"prompt_token_ids": _prompt(i, prompt_tokens)}, _sampling(max_tokens, rid))
+    prompt_lengths = {f"{tag}-{i}": prompt_tokens + i % spread for i in range(num_requests)}
+    for i, (rid, length) in enumerate(prompt_lengths.items()):
+        engine.add_request(rid, {"prompt_token_ids": _prompt(i, length)}, _sampling(max_tokens, rid))
     worker = None
     if durable:
         from vllm.distributed.kv_transfer import get_kv_transfer_group
@@ -232,9 +237,13 @@ def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: i
             times.append(elapsed)
         if worker is not None:
             # The KV of every token but the last sampled one is computed.
-            computed_log.append({r: prompt_tokens + n - 1 for r, n in produced.items()})
+            computed_log.append({r: prompt_lengths[r] + n - 1 for r, n in produced.items()})
             durable_log.append(worker.durable_tokens())
-    durability = {"durable_within_2_steps": float("nan"), "durable_lag_max_tokens": float("nan")}
+    durability = {
+        "durable_within_2_steps": float("nan"),
+        "durable_within_2_steps_of_line": float("nan"),
+        "durable_lag_max_tokens": float("nan"),
+    }
     if worker is not None:
         good = total = 0
         lag_max = 0
@@ -247,11 +256,42 @@ def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: i
                 good += max(0, min(end, later.get(r, 0)) - start)
                 if r in later:  # still streaming two steps on (a finished request is forgotten)
                     lag_max = max(lag_max, end - later[r])
-        durability = {"durable_within_2_steps": good / total, "durable_lag_max_tokens": float(lag_max)}
+        durability = {
+            "durable_within_2_steps": good / total,
+            "durable_within_2_steps_of_line": _durable_after_line(
+                computed_log, durable_log, worker.core.layout.line_tokens
+            ),
+            "durable_lag_max_tokens": float(lag_max),
+        }
     return times, durability
 
 
-def stream_stress(bench: _Bench, model: Path, requests: list[int], reps: int) -> list[dict[str, Any]]:
+def _durable_after_line(
+    computed_log: list[dict[str, int]], durable_log: list[dict[str, int]], line: int
+) -> float:
+    """Of the tokens computed, the share durable two steps after the step that computed the
+    last token of their K line (or the request's last step, when its line never filled).
+    Tokens judged at a step after their request finished (it is forgotten there) are left out."""
+    good = total = 0
+    for r in computed_log[-1]:
+        steps = [k for k, computed in enumerate(computed_log) if r in computed]
+        done = 0
+        for k in steps:
+            end = computed_log[k][r]
+            for p in range(done, end):
+                whole = (p // line + 1) * line
+                filled = next((j for j in steps if j >= k and computed_log[j][r] >= whole), steps[-1])
+                judged = filled + 2
+                if judged < len(durable_log) and r in durable_log[judged]:
+                    total += 1
+                    good += durable_log[judged][r] > p
+            done = max(done, end)
+    return good / total if total else float("nan")
+
+
+def stream_stress(
+    bench: _Bench, model: Path, requests: list[int], reps: int, spread: int
+) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for n in requests:
         times: dict[str, list[float]] = {"plain": [], "connector": []}
@@ -263,7 +303,7 @@ def stream_stress(bench: _Bench, model: Path, requests: list[int], reps: int) ->
                 llm = bench.engine(model, connector=kind == "connector")
                 before = (time.process_time(), bench.holder.cpu_s())
                 steps, measured = _decode_steps(
-                    llm, n, 32, 96, tag=f"{kind}{rep}", durable=kind == "connector"
+                    llm, n, 32, 96, tag=f"{kind}{rep}", durable=kind == "connector", spread=spread
                 )
                 cpu[kind].append(
                     ((time.process_time() - before[0]) / 96, (bench.holder.cpu_s() - before[1]) / 96)
@@ -293,6 +333,11 @@ def stream_stress(bench: _Bench, model: Path, requests: list[int], reps: int) ->
                 "requests": n,
             },
             {
+                "metric": "durable_within_2_steps_of_line",
+                "value": min(durability["durable_within_2_steps_of_line"]),
+                "requests": n,
+            },
+            {
                 "metric": "durable_lag_max_tokens",
                 "value": max(durability["durable_lag_max_tokens"]),
                 "requests": n,
@@ -302,7 +347,7 @@ def stream_stress(bench: _Bench, model: Path, requests: list[int], reps: int) ->
             for who, at in (("engine", 0), ("holder", 1)):
                 value = 1e3 * float(np.median([c[at] for c in samples]))
                 rows.append({"metric": f"{who}_cpu_ms_per_step_{kind}", "value": value, "requests": n})
-    return rows
+    return [{**row, "prompt_spread": spread} for row in rows]
 
 
 def _first_token_s(llm: Any, request_id: str, prompt: list[int], sampling: Any) -> float:
@@ -422,6 +467,12 @@ def main() -> None:
         "--requests", default="32,64", help="stream_stress: concurrent requests, comma-separated"
     )
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--prompt-spread",
+        type=int,
+        default=1,
+        help="stream_stress: request i's prompt has 32 + i %% N tokens (1: all 32, their lines end together)",
+    )
     parser.add_argument("--only", choices=sorted(GEOMETRIES), default=None)
     parser.add_argument(
         "--holder-reserve-bytes",
@@ -430,6 +481,8 @@ def main() -> None:
         help="the holder's memory mapped at its start (`lumen holder --reserve-bytes`; 0: none)",
     )
     args = parser.parse_args()
+    if args.prompt_spread < 1:
+        parser.error(f"--prompt-spread must be >= 1, got {args.prompt_spread}")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
@@ -440,7 +493,7 @@ def main() -> None:
                 requests = [int(n) for n in args.requests.split(",")]
                 rows += [
                     {"geometry": "stream_stress", **r}
-                    for r in stream_stress(bench, model, requests, args.reps)
+                    for r in stream_stress(bench, model, requests, args.reps, args.prompt_spread)
                 ]
             if args.only in (None, "prefill_costly"):
                 model = _build(workdir / "prefill_costly", "prefill_costly")

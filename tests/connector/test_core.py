@@ -300,8 +300,8 @@ def test_a_step_enqueues_what_the_streamer_stages_oldest_lines_first(secret: byt
         connect_timeout_s=1.0,
         streamer_options={"staging_bytes": 40 * layout.record_bytes},
     )
-    core.register(layout)
-    assert core._streamer().step_tokens == 40
+    core.register(layout, start_streamer=True)
+    assert core.streamer is not None and core.streamer.step_tokens == 40
     keys = {r: request_key(r) for r in ("a", "b", "c")}
     for r, key in keys.items():
         assert core.begin(r, key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
