@@ -28,6 +28,7 @@ def model_file(tmp_path: Path) -> str:
         ({"modelled_full_load_s": -1.0}, "modelled_full_load_s must be a finite number >= 0"),
         ({"modelled_draft_load_s": float("inf")}, "modelled_draft_load_s must be a finite number >= 0"),
         ({"budget_bytes": -1}, "budget_bytes must be an int >= 0"),
+        ({"reserve_bytes": 2 << 30}, r"reserve_bytes must be an int in \[0, budget_bytes\], got 2147483648"),
         ({"time_scale": 0.0}, "time_scale must be a finite number > 0"),
         ({"pace": "qwen3-32b/b200x2"}, "`pace` must be MODEL/GPUxTP"),
     ],

@@ -40,6 +40,9 @@ def add_worker_parser(commands: argparse._SubParsersAction) -> argparse.Argument
         "--budget-bytes", type=int, default=1 << 30, help="holder budget for others' checkpoints"
     )
     parser.add_argument(
+        "--reserve-bytes", type=int, default=0, help="holder memory mapped at start (<= the budget)"
+    )
+    parser.add_argument(
         "--holder-host", default="127.0.0.1", help="holder listen address (default: loopback)"
     )
     parser.add_argument("--num-blocks", type=int, default=1024, help="KV cache pages")
@@ -123,6 +126,7 @@ def run_worker(args: argparse.Namespace) -> int:
             draft_path=args.draft,
             state=WorkerState.RECOVERING if args.recovering else WorkerState.SERVING,
             budget_bytes=args.budget_bytes,
+            reserve_bytes=args.reserve_bytes,
             holder_host=args.holder_host,
             num_blocks=args.num_blocks,
             modelled_full_load_s=MODELLED_FULL_LOAD_S if full_load_s is None else full_load_s,

@@ -119,7 +119,8 @@ class WorkerConfig:
     safetensors: its fingerprint is then ``connector.model_fingerprint``'s, as vLLM's is).
     draft_path: a file written by ``engine.save_model``. state: "serving", or "recovering"
     for a restart after a failure. budget_bytes: host memory offered to other workers'
-    checkpoints. holder_host: where the embedded holder listens. pace: a cost-model setup
+    checkpoints, reserve_bytes how much of it is mapped at start (``HolderStore``).
+    holder_host: where the embedded holder listens. pace: a cost-model setup
     ("MODEL/GPUxTP", ``pacing.parse_pace``) every engine step and restore is paced to, each
     lasting ``time_scale`` times its modelled duration (None: unpaced). pushed_directives:
     open the gateway's directive stream (False: heartbeat replies alone deliver them).
@@ -135,6 +136,7 @@ class WorkerConfig:
     draft_path: str | None = None
     state: str = WorkerState.SERVING
     budget_bytes: int = 1 << 30
+    reserve_bytes: int = 0
     holder_host: str = "127.0.0.1"
     pushed_directives: bool = True
     num_blocks: int = 1024
@@ -171,6 +173,8 @@ class WorkerConfig:
             raise ValueError(f"holder_linger_s must be a finite number >= 0, got {self.holder_linger_s!r}")
         if not isinstance(self.budget_bytes, int) or self.budget_bytes < 0:
             raise ValueError(f"budget_bytes must be an int >= 0, got {self.budget_bytes!r}")
+        if not isinstance(self.reserve_bytes, int) or not 0 <= self.reserve_bytes <= self.budget_bytes:
+            raise ValueError(f"reserve_bytes must be an int in [0, budget_bytes], got {self.reserve_bytes!r}")
         for name in ("time_scale", "ack_timeout_s", "give_up_after_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
@@ -193,7 +197,7 @@ class Worker:
     def __init__(self, config: WorkerConfig, secret: bytes) -> None:
         self.config = config
         self.secret = secret
-        self.store = HolderStore(config.budget_bytes)
+        self.store = HolderStore(config.budget_bytes, reserve_bytes=config.reserve_bytes)
         # Capabilities name this holder by the worker's id; the gateway's issuer key arrives
         # with each registration (until then every capability is refused).
         self.server = self.store.serve(secret, address=config.holder_host, port=0, holder_id=config.worker_id)
