@@ -89,7 +89,7 @@ void bind_holder(py::module_& m) {
              return std::make_shared<lh::HolderStore>(options);
            }),
            py::kw_only(), py::arg("budget_bytes"), py::arg("policy"), py::arg("chunk_bytes"),
-           py::arg("pinned"), py::arg("reserve_bytes"))
+           py::arg("pinned"), py::arg("reserve_bytes") = 0)
       .def("reserve", &lh::HolderStore::reserve, py::arg("request_id"), py::arg("shard"),
            py::arg("num_tokens"), py::arg("record_bytes"), py::call_guard<py::gil_scoped_release>())
       .def("expire", &lh::HolderStore::expire, py::arg("request_id"),
