@@ -158,10 +158,10 @@ class WorkerSide:
     def save_step(self, meta: LumenMetadata) -> None:
         """One ``save_step`` for every request's tokens computed this step (a restored
         request's first save starts at 0, its restored prefix with it); enqueues only, never
-        waits for the gather or the holders. While a control ``flush`` waits, the tails the
-        core holds back to whole cache lines go too (``ConnectorCore.save_step``), and the
-        first step of each flush marks what is saved by then: the stats report how much of
-        the mark is not durable yet."""
+        waits for the gather or the holders. The first step of each control ``flush`` hands
+        over the tails the core holds back to whole cache lines (``ConnectorCore.save_step``)
+        and marks what is saved by then: the stats report how much of the mark is not durable
+        yet. Later tokens are held as usual (the flush does not wait for them)."""
         steps = []
         for save in meta.saves:
             request_id = self._request_ids.get(save.req_id)
@@ -173,8 +173,6 @@ class WorkerSide:
             self._flush_mark = None
         elif self._flush_mark is None or self._flush_mark[0] != meta.flush_mark:
             self._flush_mark = (meta.flush_mark, self.core.flush_mark())
-        else:
-            self.core.flush()
 
     def load_errors(self) -> set[int]:
         errors, self._load_errors = self._load_errors, set()
