@@ -4,7 +4,9 @@
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/filter.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,6 +51,21 @@ void shut_down(int number, ino_t inode) {
   struct stat info{};
   if (fstat(fd, &info) == 0 && info.st_ino == inode) shutdown(fd, SHUT_RDWR);
   ::close(fd);
+}
+
+// Connections the kernel completed on the listening socket `number` refers to (if it is still
+// the socket `inode`) that no accept() took yet.
+uint64_t accept_queue(int number, ino_t inode) {
+  const int fd = fcntl(number, F_DUPFD_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  struct stat stat_info{};
+  tcp_info info{};
+  socklen_t info_length = sizeof(info);
+  // On a listening socket, tcpi_unacked is the accept queue's length.
+  const bool read = fstat(fd, &stat_info) == 0 && stat_info.st_ino == inode &&
+                    getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &info_length) == 0;
+  ::close(fd);
+  return read ? info.tcpi_unacked : 0;
 }
 
 }  // namespace
@@ -111,6 +128,8 @@ void Admission::sweep(const std::unordered_set<std::string>& authenticated,
   const auto now = Clock::now();
   std::unordered_map<ino_t, Seen> still;  // what seen_ becomes: the sockets there now
   std::vector<Waiting> waiting;
+  // Read before the descriptors: a connection UCX accepts after this is in the listing.
+  uint64_t unrequested = closing_ ? accept_queue(gate_number_, gate_inode_) : 0;
   for (const int number : open_descriptors()) {
     const int fd = fcntl(number, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) continue;  // closed meanwhile
@@ -119,11 +138,12 @@ void Admission::sweep(const std::unordered_set<std::string>& authenticated,
     sockaddr_storage peer{};
     socklen_t local_length = sizeof(local);
     socklen_t peer_length = sizeof(peer);
-    const bool accepted =
+    const bool local_to_listener =
         fstat(fd, &info) == 0 && S_ISSOCK(info.st_mode) &&
         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
-        on_listener(local) &&
-        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0;
+        on_listener(local);
+    const bool accepted =
+        local_to_listener && getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0;
     ::close(fd);
     const std::string name = accepted ? endpoint_name(peer) : "";
     // The listener itself has no peer; a descriptor seen twice is one socket.
@@ -131,7 +151,9 @@ void Admission::sweep(const std::unordered_set<std::string>& authenticated,
     auto it = seen_.find(info.st_ino);
     const Seen seen = it != seen_.end() ? it->second : Seen{next_order_++, now, false};
     still[info.st_ino] = seen;
-    if (!seen.shut) waiting.push_back({number, info.st_ino, requested.count(name) > 0});
+    const bool has_request = requested.count(name) > 0;
+    if (!has_request) ++unrequested;
+    if (!seen.shut) waiting.push_back({number, info.st_ino, has_request});
   }
   std::sort(waiting.begin(), waiting.end(), [&](const Waiting& a, const Waiting& b) {
     return still[a.inode].order < still[b.inode].order;
@@ -140,7 +162,7 @@ void Admission::sweep(const std::unordered_set<std::string>& authenticated,
   uint64_t pending = 0;
   for (const Waiting& socket : waiting) {
     Seen& seen = still[socket.inode];
-    if (pending >= options_.max_pending) {
+    if (pending >= options_.max_pending || (closing_ && !socket.requested)) {
       seen.shut = true;
       stats_.refused++;
     } else if (!socket.requested && now - seen.first_seen > deadline) {
@@ -152,8 +174,39 @@ void Admission::sweep(const std::unordered_set<std::string>& authenticated,
     if (seen.shut) shut_down(socket.number, socket.inode);
   }
   stats_.pending = pending;
+  stats_.unrequested = unrequested;
   seen_.swap(still);
   spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+bool Admission::close_gate() {
+  // One instruction: return 0, keep no byte of the packet. On a listening socket the kernel
+  // runs it on each handshake's packets and drops them; accepted sockets do not inherit it.
+  sock_filter pass_nothing[] = {BPF_STMT(BPF_RET | BPF_K, 0)};
+  sock_fprog program{1, pass_nothing};
+  bool filtered = false;
+  for (const int number : open_descriptors()) {
+    const int fd = fcntl(number, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) continue;
+    struct stat info{};
+    sockaddr_storage local{};
+    socklen_t local_length = sizeof(local);
+    int listening = 0;
+    socklen_t flag_length = sizeof(listening);
+    if (fstat(fd, &info) == 0 && S_ISSOCK(info.st_mode) &&
+        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
+        on_listener(local) &&
+        getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_length) == 0 && listening) {
+      filtered = setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) == 0;
+      gate_number_ = number;
+      gate_inode_ = info.st_ino;
+      ::close(fd);
+      break;
+    }
+    ::close(fd);
+  }
+  closing_ = true;
+  return filtered;
 }
 
 }  // namespace lumen::transport

@@ -53,6 +53,9 @@ bool records_match(const AppendTarget& target, uint32_t num_tokens, uint32_t rec
 // there sees its close within milliseconds; one that went away unnoticed (a client's own
 // close does not tell the server) never completes it, so the wait is short.
 constexpr double kShutdownGraceS = 0.5;
+// Closing the listener's gate (shutdown()): sweeps 5 ms apart, for at most 1 s.
+constexpr auto kGateSweep = std::chrono::milliseconds(5);
+constexpr double kGateTimeoutS = 1.0;
 
 bool is_request(MessageKind kind) {
   return kind == MessageKind::kOpen || kind == MessageKind::kAppend ||
@@ -134,6 +137,20 @@ ServerStats Server::stats() const {
 
 void Server::shutdown() {
   if (listener_ != nullptr) {
+    // The listener goes only once no socket it accepted can still bring a connection
+    // request (admission.h, "Closing"): new ones are refused, those without a request shut.
+    closing_ = true;
+    admission_->close_gate();
+    auto next_sweep = std::chrono::steady_clock::now();
+    worker_.progress_until(
+        [&] {
+          const auto now = std::chrono::steady_clock::now();
+          if (now < next_sweep) return false;
+          next_sweep = now + kGateSweep;
+          sweep_admission();
+          return admission_->stats().unrequested == 0;
+        },
+        kGateTimeoutS);
     ucp_listener_destroy(listener_);
     listener_ = nullptr;
   }
@@ -159,6 +176,10 @@ Server::Conn* Server::find(uint64_t conn_id) {
 
 void Server::on_conn_request(ucp_conn_request_h request, void* arg) {
   auto* self = static_cast<Server*>(arg);
+  if (self->closing_) {  // the listener is about to go (shutdown())
+    ucp_listener_reject(self->listener_, request);
+    return;
+  }
   auto conn = std::make_unique<Conn>();
   conn->id = self->next_conn_id_++;
   conn->accepted_at = std::chrono::steady_clock::now();
@@ -202,12 +223,16 @@ bool Server::handshake_expired(const Conn& conn) const {
          std::chrono::duration<double>(options_.handshake_timeout_s);
 }
 
-void Server::expire() {
+void Server::sweep_admission() {
   std::unordered_set<std::string> authenticated;
   std::unordered_set<std::string> requested;
   for (const auto& [id, conn] : conns_)
     (conn->authenticated ? authenticated : requested).insert(conn->peer);
   admission_->sweep(authenticated, requested);
+}
+
+void Server::expire() {
+  sweep_admission();
   std::vector<Conn*> expired;
   for (auto& [id, conn] : conns_) {
     if (!conn->authenticated && handshake_expired(*conn)) expired.push_back(conn.get());

@@ -17,6 +17,14 @@
 // UCX then sees its peer gone and closes the socket itself. A socket with a UCX connection
 // request (the server holds a connection for it) is counted but left to the server's own
 // handshake deadline. Not thread-safe: the server's progress thread calls it.
+//
+// Closing: UCX (1.22) frees its listener while sockets it accepted may still deliver their
+// connection request, whose callback then reads the freed listener (a server closed while
+// clients connected crashed its process). close_gate() makes the kernel drop every new
+// handshake on the listening socket (a socket filter that passes nothing; sockets accepted
+// before keep working), and from then on each sweep shuts down at once every socket without
+// a connection request; the server destroys the listener once a sweep finds none left,
+// counting the listener's accept queue (connections the kernel completed before the gate).
 #pragma once
 #include <sys/socket.h>
 #include <sys/types.h>
@@ -38,6 +46,9 @@ struct AdmissionStats {
   uint64_t refused = 0;  // shut down at once: max_pending older ones were waiting
   uint64_t expired = 0;  // shut down at their deadline, no connection request yet
   uint64_t pending = 0;  // accepted, not yet authenticated (at the last sweep)
+  // Open without a connection request, shut down or not, at the last sweep (once the gate
+  // is closed, with the connections in the listener's accept queue).
+  uint64_t unrequested = 0;
 };
 
 // "address:port" ("[address]:port" for IPv6) of an IPv4 or IPv6 socket address; "" for
@@ -62,6 +73,9 @@ class Admission {
   void sweep(const std::unordered_set<std::string>& authenticated,
              const std::unordered_set<std::string>& requested);
   const AdmissionStats& stats() const { return stats_; }
+  // Refuses every new connection from now on (see above); false if the listening socket
+  // could not be found or filtered (sweeps still shut every socket without a request).
+  bool close_gate();
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -77,6 +91,9 @@ class Admission {
   AdmissionOptions options_;
   uint64_t next_order_ = 0;
   int spare_fd_ = -1;                     // /dev/null, closed during a sweep (see sweep())
+  bool closing_ = false;                  // close_gate() was called
+  int gate_number_ = -1;                  // then: the listening socket's descriptor number
+  ino_t gate_inode_ = 0;                  // and inode (the number is checked against it)
   std::unordered_map<ino_t, Seen> seen_;  // by socket inode: stable while the socket lives
   AdmissionStats stats_;
 };

@@ -166,6 +166,8 @@ class Server {
   // Every tick: sweeps admission_, drops connections past their handshake deadline or with a
   // receive past its receive deadline.
   void expire();
+  // One admission_ sweep, told which peers have a connection and which authenticated.
+  void sweep_admission();
   // Drops every connection that has not authenticated (force: nothing is flushed to it).
   void drop_unauthenticated();
   void shutdown();
@@ -176,6 +178,7 @@ class Server {
   mutable Worker worker_;                         // stats() hands a copy job to its thread
   ucp_listener_h listener_ = nullptr;             // on options_.address
   std::unique_ptr<Admission> admission_;          // progress thread only
+  bool closing_ = false;                          // shutdown() began: requests are rejected
   uint16_t port_ = 0;
   uint64_t next_conn_id_ = 1;
   std::unordered_map<uint64_t, std::unique_ptr<Conn>> conns_;
