@@ -366,6 +366,36 @@ def test_a_lookup_never_blocks_the_caller(secret: bytes, holder: Holder) -> None
         core.close()
 
 
+def silent_listener(not_on_lane_of: tuple[str, int], lanes: int = 4) -> socket.socket:
+    """A TCP listener that never speaks (connecting stalls until the connect timeout), on a
+    lookup lane other than ``not_on_lane_of``'s (lanes are chosen by the address's hash)."""
+    while True:
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        if hash(listener.getsockname()) % lanes != hash(not_on_lane_of) % lanes:
+            return listener
+        listener.close()
+
+
+def test_a_stalled_holder_holds_up_only_its_own_lookups(secret: bytes, holder: Holder) -> None:
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    reader = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=3.0)
+    reader.register(cache(1))
+    with silent_listener(holder.address) as silent:
+        stalled = RestoreSource(0, silent.getsockname(), holder.capability(key, 0))
+        assert reader.plan_restore("a", key, stalled) is None
+        started = time.monotonic()
+        good = RestoreSource(0, holder.address, holder.capability(key, 0))
+        assert reader.plan_restore("r", key, good, wait_s=2.5) == NUM_TOKENS
+        assert time.monotonic() - started < 2.5  # not behind the stalled one's 3 s timeout
+        assert reader.plan_restore("a", key, stalled) is None
+        assert reader.plan_restore("a", key, stalled, wait_s=10) == 0
+    writer.close()
+    reader.close()
+
+
 def test_a_source_in_this_process_is_answered_at_once(secret: bytes, holder: Holder) -> None:
     writer = core_for(secret, seed=0)
     key = stream(writer, secret, holder, "r", [0, 1, 2])

@@ -20,10 +20,12 @@ __all__ = ["RestoreLookup"]
 class RestoreLookup:
     """Plans restores: how many leading tokens of a request its source holds durably.
 
-    A source in this process (``store``) is answered at once; a holder is asked on one
-    background thread (the only user of its connections), one small read each. Readings
-    are ``record_bytes`` wide (the engine's token record size). Thread-safe for one caller
-    thread (the scheduler's).
+    A source in this process (``store``) is answered at once; a holder is asked on one of
+    ``lanes`` background threads, one small read each. A holder's lookups all go to the same
+    lane (chosen by its address), the only user of that lane's connections, so they reuse one
+    connection, and a holder that stalls holds up only its own lane's lookups, not the other
+    holders'. Readings are ``record_bytes`` wide (the engine's token record size).
+    Thread-safe for one caller thread (the scheduler's).
     """
 
     def __init__(
@@ -37,19 +39,29 @@ class RestoreLookup:
         connect_timeout_s: float = 2.0,
         identity: WorkerIdentity | None = None,
         encrypt: bool = False,
+        lanes: int = 4,
     ) -> None:
         self.record_bytes = check_int("record_bytes", record_bytes, 1, 1 << 40)
-        self._reader = SourceReader(
-            secret,
-            store=store,
-            shard=shard,
-            tls=tls,
-            connect_timeout_s=connect_timeout_s,
-            identity=identity,
-            encrypt=encrypt,
-        )
+        num_lanes = check_int("lanes", lanes, 1, 64)
+
+        def reader() -> SourceReader:
+            return SourceReader(
+                secret,
+                store=store,
+                shard=shard,
+                tls=tls,
+                connect_timeout_s=connect_timeout_s,
+                identity=identity,
+                encrypt=encrypt,
+            )
+
+        # One reader per lane, used only on that lane's thread (readers are not thread-safe);
+        # the first answers sources in this process, on the caller's thread.
+        self._readers = [reader() for _ in range(num_lanes)]
+        self._lanes = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lumen-lookup{i}") for i in range(num_lanes)
+        ]
         self._answers: dict[str, Future[int]] = {}
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lumen-lookup")
 
     def plan(self, request_id: str, key: int, source: RestoreSource) -> int | None:
         """Durable tokens of ``request_id`` (wire key ``key``) at ``source``, or None while the
@@ -62,9 +74,11 @@ class RestoreLookup:
                 raise TypeError(f"`source` must be a RestoreSource, got {type(source).__name__}")
             if source.address is None:  # this process's store: no I/O, answered here
                 answer = Future()
-                answer.set_result(self._reader.durable_tokens(key, source, self.record_bytes))
+                answer.set_result(self._readers[0].durable_tokens(key, source, self.record_bytes))
             else:
-                answer = self._executor.submit(self._reader.durable_tokens, key, source, self.record_bytes)
+                lane = hash(source.address) % len(self._lanes)
+                reader = self._readers[lane]
+                answer = self._lanes[lane].submit(reader.durable_tokens, key, source, self.record_bytes)
             self._answers[request_id] = answer
         return answer.result() if answer.done() else None
 
@@ -88,5 +102,8 @@ class RestoreLookup:
     def close(self) -> None:
         """Cancels pending lookups (a running one ends within its timeout) and closes the
         connections."""
-        self._executor.shutdown(wait=True, cancel_futures=True)
-        self._reader.close()
+        for lane in self._lanes:
+            lane.shutdown(wait=False, cancel_futures=True)
+        for lane, reader in zip(self._lanes, self._readers, strict=True):
+            lane.shutdown(wait=True)
+            reader.close()

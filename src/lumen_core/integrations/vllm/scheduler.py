@@ -105,6 +105,8 @@ class SchedulerSide:
         if control.restore is not None:
             self._sources[request.request_id] = control.restore
             self._added_s[request.request_id] = time.monotonic()
+            # Ask now: the answer comes while the request waits for the scheduler's first look.
+            self._lookup.plan(request.request_id, control.key, control.restore)
 
     # ---- restore --------------------------------------------------------------------------
     def get_num_new_matched_tokens(
