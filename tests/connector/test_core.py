@@ -366,6 +366,22 @@ def test_a_lookup_never_blocks_the_caller(secret: bytes, holder: Holder) -> None
         core.close()
 
 
+def test_a_holder_that_cannot_be_reached_is_reported(secret: bytes, holder: Holder) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nobody = closed.getsockname()  # nothing listens there once closed
+    core = core_for(secret, seed=0)
+    assert core.holder_failures() == (0, ())  # nothing streamed yet
+    key = request_key("r")
+    grant = StreamGrant(0, (nobody, holder.address), (holder.capability(key, 0), holder.capability(key, 0)))
+    assert core.begin("r", key, grant)
+    core.save_step([StepTokens("r", 0, slots([0, 1, 2]), tokens())])
+    assert wait_until(lambda: holder.durable(key) == NUM_TOKENS)  # the other replica is whole
+    assert wait_until(lambda: core.holder_failures()[0] > 0)
+    assert core.holder_failures()[1] == (nobody,)
+    core.close()
+
+
 def silent_listener(not_on_lane_of: tuple[str, int], lanes: int = 4) -> socket.socket:
     """A TCP listener that never speaks (connecting stalls until the connect timeout), on a
     lookup lane other than ``not_on_lane_of``'s (lanes are chosen by the address's hash)."""

@@ -1,15 +1,19 @@
 """``WorkerSide`` on a real holder, without an engine: a resumed request whose checkpoint is a
 token ahead of what the client saw recomputes that token (its record may differ in the last
 bits), and its checkpoint at the new epoch goes on without a conflict; an abandoned request
-(its agent fenced) keeps its checkpoint when vLLM aborts it."""
+(its agent fenced) keeps its checkpoint when vLLM aborts it; a holder that cannot be reached
+is logged."""
 
 from __future__ import annotations
 
+import logging
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 from engines import HEAD_DIM, NUM_KV_HEADS, NUM_LAYERS, durable_tokens, transfer_config
 
@@ -150,4 +154,43 @@ def test_an_abandoned_request_keeps_its_checkpoint_when_vllm_aborts_it(
         assert worker.counters["abandoned"] == 1 and worker.counters["released"] == 0
     finally:
         client.close()
+        worker.close()
+
+
+def test_a_holder_that_cannot_be_reached_is_logged(
+    holder: Callable[..., Any],
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Streaming to an address where nothing listens is otherwise silent (the lag grows): the
+    worker side warns, naming the holder, when it samples the lag."""
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        nobody = closed.getsockname()
+    server = holder()
+    config = ConnectorConfig.from_extra_config(
+        {**transfer_config(secret_file, issuer_key_file, server.port)["kv_connector_extra_config"],
+         "model_fingerprint": "model-fp"}
+    )  # fmt: skip
+    worker = WorkerSide(config, "model-fp", 0)
+    worker.register(_layout())
+    key = request_key("r")
+    line = 16
+    spec = OpenSpec("vllm-r", "r", key, (nobody,), (issuer.issue(key, 0, 0, holder_id=0),), 0, line)
+    worker.start_step(LumenMetadata(opens=[spec]))
+    save = SaveSpec("vllm-r", 0, list(range(line)), list(range(1, line + 1)))
+    worker.save_step(LumenMetadata(saves=[save]))
+    try:
+        assert _wait_until(lambda: worker.core.holder_failures()[0] > 0)
+        with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
+            worker.interval_stats()
+        warned = [r.getMessage() for r in caplog.records if "holder failure" in r.getMessage()]
+        assert len(warned) == 1 and f"{nobody[0]}:{nobody[1]}" in warned[0]
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
+            worker.interval_stats()  # within the sample's second: not again
+        assert not caplog.records
+    finally:
         worker.close()

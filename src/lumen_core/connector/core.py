@@ -385,6 +385,16 @@ class ConnectorCore:
         held = sum(len(s.held_slots) for s in self._streaming.values())
         return held + sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
 
+    def holder_failures(self) -> tuple[int, tuple[tuple[str, int], ...]]:
+        """The streamer's holder failures so far (a holder refused, unreachable, disconnected
+        or stalled past the ack timeout) and the holders that have a replica not live now, for
+        the engine's log: streaming to a holder that cannot be reached is otherwise silent."""
+        if self.streamer is None:
+            return 0, ()
+        stats = self.streamer.stats()
+        down = {r.holder for replicas in stats.replicas.values() for r in replicas if not r.live}
+        return stats.counters.get("holder_failures", 0), tuple(sorted(down))
+
     def flush_mark(self) -> dict[int, int]:
         """Hands every held tail over (``flush``) and returns each stream's saved length, by
         stream key: the mark ``lag_behind`` measures a drain's flush against, so tokens saved

@@ -51,6 +51,7 @@ class WorkerSide:
         self._loading: dict[str, deque[str]] = {}  # LUMEN id -> vLLM req_ids restoring, in start order
         self._reported: Counter[str] = Counter()
         self._lag_sampled_at = 0.0
+        self._holder_failures = 0  # the streamer's count when last logged
         self._flush_mark: tuple[int, dict[int, int]] | None = None  # (number, ConnectorCore.flush_mark)
         self._released: set[str] = set()  # vLLM req_ids the control channel released: not saved
         self._finished_in_vllm: set[str] = set()  # finished by vLLM, not reported done yet
@@ -212,10 +213,22 @@ class WorkerSide:
         if self.core.streamer is not None and now - self._lag_sampled_at >= _LAG_SAMPLE_S:
             self._lag_sampled_at = now
             delta[DURABLE_LAG] = self.core.durable_lag_tokens()
+            self._log_holder_failures()
         if self._flush_mark is not None:
             number, mark = self._flush_mark
             delta[FLUSH_MARK], delta[FLUSH_LAG] = number, self.core.lag_behind(mark)
         return delta
+
+    def _log_holder_failures(self) -> None:
+        failures, down = self.core.holder_failures()
+        if failures > self._holder_failures:
+            logger.warning(
+                "lumen: %d holder failure(s) since the last report; not reachable now: %s. "
+                "Checkpoints there wait for a reconnect (check the holders' addresses and `tls`)",
+                failures - self._holder_failures,
+                ", ".join(f"{host}:{port}" for host, port in down) or "none",
+            )
+            self._holder_failures = failures
 
     def durable_tokens(self) -> dict[str, int]:
         """Durable length (best live replica) of each request streaming from here, by LUMEN id."""
