@@ -38,9 +38,10 @@ class LookupTiming:
     """One restoring request's way into this engine, on the host's monotonic clock (one clock
     for every process of a host, so the agent's and the gateway's times line up with it):
     ``arrived_s`` vLLM's arrival time (its API server took the request: input processing
-    begins), ``added_s`` the scheduler's ``add_request`` (the engine has it: waiting),
-    ``asked_s`` its first look at it (``get_num_new_matched_tokens``), ``planned_s`` the
-    lookup's answer, ``matched`` the tokens it will restore (0: recomputed)."""
+    begins), ``added_s`` the scheduler's ``add_request`` (the engine has it: waiting; its
+    lookup starts), ``asked_s`` its first look at it (``get_num_new_matched_tokens``),
+    ``planned_s`` the look that found the lookup's answer, ``matched`` the tokens it will
+    restore (0: recomputed)."""
 
     request_id: str
     arrived_s: float
