@@ -115,8 +115,9 @@ class _Holder:
 
 
 class _Bench:
-    def __init__(self, workdir: Path, holder_reserve_bytes: int) -> None:
+    def __init__(self, workdir: Path, holder_reserve_bytes: int, restore_nice: int) -> None:
         self.workdir = workdir
+        self.restore_nice = restore_nice
         self.secret_file = workdir / "secret"
         write_secret_file(self.secret_file)
         self.issuer_key_file = workdir / "issuer.key"
@@ -164,6 +165,7 @@ class _Bench:
                 "issuer_key_file": str(self.issuer_key_file),
                 "holders": [f"127.0.0.1:{self.holder.port}"],
                 "tls": "tcp",
+                "restore_nice": self.restore_nice,
             }
             if keep:
                 self._sockets += 1
@@ -480,13 +482,21 @@ def main() -> None:
         default=HOLDER_RESERVE_BYTES,
         help="the holder's memory mapped at its start (`lumen holder --reserve-bytes`; 0: none)",
     )
+    parser.add_argument(
+        "--restore-nice",
+        type=int,
+        default=0,
+        choices=range(20),
+        metavar="0-19",
+        help="the connector's `restore_nice` (19: restores take the cores' idle time)",
+    )
     args = parser.parse_args()
     if args.prompt_spread < 1:
         parser.error(f"--prompt-spread must be >= 1, got {args.prompt_spread}")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        bench = _Bench(workdir, args.holder_reserve_bytes)
+        bench = _Bench(workdir, args.holder_reserve_bytes, args.restore_nice)
         try:
             if args.only in (None, "stream_stress"):
                 model = _build(workdir / "stream_stress", "stream_stress")

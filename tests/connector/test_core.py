@@ -4,7 +4,9 @@ preemption keeping the checkpoint, non-blocking restore planning, and bad argume
 
 from __future__ import annotations
 
+import os
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -468,6 +470,28 @@ def test_started_restores_end_on_their_thread_and_are_booked_when_collected(
     reader.close()
 
 
+def test_restores_run_at_the_niceness_asked(secret: bytes, holder: Holder) -> None:
+    """``restore_nice`` lowers the restore thread's priority (and its connections' threads)."""
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    caller = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    reader = ConnectorCore(secret, MODEL, tls=TLS, restore_nice=7)
+    reader.register(cache(1))
+    before = set(threading.enumerate())
+    reader.start_restore(
+        "r", key, RestoreSource(0, holder.address, holder.capability(key, 0)), slots([5, 3, 7]), tokens()
+    )
+    done: list = []
+    assert wait_until(lambda: bool(done.extend(reader.finished_restores()) or done))
+    assert done[0][1].result.status is RestoreStatus.COMPLETE
+    (restorer,) = [t for t in set(threading.enumerate()) - before if t.name.startswith("lumen-restore")]
+    assert restorer.native_id is not None
+    assert os.getpriority(os.PRIO_PROCESS, restorer.native_id) == max(7, caller)  # never raised
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == caller
+    writer.close()
+    reader.close()
+
+
 def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
     with pytest.raises(TypeError, match="`secret` must be bytes"):
         ConnectorCore("s", MODEL)  # type: ignore[arg-type]
@@ -483,6 +507,8 @@ def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
         ConnectorCore(secret, MODEL, streamer_options=[])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="`release_finished` must be a bool, got int"):
         ConnectorCore(secret, MODEL, release_finished=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"`restore_nice` must be in \[0, 19\], got 20"):
+        ConnectorCore(secret, MODEL, restore_nice=20)
     core = ConnectorCore(secret, MODEL, tls=TLS)
     with pytest.raises(RuntimeError, match="register has not been called"):
         core.restore("r", 1, RestoreSource(0, holder.address, b"cap"), [0], [1])

@@ -123,6 +123,12 @@ def test_encryption_is_a_bool_and_off_by_default(secret_file: Path) -> None:
         ConnectorConfig.from_extra_config({"secret_file": str(secret_file), "encrypt": "yes"})
 
 
+def test_restore_nice_is_0_unless_set(secret_file: Path) -> None:
+    extra = {"secret_file": str(secret_file)}
+    assert ConnectorConfig.from_extra_config(extra).restore_nice == 0
+    assert ConnectorConfig.from_extra_config({**extra, "restore_nice": 19}).restore_nice == 19
+
+
 def test_empty_holders_means_not_checkpointed(config: ConnectorConfig) -> None:
     assert RequestControl.parse("r", {"lumen": {"holders": []}}, config).holders == ()
 
@@ -181,6 +187,8 @@ def test_restore_without_address_needs_a_holder(secret_file: Path) -> None:
         ({"model_fingerprint": ""}, ValueError, r"`model_fingerprint` must be a non-empty str"),
         ({"connect_timeout_s": 0}, ValueError, r"`connect_timeout_s` must be a number > 0"),
         ({"control_socket": ""}, ValueError, r"`control_socket` must be a non-empty str"),
+        ({"restore_nice": 20}, ValueError, r"`restore_nice` must be an int in \[0, 19\], got 20"),
+        ({"restore_nice": True}, ValueError, r"`restore_nice` must be an int in \[0, 19\], got True"),
     ],
 )
 def test_malformed_extra_config_is_refused(secret_file: Path, extra: dict, error: type, match: str) -> None:

@@ -23,6 +23,8 @@ a future SGLang one) maps its hooks onto these calls:
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
@@ -109,8 +111,11 @@ class ConnectorCore:
     every such connection carries its records in AES-256-GCM. With ``release_finished``
     False, ``finish`` leaves a request's checkpoints on its holders: a gateway that granted
     them releases them once it learns the request ended (a worker cut off from it finishes
-    requests the gateway will move and restore from those copies). Request ids are
-    the engine's (str); ``key`` is a request's u64 on the wire.
+    requests the gateway will move and restore from those copies). ``restore_nice`` (0-19) is
+    the niceness of ``start_restore``'s thread and of the connections it opens: where restores
+    share the cores the engine computes on (a CPU engine), 19 gives them the idle time and not
+    the step's, so running requests are not slowed while restored ones take longer. Request ids
+    are the engine's (str); ``key`` is a request's u64 on the wire.
 
     ``counters``: ``restores``, ``restored_tokens``, ``restore_<status>`` (restores that
     stopped early, by reason), ``saved_tokens``, ``save_gaps`` (saves after a gap, skipped),
@@ -135,8 +140,10 @@ class ConnectorCore:
         identity: WorkerIdentity | None = None,
         encrypt: bool = False,
         release_finished: bool = True,
+        restore_nice: int = 0,
     ) -> None:
         self.secret = check_secret(secret)
+        self.restore_nice = check_int("restore_nice", restore_nice, 0, 19)
         self.identity = identity
         if not isinstance(encrypt, bool):
             raise TypeError(f"`encrypt` must be a bool, got {type(encrypt).__name__}")
@@ -538,7 +545,12 @@ class ConnectorCore:
         slots, tokens = self._restore_args(request_id, key, source, slot_ids, token_ids)
         layout = self.layout
         if self._restorer is None:
-            self._restorer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lumen-restore")
+            self._restorer = ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix="lumen-restore",
+                initializer=_lower_priority,
+                initargs=(self.restore_nice,),
+            )
             self._restorer_reader = self._source_reader()
         reader = self._restorer_reader
         assert reader is not None
@@ -612,6 +624,14 @@ class ConnectorCore:
         self._reader.close()
         if self.streamer is not None:
             self.streamer.close()
+
+
+def _lower_priority(nice: int) -> None:
+    """Raises the calling thread's niceness to ``nice`` (Linux: per thread; threads it starts
+    inherit it); never lowers it, which would need a privilege."""
+    thread = threading.get_native_id()
+    if nice > os.getpriority(os.PRIO_PROCESS, thread):
+        os.setpriority(os.PRIO_PROCESS, thread, nice)
 
 
 def _timed_restore(reader: SourceReader, *args: Any) -> tuple[RestoreResult, float]:

@@ -94,7 +94,9 @@ class ConnectorConfig:
     ``encrypt``: records to and from holders in AES-256-GCM (docs/security.md), and
     ``identity_key_file``: the private key of the server's worker identity (a 0600 file its
     ``lumen agent`` wrote; the credential comes over the control channel; None: connections
-    prove no identity, and only unbound capabilities serve)."""
+    prove no identity, and only unbound capabilities serve), and ``restore_nice`` (0-19), the
+    niceness of the worker's restore thread (``ConnectorCore``: 19 on a CPU server keeps
+    restores off the forward's time)."""
 
     secret: bytes = field(repr=False)
     holders: tuple[Address, ...] = ()
@@ -106,6 +108,7 @@ class ConnectorConfig:
     control_socket: str | None = None
     encrypt: bool = False
     identity_key_file: str | None = None
+    restore_nice: int = 0
 
     def __post_init__(self) -> None:
         if len(self.holder_ids) != len(self.holders):
@@ -138,6 +141,7 @@ class ConnectorConfig:
             "control_socket",
             "encrypt",
             "identity_key_file",
+            "restore_nice",
         }
         unknown = sorted(set(extra) - known)
         if unknown:
@@ -164,6 +168,9 @@ class ConnectorConfig:
         encrypt = extra.get("encrypt", False)
         if not isinstance(encrypt, bool):
             raise TypeError(f"`encrypt` must be a bool, got {encrypt!r}")
+        restore_nice = extra.get("restore_nice", 0)
+        if isinstance(restore_nice, bool) or not isinstance(restore_nice, int) or not 0 <= restore_nice <= 19:
+            raise ValueError(f"`restore_nice` must be an int in [0, 19], got {restore_nice!r}")
         parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders)]
         issuer = None
         if "issuer_key_file" in extra:
@@ -184,6 +191,7 @@ class ConnectorConfig:
             control_socket=control_socket,
             encrypt=encrypt,
             identity_key_file=identity_file,
+            restore_nice=restore_nice,
         )
 
     def identity(self) -> WorkerIdentity | None:

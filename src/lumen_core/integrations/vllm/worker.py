@@ -44,6 +44,7 @@ class WorkerSide:
             # Under a ``lumen agent`` its gateway releases a finished request's checkpoints
             # once it learns the end: a server cut off from it keeps them for the failover.
             release_finished=config.control_socket is None,
+            restore_nice=config.restore_nice,
         )
         self._request_ids: dict[str, str] = {}  # vLLM req_id -> LUMEN request id, while streaming
         self._finishing: set[str] = set()
