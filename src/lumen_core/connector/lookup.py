@@ -55,8 +55,9 @@ class RestoreLookup:
                 encrypt=encrypt,
             )
 
-        # One reader per lane, used only on that lane's thread (readers are not thread-safe);
-        # the first answers sources in this process, on the caller's thread.
+        # Readers are not thread-safe: one for sources in this process (the caller's thread),
+        # one per lane, used only on that lane's thread.
+        self._local = reader()
         self._readers = [reader() for _ in range(num_lanes)]
         self._lanes = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lumen-lookup{i}") for i in range(num_lanes)
@@ -74,7 +75,7 @@ class RestoreLookup:
                 raise TypeError(f"`source` must be a RestoreSource, got {type(source).__name__}")
             if source.address is None:  # this process's store: no I/O, answered here
                 answer = Future()
-                answer.set_result(self._readers[0].durable_tokens(key, source, self.record_bytes))
+                answer.set_result(self._local.durable_tokens(key, source, self.record_bytes))
             else:
                 lane = hash(source.address) % len(self._lanes)
                 reader = self._readers[lane]
@@ -107,3 +108,4 @@ class RestoreLookup:
         for lane, reader in zip(self._lanes, self._readers, strict=True):
             lane.shutdown(wait=True)
             reader.close()
+        self._local.close()
