@@ -37,6 +37,16 @@ def _layout() -> KVLayout:
     return KVLayout.vllm_cpu(list(storage.unbind(0)), isa="vec")
 
 
+def _worker_side(secret_file: Path, issuer_key_file: Path, port: int, layout: KVLayout) -> WorkerSide:
+    """A worker side streaming to the holder on ``port`` by default, over ``layout``."""
+    extra = transfer_config(secret_file, issuer_key_file, port)["kv_connector_extra_config"]
+    worker = WorkerSide(
+        ConnectorConfig.from_extra_config({**extra, "model_fingerprint": "model-fp"}), "model-fp", 0
+    )
+    worker.register(layout)
+    return worker
+
+
 def _wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -71,13 +81,8 @@ def test_a_resumed_request_recomputing_a_durable_token_keeps_streaming(
 
     # Engine B resumes at epoch 1 with the DURABLE tokens as its prompt: it restores all but
     # the last, which vLLM recomputes (one bit off, as another batch's matmul may leave it).
-    config = ConnectorConfig.from_extra_config(
-        {**transfer_config(secret_file, issuer_key_file, server.port)["kv_connector_extra_config"],
-         "model_fingerprint": "model-fp"}
-    )  # fmt: skip
     b_layout = _layout()
-    worker = WorkerSide(config, "model-fp", 0)
-    worker.register(b_layout)
+    worker = _worker_side(secret_file, issuer_key_file, server.port, b_layout)
     capability = issuer.issue(key, 0, 1, holder_id=0)
     source = RestoreSource(1, address, issuer.issue(key, 0, 1, holder_id=0, rights=Rights.READ))
     opens = [OpenSpec("vllm-r", "r", key, (address,), (capability,), 1, len(token_ids))]
@@ -124,12 +129,7 @@ def test_an_abandoned_request_keeps_its_checkpoint_when_vllm_aborts_it(
     server = holder()
     address = ("127.0.0.1", server.port)
     line = 16  # a whole line of fp32 K: saved at once, not held back
-    config = ConnectorConfig.from_extra_config(
-        {**transfer_config(secret_file, issuer_key_file, server.port)["kv_connector_extra_config"],
-         "model_fingerprint": "model-fp"}
-    )  # fmt: skip
-    worker = WorkerSide(config, "model-fp", 0)
-    worker.register(_layout())
+    worker = _worker_side(secret_file, issuer_key_file, server.port, _layout())
 
     def opened(request_id: str, first_slot: int) -> tuple[OpenSpec, SaveSpec]:
         key = request_key(request_id)
@@ -170,12 +170,7 @@ def test_a_holder_that_cannot_be_reached_is_logged(
         closed.bind(("127.0.0.1", 0))
         nobody = closed.getsockname()
     server = holder()
-    config = ConnectorConfig.from_extra_config(
-        {**transfer_config(secret_file, issuer_key_file, server.port)["kv_connector_extra_config"],
-         "model_fingerprint": "model-fp"}
-    )  # fmt: skip
-    worker = WorkerSide(config, "model-fp", 0)
-    worker.register(_layout())
+    worker = _worker_side(secret_file, issuer_key_file, server.port, _layout())
     key = request_key("r")
     line = 16
     spec = OpenSpec("vllm-r", "r", key, (nobody,), (issuer.issue(key, 0, 0, holder_id=0),), 0, line)
