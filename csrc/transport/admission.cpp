@@ -134,16 +134,10 @@ void Admission::sweep(const std::unordered_set<std::string>& authenticated,
     const int fd = fcntl(number, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) continue;  // closed meanwhile
     struct stat info{};
-    sockaddr_storage local{};
     sockaddr_storage peer{};
-    socklen_t local_length = sizeof(local);
     socklen_t peer_length = sizeof(peer);
-    const bool local_to_listener =
-        fstat(fd, &info) == 0 && S_ISSOCK(info.st_mode) &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
-        on_listener(local);
-    const bool accepted =
-        local_to_listener && getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0;
+    const bool accepted = bound_on_listener(fd, &info) &&
+                          getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_length) == 0;
     ::close(fd);
     const std::string name = accepted ? endpoint_name(peer) : "";
     // The listener itself has no peer; a descriptor seen twice is one socket.
@@ -179,6 +173,14 @@ void Admission::sweep(const std::unordered_set<std::string>& authenticated,
   spare_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
+bool Admission::bound_on_listener(int fd, struct stat* info) const {
+  sockaddr_storage local{};
+  socklen_t local_length = sizeof(local);
+  return fstat(fd, info) == 0 && S_ISSOCK(info->st_mode) &&
+         getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
+         on_listener(local);
+}
+
 bool Admission::close_gate() {
   // One instruction: return 0, keep no byte of the packet. On a listening socket the kernel
   // runs it on each handshake's packets and drops them; accepted sockets do not inherit it.
@@ -189,13 +191,9 @@ bool Admission::close_gate() {
     const int fd = fcntl(number, F_DUPFD_CLOEXEC, 0);
     if (fd < 0) continue;
     struct stat info{};
-    sockaddr_storage local{};
-    socklen_t local_length = sizeof(local);
     int listening = 0;
     socklen_t flag_length = sizeof(listening);
-    if (fstat(fd, &info) == 0 && S_ISSOCK(info.st_mode) &&
-        getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length) == 0 &&
-        on_listener(local) &&
+    if (bound_on_listener(fd, &info) &&
         getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &flag_length) == 0 && listening) {
       filtered = setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof(program)) == 0;
       gate_number_ = number;

@@ -178,7 +178,7 @@ def test_a_holder_that_cannot_be_reached_is_logged(
     save = SaveSpec("vllm-r", 0, list(range(line)), list(range(1, line + 1)))
     worker.save_step(LumenMetadata(saves=[save]))
     try:
-        assert _wait_until(lambda: worker.core.holder_failures()[0] > 0)
+        assert _wait_until(lambda: worker.core.holder_failures() > 0)
         with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
             worker.interval_stats()
         warned = [r.getMessage() for r in caplog.records if "holder failure" in r.getMessage()]

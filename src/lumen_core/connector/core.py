@@ -392,15 +392,19 @@ class ConnectorCore:
         held = sum(len(s.held_slots) for s in self._streaming.values())
         return held + sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
 
-    def holder_failures(self) -> tuple[int, tuple[tuple[str, int], ...]]:
+    def holder_failures(self) -> int:
         """The streamer's holder failures so far (a holder refused, unreachable, disconnected
-        or stalled past the ack timeout) and the holders that have a replica not live now, for
-        the engine's log: streaming to a holder that cannot be reached is otherwise silent."""
+        or stalled past the ack timeout), a counter read: for the engine's log, as streaming
+        to a holder that cannot be reached is otherwise silent."""
+        return 0 if self.streamer is None else self.streamer.counters().get("holder_failures", 0)
+
+    def unreachable_holders(self) -> tuple[tuple[str, int], ...]:
+        """The holders that have a replica not live now (walks every streaming request: ask
+        when ``holder_failures`` grew)."""
         if self.streamer is None:
-            return 0, ()
-        stats = self.streamer.stats()
-        down = {r.holder for replicas in stats.replicas.values() for r in replicas if not r.live}
-        return stats.counters.get("holder_failures", 0), tuple(sorted(down))
+            return ()
+        replicas = self.streamer.stats().replicas.values()
+        return tuple(sorted({r.holder for held in replicas for r in held if not r.live}))
 
     def flush_mark(self) -> dict[int, int]:
         """Hands every held tail over (``flush``) and returns each stream's saved length, by

@@ -292,6 +292,10 @@ class CheckpointStreamer:
             )
         )
 
+    def counters(self) -> dict[str, int]:
+        """``stats().counters`` alone, without walking the requests."""
+        return dict(self._native.stats())
+
     def stats(self) -> StreamStats:
         saved: dict[int, int] = {}
         durable: dict[int, int] = {}
@@ -307,7 +311,7 @@ class CheckpointStreamer:
         total_saved = sum(saved.values())
         total_durable = sum(min(durable[r], saved[r]) for r in saved)
         return StreamStats(
-            counters=dict(self._native.stats()),
+            counters=self.counters(),
             saved=saved,
             durable=durable,
             replicas=replicas,

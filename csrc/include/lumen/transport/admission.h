@@ -27,6 +27,7 @@
 // counting the listener's accept queue (connections the kernel completed before the gate).
 #pragma once
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -86,6 +87,9 @@ class Admission {
   };
   // Whether a socket bound to `local` was accepted on the listener.
   bool on_listener(const sockaddr_storage& local) const;
+  // Whether `fd` is a socket bound to the listener's address (the listener itself or one it
+  // accepted); fills `info` (its inode) either way fstat succeeds.
+  bool bound_on_listener(int fd, struct stat* info) const;
 
   sockaddr_storage listener_{};
   AdmissionOptions options_;

@@ -221,8 +221,9 @@ class WorkerSide:
         return delta
 
     def _log_holder_failures(self) -> None:
-        failures, down = self.core.holder_failures()
+        failures = self.core.holder_failures()
         if failures > self._holder_failures:
+            down = self.core.unreachable_holders()
             logger.warning(
                 "lumen: %d holder failure(s) since the last report; not reachable now: %s. "
                 "Checkpoints there wait for a reconnect (check the holders' addresses and `tls`)",
