@@ -689,6 +689,25 @@ void Streamer::run() {
     }
     lock.lock();
   }
+  // Closing: steps not sent are dropped (their slots may be reused once close returns), but the
+  // releases queued still go to holders that are connected and up, so that a finished
+  // request's checkpoint does not stay on its holder until it expires. A holder that fails one
+  // is marked down and skipped: at most one ack timeout a holder.
+  std::deque<Work> left = std::move(queue_);
+  queue_.clear();
+  lock.unlock();
+  for (Work& work : left) {
+    if (work.fence > 0) continue;
+    auto unreachable = [this](const auto& release) {
+      std::lock_guard<std::mutex> guard(mutex_);
+      const Holder* holder = release.first;
+      return holder->gone || holder->down || !holder->client || !holder->client->connected();
+    };
+    auto& releases = work.releases;
+    releases.erase(std::remove_if(releases.begin(), releases.end(), unreachable), releases.end());
+    process_release(work);
+  }
+  lock.lock();
   busy_ = false;
   lock.unlock();
   changed_.notify_all();

@@ -158,6 +158,27 @@ def test_replicated_stream_is_durable_on_every_holder_and_released(
         assert store["checkpoints"] == 0 and store["releases"] == 4
 
 
+def test_releases_queued_at_close_still_reach_the_holder(
+    issuer: CapabilityIssuer, holders: Any, make_streamer: Any
+) -> None:
+    """Closing drops the steps not sent, not the releases queued: a finished request's
+    checkpoint is freed, not left on its holder until it expires."""
+    (a,) = holders(1)
+    streamer = make_streamer(max_queued_steps=64, ack_timeout_s=5.0)
+    rids = list(range(20, 32))  # as many as the cache has room for
+    for rid in rids:
+        add(streamer, issuer, rid, a.port)
+    loop = Loop(streamer, rids)
+    loop.step(new=4)
+    assert streamer.flush(timeout_s=10)
+    assert a.ask("stats")["store"]["checkpoints"] == len(rids)
+    for rid in rids:
+        streamer.release(rid)
+    streamer.close()  # at once: the releases are still queued
+    store = a.ask("stats")["store"]
+    assert store["checkpoints"] == 0 and store["releases"] == len(rids)
+
+
 def test_full_staging_buffer_defers_then_catches_up(
     issuer: CapabilityIssuer, holder: Any, make_streamer: Any, secret: bytes
 ) -> None:

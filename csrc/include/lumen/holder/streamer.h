@@ -133,7 +133,8 @@ class Streamer {
   bool wait_fence(uint64_t fence, double timeout_s);
   // True once every queued step is sent and every append answered.
   bool flush(double timeout_s);
-  // Forgets request_id and frees its checkpoints on its holders (in the background).
+  // Forgets request_id and frees its checkpoints on its holders (in the background; close
+  // still sends the releases queued to holders that are up).
   void release(uint64_t request_id);
   // Forgets request_id; its checkpoints stay on its holders for whoever granted them to
   // release (a gateway that has not yet learned the request ended may restore from them).
