@@ -20,7 +20,12 @@ because CPUs with AMX prepack bf16 blocks, which the connector refuses):
   holding at most 15 tokens of a request back (``ConnectorCore.save_step``), as issue 18
   allows: ``durable_within_2_steps_of_line`` counts from the step that filled a token's line,
   and ``durable_lag_max_tokens`` is the most a request's durable length trailed what it had
-  computed two steps before.
+  computed two steps before; ``durable_within_2_steps_decoded`` leaves out the tokens of each
+  request's prefill step (all requests prefill together: 256 MiB at 32 requests, staged one
+  64 MiB buffer a step). ``--no-hold-lines`` saves every token in its step (the connector's
+  ``hold_lines``). ``--split-cores`` runs the forward on the first CPU with one OpenMP thread,
+  and the connector's threads (its ``cpus``) and the holder on the others, as on a server
+  whose forward has cores (or an accelerator) of its own; plain rounds get the same forward.
   The holder maps ``--holder-reserve-bytes`` at its start (4 GiB, more than a round's records;
   ``lumen holder --reserve-bytes``); with 0 it maps memory as checkpoints grow, and the
   kernel's zeroing of each new page runs on the engine's cores.
@@ -78,6 +83,26 @@ RUNNING = 32
 HOLDER_RESERVE_BYTES = 4 << 30
 
 
+class _Cores:
+    """``--split-cores``: the forward (this process's main thread, one OpenMP thread) on the
+    first CPU; the connector's threads (its ``cpus``) and the holder on the rest, as on a
+    server whose forward runs on its accelerator, or on the cores vLLM's CPU binding gives it
+    (with a KV connector it keeps one more core back). Off: nothing is placed."""
+
+    def __init__(self, split: bool) -> None:
+        cpus = sorted(os.sched_getaffinity(0))
+        if split and len(cpus) < 2:
+            raise SystemExit("--split-cores needs at least 2 CPUs")
+        self.host: list[int] | None = cpus[1:] if split else None
+        if split:
+            os.environ["OMP_NUM_THREADS"] = "1"  # read once, when torch's OpenMP starts
+            os.sched_setaffinity(0, cpus[:1])  # this thread; the threads it starts inherit it
+
+    def holder_preexec(self) -> Any:
+        host = self.host
+        return None if host is None else (lambda: os.sched_setaffinity(0, host))
+
+
 def _progress(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
@@ -96,11 +121,15 @@ def _build(path: Path, geometry: str) -> Path:
 class _Holder:
     """A `lumen holder` process on loopback, trusting the bench's issuer."""
 
-    def __init__(self, secret_file: Path, public_key: Path, budget_bytes: int, reserve_bytes: int) -> None:
+    def __init__(
+        self, secret_file: Path, public_key: Path, budget_bytes: int, reserve_bytes: int, cores: _Cores
+    ) -> None:
         argv = [sys.executable, "-m", "lumen_core.cli", "holder", "--port", "0", "--budget-bytes",
                 str(budget_bytes), "--reserve-bytes", str(reserve_bytes), "--secret-file", str(secret_file),
                 "--issuer-key-file", str(public_key), "--tls", "tcp"]  # fmt: skip
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=cores.holder_preexec()
+        )
         assert self.proc.stdout is not None
         self.port = int(json.loads(self.proc.stdout.readline())["port"])
 
@@ -115,8 +144,12 @@ class _Holder:
 
 
 class _Bench:
-    def __init__(self, workdir: Path, holder_reserve_bytes: int, restore_nice: int) -> None:
+    def __init__(
+        self, workdir: Path, holder_reserve_bytes: int, restore_nice: int, hold_lines: bool, cores: _Cores
+    ) -> None:
         self.workdir = workdir
+        self.hold_lines = hold_lines
+        self.cores = cores
         self.restore_nice = restore_nice
         self.secret_file = workdir / "secret"
         write_secret_file(self.secret_file)
@@ -127,7 +160,7 @@ class _Bench:
         self.issuer = CapabilityIssuer(read_issuer_key_file(self.issuer_key_file))
         public = workdir / "issuer.pub"
         write_issuer_public_key_file(public, self.issuer.public_key)
-        self.holder = _Holder(self.secret_file, public, 8 << 30, holder_reserve_bytes)
+        self.holder = _Holder(self.secret_file, public, 8 << 30, holder_reserve_bytes, cores)
         self._sockets = 0
 
     def durable_tokens(self, request_id: str, record_bytes: int) -> int:
@@ -166,7 +199,10 @@ class _Bench:
                 "holders": [f"127.0.0.1:{self.holder.port}"],
                 "tls": "tcp",
                 "restore_nice": self.restore_nice,
+                "hold_lines": self.hold_lines,
             }
+            if self.cores.host is not None:
+                extra["cpus"] = self.cores.host
             if keep:
                 self._sockets += 1
                 extra["control_socket"] = str(self.workdir / f"control{self._sockets}.sock")
@@ -208,9 +244,9 @@ def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: i
                   durable: bool, spread: int = 1) -> tuple[list[float], dict[str, float]]:  # fmt: skip
     """Step times (s) while all ``num_requests`` decode; the share of computed tokens durable
     two steps after they were computed, the share durable two steps after their K line was
-    whole (the save path holds a token until then: ``KVLayout.line_tokens``), and the most
-    tokens a request's durable length trailed what it had computed two steps before (nan
-    without ``durable``)."""
+    whole (the save path holds a token until then: ``KVLayout.line_tokens``), the most tokens
+    a request's durable length trailed what it had computed two steps before (nan without
+    ``durable``), and with ``durable`` the streamer's ``_STREAMER_COUNTERS`` of the round."""
     engine = llm.llm_engine
     prompt_lengths = {f"{tag}-{i}": prompt_tokens + i % spread for i in range(num_requests)}
     for i, (rid, length) in enumerate(prompt_lengths.items()):
@@ -243,29 +279,43 @@ def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: i
             durable_log.append(worker.durable_tokens())
     durability = {
         "durable_within_2_steps": float("nan"),
+        "durable_within_2_steps_decoded": float("nan"),
         "durable_within_2_steps_of_line": float("nan"),
         "durable_lag_max_tokens": float("nan"),
     }
     if worker is not None:
-        good = total = 0
+        good, total = [0, 0], [0, 0]  # [prefill, decoded] tokens
         lag_max = 0
         for k, computed in enumerate(computed_log):
             before = computed_log[k - 1] if k else {}
             later = durable_log[min(k + 2, len(durable_log) - 1)]
             for r, end in computed.items():
                 start = before.get(r, 0)
-                total += end - start
-                good += max(0, min(end, later.get(r, 0)) - start)
+                kind = int(r in before)
+                total[kind] += end - start
+                good[kind] += max(0, min(end, later.get(r, 0)) - start)
                 if r in later:  # still streaming two steps on (a finished request is forgotten)
                     lag_max = max(lag_max, end - later[r])
+        line = worker.core.layout.line_tokens if worker.core.hold_lines else 1
         durability = {
-            "durable_within_2_steps": good / total,
-            "durable_within_2_steps_of_line": _durable_after_line(
-                computed_log, durable_log, worker.core.layout.line_tokens
-            ),
+            "durable_within_2_steps": sum(good) / sum(total),
+            "durable_within_2_steps_decoded": good[1] / total[1],
+            "durable_within_2_steps_of_line": _durable_after_line(computed_log, durable_log, line),
             "durable_lag_max_tokens": float(lag_max),
         }
+        counters = worker.core.streamer.counters() if worker.core.streamer is not None else {}
+        for name in _STREAMER_COUNTERS:
+            durability[name] = float(counters.get(name, 0))
+        # The offline engine takes no step after its last outputs, in which the connector
+        # would learn they finished and release their checkpoints: release them here, or the
+        # next rounds' find the holder full (it evicts, and replicas are lost).
+        for r in prompt_lengths:
+            worker.core.finish(r)
     return times, durability
+
+
+# The streamer's counts of a round that say it fell behind (none when it kept up).
+_STREAMER_COUNTERS = ("holder_failures", "replicas_lost", "tokens_dropped", "tokens_deferred")
 
 
 def _durable_after_line(
@@ -301,11 +351,14 @@ def stream_stress(
         cpu: dict[str, list[tuple[float, float]]] = {"plain": [], "connector": []}
         durability: dict[str, list[float]] = {}
         for rep in range(reps):
-            for kind in ("plain", "connector", "connector", "plain"):
+            # Request ids unique to their round: a released checkpoint's key stays fenced on
+            # the holder (an open at its epoch is refused as stale).
+            for turn, kind in enumerate(("plain", "connector", "connector", "plain")):
                 llm = bench.engine(model, connector=kind == "connector")
                 before = (time.process_time(), bench.holder.cpu_s())
+                tag = f"{kind}{n}.{rep}.{turn}"
                 steps, measured = _decode_steps(
-                    llm, n, 32, 96, tag=f"{kind}{rep}", durable=kind == "connector", spread=spread
+                    llm, n, 32, 96, tag=tag, durable=kind == "connector", spread=spread
                 )
                 cpu[kind].append(
                     ((time.process_time() - before[0]) / 96, (bench.holder.cpu_s() - before[1]) / 96)
@@ -328,23 +381,12 @@ def stream_stress(
             {"metric": "itl_mean_ratio", "value": float(np.mean(conn) / np.mean(plain)), "requests": n},
             {"metric": "step_ms_p50", "value": float(1e3 * np.median(plain)), "requests": n},
         ]
-        rows += [
-            {
-                "metric": "durable_within_2_steps",
-                "value": min(durability["durable_within_2_steps"]),
-                "requests": n,
-            },
-            {
-                "metric": "durable_within_2_steps_of_line",
-                "value": min(durability["durable_within_2_steps_of_line"]),
-                "requests": n,
-            },
-            {
-                "metric": "durable_lag_max_tokens",
-                "value": max(durability["durable_lag_max_tokens"]),
-                "requests": n,
-            },
-        ]
+        # The worst round of each, with every round's value beside it.
+        for name, values in durability.items():
+            worst = (
+                max(values) if name == "durable_lag_max_tokens" or name in _STREAMER_COUNTERS else min(values)
+            )
+            rows.append({"metric": name, "value": worst, "rounds": values, "requests": n})
         for kind, samples in cpu.items():
             for who, at in (("engine", 0), ("holder", 1)):
                 value = 1e3 * float(np.median([c[at] for c in samples]))
@@ -490,13 +532,24 @@ def main() -> None:
         metavar="0-19",
         help="the connector's `restore_nice` (19: restores take the cores' idle time)",
     )
+    parser.add_argument(
+        "--split-cores",
+        action="store_true",
+        help="the forward on the first CPU (one OpenMP thread); connector threads and holder on the rest",
+    )
+    parser.add_argument(
+        "--no-hold-lines",
+        action="store_true",
+        help="the connector's `hold_lines` off: every token saved in its step, not held to a whole K line",
+    )
     args = parser.parse_args()
+    cores = _Cores(args.split_cores)
     if args.prompt_spread < 1:
         parser.error(f"--prompt-spread must be >= 1, got {args.prompt_spread}")
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        bench = _Bench(workdir, args.holder_reserve_bytes, args.restore_nice)
+        bench = _Bench(workdir, args.holder_reserve_bytes, args.restore_nice, not args.no_hold_lines, cores)
         try:
             if args.only in (None, "stream_stress"):
                 model = _build(workdir / "stream_stress", "stream_stress")

@@ -263,6 +263,38 @@ def test_a_transposed_cache_is_saved_in_whole_lines_and_its_tail_handed_over_whe
     reader.close()
 
 
+def test_without_hold_lines_every_token_goes_in_its_step(secret: bytes, holder: Holder) -> None:
+    """``hold_lines=False``: a transposed cache's tokens are enqueued in the step that
+    computed them, not held to their line's end, and their records are the same."""
+    gen = torch.Generator().manual_seed(0)
+    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
+    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    assert layout.line_tokens == 16
+    core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0, hold_lines=False)
+    core.register(layout)
+    key = request_key("r")
+    assert core.begin("r", key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
+    s, t = slots([0, 1, 2]), tokens()
+    assert core.save_step([StepTokens("r", 0, s[:20], t[:20])]) == 20
+    assert [core.save_step([StepTokens("r", p, s[p : p + 1], t[p : p + 1])]) for p in range(20, 24)] == [
+        1
+    ] * 4
+    assert core.streamer is not None and core.streamer.flush(timeout_s=10)
+    assert holder.durable(key) == 24 and core.durable_lag_tokens() == 0
+
+    reader = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0)
+    reader.register(make_paged_cache("vllm_flash", num_layers=2, num_blocks=8, block_size=BLOCK_SIZE,
+                                     num_kv_heads=2, head_dim=32, dtype=torch.float32, seed=1))  # fmt: skip
+    target = slots([6, 4], 24)
+    source = RestoreSource(0, holder.address, holder.capability(key, 0))
+    assert reader.restore("r", key, source, target, t[:24]).result.status is RestoreStatus.COMPLETE
+    assert torch.equal(
+        gather_tokens(layout, torch.tensor(s[:24])), gather_tokens(reader.layout, torch.tensor(target))
+    )
+    core.close()
+    reader.close()
+
+
 def test_a_flush_mark_waits_for_what_was_saved_by_then_not_for_what_follows(
     secret: bytes, holder: Holder
 ) -> None:
@@ -492,6 +524,45 @@ def test_restores_run_at_the_niceness_asked(secret: bytes, holder: Holder) -> No
     reader.close()
 
 
+def _thread_cpus() -> dict[int, set[int]]:
+    """The CPUs each thread of this process may run on, by thread id."""
+    found = {}
+    for tid in map(int, os.listdir("/proc/self/task")):
+        try:
+            found[tid] = os.sched_getaffinity(tid)
+        except ProcessLookupError:  # ended meanwhile
+            pass
+    return found
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs to place threads on one")
+def test_the_connectors_threads_run_on_its_cpus(secret: bytes, holder: Holder) -> None:
+    """``cpus``: the streamer's, restores' and lookups' threads (and their connections') start
+    on them; the engine's thread stays where it was."""
+    mine = os.sched_getaffinity(0)
+    chosen = {max(mine)}
+    writer = core_for(secret, seed=0)
+    key = stream(writer, secret, holder, "r", [0, 1, 2])
+    before = _thread_cpus()
+    core = core_for(secret, seed=1, cpus=chosen)
+    source = RestoreSource(0, holder.address, holder.capability(key, 0))
+    assert core.plan_restore("r", key, source, wait_s=10) == NUM_TOKENS
+    core.start_restore("r", key, source, slots([5, 3, 7]), tokens())
+    done: list = []
+    assert wait_until(lambda: bool(done.extend(core.finished_restores()) or done))
+    assert done[0][1].result.status is RestoreStatus.COMPLETE
+    other = request_key("q")
+    assert core.begin("q", other, StreamGrant(0, (holder.address,), (holder.capability(other, 0),)))
+    assert core.save_step([StepTokens("q", 0, slots([4], 5), tokens(5))]) == 5
+    assert core.streamer is not None and core.streamer.flush(timeout_s=10)
+    started = {tid: cpus for tid, cpus in _thread_cpus().items() if tid not in before}
+    assert len(started) >= 3  # the streamer's, the restore's and a lookup's at least
+    assert all(cpus == chosen for cpus in started.values()), started
+    assert os.sched_getaffinity(0) == mine
+    core.close()
+    writer.close()
+
+
 def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
     with pytest.raises(TypeError, match="`secret` must be bytes"):
         ConnectorCore("s", MODEL)  # type: ignore[arg-type]
@@ -509,6 +580,14 @@ def test_arguments_are_checked(secret: bytes, holder: Holder) -> None:
         ConnectorCore(secret, MODEL, release_finished=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=r"`restore_nice` must be in \[0, 19\], got 20"):
         ConnectorCore(secret, MODEL, restore_nice=20)
+    with pytest.raises(TypeError, match="`hold_lines` must be a bool, got int"):
+        ConnectorCore(secret, MODEL, hold_lines=0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="`cpus` must be a collection of CPU numbers, got str"):
+        ConnectorCore(secret, MODEL, cpus="1")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="`cpus` must name at least one CPU"):
+        ConnectorCore(secret, MODEL, cpus=[])
+    with pytest.raises(ValueError, match=r"`cpus\[i\]` must be in \[0, "):
+        ConnectorCore(secret, MODEL, cpus=[4096])
     core = ConnectorCore(secret, MODEL, tls=TLS)
     with pytest.raises(RuntimeError, match="register has not been called"):
         core.restore("r", 1, RestoreSource(0, holder.address, b"cap"), [0], [1])

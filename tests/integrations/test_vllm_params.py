@@ -129,6 +129,18 @@ def test_restore_nice_is_0_unless_set(secret_file: Path) -> None:
     assert ConnectorConfig.from_extra_config({**extra, "restore_nice": 19}).restore_nice == 19
 
 
+def test_hold_lines_is_on_unless_turned_off(secret_file: Path) -> None:
+    extra = {"secret_file": str(secret_file)}
+    assert ConnectorConfig.from_extra_config(extra).hold_lines is True
+    assert ConnectorConfig.from_extra_config({**extra, "hold_lines": False}).hold_lines is False
+
+
+def test_cpus_are_none_unless_set(secret_file: Path) -> None:
+    extra = {"secret_file": str(secret_file)}
+    assert ConnectorConfig.from_extra_config(extra).cpus is None
+    assert ConnectorConfig.from_extra_config({**extra, "cpus": [0]}).cpus == frozenset({0})
+
+
 def test_empty_holders_means_not_checkpointed(config: ConnectorConfig) -> None:
     assert RequestControl.parse("r", {"lumen": {"holders": []}}, config).holders == ()
 
@@ -189,6 +201,10 @@ def test_restore_without_address_needs_a_holder(secret_file: Path) -> None:
         ({"control_socket": ""}, ValueError, r"`control_socket` must be a non-empty str"),
         ({"restore_nice": 20}, ValueError, r"`restore_nice` must be an int in \[0, 19\], got 20"),
         ({"restore_nice": True}, ValueError, r"`restore_nice` must be an int in \[0, 19\], got True"),
+        ({"hold_lines": 0}, TypeError, r"`hold_lines` must be a bool, got 0"),
+        ({"cpus": "1"}, TypeError, r"`cpus` must be a list of CPU numbers, got '1'"),
+        ({"cpus": []}, ValueError, r"`cpus` must name at least one CPU"),
+        ({"cpus": [True]}, TypeError, r"`cpus\[i\]` must be an int, got bool"),
     ],
 )
 def test_malformed_extra_config_is_refused(secret_file: Path, extra: dict, error: type, match: str) -> None:

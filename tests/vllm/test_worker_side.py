@@ -2,11 +2,13 @@
 token ahead of what the client saw recomputes that token (its record may differ in the last
 bits), and its checkpoint at the new epoch goes on without a conflict; an abandoned request
 (its agent fenced) keeps its checkpoint when vLLM aborts it; a holder that cannot be reached
-is logged."""
+is logged, and so is a checkpoint a holder refuses; the extra config's ``hold_lines`` and
+``cpus`` reach the core."""
 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import time
 from collections.abc import Callable
@@ -37,11 +39,16 @@ def _layout() -> KVLayout:
     return KVLayout.vllm_cpu(list(storage.unbind(0)), isa="vec")
 
 
-def _worker_side(secret_file: Path, issuer_key_file: Path, port: int, layout: KVLayout) -> WorkerSide:
-    """A worker side streaming to the holder on ``port`` by default, over ``layout``."""
+def _worker_side(
+    secret_file: Path, issuer_key_file: Path, port: int, layout: KVLayout, **options: Any
+) -> WorkerSide:
+    """A worker side streaming to the holder on ``port`` by default, over ``layout``, with the
+    extra config's ``options``."""
     extra = transfer_config(secret_file, issuer_key_file, port)["kv_connector_extra_config"]
     worker = WorkerSide(
-        ConnectorConfig.from_extra_config({**extra, "model_fingerprint": "model-fp"}), "model-fp", 0
+        ConnectorConfig.from_extra_config({**extra, "model_fingerprint": "model-fp", **options}),
+        "model-fp",
+        0,
     )
     worker.register(layout)
     return worker
@@ -188,4 +195,61 @@ def test_a_holder_that_cannot_be_reached_is_logged(
             worker.interval_stats()  # within the sample's second: not again
         assert not caplog.records
     finally:
+        worker.close()
+
+
+def test_a_checkpoint_a_holder_refuses_is_logged(
+    holder: Callable[..., Any],
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A holder over its budget refuses the append: the replica is lost, which is otherwise
+    seen only as a lag that never closes."""
+    layout = _layout()
+    server = holder(2 * layout.record_bytes)
+    worker = _worker_side(secret_file, issuer_key_file, server.port, layout)
+    key = request_key("r")
+    line = 16
+    address = ("127.0.0.1", server.port)
+    spec = OpenSpec("vllm-r", "r", key, (address,), (issuer.issue(key, 0, 0, holder_id=0),), 0, line)
+    worker.start_step(LumenMetadata(opens=[spec]))
+    worker.save_step(
+        LumenMetadata(saves=[SaveSpec("vllm-r", 0, list(range(line)), list(range(1, line + 1)))])
+    )
+    try:
+        assert _wait_until(lambda: worker.core.lost_replicas() == 1)
+        with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
+            worker.interval_stats()
+        assert [r.getMessage() for r in caplog.records if "replica(s) lost" in r.getMessage()]
+        assert worker.durable_tokens() == {"r": 0}
+    finally:
+        worker.close()
+
+
+def test_hold_lines_and_cpus_reach_the_core(
+    holder: Callable[..., Any],
+    secret: bytes,
+    secret_file: Path,
+    issuer: CapabilityIssuer,
+    issuer_key_file: Path,
+) -> None:
+    """Without held lines, tokens go to the streamer in their step (not held to the 16th slot
+    of their K line), and the streamer's threads start on the configured CPU."""
+    server = holder()
+    cpu = max(os.sched_getaffinity(0))
+    worker = _worker_side(secret_file, issuer_key_file, server.port, _layout(), hold_lines=False, cpus=[cpu])
+    key = request_key("r")
+    address = ("127.0.0.1", server.port)
+    spec = OpenSpec("vllm-r", "r", key, (address,), (issuer.issue(key, 0, 0, holder_id=0),), 0, 3)
+    client = Client("127.0.0.1", server.port, secret, tls="tcp")
+    try:
+        worker.start_step(LumenMetadata(opens=[spec]))
+        worker.save_step(LumenMetadata(saves=[SaveSpec("vllm-r", 0, [0, 1, 2], [1, 2, 3])]))
+        assert worker.core.counters["saved_tokens"] == 3
+        assert worker.core.cpus == frozenset({cpu})
+        assert _wait_until(lambda: durable_tokens(client, issuer, "r") == 3)
+    finally:
+        client.close()
         worker.close()

@@ -23,11 +23,9 @@ a future SGLang one) maps its hooks onto these calls:
 
 from __future__ import annotations
 
-import os
-import threading
 import time
 from collections import Counter, deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,6 +35,7 @@ from lumen_core.auth import WorkerIdentity, check_secret
 from lumen_core.connector.lookup import RestoreLookup
 from lumen_core.connector.requests import RestoreSource, StepTokens, StreamGrant
 from lumen_core.connector.sources import SourceReader
+from lumen_core.connector.threads import check_cpus, creating_on, setup_thread
 from lumen_core.layouts import KVLayout
 from lumen_core.stream._common import check_str
 from lumen_core.stream.holder import HolderStore, RestoreResult
@@ -114,8 +113,14 @@ class ConnectorCore:
     requests the gateway will move and restore from those copies). ``restore_nice`` (0-19) is
     the niceness of ``start_restore``'s thread and of the connections it opens: where restores
     share the cores the engine computes on (a CPU engine), 19 gives them the idle time and not
-    the step's, so running requests are not slowed while restored ones take longer. Request ids
-    are the engine's (str); ``key`` is a request's u64 on the wire.
+    the step's, so running requests are not slowed while restored ones take longer. With
+    ``hold_lines`` False, ``save_step`` enqueues every token in the step that computed it, where
+    a CPU layout would otherwise hold tokens until their cache line is whole (see
+    ``save_step``): for an engine that leaves the streamer a core of its own. ``cpus`` (CPU
+    numbers; None: the engine thread's) are where the connector's own threads run (the
+    streamer, restores, lookups and their connections): on a CPU engine, cores its forward
+    does not use (``threads.py``). Request ids are the engine's (str); ``key`` is a request's
+    u64 on the wire.
 
     ``counters``: ``restores``, ``restored_tokens``, ``restore_<status>`` (restores that
     stopped early, by reason), ``saved_tokens``, ``save_gaps`` (saves after a gap, skipped),
@@ -141,9 +146,15 @@ class ConnectorCore:
         encrypt: bool = False,
         release_finished: bool = True,
         restore_nice: int = 0,
+        hold_lines: bool = True,
+        cpus: Iterable[int] | None = None,
     ) -> None:
         self.secret = check_secret(secret)
         self.restore_nice = check_int("restore_nice", restore_nice, 0, 19)
+        if not isinstance(hold_lines, bool):
+            raise TypeError(f"`hold_lines` must be a bool, got {type(hold_lines).__name__}")
+        self.hold_lines = hold_lines
+        self.cpus = check_cpus("cpus", cpus)
         self.identity = identity
         if not isinstance(encrypt, bool):
             raise TypeError(f"`encrypt` must be a bool, got {type(encrypt).__name__}")
@@ -202,7 +213,7 @@ class ConnectorCore:
             raise RuntimeError("register has already been called")
         self._layout = layout
         # A GPU gathers in 32-byte sectors on the streamer's own stream: nothing to gain there.
-        self._line_tokens = layout.line_tokens if layout.device.type == "cpu" else 1
+        self._line_tokens = layout.line_tokens if layout.device.type == "cpu" and self.hold_lines else 1
         if start_streamer:
             self._streamer()
 
@@ -215,16 +226,17 @@ class ConnectorCore:
 
     def _streamer(self) -> CheckpointStreamer:
         if self.streamer is None:
-            self.streamer = CheckpointStreamer(
-                self.layout,
-                self.secret,
-                model_fingerprint=self.model_fingerprint,
-                shard=self.shard,
-                tls=self.tls,
-                identity=self.identity,
-                encrypt=self.encrypt,
-                **self.streamer_options,
-            )
+            with creating_on(self.cpus):  # the threads it starts run there
+                self.streamer = CheckpointStreamer(
+                    self.layout,
+                    self.secret,
+                    model_fingerprint=self.model_fingerprint,
+                    shard=self.shard,
+                    tls=self.tls,
+                    identity=self.identity,
+                    encrypt=self.encrypt,
+                    **self.streamer_options,
+                )
         return self.streamer
 
     # ---- streaming --------------------------------------------------------------------------
@@ -279,6 +291,8 @@ class ConnectorCore:
         bench/vllm_stream.py's decode batch, bench/RESULTS.md). A request's durable
         length then trails its saves by at most ``line_tokens - 1`` tokens more;
         ``wait_for_save``, ``preempt``, ``finish`` and ``flush`` hand the held tail over.
+        Unless ``hold_lines`` is False: then the gather's extra reads are the streamer's,
+        which pays where it has a core the forward does not use.
 
         At most ``CheckpointStreamer.step_tokens`` tokens are enqueued per call, oldest whole
         lines first: requests that decode in step (same prompt length and start) end their
@@ -393,10 +407,17 @@ class ConnectorCore:
         return held + sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
 
     def holder_failures(self) -> int:
-        """The streamer's holder failures so far (a holder refused, unreachable, disconnected
-        or stalled past the ack timeout), a counter read: for the engine's log, as streaming
-        to a holder that cannot be reached is otherwise silent."""
+        """The streamer's holder failures so far (a holder that refused the connection, was
+        unreachable, disconnected or stalled past the ack timeout), a counter read: for the
+        engine's log, as streaming to a holder that cannot be reached is otherwise silent."""
         return 0 if self.streamer is None else self.streamer.counters().get("holder_failures", 0)
+
+    def lost_replicas(self) -> int:
+        """The streamer's replicas lost so far: a holder refused or dropped a checkpoint (over
+        its budget, a capability it does not take, a conflicting record, this worker fenced)
+        or was given up on. A counter read, for the engine's log: those requests go on
+        checkpointing to their other holders, or not at all."""
+        return 0 if self.streamer is None else self.streamer.counters().get("replicas_lost", 0)
 
     def unreachable_holders(self) -> tuple[tuple[str, int], ...]:
         """The holders that have a replica not live now (walks every streaming request: ask
@@ -493,6 +514,7 @@ class ConnectorCore:
                 connect_timeout_s=self.connect_timeout_s,
                 identity=self.identity,
                 encrypt=self.encrypt,
+                cpus=self.cpus,
             )
         return self._lookup
 
@@ -552,8 +574,8 @@ class ConnectorCore:
             self._restorer = ThreadPoolExecutor(
                 max_workers=1,
                 thread_name_prefix="lumen-restore",
-                initializer=_lower_priority,
-                initargs=(self.restore_nice,),
+                initializer=setup_thread,
+                initargs=(self.restore_nice, self.cpus),
             )
             self._restorer_reader = self._source_reader()
         reader = self._restorer_reader
@@ -628,14 +650,6 @@ class ConnectorCore:
         self._reader.close()
         if self.streamer is not None:
             self.streamer.close()
-
-
-def _lower_priority(nice: int) -> None:
-    """Raises the calling thread's niceness to ``nice`` (Linux: per thread; threads it starts
-    inherit it); never lowers it, which would need a privilege."""
-    thread = threading.get_native_id()
-    if nice > os.getpriority(os.PRIO_PROCESS, thread):
-        os.setpriority(os.PRIO_PROCESS, thread, nice)
 
 
 def _timed_restore(reader: SourceReader, *args: Any) -> tuple[RestoreResult, float]:

@@ -4,6 +4,7 @@ arrives, then the answer, cached per request."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -11,6 +12,7 @@ from lumen_core._validate import check_int, check_number
 from lumen_core.auth import WorkerIdentity
 from lumen_core.connector.requests import RestoreSource
 from lumen_core.connector.sources import SourceReader
+from lumen_core.connector.threads import check_cpus, setup_thread
 from lumen_core.stream._common import check_str
 from lumen_core.stream.holder import HolderStore
 
@@ -24,7 +26,8 @@ class RestoreLookup:
     ``lanes`` background threads, one small read each. A holder's lookups all go to the same
     lane (chosen by its address), the only user of that lane's connections, so they reuse one
     connection, and a holder that stalls holds up only its own lane's lookups, not the other
-    holders'. Readings are ``record_bytes`` wide (the engine's token record size).
+    holders'. Readings are ``record_bytes`` wide (the engine's token record size). ``cpus``:
+    where the lanes run (``threads.py``; None: where their first caller runs).
     Thread-safe for one caller thread (the scheduler's).
     """
 
@@ -40,9 +43,11 @@ class RestoreLookup:
         identity: WorkerIdentity | None = None,
         encrypt: bool = False,
         lanes: int = 4,
+        cpus: Iterable[int] | None = None,
     ) -> None:
         self.record_bytes = check_int("record_bytes", record_bytes, 1, 1 << 40)
         num_lanes = check_int("lanes", lanes, 1, 64)
+        placed = check_cpus("cpus", cpus)
 
         def reader() -> SourceReader:
             return SourceReader(
@@ -60,7 +65,13 @@ class RestoreLookup:
         self._local = reader()
         self._readers = [reader() for _ in range(num_lanes)]
         self._lanes = [
-            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"lumen-lookup{i}") for i in range(num_lanes)
+            ThreadPoolExecutor(
+                max_workers=1,
+                thread_name_prefix=f"lumen-lookup{i}",
+                initializer=setup_thread,
+                initargs=(0, placed),
+            )
+            for i in range(num_lanes)
         ]
         self._answers: dict[str, Future[int]] = {}
 

@@ -19,6 +19,7 @@ from lumen_core.auth import (
     read_secret_file,
 )
 from lumen_core.connector import RestoreSource
+from lumen_core.connector.threads import check_cpus
 from lumen_core.stream import request_key
 from lumen_core.transport import CAPABILITY_BYTES
 
@@ -94,9 +95,11 @@ class ConnectorConfig:
     ``encrypt``: records to and from holders in AES-256-GCM (docs/security.md), and
     ``identity_key_file``: the private key of the server's worker identity (a 0600 file its
     ``lumen agent`` wrote; the credential comes over the control channel; None: connections
-    prove no identity, and only unbound capabilities serve), and ``restore_nice`` (0-19), the
+    prove no identity, and only unbound capabilities serve), ``restore_nice`` (0-19), the
     niceness of the worker's restore thread (``ConnectorCore``: 19 on a CPU server keeps
-    restores off the forward's time)."""
+    restores off the forward's time), ``hold_lines`` (``ConnectorCore``: False saves every token
+    in its step) and ``cpus``, the CPU numbers the connector's threads run on (``ConnectorCore``:
+    on a CPU server, cores vLLM's forward does not use)."""
 
     secret: bytes = field(repr=False)
     holders: tuple[Address, ...] = ()
@@ -109,6 +112,8 @@ class ConnectorConfig:
     encrypt: bool = False
     identity_key_file: str | None = None
     restore_nice: int = 0
+    hold_lines: bool = True
+    cpus: frozenset[int] | None = None
 
     def __post_init__(self) -> None:
         if len(self.holder_ids) != len(self.holders):
@@ -142,6 +147,8 @@ class ConnectorConfig:
             "encrypt",
             "identity_key_file",
             "restore_nice",
+            "hold_lines",
+            "cpus",
         }
         unknown = sorted(set(extra) - known)
         if unknown:
@@ -171,6 +178,12 @@ class ConnectorConfig:
         restore_nice = extra.get("restore_nice", 0)
         if isinstance(restore_nice, bool) or not isinstance(restore_nice, int) or not 0 <= restore_nice <= 19:
             raise ValueError(f"`restore_nice` must be an int in [0, 19], got {restore_nice!r}")
+        hold_lines = extra.get("hold_lines", True)
+        if not isinstance(hold_lines, bool):
+            raise TypeError(f"`hold_lines` must be a bool, got {hold_lines!r}")
+        cpus = extra.get("cpus")
+        if cpus is not None and not isinstance(cpus, list):
+            raise TypeError(f"`cpus` must be a list of CPU numbers, got {cpus!r}")
         parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders)]
         issuer = None
         if "issuer_key_file" in extra:
@@ -192,6 +205,8 @@ class ConnectorConfig:
             encrypt=encrypt,
             identity_key_file=identity_file,
             restore_nice=restore_nice,
+            hold_lines=hold_lines,
+            cpus=check_cpus("cpus", cpus),
         )
 
     def identity(self) -> WorkerIdentity | None:

@@ -45,6 +45,8 @@ class WorkerSide:
             # once it learns the end: a server cut off from it keeps them for the failover.
             release_finished=config.control_socket is None,
             restore_nice=config.restore_nice,
+            hold_lines=config.hold_lines,
+            cpus=config.cpus,
         )
         self._request_ids: dict[str, str] = {}  # vLLM req_id -> LUMEN request id, while streaming
         self._finishing: set[str] = set()
@@ -52,7 +54,8 @@ class WorkerSide:
         self._loading: dict[str, deque[str]] = {}  # LUMEN id -> vLLM req_ids restoring, in start order
         self._reported: Counter[str] = Counter()
         self._lag_sampled_at = 0.0
-        self._holder_failures = 0  # the streamer's count when last logged
+        self._holder_failures = 0  # the streamer's counts when last logged
+        self._lost_replicas = 0
         self._flush_mark: tuple[int, dict[int, int]] | None = None  # (number, ConnectorCore.flush_mark)
         self._released: set[str] = set()  # vLLM req_ids the control channel released: not saved
         self._finished_in_vllm: set[str] = set()  # finished by vLLM, not reported done yet
@@ -214,13 +217,24 @@ class WorkerSide:
         if self.core.streamer is not None and now - self._lag_sampled_at >= _LAG_SAMPLE_S:
             self._lag_sampled_at = now
             delta[DURABLE_LAG] = self.core.durable_lag_tokens()
-            self._log_holder_failures()
+            self._log_holder_trouble()
         if self._flush_mark is not None:
             number, mark = self._flush_mark
             delta[FLUSH_MARK], delta[FLUSH_LAG] = number, self.core.lag_behind(mark)
         return delta
 
-    def _log_holder_failures(self) -> None:
+    def _log_holder_trouble(self) -> None:
+        """Warns of lost replicas and holder failures since the last sample: otherwise both
+        show only as a growing lag. (A streamer started anew, after ``abandon``, counts from 0.)"""
+        lost = self.core.lost_replicas()
+        if lost > self._lost_replicas:
+            logger.warning(
+                "lumen: %d checkpoint replica(s) lost since the last report: a holder refused or "
+                "dropped them (over its budget, a capability it does not take, this worker fenced) "
+                "or was given up on; those requests checkpoint on their other holders or not at all",
+                lost - self._lost_replicas,
+            )
+        self._lost_replicas = lost
         failures = self.core.holder_failures()
         if failures > self._holder_failures:
             down = self.core.unreachable_holders()
@@ -230,7 +244,7 @@ class WorkerSide:
                 failures - self._holder_failures,
                 ", ".join(f"{host}:{port}" for host, port in down) or "none",
             )
-            self._holder_failures = failures
+        self._holder_failures = failures
 
     def durable_tokens(self) -> dict[str, int]:
         """Durable length (best live replica) of each request streaming from here, by LUMEN id."""
