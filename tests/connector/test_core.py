@@ -34,6 +34,14 @@ def cache(seed: int) -> KVLayout:
     return make_paged_cache("vllm_flash", num_layers=2, num_blocks=8, block_size=BLOCK_SIZE, seed=seed)
 
 
+def transposed_cache() -> KVLayout:
+    """A random fp32 vLLM CPU cache (2 layers, 8 blocks, 2 heads of 32): K transposed, so 16
+    slots share each 64-byte line."""
+    gen = torch.Generator().manual_seed(0)
+    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
+    return KVLayout.vllm_cpu(caches, isa="vec")
+
+
 def slots(block_ids: list[int], n: int = NUM_TOKENS) -> list[int]:
     return slots_for_blocks(block_ids, block_size=BLOCK_SIZE, num_tokens=n).tolist()
 
@@ -223,9 +231,7 @@ def test_a_transposed_cache_is_saved_in_whole_lines_and_its_tail_handed_over_whe
     slot that ends their line is saved, at most 15 behind; the held tail is handed over by
     ``flush``, ``preempt`` and ``finish`` (before the engine may free or rewrite the slots),
     and the records are those of saving every token at once."""
-    gen = torch.Generator().manual_seed(0)
-    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
-    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    layout = transposed_cache()
     assert layout.line_tokens == 16
     core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0, release_finished=False)
     core.register(layout)
@@ -266,9 +272,7 @@ def test_a_transposed_cache_is_saved_in_whole_lines_and_its_tail_handed_over_whe
 def test_without_hold_lines_every_token_goes_in_its_step(secret: bytes, holder: Holder) -> None:
     """``hold_lines=False``: a transposed cache's tokens are enqueued in the step that
     computed them, not held to their line's end, and their records are the same."""
-    gen = torch.Generator().manual_seed(0)
-    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
-    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    layout = transposed_cache()
     assert layout.line_tokens == 16
     core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0, hold_lines=False)
     core.register(layout)
@@ -301,10 +305,8 @@ def test_a_flush_mark_waits_for_what_was_saved_by_then_not_for_what_follows(
     """``flush_mark`` hands the held tails over and marks each stream's saved length; tokens
     saved after it (a drained engine decodes on) are not in ``lag_behind``, and a stream that
     ended since counts none."""
-    gen = torch.Generator().manual_seed(0)
-    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
     core = ConnectorCore(secret, MODEL, tls=TLS, connect_timeout_s=1.0)
-    core.register(KVLayout.vllm_cpu(caches, isa="vec"))
+    core.register(transposed_cache())
     keys = {r: request_key(r) for r in ("r", "q")}
     for request_id, key in keys.items():
         assert core.begin(request_id, key, StreamGrant(0, (holder.address,), (holder.capability(key, 0),)))
@@ -324,9 +326,7 @@ def test_a_flush_mark_waits_for_what_was_saved_by_then_not_for_what_follows(
 def test_a_step_enqueues_what_the_streamer_stages_oldest_lines_first(secret: bytes, holder: Holder) -> None:
     """Three requests end a line of 16 in the same step and the streamer stages 40 tokens a
     step: two lines go now, the third first in the next step; none is deferred."""
-    gen = torch.Generator().manual_seed(0)
-    caches = [random_tensor((8, 2, BLOCK_SIZE, 64), torch.float32, generator=gen) for _ in range(2)]
-    layout = KVLayout.vllm_cpu(caches, isa="vec")
+    layout = transposed_cache()
     core = ConnectorCore(
         secret,
         MODEL,

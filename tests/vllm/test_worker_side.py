@@ -54,6 +54,17 @@ def _worker_side(
     return worker
 
 
+def _stream_a_line(worker: WorkerSide, issuer: CapabilityIssuer, address: tuple[str, int]) -> None:
+    """Request "r" streams to ``address``: it opens, and one K line (16 tokens) is saved."""
+    key = request_key("r")
+    line = 16
+    spec = OpenSpec("vllm-r", "r", key, (address,), (issuer.issue(key, 0, 0, holder_id=0),), 0, line)
+    worker.start_step(LumenMetadata(opens=[spec]))
+    worker.save_step(
+        LumenMetadata(saves=[SaveSpec("vllm-r", 0, list(range(line)), list(range(1, line + 1)))])
+    )
+
+
 def _wait_until(condition: Callable[[], bool], timeout_s: float = 30.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -178,12 +189,7 @@ def test_a_holder_that_cannot_be_reached_is_logged(
         nobody = closed.getsockname()
     server = holder()
     worker = _worker_side(secret_file, issuer_key_file, server.port, _layout())
-    key = request_key("r")
-    line = 16
-    spec = OpenSpec("vllm-r", "r", key, (nobody,), (issuer.issue(key, 0, 0, holder_id=0),), 0, line)
-    worker.start_step(LumenMetadata(opens=[spec]))
-    save = SaveSpec("vllm-r", 0, list(range(line)), list(range(1, line + 1)))
-    worker.save_step(LumenMetadata(saves=[save]))
+    _stream_a_line(worker, issuer, nobody)
     try:
         assert _wait_until(lambda: worker.core.holder_failures() > 0)
         with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
@@ -210,14 +216,7 @@ def test_a_checkpoint_a_holder_refuses_is_logged(
     layout = _layout()
     server = holder(2 * layout.record_bytes)
     worker = _worker_side(secret_file, issuer_key_file, server.port, layout)
-    key = request_key("r")
-    line = 16
-    address = ("127.0.0.1", server.port)
-    spec = OpenSpec("vllm-r", "r", key, (address,), (issuer.issue(key, 0, 0, holder_id=0),), 0, line)
-    worker.start_step(LumenMetadata(opens=[spec]))
-    worker.save_step(
-        LumenMetadata(saves=[SaveSpec("vllm-r", 0, list(range(line)), list(range(1, line + 1)))])
-    )
+    _stream_a_line(worker, issuer, ("127.0.0.1", server.port))
     try:
         assert _wait_until(lambda: worker.core.lost_replicas() == 1)
         with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
