@@ -22,8 +22,9 @@ because CPUs with AMX prepack bf16 blocks, which the connector refuses):
   and ``durable_lag_max_tokens`` is the most a request's durable length trailed what it had
   computed two steps before; ``durable_within_2_steps_decoded`` leaves out the tokens of each
   request's prefill step (all requests prefill together: 256 MiB at 32 requests, staged one
-  64 MiB buffer a step). ``--no-hold-lines`` saves every token in its step (the connector's
-  ``hold_lines``). ``--split-cores`` runs the forward on the first CPU with one OpenMP thread,
+  64 MiB buffer a step unless ``--staging-mib`` sets the connector's ``staging_bytes``).
+  ``--no-hold-lines`` saves every token in its step (the connector's ``hold_lines``).
+  ``--split-cores`` runs the forward on the first CPU with one OpenMP thread,
   and the connector's threads (its ``cpus``) and the holder on the others, as on a server
   whose forward has cores (or an accelerator) of its own; plain rounds get the same forward.
   The holder maps ``--holder-reserve-bytes`` at its start (4 GiB, more than a round's records;
@@ -145,10 +146,17 @@ class _Holder:
 
 class _Bench:
     def __init__(
-        self, workdir: Path, holder_reserve_bytes: int, restore_nice: int, hold_lines: bool, cores: _Cores
+        self,
+        workdir: Path,
+        holder_reserve_bytes: int,
+        restore_nice: int,
+        hold_lines: bool,
+        staging_bytes: int,
+        cores: _Cores,
     ) -> None:
         self.workdir = workdir
         self.hold_lines = hold_lines
+        self.staging_bytes = staging_bytes
         self.cores = cores
         self.restore_nice = restore_nice
         self.secret_file = workdir / "secret"
@@ -200,6 +208,7 @@ class _Bench:
                 "tls": "tcp",
                 "restore_nice": self.restore_nice,
                 "hold_lines": self.hold_lines,
+                "staging_bytes": self.staging_bytes,
             }
             if self.cores.host is not None:
                 extra["cpus"] = self.cores.host
@@ -303,7 +312,7 @@ def _decode_steps(llm: Any, num_requests: int, prompt_tokens: int, max_tokens: i
             "durable_within_2_steps_of_line": _durable_after_line(computed_log, durable_log, line),
             "durable_lag_max_tokens": float(lag_max),
         }
-        counters = worker.core.streamer.counters() if worker.core.streamer is not None else {}
+        counters = worker.core.streamer_counters()
         for name in _STREAMER_COUNTERS:
             durability[name] = float(counters.get(name, 0))
         # The offline engine takes no step after its last outputs, in which the connector
@@ -542,6 +551,12 @@ def main() -> None:
         action="store_true",
         help="the connector's `hold_lines` off: every token saved in its step, not held to a whole K line",
     )
+    parser.add_argument(
+        "--staging-mib",
+        type=int,
+        default=64,
+        help="the connector's `staging_bytes` in MiB: the most a step hands over to the streamer",
+    )
     args = parser.parse_args()
     cores = _Cores(args.split_cores)
     if args.prompt_spread < 1:
@@ -549,7 +564,14 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as scratch:
         workdir = Path(scratch)
-        bench = _Bench(workdir, args.holder_reserve_bytes, args.restore_nice, not args.no_hold_lines, cores)
+        bench = _Bench(
+            workdir,
+            args.holder_reserve_bytes,
+            args.restore_nice,
+            not args.no_hold_lines,
+            args.staging_mib << 20,
+            cores,
+        )
         try:
             if args.only in (None, "stream_stress"):
                 model = _build(workdir / "stream_stress", "stream_stress")

@@ -405,13 +405,13 @@ def test_a_holder_that_cannot_be_reached_is_reported(secret: bytes, holder: Hold
         closed.bind(("127.0.0.1", 0))
         nobody = closed.getsockname()  # nothing listens there once closed
     core = core_for(secret, seed=0)
-    assert (core.holder_failures(), core.unreachable_holders()) == (0, ())  # nothing streamed yet
+    assert (core.streamer_counters(), core.unreachable_holders()) == ({}, ())  # nothing streamed yet
     key = request_key("r")
     grant = StreamGrant(0, (nobody, holder.address), (holder.capability(key, 0), holder.capability(key, 0)))
     assert core.begin("r", key, grant)
     core.save_step([StepTokens("r", 0, slots([0, 1, 2]), tokens())])
     assert wait_until(lambda: holder.durable(key) == NUM_TOKENS)  # the other replica is whole
-    assert wait_until(lambda: core.holder_failures() > 0)
+    assert wait_until(lambda: core.streamer_counters()["holder_failures"] > 0)
     assert core.unreachable_holders() == (nobody,)
     core.close()
 

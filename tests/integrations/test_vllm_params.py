@@ -135,6 +135,14 @@ def test_hold_lines_is_on_unless_turned_off(secret_file: Path) -> None:
     assert ConnectorConfig.from_extra_config({**extra, "hold_lines": False}).hold_lines is False
 
 
+def test_staging_is_the_streamers_default_unless_set(secret_file: Path) -> None:
+    extra = {"secret_file": str(secret_file)}
+    config = ConnectorConfig.from_extra_config(extra)
+    assert (config.staging_bytes, config.staging_buffers) == (64 << 20, 4)
+    config = ConnectorConfig.from_extra_config({**extra, "staging_bytes": 1 << 29, "staging_buffers": 2})
+    assert (config.staging_bytes, config.staging_buffers) == (1 << 29, 2)
+
+
 def test_cpus_are_none_unless_set(secret_file: Path) -> None:
     extra = {"secret_file": str(secret_file)}
     assert ConnectorConfig.from_extra_config(extra).cpus is None
@@ -202,6 +210,8 @@ def test_restore_without_address_needs_a_holder(secret_file: Path) -> None:
         ({"restore_nice": 20}, ValueError, r"`restore_nice` must be an int in \[0, 19\], got 20"),
         ({"restore_nice": True}, ValueError, r"`restore_nice` must be an int in \[0, 19\], got True"),
         ({"hold_lines": 0}, TypeError, r"`hold_lines` must be a bool, got 0"),
+        ({"staging_bytes": 1 << 19}, ValueError, r"`staging_bytes` must be an int in \[1048576, \d+\]"),
+        ({"staging_buffers": 0}, ValueError, r"`staging_buffers` must be an int in \[1, 64\], got 0"),
         ({"cpus": "1"}, TypeError, r"`cpus` must be a list of CPU numbers, got '1'"),
         ({"cpus": []}, ValueError, r"`cpus` must name at least one CPU"),
         ({"cpus": [True]}, TypeError, r"`cpus\[i\]` must be an int, got bool"),

@@ -191,7 +191,7 @@ def test_a_holder_that_cannot_be_reached_is_logged(
     worker = _worker_side(secret_file, issuer_key_file, server.port, _layout())
     _stream_a_line(worker, issuer, nobody)
     try:
-        assert _wait_until(lambda: worker.core.holder_failures() > 0)
+        assert _wait_until(lambda: worker.core.streamer_counters()["holder_failures"] > 0)
         with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
             worker.interval_stats()
         warned = [r.getMessage() for r in caplog.records if "holder failure" in r.getMessage()]
@@ -218,7 +218,7 @@ def test_a_checkpoint_a_holder_refuses_is_logged(
     worker = _worker_side(secret_file, issuer_key_file, server.port, layout)
     _stream_a_line(worker, issuer, ("127.0.0.1", server.port))
     try:
-        assert _wait_until(lambda: worker.core.lost_replicas() == 1)
+        assert _wait_until(lambda: worker.core.streamer_counters()["replicas_lost"] == 1)
         with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
             worker.interval_stats()
         assert [r.getMessage() for r in caplog.records if "replica(s) lost" in r.getMessage()]
@@ -227,7 +227,7 @@ def test_a_checkpoint_a_holder_refuses_is_logged(
         worker.close()
 
 
-def test_hold_lines_and_cpus_reach_the_core(
+def test_the_save_path_options_reach_the_core(
     holder: Callable[..., Any],
     secret: bytes,
     secret_file: Path,
@@ -235,10 +235,12 @@ def test_hold_lines_and_cpus_reach_the_core(
     issuer_key_file: Path,
 ) -> None:
     """Without held lines, tokens go to the streamer in their step (not held to the 16th slot
-    of their K line), and the streamer's threads start on the configured CPU."""
+    of their K line), the streamer's threads start on the configured CPU, and a step hands over
+    at most one staging buffer of the configured size."""
     server = holder()
     cpu = max(os.sched_getaffinity(0))
-    worker = _worker_side(secret_file, issuer_key_file, server.port, _layout(), hold_lines=False, cpus=[cpu])
+    options = {"hold_lines": False, "cpus": [cpu], "staging_bytes": 1 << 20, "staging_buffers": 2}
+    worker = _worker_side(secret_file, issuer_key_file, server.port, _layout(), **options)
     key = request_key("r")
     address = ("127.0.0.1", server.port)
     spec = OpenSpec("vllm-r", "r", key, (address,), (issuer.issue(key, 0, 0, holder_id=0),), 0, 3)
@@ -248,6 +250,8 @@ def test_hold_lines_and_cpus_reach_the_core(
         worker.save_step(LumenMetadata(saves=[SaveSpec("vllm-r", 0, [0, 1, 2], [1, 2, 3])]))
         assert worker.core.counters["saved_tokens"] == 3
         assert worker.core.cpus == frozenset({cpu})
+        assert worker.core.streamer is not None
+        assert worker.core.streamer.step_tokens == (1 << 20) // worker.core.layout.record_bytes
         assert _wait_until(lambda: durable_tokens(client, issuer, "r") == 3)
     finally:
         client.close()

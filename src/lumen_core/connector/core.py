@@ -406,18 +406,16 @@ class ConnectorCore:
         held = sum(len(s.held_slots) for s in self._streaming.values())
         return held + sum(max(0, saved - stats.durable.get(key, 0)) for key, saved in stats.saved.items())
 
-    def holder_failures(self) -> int:
-        """The streamer's holder failures so far (a holder that refused the connection, was
-        unreachable, disconnected or stalled past the ack timeout), a counter read: for the
-        engine's log, as streaming to a holder that cannot be reached is otherwise silent."""
-        return 0 if self.streamer is None else self.streamer.counters().get("holder_failures", 0)
-
-    def lost_replicas(self) -> int:
-        """The streamer's replicas lost so far: a holder refused or dropped a checkpoint (over
-        its budget, a capability it does not take, a conflicting record, this worker fenced)
-        or was given up on. A counter read, for the engine's log: those requests go on
-        checkpointing to their other holders, or not at all."""
-        return 0 if self.streamer is None else self.streamer.counters().get("replicas_lost", 0)
+    def streamer_counters(self) -> dict[str, int]:
+        """The streamer's counters so far (``CheckpointStreamer.counters()``, one read; empty
+        before it starts), for the engine's log, as a holder's trouble is otherwise silent:
+        ``holder_failures`` (a holder refused the connection, was unreachable, disconnected or
+        stalled past the ack timeout), ``replicas_lost`` (a holder refused or dropped a
+        checkpoint: over its budget, a capability it does not take, a conflicting record, this
+        worker fenced; or was given up on: those requests go on checkpointing to their other
+        holders, or not at all), ``tokens_dropped`` and ``tokens_deferred`` (steps not sent:
+        queue or staging full, a holder slow)."""
+        return {} if self.streamer is None else self.streamer.counters()
 
     def unreachable_holders(self) -> tuple[tuple[str, int], ...]:
         """The holders that have a replica not live now (walks every streaming request: ask

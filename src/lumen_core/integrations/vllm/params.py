@@ -72,6 +72,14 @@ def _hex_bytes(name: str, value: object, size: int) -> bytes:
     return raw
 
 
+def _bounded_int(extra: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+    """``extra[name]`` (``default`` when absent), an int in [``low``, ``high``]."""
+    value = extra.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ValueError(f"`{name}` must be an int in [{low}, {high}], got {value!r}")
+    return value
+
+
 def _capability(name: str, value: object) -> bytes:
     return _hex_bytes(name, value, CAPABILITY_BYTES)
 
@@ -98,8 +106,9 @@ class ConnectorConfig:
     prove no identity, and only unbound capabilities serve), ``restore_nice`` (0-19), the
     niceness of the worker's restore thread (``ConnectorCore``: 19 on a CPU server keeps
     restores off the forward's time), ``hold_lines`` (``ConnectorCore``: False saves every token
-    in its step) and ``cpus``, the CPU numbers the connector's threads run on (``ConnectorCore``:
-    on a CPU server, cores vLLM's forward does not use)."""
+    in its step), ``cpus``, the CPU numbers the connector's threads run on (``ConnectorCore``:
+    on a CPU server, cores vLLM's forward does not use), and the streamer's ``staging_bytes``
+    and ``staging_buffers`` (``CheckpointStreamer``: a step hands over at most one buffer)."""
 
     secret: bytes = field(repr=False)
     holders: tuple[Address, ...] = ()
@@ -114,6 +123,8 @@ class ConnectorConfig:
     restore_nice: int = 0
     hold_lines: bool = True
     cpus: frozenset[int] | None = None
+    staging_bytes: int = 64 << 20
+    staging_buffers: int = 4
 
     def __post_init__(self) -> None:
         if len(self.holder_ids) != len(self.holders):
@@ -149,6 +160,8 @@ class ConnectorConfig:
             "restore_nice",
             "hold_lines",
             "cpus",
+            "staging_bytes",
+            "staging_buffers",
         }
         unknown = sorted(set(extra) - known)
         if unknown:
@@ -175,15 +188,15 @@ class ConnectorConfig:
         encrypt = extra.get("encrypt", False)
         if not isinstance(encrypt, bool):
             raise TypeError(f"`encrypt` must be a bool, got {encrypt!r}")
-        restore_nice = extra.get("restore_nice", 0)
-        if isinstance(restore_nice, bool) or not isinstance(restore_nice, int) or not 0 <= restore_nice <= 19:
-            raise ValueError(f"`restore_nice` must be an int in [0, 19], got {restore_nice!r}")
+        restore_nice = _bounded_int(extra, "restore_nice", 0, 0, 19)
         hold_lines = extra.get("hold_lines", True)
         if not isinstance(hold_lines, bool):
             raise TypeError(f"`hold_lines` must be a bool, got {hold_lines!r}")
         cpus = extra.get("cpus")
         if cpus is not None and not isinstance(cpus, list):
             raise TypeError(f"`cpus` must be a list of CPU numbers, got {cpus!r}")
+        staging_bytes = _bounded_int(extra, "staging_bytes", 64 << 20, 1 << 20, 1 << 36)
+        staging_buffers = _bounded_int(extra, "staging_buffers", 4, 1, 64)
         parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders)]
         issuer = None
         if "issuer_key_file" in extra:
@@ -207,6 +220,8 @@ class ConnectorConfig:
             restore_nice=restore_nice,
             hold_lines=hold_lines,
             cpus=check_cpus("cpus", cpus),
+            staging_bytes=staging_bytes,
+            staging_buffers=staging_buffers,
         )
 
     def identity(self) -> WorkerIdentity | None:

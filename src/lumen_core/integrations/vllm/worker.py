@@ -47,6 +47,10 @@ class WorkerSide:
             restore_nice=config.restore_nice,
             hold_lines=config.hold_lines,
             cpus=config.cpus,
+            streamer_options={
+                "staging_bytes": config.staging_bytes,
+                "staging_buffers": config.staging_buffers,
+            },
         )
         self._request_ids: dict[str, str] = {}  # vLLM req_id -> LUMEN request id, while streaming
         self._finishing: set[str] = set()
@@ -226,7 +230,8 @@ class WorkerSide:
     def _log_holder_trouble(self) -> None:
         """Warns of lost replicas and holder failures since the last sample: otherwise both
         show only as a growing lag. (A streamer started anew, after ``abandon``, counts from 0.)"""
-        lost = self.core.lost_replicas()
+        counters = self.core.streamer_counters()
+        lost = counters.get("replicas_lost", 0)
         if lost > self._lost_replicas:
             logger.warning(
                 "lumen: %d checkpoint replica(s) lost since the last report: a holder refused or "
@@ -235,7 +240,7 @@ class WorkerSide:
                 lost - self._lost_replicas,
             )
         self._lost_replicas = lost
-        failures = self.core.holder_failures()
+        failures = counters.get("holder_failures", 0)
         if failures > self._holder_failures:
             down = self.core.unreachable_holders()
             logger.warning(
