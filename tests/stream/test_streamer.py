@@ -202,14 +202,18 @@ def test_full_staging_buffer_defers_then_catches_up(
         loop.check_holder(h.port, secret, issuer, rid)
 
 
-def catch_up(loop: Loop, streamer: CheckpointStreamer, timeout_s: float = 5.0) -> Any:
-    """Steps (one token each) until every request is durable on a live replica; the stats."""
+def catch_up(
+    loop: Loop, streamer: CheckpointStreamer, timeout_s: float = 5.0, *, every_replica: bool = False
+) -> Any:
+    """Steps (one token each) until every request is durable on a live replica (with
+    ``every_replica``: until every replica is live); the stats."""
     deadline = time.monotonic() + timeout_s
     while True:
         loop.step()
         assert streamer.flush(timeout_s=10)
         stats = streamer.stats()
-        if stats.coverage == 1.0 or time.monotonic() > deadline:
+        live = all(rep.live for reps in stats.replicas.values() for rep in reps)
+        if (stats.coverage == 1.0 and (live or not every_replica)) or time.monotonic() > deadline:
             return stats
         time.sleep(0.05)
 
@@ -250,6 +254,37 @@ def test_stalled_holder_drops_without_blocking_the_engine_then_catches_up(
     assert all(rep.live for reps in stats.replicas.values() for rep in reps)
     for rid in rids:
         loop.check_holder(h.port, secret, issuer, rid)
+
+
+def test_a_step_opening_many_requests_on_a_stalled_holder_waits_one_ack_timeout(
+    issuer: CapabilityIssuer, holders: Any, make_streamer: Any, secret: bytes
+) -> None:
+    """A step that begins many requests (a prefill batch) on a holder that stalls costs the
+    streamer one ack timeout, not one per request; the other holder's replicas open in that
+    step, and the stalled one's once it runs again."""
+    a, b = holders(2)
+    streamer = make_streamer(ack_timeout_s=0.5, reconnect_backoff_s=0.05)
+    rids = list(range(90, 102))  # the cache's 12 x SLOTS_PER_REQUEST slots
+    add(streamer, issuer, rids[0], a.port, b.port)
+    loop = Loop(streamer, rids)
+    loop.step(rids=rids[:1])  # both holders connected
+    assert streamer.flush(timeout_s=10)
+    for rid in rids[1:]:
+        add(streamer, issuer, rid, a.port, b.port)
+    a.proc.send_signal(signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        streamer.wait_fence(loop.step(rids=rids[1:]), timeout_s=30)
+        elapsed = time.monotonic() - started
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    assert elapsed < 2.5, f"the step's 11 opens on the stalled holder took {elapsed:.2f} s"
+    stats = catch_up(loop, streamer, 10.0, every_replica=True)
+    assert stats.coverage == 1.0 and stats.lost == ()
+    assert all(rep.live for reps in stats.replicas.values() for rep in reps)
+    for rid in rids:
+        loop.check_holder(a.port, secret, issuer, rid)
+        loop.check_holder(b.port, secret, issuer, rid)
 
 
 def test_holder_failing_past_give_up_is_gone_for_good_and_its_replicas_lost(
