@@ -63,6 +63,36 @@ class _Server(BaseHTTPRequestHandler):
         pass
 
 
+class _KeepAliveServer(BaseHTTPRequestHandler):
+    """Keeps a connection open after its first answer, and closes it without answering the
+    next request on it: a server whose keep-alive ran out as that request went out."""
+
+    protocol_version = "HTTP/1.1"
+    connections = 0
+
+    def setup(self) -> None:
+        super().setup()
+        type(self).connections += 1
+        self.answered = 0
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if self.answered:
+            self.close_connection = True
+            return
+        self.answered += 1
+        body = _event([5], finish="length") + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+        self.wfile.flush()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture
 def url() -> Iterator[str]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
@@ -107,3 +137,32 @@ def test_an_event_that_is_not_a_completion_fails_the_request(url: str) -> None:
     with pytest.raises(UpstreamError, match="not a completion") as failed:
         _read(f"{url}/garbled")
     assert failed.value.failed  # the live server failed it: the gateway moves it
+
+
+def test_a_connection_the_server_closed_as_the_request_went_out_is_not_a_failure() -> None:
+    """The agent's session reuses its connection to the server; one the server closes as the
+    next request goes out (its keep-alive ran out) ends before any answer. The request goes
+    once more on a new connection: it is not a failure (the agent would leave it to the
+    supervisor, which sees a live server)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _KeepAliveServer)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/completions"
+
+    async def read_twice() -> list[list[UpstreamTokens]]:
+        http = await open_session()
+        try:
+            reads = []
+            for _ in range(2):
+                reads.append([piece async for piece in stream_tokens(http, url, {}, 0)])
+            return reads
+        finally:
+            await http.close()
+
+    try:
+        first, second = asyncio.run(read_twice())
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert first == second == [UpstreamTokens(0, (5,), True)]
+    assert _KeepAliveServer.connections == 2  # the second request's first connection was refused

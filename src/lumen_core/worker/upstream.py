@@ -32,6 +32,9 @@ __all__ = ["UpstreamError", "UpstreamTokens", "completion_body", "open_session",
 # ids (7 bytes a token or so), and aiohttp refuses a line past its read buffer's high water.
 _MAX_EVENT_BYTES = 8 << 20
 _CONNECT_TIMEOUT_S = 5.0
+# vLLM's server closes a connection idle for VLLM_HTTP_TIMEOUT_KEEP_ALIVE (5 s); aiohttp keeps
+# one 15 s by default and may reuse it just as the server closes it. Closing first avoids that.
+_KEEPALIVE_S = 2.0
 
 
 class UpstreamError(RuntimeError):
@@ -145,10 +148,20 @@ async def open_session() -> aiohttp.ClientSession:
     """The session the agent's relays share (made on its event loop): one connection
     per concurrent stream, to the one server, never timed out mid-stream."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0),
+        connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=_KEEPALIVE_S),
         timeout=aiohttp.ClientTimeout(total=None, connect=_CONNECT_TIMEOUT_S),
         read_bufsize=_MAX_EVENT_BYTES // 2,  # a line may fill twice this (its high water)
     )
+
+
+async def _post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> aiohttp.ClientResponse:
+    """The server's answer to ``body``. A pooled connection the server closed as the request
+    went out (its keep-alive ran out) ends before any answer: the request is sent once more,
+    on another connection. A server that is gone fails that too (``aiohttp.ClientError``)."""
+    try:
+        return await http.post(url, json=body)
+    except aiohttp.ServerDisconnectedError:
+        return await http.post(url, json=body)
 
 
 async def _lines(response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
@@ -187,7 +200,7 @@ async def stream_tokens(
     event over 8 MiB (400) or not a completion's (502), or a stream that ends unfinished;
     ``aiohttp.ClientError`` when the server cannot be reached or goes away."""
     position = start_position
-    async with http.post(url, json=body) as response:
+    async with await _post(http, url, body) as response:
         if response.status != 200:
             detail = (await response.read()).decode(errors="replace")[:500]
             raise UpstreamError(f"the server answered {response.status}: {detail}", status=response.status)
