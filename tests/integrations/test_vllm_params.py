@@ -138,7 +138,7 @@ def test_hold_lines_is_on_unless_turned_off(secret_file: Path) -> None:
 def test_staging_is_the_streamers_default_unless_set(secret_file: Path) -> None:
     extra = {"secret_file": str(secret_file)}
     config = ConnectorConfig.from_extra_config(extra)
-    assert (config.staging_bytes, config.staging_buffers) == (64 << 20, 4)
+    assert (config.staging_bytes, config.staging_buffers) == (None, None)
     config = ConnectorConfig.from_extra_config({**extra, "staging_bytes": 1 << 29, "staging_buffers": 2})
     assert (config.staging_bytes, config.staging_buffers) == (1 << 29, 2)
 

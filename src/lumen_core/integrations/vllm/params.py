@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from lumen_core.auth import (
     CREDENTIAL_BYTES,
@@ -27,6 +27,7 @@ __all__ = ["ConnectorConfig", "CredentialGrant", "Renewal", "RequestControl"]
 
 Address = tuple[str, int]
 _U32_MAX = 2**32 - 1
+_Default = TypeVar("_Default", int, None)
 
 
 def _holder(name: str, value: object) -> tuple[Address, int]:
@@ -72,9 +73,13 @@ def _hex_bytes(name: str, value: object, size: int) -> bytes:
     return raw
 
 
-def _bounded_int(extra: Mapping[str, Any], name: str, default: int, low: int, high: int) -> int:
+def _bounded_int(
+    extra: Mapping[str, Any], name: str, default: _Default, low: int, high: int
+) -> int | _Default:
     """``extra[name]`` (``default`` when absent), an int in [``low``, ``high``]."""
-    value = extra.get(name, default)
+    if name not in extra:
+        return default
+    value = extra[name]
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise ValueError(f"`{name}` must be an int in [{low}, {high}], got {value!r}")
     return value
@@ -108,7 +113,8 @@ class ConnectorConfig:
     restores off the forward's time), ``hold_lines`` (``ConnectorCore``: False saves every token
     in its step), ``cpus``, the CPU numbers the connector's threads run on (``ConnectorCore``:
     on a CPU server, cores vLLM's forward does not use), and the streamer's ``staging_bytes``
-    and ``staging_buffers`` (``CheckpointStreamer``: a step hands over at most one buffer)."""
+    and ``staging_buffers`` (``CheckpointStreamer``: a step hands over at most one buffer;
+    None: its defaults)."""
 
     secret: bytes = field(repr=False)
     holders: tuple[Address, ...] = ()
@@ -123,8 +129,8 @@ class ConnectorConfig:
     restore_nice: int = 0
     hold_lines: bool = True
     cpus: frozenset[int] | None = None
-    staging_bytes: int = 64 << 20
-    staging_buffers: int = 4
+    staging_bytes: int | None = None
+    staging_buffers: int | None = None
 
     def __post_init__(self) -> None:
         if len(self.holder_ids) != len(self.holders):
@@ -195,8 +201,8 @@ class ConnectorConfig:
         cpus = extra.get("cpus")
         if cpus is not None and not isinstance(cpus, list):
             raise TypeError(f"`cpus` must be a list of CPU numbers, got {cpus!r}")
-        staging_bytes = _bounded_int(extra, "staging_bytes", 64 << 20, 1 << 20, 1 << 36)
-        staging_buffers = _bounded_int(extra, "staging_buffers", 4, 1, 64)
+        staging_bytes = _bounded_int(extra, "staging_bytes", None, 1 << 20, 1 << 36)
+        staging_buffers = _bounded_int(extra, "staging_buffers", None, 1, 64)
         parsed = [_holder(f"holders[{i}]", h) for i, h in enumerate(holders)]
         issuer = None
         if "issuer_key_file" in extra:

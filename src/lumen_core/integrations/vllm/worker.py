@@ -48,8 +48,12 @@ class WorkerSide:
             hold_lines=config.hold_lines,
             cpus=config.cpus,
             streamer_options={
-                "staging_bytes": config.staging_bytes,
-                "staging_buffers": config.staging_buffers,
+                name: value
+                for name, value in (
+                    ("staging_bytes", config.staging_bytes),
+                    ("staging_buffers", config.staging_buffers),
+                )
+                if value is not None  # the streamer's own default
             },
         )
         self._request_ids: dict[str, str] = {}  # vLLM req_id -> LUMEN request id, while streaming
