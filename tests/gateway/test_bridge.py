@@ -95,9 +95,43 @@ def test_one_step_wakes_every_stream_in_one_read(start_gateway: Callable[..., Ga
     assert 1 <= condition.taken_on_loop <= 2, condition.taken_on_loop
 
 
-def test_streams_follow_many_steps_and_miss_no_change(start_gateway: Callable[..., GatewayServer]) -> None:
+def test_a_woken_stream_waits_again_without_a_read_of_its_own(
+    start_gateway: Callable[..., GatewayServer],
+) -> None:
+    """48 streams get their token from one wake-up and wait for the next with its ``wake``:
+    none takes the lock to read first (the next wake-up reads for all), and the next step's
+    tokens arrive."""
+    gateway = start_gateway()
+    request_ids = _admit(gateway, 48, 4)
+    condition = _CountingCondition(gateway.condition)
+    gateway.condition = condition  # type: ignore[assignment]
+
+    async def body(bridge: CoordinatorBridge) -> object:
+        streams = [asyncio.ensure_future(bridge.wait_tokens(r, 0)) for r in request_ids]
+        await asyncio.sleep(0.1)
+        threading.Thread(target=_report, args=(gateway, request_ids, 0), kwargs={"last": False}).start()
+        first = await asyncio.gather(*streams)
+        condition.loop_thread = threading.current_thread()
+        again = [asyncio.ensure_future(bridge.wait_tokens(r, 1, u.wake)) for r, u in zip(request_ids, first)]
+        await asyncio.sleep(0.1)
+        taken_to_wait = condition.taken_on_loop
+        threading.Thread(target=_report, args=(gateway, request_ids, 1), kwargs={"last": False}).start()
+        second = await asyncio.gather(*again)
+        return first, second, taken_to_wait
+
+    first, second, taken_to_wait = _serve(gateway, body)  # type: ignore[misc]
+    assert len({u.wake for u in first}) == 1 and first[0].wake > 0
+    assert taken_to_wait == 0
+    assert [u.tokens for u in second] == [(8,)] * len(request_ids)
+
+
+@pytest.mark.parametrize("pass_wake", [False, True])
+def test_streams_follow_many_steps_and_miss_no_change(
+    start_gateway: Callable[..., GatewayServer], pass_wake: bool
+) -> None:
     """Steps reported from another thread while the streams read and register: every token of
-    every stream arrives, in order, and each stream ends with its request."""
+    every stream arrives, in order, and each stream ends with its request. With ``pass_wake``
+    a stream woken by a wake-up waits again without a read of its own while no other has run."""
     gateway = start_gateway()
     steps = 40
     request_ids = _admit(gateway, 16, steps)
@@ -108,9 +142,11 @@ def test_streams_follow_many_steps_and_miss_no_change(start_gateway: Callable[..
 
     async def follow(bridge: CoordinatorBridge, request_id: int) -> list[int]:
         got: list[int] = []
+        wake = 0
         while True:
-            update = await bridge.wait_tokens(request_id, len(got))
+            update = await bridge.wait_tokens(request_id, len(got), wake if pass_wake else 0)
             got.extend(update.tokens)
+            wake = update.wake
             if update.finished:
                 return got
 

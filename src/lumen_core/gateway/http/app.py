@@ -254,8 +254,11 @@ class _FrontDoor:
         gateway stops."""
         output = admitted.output
         position = admitted.start
+        wake = 0
         while True:
-            tokens, finished, lost, epoch = await self.bridge.wait_tokens(admitted.request_id, position)
+            tokens, finished, lost, epoch, wake = await self.bridge.wait_tokens(
+                admitted.request_id, position, wake
+            )
             # Moved since admission (epoch 1). Read with the tokens: a move seen now may have
             # come after some of them, so a mark errs early, never late.
             if admitted.marks_moves and epoch > 1:

@@ -26,21 +26,23 @@ _WATCH_POLL_S = 0.25  # the watcher re-checks for its own stop this often
 
 class TokenUpdate(NamedTuple):
     """What ``wait_tokens`` found: the tokens from the position asked, whether the request has
-    finished or was lost, and its epoch (1 at admission; it grows with every move)."""
+    finished or was lost, its epoch (1 at admission; it grows with every move), and the
+    wake-up that read it (``wake``; 0: the stream's own read)."""
 
     tokens: tuple[int, ...]
     finished: bool
     lost: bool
     epoch: int
+    wake: int = 0
 
     def news(self, stopping: bool) -> bool:
         """Whether a waiting stream has something to act on."""
         return bool(self.tokens) or self.finished or self.lost or stopping
 
 
-def _update(coordinator: Coordinator, request_id: int, position: int) -> TokenUpdate:
+def _update(coordinator: Coordinator, request_id: int, position: int, wake: int = 0) -> TokenUpdate:
     tokens, finished, lost = coordinator.tokens(request_id, position)
-    return TokenUpdate(tokens, finished, lost, coordinator.request_worker(request_id)[1])
+    return TokenUpdate(tokens, finished, lost, coordinator.request_worker(request_id)[1], wake)
 
 
 class CoordinatorBridge:
@@ -52,6 +54,7 @@ class CoordinatorBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting: dict[asyncio.Future[TokenUpdate], tuple[int, int]] = {}  # -> (request, position)
         self._wake_pending = False  # a wake-up is scheduled and has not read yet (under the lock)
+        self._wakes = 0  # wake-ups that have read, on the event loop's thread
         self._stopping = False
         self._watcher: threading.Thread | None = None
 
@@ -101,10 +104,11 @@ class CoordinatorBridge:
         found: list[tuple[asyncio.Future[TokenUpdate], TokenUpdate | IndexError]] = []
         with self._gateway.condition:
             self._wake_pending = False  # a notification from here on schedules another wake-up
+            self._wakes += 1
             coordinator = self._gateway.coordinator
             for future, (request_id, position) in waiting:
                 try:
-                    found.append((future, _update(coordinator, request_id, position)))
+                    found.append((future, _update(coordinator, request_id, position, self._wakes)))
                 except IndexError as exc:
                     found.append((future, exc))
         stopping = self.stopping
@@ -118,12 +122,19 @@ class CoordinatorBridge:
     def stopping(self) -> bool:
         return self._stopping or self._gateway.stopping
 
-    async def wait_tokens(self, request_id: int, position: int) -> TokenUpdate:
+    async def wait_tokens(self, request_id: int, position: int, last_wake: int = 0) -> TokenUpdate:
         """The request's tokens from ``position`` once there is something new (or the gateway
-        stops: then possibly nothing). Raises IndexError for an unknown request."""
-        update = self.read(lambda c: _update(c, request_id, position))
-        if update.news(self.stopping):
-            return update
+        stops: then possibly nothing). ``last_wake``: the ``wake`` of the update the stream
+        acted on last, from which ``position`` follows. Raises IndexError for an unknown
+        request."""
+        # While no wake-up has read since the one that gave the stream its last update, any
+        # change since that read has scheduled a wake-up yet to run, which reads for this
+        # future too: the stream waits without a read of its own (one hold of the lock fewer
+        # a stream a step).
+        if not last_wake or last_wake != self._wakes:
+            update = self.read(lambda c: _update(c, request_id, position))
+            if update.news(self.stopping):
+                return update
         assert self._loop is not None
         # Registered after the read, on the loop: a change since the read has notified the
         # watcher, whose wake-up runs after this and reads for this future too.
