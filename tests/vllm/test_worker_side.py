@@ -175,6 +175,13 @@ def test_an_abandoned_request_keeps_its_checkpoint_when_vllm_aborts_it(
         worker.close()
 
 
+def _warnings_of_a_sample(worker: WorkerSide, caplog: pytest.LogCaptureFixture, phrase: str) -> list[str]:
+    """The worker side samples its stats once: the warnings it logs that contain ``phrase``."""
+    with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
+        worker.interval_stats()
+    return [r.getMessage() for r in caplog.records if phrase in r.getMessage()]
+
+
 def test_a_holder_that_cannot_be_reached_is_logged(
     holder: Callable[..., Any],
     secret_file: Path,
@@ -192,14 +199,10 @@ def test_a_holder_that_cannot_be_reached_is_logged(
     _stream_a_line(worker, issuer, nobody)
     try:
         assert _wait_until(lambda: worker.core.streamer_counters()["holder_failures"] > 0)
-        with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
-            worker.interval_stats()
-        warned = [r.getMessage() for r in caplog.records if "holder failure" in r.getMessage()]
+        warned = _warnings_of_a_sample(worker, caplog, "holder failure")
         assert len(warned) == 1 and f"{nobody[0]}:{nobody[1]}" in warned[0]
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
-            worker.interval_stats()  # within the sample's second: not again
-        assert not caplog.records
+        assert not _warnings_of_a_sample(worker, caplog, "")  # within the sample's second: not again
     finally:
         worker.close()
 
@@ -219,9 +222,7 @@ def test_a_checkpoint_a_holder_refuses_is_logged(
     _stream_a_line(worker, issuer, ("127.0.0.1", server.port))
     try:
         assert _wait_until(lambda: worker.core.streamer_counters()["replicas_lost"] == 1)
-        with caplog.at_level(logging.WARNING, logger="lumen_core.integrations.vllm.worker"):
-            worker.interval_stats()
-        assert [r.getMessage() for r in caplog.records if "replica(s) lost" in r.getMessage()]
+        assert _warnings_of_a_sample(worker, caplog, "replica(s) lost")
         assert worker.durable_tokens() == {"r": 0}
     finally:
         worker.close()
